@@ -1,0 +1,212 @@
+"""Model: hyperparameters + read-only weights + vocab, loaded once and shared by every context.
+
+llama.cpp counterparts: `llama_model` (src/llama-model.*) and `llama_model_loader` (src/llama-model-loader.*). The
+weights stay in the file's read-only mmap (or a read-only copy with `use_mmap=False`); nothing is dequantized at
+load, and no array the model hands out is writeable, so no context can corrupt what the others share.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType, LlamaFileType
+
+from llamactx.gguf.quants import block_format
+from llamactx.gguf.reader import GGUFFile, TensorInfo
+from llamactx.hparams import HParams, load_hparams
+from llamactx.models import expected_tensors
+from llamactx.vocab import Vocab
+
+
+class ModelLoadError(ValueError):
+    """A GGUF file that is valid GGUF but not a model we can run: missing or mis-shaped tensors, bad hparams."""
+
+
+@dataclass(frozen=True, slots=True)
+class Weight:
+    """One weight tensor as stored: `data` is the raw, read-only array; `shape` is ggml's `ne` order."""
+
+    name: str
+    ggml_type: int
+    shape: tuple[int, ...]
+    data: np.ndarray  # F32/F16: typed (ne[1], ne[0]); quantized: uint8 (ne[1], row_bytes); 1-D for vectors
+
+    @property
+    def type_name(self) -> str:
+        return block_format(self.ggml_type).name
+
+    @property
+    def n_rows(self) -> int:
+        return int(np.prod(self.shape[1:], dtype=np.int64)) if len(self.shape) > 1 else 1
+
+
+_TYPED = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16}
+
+
+def _tensor_array(raw: np.ndarray, info: TensorInfo) -> np.ndarray:
+    """The raw bytes of a tensor viewed with its row structure (no copy; stays read-only)."""
+    n_rows = info.n_elements // info.shape[0]
+    dtype = _TYPED.get(info.ggml_type)
+    if dtype is not None:
+        arr = raw.view(dtype)
+        return arr if len(info.shape) == 1 else arr.reshape(n_rows, info.shape[0])
+    return raw.reshape(n_rows, raw.size // n_rows)
+
+
+class Model:
+    """A loaded GGUF model. Build with `Model.load(path)`; see `hparams`, `tensors`, `vocab`, `desc`."""
+
+    def __init__(self, path: Path, gguf: GGUFFile, hparams: HParams, vocab: Vocab, buffer: np.ndarray | None):
+        self.path = path
+        self.gguf = gguf
+        self.meta = gguf.meta
+        self.hparams = hparams
+        self.arch = hparams.arch
+        self.vocab = vocab
+        self.tensor_infos: dict[str, TensorInfo] = dict(gguf.tensors)
+        self._buffer = buffer  # the read-only in-memory copy when use_mmap=False
+        self.tensors: dict[str, np.ndarray] = {
+            name: _tensor_array(self._raw(info), info) for name, info in self.tensor_infos.items()
+        }
+        self.n_params = sum(info.n_elements for info in self.tensor_infos.values())
+        self.size = sum(info.nbytes for info in self.tensor_infos.values())
+        self.fingerprint = self._fingerprint()
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, *, use_mmap: bool = True, vocab_only: bool = False) -> Model:
+        """Open a GGUF model. Raises `GGUFError` for a malformed file and `ModelLoadError` (or its `HParamsError`
+        sibling) for an unsupported architecture, bad hyperparameters or a missing / mis-shaped tensor."""
+        path = Path(path)
+        gguf = GGUFFile(path)
+        try:
+            n_params = sum(info.n_elements for info in gguf.tensors.values())
+            hparams = load_hparams(gguf.meta, n_params)
+            vocab = Vocab.from_gguf_meta(gguf.meta)
+            if vocab.n_tokens != hparams.n_vocab:
+                raise ModelLoadError(
+                    f"vocab has {vocab.n_tokens} tokens but '{hparams.arch}.vocab_size' = {hparams.n_vocab}"
+                )
+            if not vocab_only:
+                _check_tensors(gguf.tensors, hparams)
+            buffer = None
+            if not use_mmap and not vocab_only:
+                buffer = np.fromfile(path, dtype=np.uint8)
+                buffer.flags.writeable = False
+            return cls(path, gguf, hparams, vocab, buffer)
+        except Exception:
+            gguf.close()
+            raise
+
+    def _raw(self, info: TensorInfo) -> np.ndarray:
+        if self._buffer is not None:
+            return self._buffer[info.offset : info.offset + info.nbytes]
+        return self.gguf.tensor_data(info.name)
+
+    def _fingerprint(self) -> str:
+        """A cheap identity for state blobs: the tensor table plus the first bytes of every tensor."""
+        h = hashlib.sha256(self.arch.encode())
+        for name, info in self.tensor_infos.items():
+            h.update(f"{name}:{info.ggml_type}:{info.shape}:{info.nbytes};".encode())
+            h.update(self._raw(info)[:64].tobytes())
+        return h.hexdigest()[:32]
+
+    # -- lookup -------------------------------------------------------------------------------------------------
+
+    def tensor_type(self, name: str) -> int:
+        return self._info(name).ggml_type
+
+    def tensor_shape(self, name: str) -> tuple[int, ...]:
+        return self._info(name).shape
+
+    def has_tensor(self, name: str) -> bool:
+        return name in self.tensor_infos
+
+    def weight(self, name: str) -> Weight:
+        info = self._info(name)
+        return Weight(name, info.ggml_type, info.shape, self.tensors[name])
+
+    def _info(self, name: str) -> TensorInfo:
+        if name not in self.tensor_infos:
+            raise KeyError(f"model has no tensor '{name}'")
+        return self.tensor_infos[name]
+
+    # -- description ----------------------------------------------------------------------------------------------
+
+    @property
+    def chat_template(self) -> str | None:
+        value = self.meta.get("tokenizer.chat_template")
+        return value if isinstance(value, str) else None
+
+    @property
+    def ftype_name(self) -> str:
+        """llama.cpp's ftype name from `general.file_type` ("Q4_1", "Q4_K_M"); without it, the dominant type."""
+        file_type = self.meta.get("general.file_type")
+        if isinstance(file_type, int):
+            try:
+                return LlamaFileType(file_type).name.removeprefix("MOSTLY_")
+            except ValueError:
+                pass
+        counts: dict[str, int] = {}
+        for info in self.tensor_infos.values():
+            if len(info.shape) >= 2:
+                name = block_format(info.ggml_type).name
+                counts[name] = counts.get(name, 0) + info.n_elements
+        return max(counts, key=counts.get) if counts else "F32"
+
+    @property
+    def desc(self) -> str:
+        """Like `llama_model_desc`: "llama 135M Q4_1"."""
+        return f"{self.arch} {self.hparams.size_label} {self.ftype_name}"
+
+    def quant_mix(self) -> dict[str, int]:
+        """Number of tensors of each ggml type."""
+        mix: dict[str, int] = {}
+        for info in self.tensor_infos.values():
+            name = block_format(info.ggml_type).name
+            mix[name] = mix.get(name, 0) + 1
+        return mix
+
+    def card(self) -> str:
+        """The model card printed by `llamactx info`."""
+        hp = self.hparams
+        mix = ", ".join(f"{k} x{v}" for k, v in sorted(self.quant_mix().items(), key=lambda kv: -kv[1]))
+        lines = [
+            f"model:          {self.path.name}",
+            f"description:    {self.desc}",
+            f"name:           {self.meta.get('general.name', '?')}",
+            f"architecture:   {self.arch}",
+            f"parameters:     {self.n_params:,} ({self.n_params / 1e6:.1f} M)",
+            f"size:           {self.size:,} bytes ({self.size / 2**20:.1f} MiB)",
+            f"quant mix:      {mix}",
+            f"context length: {hp.n_ctx_train}",
+            f"layers:         {hp.n_layer}, n_embd {hp.n_embd}, n_head {hp.n_head}, n_head_kv {hp.n_head_kv}, "
+            f"n_ff {hp.n_ff}",
+            f"vocab:          {self.vocab.n_tokens} tokens ({self.vocab.model_type}/{self.vocab.pre_type})",
+            f"chat template:  {'present' if self.chat_template else 'absent (chatml fallback)'}",
+        ]
+        if hp.n_swa:
+            lines.append(f"sliding window: {hp.n_swa} ({sum(hp.swa_layers)} of {hp.n_layer} layers)")
+        return "\n".join(lines)
+
+    def close(self) -> None:
+        self.tensors.clear()
+        self.gguf.close()
+
+    def __repr__(self) -> str:
+        return f"Model({self.desc!r}, path={str(self.path)!r})"
+
+
+def _check_tensors(tensors: dict[str, TensorInfo], hp: HParams) -> None:
+    """Every tensor the architecture needs exists with the shape the hparams imply (llama_model_loader)."""
+    for name, (shape, required) in expected_tensors(hp).items():
+        info = tensors.get(name)
+        if info is None:
+            if required:
+                raise ModelLoadError(f"tensor '{name}' is missing (architecture {hp.arch})")
+            continue
+        if tuple(info.shape) != tuple(shape):
+            raise ModelLoadError(f"tensor '{name}' has shape {list(info.shape)}, expected {list(shape)}")

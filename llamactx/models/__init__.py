@@ -1,0 +1,21 @@
+"""One module per architecture family: its tensor table and its forward pass (src/models/*.cpp)."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from llamactx.hparams import HParams
+from llamactx.models import gemma3, llama
+
+ARCHITECTURES: dict[str, ModuleType] = {"llama": llama, "gemma3": gemma3}
+
+
+def arch_module(arch: str) -> ModuleType:
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"architecture '{arch}' is not supported (supported: {', '.join(ARCHITECTURES)})")
+    return ARCHITECTURES[arch]
+
+
+def expected_tensors(hp: HParams) -> dict[str, tuple[tuple[int, ...], bool]]:
+    """Tensor name -> (ggml shape, required) for a model with these hparams."""
+    return arch_module(hp.arch).tensor_shapes(hp)

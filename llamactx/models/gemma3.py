@@ -1,0 +1,83 @@
+"""The `gemma3` architecture (Gemma 3 text models): src/models/gemma3.cpp (the iSWA graph).
+
+Differences from llama: embeddings scaled by sqrt(n_embd); RMS-normed q and k per head; q scaled by
+f_attention_scale and attention with kq_scale 1; post-attention and post-FFN norms; GELU-gated FFN; sliding-window
+layers (every sixth layer is global) with their own RoPE base.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from llamactx.hparams import HParams
+from llamactx.models.graph import AttentionInput, ForwardResult, RopeConfig
+from llamactx.models.llama import output_weight_name
+
+
+def tensor_shapes(hp: HParams) -> dict[str, tuple[tuple[int, ...], bool]]:
+    """llama_model_gemma3::load_arch_tensors: name -> (ggml shape, required)."""
+    shapes: dict[str, tuple[tuple[int, ...], bool]] = {
+        "token_embd.weight": ((hp.n_embd, hp.n_vocab), True),
+        "output_norm.weight": ((hp.n_embd,), True),
+        "output.weight": ((hp.n_embd, hp.n_vocab), False),
+    }
+    n_q = hp.n_embd_head_k * hp.n_head
+    for il in range(hp.n_layer):
+        b = f"blk.{il}."
+        shapes.update({
+            b + "attn_norm.weight": ((hp.n_embd,), True),
+            b + "attn_q.weight": ((hp.n_embd, n_q), True),
+            b + "attn_k.weight": ((hp.n_embd, hp.n_embd_k_gqa), True),
+            b + "attn_v.weight": ((hp.n_embd, hp.n_embd_v_gqa), True),
+            b + "attn_output.weight": ((n_q, hp.n_embd), True),
+            b + "attn_q_norm.weight": ((hp.n_embd_head_k,), True),
+            b + "attn_k_norm.weight": ((hp.n_embd_head_k,), True),
+            b + "post_attention_norm.weight": ((hp.n_embd,), True),
+            b + "ffn_norm.weight": ((hp.n_embd,), True),
+            b + "ffn_gate.weight": ((hp.n_embd, hp.n_ff), True),
+            b + "ffn_up.weight": ((hp.n_embd, hp.n_ff), True),
+            b + "ffn_down.weight": ((hp.n_ff, hp.n_embd), True),
+            b + "post_ffw_norm.weight": ((hp.n_embd,), True),
+        })
+    return shapes
+
+
+def forward(model, ops, token: np.ndarray | None, embd: np.ndarray | None, pos: np.ndarray,
+            attn: AttentionInput, rope: RopeConfig, out_ids: np.ndarray, want_logits: bool) -> ForwardResult:
+    """One ubatch through the network (llama_model_gemma3::graph<iswa>)."""
+    hp = model.hparams
+    w, t = model.weight, model.tensors
+    eps = hp.f_norm_rms_eps
+    n = len(pos)
+    if token is not None:  # raw input embeddings are not scaled
+        x = ops.get_rows(w("token_embd.weight"), token) * np.float32(hp.embd_scale)  # (n, n_embd)
+    else:
+        x = embd
+    for il in range(hp.n_layer):
+        b = f"blk.{il}."
+        rp = rope.for_layer(hp.is_swa(il))
+        cur = ops.rms_norm(x, t[b + "attn_norm.weight"], eps)  # (n, n_embd)
+        q = ops.matmul(cur, w(b + "attn_q.weight")).reshape(n, hp.n_head, hp.n_embd_head_k)
+        k = ops.matmul(cur, w(b + "attn_k.weight")).reshape(n, hp.n_head_kv, hp.n_embd_head_k)
+        v = ops.matmul(cur, w(b + "attn_v.weight")).reshape(n, hp.n_head_kv, hp.n_embd_head_v)
+        q = ops.rope(ops.rms_norm(q, t[b + "attn_q_norm.weight"], eps), pos, rp)
+        k = ops.rope(ops.rms_norm(k, t[b + "attn_k_norm.weight"], eps), pos, rp)
+        q = q * np.float32(hp.f_attention_scale)
+        cur = attn(il, q, k, v, 1.0)  # (n, n_head * n_embd_head_v)
+        cur = ops.matmul(cur, w(b + "attn_output.weight"))  # (n, n_embd)
+        if il == hp.n_layer - 1:
+            cur, x = cur[out_ids], x[out_ids]
+        x = ops.rms_norm(cur, t[b + "post_attention_norm.weight"], eps) + x  # sa_out
+        cur = ops.rms_norm(x, t[b + "ffn_norm.weight"], eps)
+        gate = ops.matmul(cur, w(b + "ffn_gate.weight"))  # (n, n_ff)
+        up = ops.matmul(cur, w(b + "ffn_up.weight"))  # (n, n_ff)
+        cur = ops.matmul(ops.geglu(gate, up), w(b + "ffn_down.weight"))  # (n, n_embd)
+        x = ops.rms_norm(cur, t[b + "post_ffw_norm.weight"], eps) + x
+    x = ops.rms_norm(x, t["output_norm.weight"], eps)  # (n_out, n_embd)
+    logits = None
+    if want_logits:
+        logits = ops.matmul(x, w(output_weight_name(model)))  # (n_out, n_vocab)
+        cap = hp.f_final_logit_softcapping
+        if cap:
+            logits = np.tanh(logits / np.float32(cap)) * np.float32(cap)
+    return ForwardResult(logits=logits, embd=x)

@@ -1,0 +1,104 @@
+"""What a forward pass needs besides the weights: the ubatch's attention input and where outputs go.
+
+Like llama.cpp's llm_graph_input_* objects, these are built by the context for each ubatch and passed explicitly
+to the architecture's `forward`, which never sees the KV cache itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from llamactx.ops import RopeParams
+
+
+class AttentionInput(Protocol):
+    """Stores the ubatch's K/V of a layer (if it has a cache) and attends over what the ubatch may see."""
+
+    def __call__(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, kq_scale: float) -> np.ndarray:
+        """q (n, n_head, d_k), k (n, n_head_kv, d_k), v (n, n_head_kv, d_v) float32 -> (n, n_head * d_v)"""
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardResult:
+    logits: np.ndarray | None  # (n_outputs, n_vocab) float32
+    embd: np.ndarray | None  # (n_outputs, n_embd) float32: the final-normed hidden state (t_embd)
+
+
+@dataclass(frozen=True, slots=True)
+class RopeConfig:
+    """Per-layer RoPE parameters resolved from hparams + cparams (sliding-window layers may differ)."""
+
+    full: RopeParams
+    swa: RopeParams
+
+    def for_layer(self, is_swa: bool) -> RopeParams:
+        return self.swa if is_swa else self.full
+
+
+def rope_config(hp, cparams) -> RopeConfig:
+    """RoPE parameters of full and sliding-window layers (llama_model::get_rope_freq_base / _scale)."""
+    common = dict(n_rot=hp.n_rot, mode=hp.rope_type, ext_factor=cparams.yarn_ext_factor,
+                  attn_factor=cparams.yarn_attn_factor, beta_fast=cparams.yarn_beta_fast,
+                  beta_slow=cparams.yarn_beta_slow, n_ctx_orig=cparams.n_ctx_orig_yarn)
+    full = RopeParams(freq_base=cparams.rope_freq_base, freq_scale=cparams.rope_freq_scale, **common)
+    swa = RopeParams(freq_base=hp.rope_freq_base_swa, freq_scale=hp.rope_freq_scale_swa, **common)
+    return RopeConfig(full=full, swa=swa)
+
+
+def visibility_mask(cell_pos: np.ndarray, cell_has_seq: np.ndarray, tok_pos: np.ndarray, causal: bool,
+                    n_swa: int) -> np.ndarray:
+    """(n_tokens, n_kv) float32 of 0 (visible) / -inf (llm_graph_input_attn_kv::set_input_kq_mask).
+    cell_has_seq: (n_tokens, n_kv) bool, whether each cell holds the token's (first) sequence."""
+    visible = cell_has_seq & (cell_pos[None, :] >= 0)
+    if causal:
+        visible &= cell_pos[None, :] <= tok_pos[:, None]
+    if n_swa > 0:  # LLAMA_SWA_TYPE_STANDARD: masked when pos - cell_pos >= n_swa
+        visible &= (tok_pos[:, None] - cell_pos[None, :]) < n_swa
+    return np.where(visible, np.float32(0.0), np.float32(-np.inf)).astype(np.float32)
+
+
+class KVAttention:
+    """Attention input for one ubatch over the KV cache: stores each layer's K/V into the ubatch's cells, then
+    attends over cells [0, n_kv) with the causal / sequence / sliding-window mask."""
+
+    def __init__(self, hp, cparams, ops, kv, ub, idx: np.ndarray):
+        self.hp, self.ops, self.kv, self.idx = hp, ops, kv, idx
+        self.flash = cparams.flash_attn
+        cells = kv.cells
+        self.n_kv = cells.used_max_p1
+        pos = cells.pos[: self.n_kv]
+        has_seq = cells.seq[: self.n_kv][:, ub.seq_id0].T  # (n_tokens, n_kv)
+        self.mask = visibility_mask(pos, has_seq, ub.pos, cparams.causal_attn, 0)
+        self.mask_swa = (visibility_mask(pos, has_seq, ub.pos, cparams.causal_attn, hp.n_swa)
+                         if hp.n_swa else self.mask)
+
+    def __call__(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, kq_scale: float) -> np.ndarray:
+        hp, kv = self.hp, self.kv
+        n = q.shape[0]
+        kv.store(il, self.idx, k.reshape(n, -1), v.reshape(n, -1))
+        k_all = kv.k_rows(il, self.n_kv).reshape(self.n_kv, hp.n_head_kv, hp.n_embd_head_k)
+        v_all = kv.v_rows(il, self.n_kv).reshape(self.n_kv, hp.n_head_kv, hp.n_embd_head_v)
+        mask = self.mask_swa if hp.is_swa(il) else self.mask
+        return self.ops.attention(q, k_all, v_all, mask, kq_scale, self.flash, kv.type_k)
+
+
+class BatchAttention:
+    """Attention input without memory (llm_graph_input_attn_no_cache): tokens attend within the ubatch, to the
+    tokens of their own sequence. K/V are rounded to f16 as a cache would hold them."""
+
+    def __init__(self, hp, cparams, ops, ub):
+        self.hp, self.ops = hp, ops
+        self.flash = cparams.flash_attn
+        has_seq = np.array([[s in ids for ids in ub.seq_ids] for s in ub.seq_id0], bool)  # (n, n)
+        self.mask = visibility_mask(ub.pos, has_seq, ub.pos, cparams.causal_attn, 0)
+        self.mask_swa = (visibility_mask(ub.pos, has_seq, ub.pos, cparams.causal_attn, hp.n_swa)
+                         if hp.n_swa else self.mask)
+
+    def __call__(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, kq_scale: float) -> np.ndarray:
+        k16 = k.astype(np.float16).astype(np.float32)
+        v16 = v.astype(np.float16).astype(np.float32)
+        mask = self.mask_swa if self.hp.is_swa(il) else self.mask
+        return self.ops.attention(q, k16, v16, mask, kq_scale, self.flash, "f16")

@@ -1,0 +1,82 @@
+"""The `llama` architecture (SmolLM2, Llama 2/3, Mistral and llama-style variants): src/models/llama.cpp."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from llamactx.hparams import HParams
+from llamactx.models.graph import AttentionInput, ForwardResult, RopeConfig
+
+
+def tensor_shapes(hp: HParams) -> dict[str, tuple[tuple[int, ...], bool]]:
+    """llama_model_llama::load_arch_tensors: name -> (ggml shape, required). `output.weight` falls back to the
+    token embeddings (tied weights)."""
+    shapes: dict[str, tuple[tuple[int, ...], bool]] = {
+        "token_embd.weight": ((hp.n_embd, hp.n_vocab), True),
+        "output_norm.weight": ((hp.n_embd,), True),
+        "output.weight": ((hp.n_embd, hp.n_vocab), False),
+    }
+    n_q = hp.n_embd_head_k * hp.n_head
+    for il in range(hp.n_layer):
+        b = f"blk.{il}."
+        shapes.update({
+            b + "attn_norm.weight": ((hp.n_embd,), True),
+            b + "attn_q.weight": ((hp.n_embd, n_q), True),
+            b + "attn_k.weight": ((hp.n_embd, hp.n_embd_k_gqa), True),
+            b + "attn_v.weight": ((hp.n_embd, hp.n_embd_v_gqa), True),
+            b + "attn_output.weight": ((n_q, hp.n_embd), True),
+            b + "attn_q.bias": ((n_q,), False),
+            b + "attn_k.bias": ((hp.n_embd_k_gqa,), False),
+            b + "attn_v.bias": ((hp.n_embd_v_gqa,), False),
+            b + "attn_output.bias": ((hp.n_embd,), False),
+            b + "ffn_norm.weight": ((hp.n_embd,), True),
+            b + "ffn_gate.weight": ((hp.n_embd, hp.n_ff), True),
+            b + "ffn_up.weight": ((hp.n_embd, hp.n_ff), True),
+            b + "ffn_down.weight": ((hp.n_ff, hp.n_embd), True),
+        })
+    return shapes
+
+
+def output_weight_name(model) -> str:
+    return "output.weight" if model.has_tensor("output.weight") else "token_embd.weight"
+
+
+def linear(model, ops, x: np.ndarray, prefix: str) -> np.ndarray:
+    """x @ W^T (+ bias when the model has one: Qwen2-style llama variants). (n, ne0) -> (n, ne1)"""
+    y = ops.matmul(x, model.weight(prefix + ".weight"))
+    bias = model.tensors.get(prefix + ".bias")
+    return y if bias is None else y + bias
+
+
+def forward(model, ops, token: np.ndarray | None, embd: np.ndarray | None, pos: np.ndarray,
+            attn: AttentionInput, rope: RopeConfig, out_ids: np.ndarray, want_logits: bool) -> ForwardResult:
+    """One ubatch through the network (llm_build_llama). token (n,) or embd (n, n_embd); pos (n,);
+    out_ids: indices into the ubatch of the rows whose output is wanted."""
+    hp = model.hparams
+    w = model.weight
+    n = len(pos)
+    x = ops.get_rows(w("token_embd.weight"), token) if token is not None else embd  # (n, n_embd)
+    kq_scale = 1.0 / math.sqrt(hp.n_embd_head_k)
+    for il in range(hp.n_layer):
+        b = f"blk.{il}."
+        cur = ops.rms_norm(x, model.tensors[b + "attn_norm.weight"], hp.f_norm_rms_eps)  # (n, n_embd)
+        q = linear(model, ops, cur, b + "attn_q").reshape(n, hp.n_head, hp.n_embd_head_k)
+        k = linear(model, ops, cur, b + "attn_k").reshape(n, hp.n_head_kv, hp.n_embd_head_k)
+        v = linear(model, ops, cur, b + "attn_v").reshape(n, hp.n_head_kv, hp.n_embd_head_v)
+        rp = rope.for_layer(False)
+        q = ops.rope(q, pos, rp)
+        k = ops.rope(k, pos, rp)
+        cur = attn(il, q, k, v, kq_scale)  # (n, n_head * n_embd_head_v)
+        cur = linear(model, ops, cur, b + "attn_output")  # (n, n_embd)
+        if il == hp.n_layer - 1:  # only the output rows go through the last FFN
+            cur, x = cur[out_ids], x[out_ids]
+        x = cur + x
+        cur = ops.rms_norm(x, model.tensors[b + "ffn_norm.weight"], hp.f_norm_rms_eps)
+        gate = ops.matmul(cur, w(b + "ffn_gate.weight"))  # (n, n_ff)
+        up = ops.matmul(cur, w(b + "ffn_up.weight"))  # (n, n_ff)
+        x = ops.matmul(ops.swiglu(gate, up), w(b + "ffn_down.weight")) + x  # (n, n_embd)
+    x = ops.rms_norm(x, model.tensors["output_norm.weight"], hp.f_norm_rms_eps)  # (n_out, n_embd)
+    logits = ops.matmul(x, w(output_weight_name(model))) if want_logits else None  # (n_out, n_vocab)
+    return ForwardResult(logits=logits, embd=x)
