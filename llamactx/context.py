@@ -1,0 +1,335 @@
+"""Context: one stateful session over a shared, read-only model (`llama_context`, src/llama-context.*).
+
+A context owns its resolved parameters, its memory (the KV cache), the compute ops and its output buffers.
+`decode(batch)` validates the batch, splits it into ubatches, places each in the KV cache, runs the architecture's
+forward pass and keeps the outputs the batch asked for. Any failure leaves the memory as it was.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from llamactx.batch import AllocatedBatch, Batch, BatchAllocator, DecodeError, UBatch
+from llamactx.cparams import ContextParams, ResolvedParams
+from llamactx.memory.kv_cache import KVCache
+from llamactx.model import Model
+from llamactx.models import arch_module
+from llamactx.models.graph import BatchAttention, KVAttention, rope_config
+from llamactx.ops import ReferenceOps
+
+DECODE_OK, DECODE_NO_SLOT, DECODE_ABORTED = 0, 1, 2
+
+
+@dataclass(slots=True)
+class Perf:
+    """`llama_perf_context_data`: prompt (multi-token) and generation (single-token) decode timings."""
+
+    t_start_ms: float = 0.0
+    t_load_ms: float = 0.0
+    t_p_eval_ms: float = 0.0
+    t_eval_ms: float = 0.0
+    n_p_eval: int = 0
+    n_eval: int = 0
+    n_reused: int = 0
+
+
+class Context:
+    """A session over `model`: `Context(model, ContextParams(...))`. Use as a context manager or call `close()`."""
+
+    def __init__(self, model: Model, params: ContextParams | None = None, *, ops=None):
+        t0 = time.perf_counter()
+        params = dataclasses.replace(params) if params is not None else ContextParams()
+        self.model = model
+        self.params: ResolvedParams = params.resolve(model.hparams)
+        hp = model.hparams
+        p = self.params
+        self.memory = KVCache(hp.n_layer, p.n_ctx, p.n_seq_max, hp.n_embd_k_gqa, hp.n_embd_v_gqa,
+                              p.type_k, p.type_v, can_shift=True)
+        self.ops = ops if ops is not None else ReferenceOps()
+        self._arch = arch_module(model.arch)
+        self._rope = rope_config(hp, p)
+        self._balloc = BatchAllocator(hp.n_vocab, hp.n_embd, p.n_seq_max, p.n_batch)
+        self._lock = threading.Lock()
+        self._closed = False
+        self._logits = np.zeros((0, hp.n_vocab), np.float32)  # (n_outputs, n_vocab)
+        self._embd = np.zeros((0, hp.n_embd), np.float32)  # (n_outputs, n_embd)
+        self._embd_seq: dict[int, np.ndarray] = {}  # seq_id -> (n_embd,) pooled
+        self._output_ids = np.zeros(0, np.int32)  # (n_batch_tokens,) batch index -> output row or -1
+        self._perf = Perf(t_start_ms=time.time() * 1000)
+        self._perf.t_load_ms = (time.perf_counter() - t0) * 1000
+
+    # -- decode / encode ----------------------------------------------------------------------------------------
+
+    def decode(self, batch: Batch) -> int:
+        """Run `batch` through the model, appending to the memory. Returns 0 (ok), 1 (no free KV cells for the
+        batch; memory unchanged) or 2 (aborted by `abort_callback`; memory unchanged). Raises `DecodeError`
+        (code -1) for an invalid batch, with memory unchanged."""
+        with self._lock:
+            self._check_open()
+            t0 = time.perf_counter()
+            alloc = self._balloc.init(batch, self.memory.cells.seq_pos_max, self.params.embeddings)
+            self._check_coupled(alloc)
+            self.memory.apply_k_shift(self._rope_shift)
+            ubatches = alloc.split_simple(self.params.n_ubatch)
+            slots = self._plan_slots(ubatches)
+            if slots is None:
+                return DECODE_NO_SLOT
+            snapshot = self.memory.cells.snapshot()
+            try:
+                outputs = self._run(alloc, ubatches, slots)
+            except BaseException:
+                self.memory.cells.restore(snapshot)
+                raise
+            if outputs is None:
+                self.memory.cells.restore(snapshot)
+                return DECODE_ABORTED
+            self._store_outputs(alloc, *outputs)
+            self._count(alloc.n_tokens, time.perf_counter() - t0)
+            return DECODE_OK
+
+    def encode(self, batch: Batch) -> int:
+        """Run `batch` without memory (`llama_encode`): attention only within the batch (causal unless
+        attention_type is non_causal), every token an output; fills the embeddings outputs. Returns 0 or 2."""
+        with self._lock:
+            self._check_open()
+            t0 = time.perf_counter()
+            alloc = self._balloc.init(batch, lambda s: -1, True)
+            if alloc.n_tokens > self.params.n_ubatch:
+                raise DecodeError(f"encode: {alloc.n_tokens} tokens exceed n_ubatch = {self.params.n_ubatch}")
+            if self._aborted():
+                return DECODE_ABORTED
+            ub = alloc.split_simple(alloc.n_tokens)[0]
+            attn = BatchAttention(self.model.hparams, self.params, self.ops, ub)
+            res = self._forward(ub, attn, np.arange(ub.n_tokens), want_logits=False)
+            self._store_outputs(alloc, None, res.embd)
+            self._count(alloc.n_tokens, time.perf_counter() - t0)
+            return DECODE_OK
+
+    def _check_coupled(self, alloc: AllocatedBatch) -> None:
+        """Sequences that share a token must have the same history (llama_batch_allocr::init)."""
+        cells = self.memory.cells
+        for i, ids in enumerate(alloc.seq_ids):
+            for s in ids[1:]:
+                a, b = ids[0], s
+                if (cells.seq_pos_min(a), cells.seq_pos_max(a)) != (cells.seq_pos_min(b), cells.seq_pos_max(b)):
+                    raise DecodeError(f"token {i}: sequences {a} and {b} are coupled in the batch but have diverged "
+                                      "in memory")
+
+    def _plan_slots(self, ubatches: list[UBatch]) -> list[np.ndarray] | None:
+        """Find cells for every ubatch before computing any (llama_kv_cache::prepare); memory is left as it was."""
+        cells = self.memory.cells
+        snapshot = cells.snapshot()
+        slots = []
+        try:
+            for ub in ubatches:
+                idx = cells.find_slot(ub.n_tokens)
+                if idx is None:
+                    return None
+                cells.apply(idx, ub.pos, ub.seq_ids)
+                slots.append(idx)
+            return slots
+        finally:
+            cells.restore(snapshot)
+
+    def _run(self, alloc: AllocatedBatch, ubatches: list[UBatch], slots: list[np.ndarray]):
+        logits_parts, embd_parts = [], []
+        want_logits = True
+        for ub, idx in zip(ubatches, slots, strict=True):
+            if self._aborted():
+                return None
+            self.memory.cells.apply(idx, ub.pos, ub.seq_ids)
+            attn = KVAttention(self.model.hparams, self.params, self.ops, self.memory, ub, idx)
+            res = self._forward(ub, attn, np.flatnonzero(ub.output), want_logits)
+            logits_parts.append(res.logits)
+            embd_parts.append(res.embd)
+        logits = np.concatenate(logits_parts) if want_logits else None
+        embd = np.concatenate(embd_parts) if self.params.embeddings else None
+        return logits, embd
+
+    def _forward(self, ub: UBatch, attn, out_ids: np.ndarray, want_logits: bool):
+        return self._arch.forward(self.model, self.ops, ub.token, ub.embd, ub.pos, attn, self._rope, out_ids,
+                                  want_logits)
+
+    def _rope_shift(self, rows: np.ndarray, shift: np.ndarray, il: int) -> np.ndarray:
+        hp = self.model.hparams
+        k = rows.reshape(len(shift), hp.n_head_kv, hp.n_embd_head_k)
+        return self.ops.rope(k, shift, self._rope.for_layer(hp.is_swa(il))).reshape(rows.shape)
+
+    def _aborted(self) -> bool:
+        cb = self.params.abort_callback
+        return bool(cb is not None and cb())
+
+    # -- outputs ------------------------------------------------------------------------------------------------
+
+    def _store_outputs(self, alloc: AllocatedBatch, logits: np.ndarray | None, embd: np.ndarray | None) -> None:
+        out_rows = np.flatnonzero(alloc.output)
+        self._output_ids = np.full(alloc.n_tokens, -1, np.int32)
+        self._output_ids[out_rows] = np.arange(out_rows.size, dtype=np.int32)
+        self._logits = logits if logits is not None else np.zeros((0, self.model.hparams.n_vocab), np.float32)
+        self._embd = embd if embd is not None else np.zeros((0, self.model.hparams.n_embd), np.float32)
+        self._embd_seq = self._pool(alloc, out_rows) if embd is not None else {}
+
+    def _pool(self, alloc: AllocatedBatch, out_rows: np.ndarray) -> dict[int, np.ndarray]:
+        """Per-sequence pooled embeddings (LLAMA_POOLING_TYPE_MEAN / CLS / LAST) over the batch's tokens."""
+        pooling = self.params.pooling_type
+        if pooling == "none":
+            return {}
+        pooled = {}
+        seqs = sorted({s for ids in alloc.seq_ids for s in ids})
+        for s in seqs:
+            rows = [self._output_ids[i] for i in out_rows if s in alloc.seq_ids[i]]
+            vecs = self._embd[rows]  # (n_tok_s, n_embd)
+            if pooling == "mean":
+                pooled[s] = vecs.mean(axis=0, dtype=np.float64).astype(np.float32)
+            else:
+                pooled[s] = vecs[0] if pooling == "cls" else vecs[-1]
+        return pooled
+
+    def _output_row(self, i: int, kind: str) -> int:
+        n_outputs = int((self._output_ids >= 0).sum())
+        if i < 0:
+            if -i > n_outputs:
+                raise IndexError(f"{kind}: index {i} is out of range for {n_outputs} outputs")
+            return n_outputs + i
+        if i >= self._output_ids.size or self._output_ids[i] < 0:
+            raise IndexError(f"{kind}: batch index {i} has no output (the batch flagged {n_outputs} of "
+                             f"{self._output_ids.size} tokens)")
+        return int(self._output_ids[i])
+
+    def get_logits(self) -> np.ndarray:
+        """Logits of the last decode's output tokens, in batch order. (n_outputs, n_vocab) float32, read-only."""
+        return _readonly(self._logits)
+
+    def get_logits_ith(self, i: int) -> np.ndarray:
+        """Logits of batch token `i` (negative: counted back from the last output). (n_vocab,) float32.
+        Raises IndexError for a token that was not an output."""
+        if self._logits.shape[0] == 0:
+            raise IndexError("get_logits_ith: the last decode produced no logits")
+        return _readonly(self._logits[self._output_row(i, "get_logits_ith")])
+
+    def get_embeddings(self) -> np.ndarray:
+        """Per-token embeddings of the last decode's outputs. (n_outputs, n_embd) float32."""
+        return _readonly(self._embd)
+
+    def get_embeddings_ith(self, i: int) -> np.ndarray:
+        if self._embd.shape[0] == 0:
+            raise IndexError("get_embeddings_ith: no embeddings (set ContextParams(embeddings=True))")
+        return _readonly(self._embd[self._output_row(i, "get_embeddings_ith")])
+
+    def get_embeddings_seq(self, seq_id: int) -> np.ndarray:
+        """Pooled embedding of `seq_id` from the last decode (pooling mean | cls | last). (n_embd,) float32."""
+        if seq_id not in self._embd_seq:
+            raise KeyError(f"get_embeddings_seq: no pooled embedding for seq_id {seq_id} "
+                           f"(pooling_type = {self.params.pooling_type!r})")
+        return _readonly(self._embd_seq[seq_id])
+
+    # -- state ----------------------------------------------------------------------------------------------------
+
+    def state_get_data(self) -> bytes:
+        """The whole context state (KV cells of every sequence + last outputs) as bytes."""
+        from llamactx.state import write_state
+
+        with self._lock:
+            return write_state(self, seq_id=None)
+
+    def state_set_data(self, data: bytes) -> None:
+        """Restore a state from `state_get_data`; raises `StateError` with memory unchanged if it does not fit."""
+        from llamactx.state import read_state
+
+        with self._lock:
+            read_state(self, data, dest_seq_id=None)
+
+    def state_seq_get_data(self, seq_id: int) -> bytes:
+        from llamactx.state import write_state
+
+        with self._lock:
+            self.memory._check_seq(seq_id)
+            return write_state(self, seq_id=seq_id)
+
+    def state_seq_set_data(self, data: bytes, dest_seq_id: int) -> None:
+        from llamactx.state import read_state
+
+        with self._lock:
+            self.memory._check_seq(dest_seq_id)
+            read_state(self, data, dest_seq_id=dest_seq_id)
+
+    def state_save_file(self, path, tokens) -> None:
+        from llamactx.state import save_file
+
+        save_file(path, self.state_get_data(), tokens)
+
+    def state_load_file(self, path, n_token_capacity: int | None = None) -> list[int]:
+        from llamactx.state import load_file
+
+        data, tokens = load_file(path, n_token_capacity or self.params.n_ctx)
+        self.state_set_data(data)
+        return tokens
+
+    def state_seq_save_file(self, path, seq_id: int, tokens) -> None:
+        from llamactx.state import save_file
+
+        save_file(path, self.state_seq_get_data(seq_id), tokens)
+
+    def state_seq_load_file(self, path, dest_seq_id: int, n_token_capacity: int | None = None) -> list[int]:
+        from llamactx.state import load_file
+
+        data, tokens = load_file(path, n_token_capacity or self.params.n_ctx)
+        self.state_seq_set_data(data, dest_seq_id)
+        return tokens
+
+    # -- misc -----------------------------------------------------------------------------------------------------
+
+    @property
+    def n_ctx(self) -> int:
+        return self.params.n_ctx
+
+    def _count(self, n_tokens: int, seconds: float) -> None:
+        if self.params.no_perf:
+            return
+        if n_tokens == 1:
+            self._perf.t_eval_ms += seconds * 1000
+            self._perf.n_eval += 1
+        else:
+            self._perf.t_p_eval_ms += seconds * 1000
+            self._perf.n_p_eval += n_tokens
+
+    def perf(self) -> Perf:
+        """Timings like `llama_perf_context`: t_p_eval_ms / n_p_eval (prompt), t_eval_ms / n_eval (generation)."""
+        return dataclasses.replace(self._perf)
+
+    def perf_reset(self) -> None:
+        self._perf = Perf(t_start_ms=time.time() * 1000)
+
+    def memory_breakdown(self) -> dict[str, int]:
+        """Bytes this context holds beyond the shared weights: KV arrays and cells, output buffers."""
+        kv = self.memory.memory_breakdown()
+        return {"kv": kv["k"] + kv["v"], "kv_cells": kv["cells"],
+                "outputs": self._logits.nbytes + self._embd.nbytes + self._output_ids.nbytes}
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this context was closed")
+
+    def close(self) -> None:
+        """Free the memory and outputs (`llama_free`); the model stays loaded for other contexts."""
+        with self._lock:
+            self._closed = True
+            self.memory = None  # type: ignore[assignment]
+            self._logits = self._embd = None  # type: ignore[assignment]
+
+    def __enter__(self) -> Context:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:
+    view = a.view()
+    view.flags.writeable = False
+    return view

@@ -1,0 +1,9 @@
+"""Context memory: the `Memory` interface (llama_memory_i), KV cells bookkeeping and the KV cache."""
+
+from __future__ import annotations
+
+from llamactx.memory.base import Memory
+from llamactx.memory.kv_cache import KVCache
+from llamactx.memory.kv_cells import KVCells
+
+__all__ = ["KVCache", "KVCells", "Memory"]

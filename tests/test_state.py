@@ -1,0 +1,109 @@
+"""State save / restore: round trips are bit-identical; every corrupt blob is rejected with memory unchanged."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+
+from llamactx import Batch, Context, ContextParams, StateError
+from tests.test_context import assert_same_memory, memory_image
+
+
+@pytest.fixture(scope="module")
+def tokens(smollm):
+    return smollm.vocab.tokenize("Once upon a time, there was a little", add_special=False)
+
+
+def decoded(model, tokens, n_ctx=256, **params) -> Context:
+    ctx = Context(model, ContextParams(n_ctx=n_ctx, **params))
+    assert ctx.decode(Batch.get_one(tokens)) == 0
+    return ctx
+
+
+def test_state_round_trip_is_bit_identical(smollm, tokens):
+    src = decoded(smollm, tokens)
+    blob = src.state_get_data()
+    dst = Context(smollm, ContextParams(n_ctx=256))
+    dst.state_set_data(blob)
+    np.testing.assert_array_equal(dst.get_logits_ith(-1), src.get_logits_ith(-1))
+    assert dst.memory.seq_pos_max(0) == len(tokens) - 1
+    nxt = int(np.argmax(src.get_logits_ith(-1)))
+    src.decode(Batch.get_one([nxt]))
+    dst.decode(Batch.get_one([nxt]))
+    np.testing.assert_array_equal(dst.get_logits_ith(-1), src.get_logits_ith(-1))
+
+
+def test_sequence_state_moves_into_another_sequence(smollm, tokens):
+    src = decoded(smollm, tokens)
+    blob = src.state_seq_get_data(0)
+    dst = Context(smollm, ContextParams(n_ctx=256, n_seq_max=3))
+    dst.state_seq_set_data(blob, 2)
+    assert dst.memory.seq_pos_max(2) == len(tokens) - 1 and dst.memory.seq_pos_max(0) == -1
+    batch = Batch(1)
+    batch.add(42, len(tokens), (2,), True)
+    dst.decode(batch)
+    src.decode(Batch.get_one([42]))
+    np.testing.assert_array_equal(dst.get_logits_ith(-1), src.get_logits_ith(-1))
+
+
+def test_session_file_round_trip(smollm, tokens, tmp_path):
+    src = decoded(smollm, tokens)
+    path = tmp_path / "session.bin"
+    src.state_save_file(path, tokens)
+    dst = Context(smollm, ContextParams(n_ctx=256))
+    assert dst.state_load_file(path) == tokens
+    np.testing.assert_array_equal(dst.get_logits_ith(-1), src.get_logits_ith(-1))
+    with pytest.raises(StateError, match="more than the capacity 3"):
+        dst.state_load_file(path, n_token_capacity=3)
+
+
+def _corruptions(blob: bytes, gemma_blob: bytes, seq_blob: bytes):
+    yield "wrong magic", b"XXXXXXXX" + blob[8:]
+    yield "version 99 is not supported", blob[:8] + struct.pack("<I", 99) + blob[12:]
+    yield "truncated", blob[: len(blob) // 2]
+    yield "truncated", blob[:10]
+    yield "trailing bytes", blob + b"\0"
+    yield "another model", gemma_blob
+    yield "expected a whole-context state", seq_blob
+    yield "must be bytes", "not bytes"
+
+
+def test_corrupt_blobs_rejected_with_memory_unchanged(smollm, gemma, tokens):
+    blob = decoded(smollm, tokens).state_get_data()
+    seq_blob = decoded(smollm, tokens).state_seq_get_data(0)
+    gemma_blob = Context(gemma, ContextParams(n_ctx=256)).state_get_data()
+    victim = decoded(smollm, tokens[:3])
+    before = memory_image(victim)
+    logits = np.array(victim.get_logits())
+    for message, bad in _corruptions(blob, gemma_blob, seq_blob):
+        with pytest.raises(StateError, match=message):
+            victim.state_set_data(bad)
+        assert_same_memory(before, memory_image(victim))
+        np.testing.assert_array_equal(victim.get_logits(), logits)
+
+
+def test_state_larger_than_context_rejected(smollm):
+    big = decoded(smollm, [42] * 300, n_ctx=512)
+    small = Context(smollm, ContextParams(n_ctx=256))
+    with pytest.raises(StateError, match="300 cells, more than this context's n_ctx = 256"):
+        small.state_set_data(big.state_get_data())
+    assert small.memory.used == 0
+
+
+def test_kv_type_mismatch_rejected(smollm, tokens):
+    blob = decoded(smollm, tokens).state_get_data()
+    q8 = Context(smollm, ContextParams(n_ctx=256, type_k="q8_0", type_v="q8_0"))
+    with pytest.raises(StateError, match="KV types f16/f16 differ"):
+        q8.state_set_data(blob)
+
+
+def test_sequence_state_needs_free_cells(smollm, tokens):
+    blob = decoded(smollm, tokens).state_seq_get_data(0)
+    full = Context(smollm, ContextParams(n_ctx=256, n_seq_max=2, kv_unified=True))
+    full.decode(Batch.get_one([42] * 250))
+    before = memory_image(full)
+    with pytest.raises(StateError, match="needs 9 cells, only 6 are free"):
+        full.state_seq_set_data(blob, 1)
+    assert_same_memory(before, memory_image(full))
