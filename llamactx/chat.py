@@ -1,0 +1,265 @@
+"""Chat templates: turn a list of messages into a prompt with the model's own jinja template.
+
+The template is a GGUF's `tokenizer.chat_template`, rendered as HF transformers renders it
+(apply_chat_template): jinja2's ImmutableSandboxedEnvironment with trim_blocks / lstrip_blocks, the
+loopcontrols extension, a no-op `{% generation %}` tag, the `raise_exception` and `strftime_now` globals and a
+`tojson` filter that does not HTML-escape. Variables follow llama-server (common/chat.cpp
+common_chat_template_direct_apply_impl): `messages`, `bos_token`, `eos_token`, `add_generation_prompt`, and
+`tools` only when tools are given. A model without a template gets llama.cpp's chatml fallback
+(common_chat_templates_init, CHATML_TEMPLATE_SRC) and says so.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any, Protocol
+
+import jinja2
+from jinja2 import nodes
+from jinja2.ext import Extension
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+# common/chat.cpp CHATML_TEMPLATE_SRC
+CHATML_TEMPLATE = (
+    "{%- for message in messages -%}\n"
+    "  {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' -}}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "  {{- '<|im_start|>assistant\\n' -}}\n"
+    "{%- endif -%}"
+)
+
+TOKEN_NULL = -1  # llama.h LLAMA_TOKEN_NULL
+
+
+class ChatTemplateError(ValueError):
+    """A chat template could not be compiled or rendered: its own raise_exception, or a jinja error."""
+
+
+class ChatVocab(Protocol):
+    """What ChatTemplate.from_model reads from a vocabulary."""
+
+    bos: int
+    eos: int
+
+    def token_get_text(self, token: int) -> str: ...
+
+
+class ChatModel(Protocol):
+    """What ChatTemplate.from_model reads from a model."""
+
+    @property
+    def chat_template(self) -> str | None: ...
+
+    @property
+    def vocab(self) -> ChatVocab: ...
+
+
+def _raise_exception(message: str) -> None:
+    raise ChatTemplateError(message)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:  # fmt: skip
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+class _GenerationTag(Extension):
+    """HF's `{% generation %}...{% endgeneration %}` marks assistant text for training masks; rendering
+    ignores it."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Any) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.CallBlock(self.call_method("_render_body"), [], [], body).set_lineno(lineno)
+
+    def _render_body(self, caller: Any) -> str:
+        return caller()
+
+
+def _environment() -> ImmutableSandboxedEnvironment:
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, "jinja2.ext.loopcontrols"]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env
+
+
+def detect_template_name(source: str) -> str:
+    """The llama.cpp family name of a template, by its markers (a subset of llama-chat.cpp
+    llm_chat_detect_template); "jinja" when none matches. Informational only: rendering always runs the jinja.
+    """
+    if "<|im_start|>" in source:
+        return "phi4" if "<|im_sep|>" in source else "chatml"
+    if source.startswith("mistral") or "[INST]" in source:
+        return "mistral-v7" if "[SYSTEM_PROMPT]" in source else "llama2"
+    if "<|assistant|>" in source and "<|end|>" in source:
+        return "phi3"
+    if "<start_of_turn>" in source:
+        return "gemma"
+    if "<|start_header_id|>" in source and "<|end_header_id|>" in source:
+        return "llama3"
+    return "jinja"
+
+
+def _content_text(i: int, parts: Sequence[Any]) -> str:
+    """Text parts joined with newlines (common_chat_msg::to_json_oaicompat concat_typed_text)."""
+    texts = []
+    for j, part in enumerate(parts):
+        if (
+            not isinstance(part, Mapping)
+            or part.get("type") != "text"
+            or not isinstance(part.get("text"), str)
+        ):
+            raise ValueError(
+                f"messages[{i}].content[{j}]: expected a part {{'type': 'text', 'text': str}}, got {part!r}"
+            )
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def validate_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Check OpenAI-style messages and normalise their content to strings (common_chat_msgs_parse_oaicompat).
+
+    Each message needs a non-empty string `role` and a `content` that is a string or a list of text parts; an
+    assistant message with `tool_calls` may omit `content` (it becomes ""). Other keys are passed through.
+    Returns copies. Raises ValueError naming the message index and field.
+    """
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+        raise ValueError(f"messages: expected a list of messages, got {type(messages).__name__}")
+    if not messages:
+        raise ValueError("messages: at least one message is required")
+    out = []
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, Mapping):
+            raise ValueError(f"messages[{i}]: expected an object with 'role' and 'content', got {msg!r}")
+        role = msg.get("role")
+        if not isinstance(role, str) or not role:
+            raise ValueError(f"messages[{i}].role: missing or not a non-empty string (got {role!r})")
+        content = msg.get("content")
+        if content is None:
+            if not msg.get("tool_calls"):
+                raise ValueError(
+                    f"messages[{i}].content: missing (only a message with tool_calls may omit it)"
+                )
+            content = ""
+        elif isinstance(content, list):
+            content = _content_text(i, content)
+        elif not isinstance(content, str):
+            raise ValueError(
+                f"messages[{i}].content: expected a string or a list of text parts, got {content!r}"
+            )
+        out.append({**msg, "content": content})
+    return out
+
+
+class ChatTemplate:
+    """A compiled chat template plus the special tokens it may use.
+
+    `source` None or empty (or "chatml") selects the chatml fallback: `is_fallback` is True, `name` "chatml",
+    `message` says why, and a UserWarning is issued. `add_bos` / `add_eos` mirror the vocabulary's flags: when
+    the tokenizer adds BOS itself, a rendered prompt that starts with `bos_token` loses it (and likewise for a
+    trailing EOS), as llama-server does, so the prompt is not double-prefixed. Raises ChatTemplateError (a
+    ValueError) if the template does not compile.
+    """
+
+    __slots__ = ("source", "name", "bos_token", "eos_token", "add_bos", "add_eos", "is_fallback", "message",
+                 "_template")  # fmt: skip
+
+    def __init__(
+        self,
+        source: str | None,
+        bos_token: str = "",
+        eos_token: str = "",
+        name: str | None = None,
+        *,
+        add_bos: bool = False,
+        add_eos: bool = False,
+    ) -> None:
+        self.is_fallback = not source or source == "chatml"
+        self.source = CHATML_TEMPLATE if self.is_fallback else str(source)
+        self.name = "chatml" if self.is_fallback else (name or detect_template_name(self.source))
+        self.message = ""
+        if self.is_fallback:
+            whose = f"{name} has" if name else "the model has"
+            self.message = f"{whose} no chat template; using the chatml fallback"
+            warnings.warn(self.message, UserWarning, stacklevel=2)
+        self.bos_token, self.eos_token = bos_token, eos_token
+        self.add_bos, self.add_eos = add_bos, add_eos
+        try:
+            self._template = _environment().from_string(self.source)
+        except jinja2.TemplateSyntaxError as e:
+            raise ChatTemplateError(
+                f"chat template {self.name!r}: syntax error on line {e.lineno}: {e.message}"
+            ) from e
+
+    @classmethod
+    def from_model(cls, model: ChatModel, name: str | None = None) -> ChatTemplate:
+        """The template of a loaded model (`model.chat_template`, `model.vocab`), with its BOS/EOS texts and
+        add_bos / add_eos flags (common_chat_templates_init). A missing BOS/EOS token gives an empty string.
+        """
+        vocab = model.vocab
+
+        def text(token: int | None) -> str:
+            return "" if token is None or token == TOKEN_NULL else vocab.token_get_text(token)
+
+        return cls(
+            model.chat_template,
+            text(vocab.bos),
+            text(vocab.eos),
+            name,
+            add_bos=bool(getattr(vocab, "add_bos", False)),
+            add_eos=bool(getattr(vocab, "add_eos", False)),
+        )
+
+    def __repr__(self) -> str:
+        return f"ChatTemplate(name={self.name!r}, fallback={self.is_fallback})"
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        **extra: Any,
+    ) -> str:
+        """The prompt for `messages`; `tools` (OpenAI function specs) are passed only when given, `extra`
+        becomes further template variables (llama-server's chat_template_kwargs, e.g. enable_thinking).
+
+        Raises ValueError for malformed messages (naming index and field) and ChatTemplateError (a ValueError)
+        carrying the template's own message when it calls raise_exception or fails to render.
+        """
+        variables: dict[str, Any] = {
+            **extra,
+            "messages": validate_messages(messages),
+            "bos_token": self.bos_token,
+            "eos_token": self.eos_token,
+            "add_generation_prompt": add_generation_prompt,
+        }
+        if tools:
+            variables["tools"] = list(tools)
+        try:
+            prompt = self._template.render(**variables)
+        except ChatTemplateError:
+            raise
+        except jinja2.TemplateError as e:
+            raise ChatTemplateError(f"chat template {self.name!r}: {type(e).__name__}: {e.message}") from e
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError, ArithmeticError) as e:
+            raise ChatTemplateError(f"chat template {self.name!r}: {type(e).__name__}: {e}") from e
+        if self.add_bos and self.bos_token and prompt.startswith(self.bos_token):
+            prompt = prompt[len(self.bos_token) :]
+        if self.add_eos and self.eos_token and prompt.endswith(self.eos_token):
+            prompt = prompt[: -len(self.eos_token)]
+        return prompt
