@@ -10,33 +10,20 @@ from __future__ import annotations
 import numpy as np
 
 from llamactx.hparams import HParams
+from llamactx.models import llama
 from llamactx.models.graph import AttentionInput, ForwardResult, RopeConfig
 from llamactx.models.llama import output_weight_name
 
 
 def tensor_shapes(hp: HParams) -> dict[str, tuple[tuple[int, ...], bool]]:
-    """llama_model_gemma3::load_arch_tensors: name -> (ggml shape, required)."""
-    shapes: dict[str, tuple[tuple[int, ...], bool]] = {
-        "token_embd.weight": ((hp.n_embd, hp.n_vocab), True),
-        "output_norm.weight": ((hp.n_embd,), True),
-        "output.weight": ((hp.n_embd, hp.n_vocab), False),
-    }
-    n_q = hp.n_embd_head_k * hp.n_head
+    """llama_model_gemma3::load_arch_tensors: llama's table plus the q/k norms and the post-norms."""
+    shapes = llama.tensor_shapes(hp)
     for il in range(hp.n_layer):
         b = f"blk.{il}."
         shapes.update({
-            b + "attn_norm.weight": ((hp.n_embd,), True),
-            b + "attn_q.weight": ((hp.n_embd, n_q), True),
-            b + "attn_k.weight": ((hp.n_embd, hp.n_embd_k_gqa), True),
-            b + "attn_v.weight": ((hp.n_embd, hp.n_embd_v_gqa), True),
-            b + "attn_output.weight": ((n_q, hp.n_embd), True),
             b + "attn_q_norm.weight": ((hp.n_embd_head_k,), True),
             b + "attn_k_norm.weight": ((hp.n_embd_head_k,), True),
             b + "post_attention_norm.weight": ((hp.n_embd,), True),
-            b + "ffn_norm.weight": ((hp.n_embd,), True),
-            b + "ffn_gate.weight": ((hp.n_embd, hp.n_ff), True),
-            b + "ffn_up.weight": ((hp.n_embd, hp.n_ff), True),
-            b + "ffn_down.weight": ((hp.n_ff, hp.n_embd), True),
             b + "post_ffw_norm.weight": ((hp.n_embd,), True),
         })
     return shapes
