@@ -27,7 +27,7 @@ test: $(STAMP)
 	$(VPY) -m pytest
 
 lint: $(STAMP)
-	$(VPY) -m ruff check llamactx tests
+	$(VPY) -m ruff check llamactx tests bench
 
 bench: $(STAMP)
 	$(VENV)/bin/llamactx bench -p 512 -n 128 -r 3

@@ -20,7 +20,7 @@ from llamactx.memory.kv_cache import KVCache
 from llamactx.model import Model
 from llamactx.models import arch_module
 from llamactx.models.graph import BatchAttention, KVAttention, rope_config
-from llamactx.ops import ReferenceOps
+from llamactx.kernels.ops import FastOps
 
 DECODE_OK, DECODE_NO_SLOT, DECODE_ABORTED = 0, 1, 2
 
@@ -50,7 +50,7 @@ class Context:
         p = self.params
         self.memory = KVCache(hp.n_layer, p.n_ctx, p.n_seq_max, hp.n_embd_k_gqa, hp.n_embd_v_gqa,
                               p.type_k, p.type_v, can_shift=True)
-        self.ops = ops if ops is not None else ReferenceOps()
+        self.ops = ops if ops is not None else FastOps(model)
         self._arch = arch_module(model.arch)
         self._rope = rope_config(hp, p)
         self._balloc = BatchAllocator(hp.n_vocab, hp.n_embd, p.n_seq_max, p.n_batch)
@@ -74,6 +74,7 @@ class Context:
             t0 = time.perf_counter()
             alloc = self._balloc.init(batch, self.memory.cells.seq_pos_max, self.params.embeddings)
             self._check_coupled(alloc)
+            self._set_threads(alloc.n_tokens)
             self.memory.apply_k_shift(self._rope_shift)
             ubatches = alloc.split_simple(self.params.n_ubatch)
             slots = self._plan_slots(ubatches)
@@ -99,6 +100,7 @@ class Context:
             self._check_open()
             t0 = time.perf_counter()
             alloc = self._balloc.init(batch, lambda s: -1, True)
+            self._set_threads(alloc.n_tokens)
             if alloc.n_tokens > self.params.n_ubatch:
                 raise DecodeError(f"encode: {alloc.n_tokens} tokens exceed n_ubatch = {self.params.n_ubatch}")
             if self._aborted():
@@ -159,6 +161,11 @@ class Context:
         hp = self.model.hparams
         k = rows.reshape(len(shift), hp.n_head_kv, hp.n_embd_head_k)
         return self.ops.rope(k, shift, self._rope.for_layer(hp.is_swa(il))).reshape(rows.shape)
+
+    def _set_threads(self, n_tokens: int) -> None:
+        """n_threads for single-token steps, n_threads_batch for batches (llama_context::graph_compute)."""
+        if hasattr(self.ops, "set_threads"):
+            self.ops.set_threads(self.params.n_threads if n_tokens == 1 else self.params.n_threads_batch)
 
     def _aborted(self) -> bool:
         cb = self.params.abort_callback

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,6 +73,8 @@ class Model:
         self.tensors: dict[str, np.ndarray] = {
             name: _tensor_array(self._raw(info), info) for name, info in self.tensor_infos.items()
         }
+        self._derived: dict[object, object] = {}  # read-only data computed from the weights (packed matrices)
+        self._derived_lock = threading.Lock()
         self.n_params = sum(info.n_elements for info in self.tensor_infos.values())
         self.size = sum(info.nbytes for info in self.tensor_infos.values())
         self.fingerprint = self._fingerprint()
@@ -128,6 +131,17 @@ class Model:
     def weight(self, name: str) -> Weight:
         info = self._info(name)
         return Weight(name, info.ggml_type, info.shape, self.tensors[name])
+
+    def derived(self, key: object, build):
+        """Data derived once from the weights and shared by every context (e.g. a matrix repacked for the
+        kernels): `build()` runs on first use of `key`, under a lock; the result must be read-only."""
+        value = self._derived.get(key)
+        if value is None:
+            with self._derived_lock:
+                value = self._derived.get(key)
+                if value is None:
+                    value = self._derived[key] = build()
+        return value
 
     def _info(self, name: str) -> TensorInfo:
         if name not in self.tensor_infos:
@@ -194,6 +208,7 @@ class Model:
 
     def close(self) -> None:
         self.tensors.clear()
+        self._derived.clear()
         self.gguf.close()
 
     def __repr__(self) -> str:

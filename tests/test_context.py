@@ -274,3 +274,19 @@ def test_closed_context_refuses_work(smollm, prompts):
         ctx.decode(Batch.get_one(prompts[0]))
     with pytest.raises(RuntimeError, match="closed"):
         ctx.decode(Batch.get_one(prompts[0]))
+
+
+def test_more_contexts_grow_rss_by_their_own_buffers_only(smollm, prompts):
+    """Contexts share the model's weights (and its packed copies); each adds only its KV cache and outputs."""
+    psutil = pytest.importorskip("psutil")
+    proc = psutil.Process()
+    first = Context(smollm, ContextParams(n_ctx=512))
+    first.decode(Batch.get_one(prompts[0]))  # packs the weights once, for every context
+    before = proc.memory_info().rss
+    extra = [Context(smollm, ContextParams(n_ctx=512)) for _ in range(4)]
+    for ctx in extra:
+        assert ctx.decode(Batch.get_one(prompts[1])) == 0
+    grown = proc.memory_info().rss - before
+    own = sum(sum(ctx.memory_breakdown().values()) for ctx in extra)
+    assert grown <= own + 32 * 2**20, (grown, own)
+    assert grown < smollm.size / 2  # nowhere near a copy of the weights

@@ -1,0 +1,119 @@
+"""Embedding lookup (ggml_get_rows): dequantize only the selected rows of a stored weight matrix.
+
+Values are bit-identical to `llamactx.gguf.quants.dequantize` of the same rows: for these formats every product
+(f16 scale x small integer) is exact in float32 and the one rounding (`+ m`) happens in the same place. The
+numba decoders read the raw GGUF blocks (the read-only `Weight.data`), so no repacked copy is needed; K-quant
+embeddings (rare) go through `dequantize` row by row.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+from numba import njit
+
+from llamactx.gguf.quants import block_format, dequantize
+from llamactx.kernels.simd import bits_f32
+
+_FAST_TYPES = (T.F32, T.F16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)
+Q4_0, Q4_1, Q5_1, Q8_0 = int(T.Q4_0), int(T.Q4_1), int(T.Q5_1), int(T.Q8_0)
+
+
+@njit(cache=True)
+def half_to_f32(lo, hi) -> np.float32:
+    """The little-endian IEEE half in bytes (lo, hi) as float32 (exact; bit operations, no F16C needed)."""
+    h = np.uint32(lo) | (np.uint32(hi) << np.uint32(8))
+    sign = (h & np.uint32(0x8000)) << np.uint32(16)
+    e = (h >> np.uint32(10)) & np.uint32(0x1F)
+    mant = h & np.uint32(0x3FF)
+    if e == 0:  # zero / subnormal: mant * 2**-24, exact
+        v = np.float32(mant) * np.float32(5.9604644775390625e-08)
+        return -v if sign else v
+    if e == 31:  # inf / NaN
+        return bits_f32(sign | np.uint32(0x7F800000) | (mant << np.uint32(13)))
+    return bits_f32(sign | ((e + np.uint32(112)) << np.uint32(23)) | (mant << np.uint32(13)))
+
+
+@njit(cache=True)
+def _get_rows_blocks(kind, data, ids, out) -> None:
+    """out[i] = dequantized row ids[i] of raw blocks `data` (n_rows, row_bytes) of a 32-element block type."""
+    for i in range(ids.shape[0]):
+        row = data[ids[i]]
+        for b in range(out.shape[1] // 32):
+            y = out[i, b * 32 : b * 32 + 32]
+            if kind == Q8_0:  # f16 d, int8 qs[32]
+                o = b * 34
+                d = half_to_f32(row[o], row[o + 1])
+                for j in range(32):
+                    y[j] = np.float32(np.int8(row[o + 2 + j])) * d
+            elif kind == Q4_0:  # f16 d, qs[16]: element j low nibble, j + 16 high nibble; x = d * (q - 8)
+                o = b * 18
+                d = half_to_f32(row[o], row[o + 1])
+                for j in range(16):
+                    y[j] = np.float32(np.int32(row[o + 2 + j] & 15) - 8) * d
+                    y[j + 16] = np.float32(np.int32(row[o + 2 + j] >> 4) - 8) * d
+            elif kind == Q4_1:  # f16 d, f16 m, qs[16]; x = d * q + m
+                o = b * 20
+                d = half_to_f32(row[o], row[o + 1])
+                m = half_to_f32(row[o + 2], row[o + 3])
+                for j in range(16):
+                    y[j] = np.float32(row[o + 4 + j] & 15) * d + m
+                    y[j + 16] = np.float32(row[o + 4 + j] >> 4) * d + m
+            else:  # Q5_0 (f16 d, u32 qh, qs[16]; d * (q - 16)) / Q5_1 (f16 d, f16 m, u32 qh, qs[16]; d * q + m)
+                has_m = kind == Q5_1
+                o = b * (24 if has_m else 22)
+                d = half_to_f32(row[o], row[o + 1])
+                m = half_to_f32(row[o + 2], row[o + 3]) if has_m else np.float32(0.0)
+                h = o + (4 if has_m else 2)
+                qh = np.uint32(row[h]) | (np.uint32(row[h + 1]) << 8) | (np.uint32(row[h + 2]) << 16)
+                qh |= np.uint32(row[h + 3]) << 24
+                for j in range(16):
+                    q0 = np.int32(row[h + 4 + j] & 15) | np.int32(((qh >> j) & 1) << 4)
+                    q1 = np.int32(row[h + 4 + j] >> 4) | np.int32(((qh >> (j + 16)) & 1) << 4)
+                    if has_m:
+                        y[j] = np.float32(q0) * d + m
+                        y[j + 16] = np.float32(q1) * d + m
+                    else:
+                        y[j] = np.float32(q0 - 16) * d
+                        y[j + 16] = np.float32(q1 - 16) * d
+
+
+@njit(cache=True)
+def _get_rows_f16(data, ids, out) -> None:
+    """out[i] = row ids[i] of an F16 matrix given as its raw bytes (n_rows, 2k)."""
+    for i in range(ids.shape[0]):
+        row = data[ids[i]]
+        for j in range(out.shape[1]):
+            out[i, j] = half_to_f32(row[2 * j], row[2 * j + 1])
+
+
+def get_rows(weight, ids: np.ndarray) -> np.ndarray:
+    """The rows `ids` of a 2-D `Weight` dequantized to float32 (ggml_get_rows). -> (len(ids), ne0)
+
+    Raises IndexError naming the first id outside 0..n_rows-1, ValueError for ids that are not 1-D integers.
+    """
+    ids = np.asarray(ids)
+    if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"get_rows {weight.name!r}: ids must be a 1-D integer array, got {ids.dtype} {ids.shape}")
+    k, n_rows = int(weight.shape[0]), int(weight.n_rows)
+    bad = np.flatnonzero((ids < 0) | (ids >= n_rows))
+    if bad.size:
+        raise IndexError(
+            f"get_rows {weight.name!r}: id {int(ids[bad[0]])} at position {int(bad[0])} is outside 0..{n_rows - 1}"
+        )
+    ids = ids.astype(np.int64)
+    t = int(weight.ggml_type)
+    if t not in _FAST_TYPES:
+        rows = weight.data[ids]  # (n, row_bytes)
+        return dequantize(rows.reshape(-1), t, (k, len(ids)), weight.name)
+    data = weight.data.reshape(n_rows, -1)  # (n_rows, k) typed or (n_rows, row_bytes)
+    if t == T.F32:
+        return np.array(data[ids], dtype=np.float32)
+    out = np.empty((len(ids), k), dtype=np.float32)  # (n, k)
+    if t == T.F16:
+        _get_rows_f16(data.view(np.uint8), ids, out)
+    else:
+        if block_format(t).block_size != 32:
+            raise AssertionError("unreachable: every fast quantized type has 32-element blocks")
+        _get_rows_blocks(t, data, ids, out)
+    return out

@@ -1,0 +1,41 @@
+"""FastOps: the ops layer on the numba kernels. Same interface and numbers as `ReferenceOps` (llamactx/ops.py);
+only the weight-side operations are replaced: matmuls run on weights packed once per model, embedding rows are
+decoded straight from the file. Everything else (norms, RoPE, attention) is inherited.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from llamactx.kernels.cpu import set_threads
+from llamactx.kernels.get_rows import get_rows
+from llamactx.kernels.matmul import matmul
+from llamactx.kernels.repack import can_pack, pack_weight
+from llamactx.ops import ReferenceOps
+
+
+class FastOps(ReferenceOps):
+    """Kernel-backed ops for one context. Packed weights live on the model (`model.derived`), so every context
+    of a model shares one packed copy; `threads` is set by the context before each decode."""
+
+    name = "fast"
+
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.model = model
+        self.threads = 1
+
+    def set_threads(self, n_threads: int) -> None:
+        self.threads = n_threads
+        set_threads(n_threads)
+
+    def _packed(self, weight):
+        return self.model.derived(("packed", weight.name), lambda: pack_weight(weight))
+
+    def matmul(self, x: np.ndarray, weight) -> np.ndarray:
+        if x.shape[0] == 0 or not can_pack(weight.ggml_type):
+            return super().matmul(x, weight)
+        return matmul(np.ascontiguousarray(x, np.float32), self._packed(weight), self.threads)
+
+    def get_rows(self, weight, ids: np.ndarray) -> np.ndarray:
+        return get_rows(weight, np.asarray(ids))

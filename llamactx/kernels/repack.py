@@ -1,0 +1,226 @@
+"""Repacking a weight matrix once, at load, into the structure-of-arrays layout the matmul kernels read.
+
+ggml stores each block as one struct (ggml-common.h `block_q4_0` etc.): an f16 scale next to its quants. The
+kernels want each field as its own contiguous per-row array, scales already widened to float32, so the inner
+loops are plain vector loads. The quants keep ggml's nibble order (Q4_0..Q5_1: low nibbles = elements 0-15 of a
+block, high = 16-31; K-quants: low nibbles of 32 bytes = one 32-element sub-block, high = the next), which the
+kernels decode in registers, so activations never need permuting. Q8_0 quants are stored offset by 128 (as
+uint8) so that every type reaches the kernels as unsigned bytes and one u8 x s8 dot product serves all.
+
+Every `PackedWeight` has the same six slots, so one kernel signature serves all types (n = n_rows, nb = blocks
+per row; a slot a type does not use is an empty (n, 0) array):
+
+    type  qs (u8)               qh (u8)          sc (u8)           mn (u8)      d (f32)   m (f32)
+    F32   the f32 row bytes     -                -                 -            -         -
+    F16   the f16 row bytes     -                -                 -            -         -
+    Q4_0  nibbles (nb*16)       -                -                 -            d (nb)    -
+    Q4_1  nibbles (nb*16)       -                -                 -            d         m (nb)
+    Q5_0  nibbles (nb*16)       u32 bits (nb*4)  -                 -            d         -
+    Q5_1  nibbles (nb*16)       u32 bits (nb*4)  -                 -            d         m
+    Q8_0  q + 128 (nb*32)       -                -                 -            d         -
+    Q4_K  nibbles (nb*128)      -                6-bit sc (nb*8)   mins (nb*8)  d         dmin
+    Q5_K  nibbles (nb*128)      bits (nb*32)     6-bit sc (nb*8)   mins (nb*8)  d         dmin
+    Q6_K  ql nibbles (nb*128)   2-bit (nb*64)    int8 sc (nb*16)   -            d         -
+
+F32/F16 rows are views of the stored tensor. The largest copy overhead is Q4_1's (two f16 -> two f32 per
+20-byte block: 1.2x the stored bytes); nothing holds a float32 copy of a quantized matrix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+from llamactx.gguf.quants import block_format
+from llamactx.gguf.quants_k import scale_min_k4
+
+SLOTS = ("qs", "qh", "sc", "mn", "d", "m")
+
+
+@dataclass(frozen=True, slots=True)
+class PackedWeight:
+    """A weight matrix in the kernels' layout (module docstring): `k` = row length (ggml ne[0]), `n_rows` =
+    ne[1]; every array (n_rows, ...) and read-only."""
+
+    name: str
+    ggml_type: int
+    k: int
+    n_rows: int
+    qs: np.ndarray
+    qh: np.ndarray
+    sc: np.ndarray
+    mn: np.ndarray
+    d: np.ndarray
+    m: np.ndarray
+
+    @property
+    def type_name(self) -> str:
+        return block_format(self.ggml_type).name
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the packed arrays hold (views of the stored tensor count too)."""
+        return sum(getattr(self, s).nbytes for s in SLOTS)
+
+
+def _half(blocks: np.ndarray, offset: int) -> np.ndarray:
+    """The f16 field at byte `offset` of every block as float32. (n, nb, size) -> (n, nb)"""
+    return blocks[:, :, offset : offset + 2].copy().view(np.float16)[:, :, 0].astype(np.float32)
+
+
+def _bytes(blocks: np.ndarray, start: int, stop: int) -> np.ndarray:
+    """Bytes start:stop of every block, rows contiguous. (n, nb, size) -> (n, nb * (stop - start))"""
+    return np.ascontiguousarray(blocks[:, :, start:stop]).reshape(blocks.shape[0], -1)
+
+
+def _k_scales(blocks: np.ndarray, offset: int) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K/Q5_K 6-bit sub-block scales and mins (ggml-quants.c get_scale_min_k4). -> two (n, nb*8) u8"""
+    n, nb, _ = blocks.shape
+    sc, mn = scale_min_k4(blocks[:, :, offset : offset + 12].reshape(n * nb, 12))  # (n*nb, 8) each
+    return sc.reshape(n, nb * 8), mn.reshape(n, nb * 8)
+
+
+def _pack_q4_0(b: np.ndarray) -> dict[str, np.ndarray]:
+    return {"qs": _bytes(b, 2, 18), "d": _half(b, 0)}
+
+
+def _pack_q4_1(b: np.ndarray) -> dict[str, np.ndarray]:
+    return {"qs": _bytes(b, 4, 20), "d": _half(b, 0), "m": _half(b, 2)}
+
+
+def _pack_q5_0(b: np.ndarray) -> dict[str, np.ndarray]:
+    return {"qs": _bytes(b, 6, 22), "qh": _bytes(b, 2, 6), "d": _half(b, 0)}
+
+
+def _pack_q5_1(b: np.ndarray) -> dict[str, np.ndarray]:
+    return {"qs": _bytes(b, 8, 24), "qh": _bytes(b, 4, 8), "d": _half(b, 0), "m": _half(b, 2)}
+
+
+def _pack_q8_0(b: np.ndarray) -> dict[str, np.ndarray]:
+    qs = np.empty((b.shape[0], b.shape[1], 32), dtype=np.uint8)  # (n, nb, 32)
+    np.bitwise_xor(b[:, :, 2:34], np.uint8(0x80), out=qs)  # int8 q -> uint8 q + 128
+    return {"qs": qs.reshape(b.shape[0], -1), "d": _half(b, 0)}
+
+
+def _pack_q4_K(b: np.ndarray) -> dict[str, np.ndarray]:
+    sc, mn = _k_scales(b, 4)
+    return {"qs": _bytes(b, 16, 144), "sc": sc, "mn": mn, "d": _half(b, 0), "m": _half(b, 2)}
+
+
+def _pack_q5_K(b: np.ndarray) -> dict[str, np.ndarray]:
+    sc, mn = _k_scales(b, 4)
+    return {"qs": _bytes(b, 48, 176), "qh": _bytes(b, 16, 48), "sc": sc, "mn": mn, "d": _half(b, 0), "m": _half(b, 2)}
+
+
+def _pack_q6_K(b: np.ndarray) -> dict[str, np.ndarray]:
+    return {"qs": _bytes(b, 0, 128), "qh": _bytes(b, 128, 192), "sc": _bytes(b, 192, 208), "d": _half(b, 208)}
+
+
+_PACKERS: dict[int, Callable[[np.ndarray], dict[str, np.ndarray]]] = {
+    T.Q4_0: _pack_q4_0,
+    T.Q4_1: _pack_q4_1,
+    T.Q5_0: _pack_q5_0,
+    T.Q5_1: _pack_q5_1,
+    T.Q8_0: _pack_q8_0,
+    T.Q4_K: _pack_q4_K,
+    T.Q5_K: _pack_q5_K,
+    T.Q6_K: _pack_q6_K,
+}
+
+PACKABLE_TYPES: tuple[int, ...] = (T.F32, T.F16, *_PACKERS)
+
+# Rows repacked per step: keeps numpy's temporaries to a few MiB even for a 262144-row output matrix.
+_ROWS_PER_STEP = 4096
+
+
+def can_pack(ggml_type: int) -> bool:
+    """True when the kernels have a matmul for weights of this ggml type."""
+    return int(ggml_type) in PACKABLE_TYPES
+
+
+def pack_weight(weight) -> PackedWeight:
+    """Repack a 2-D `llamactx.model.Weight` (raw read-only data) for `kernels.matmul`.
+
+    Raises ValueError for a type without a kernel, a tensor that is not a matrix, or data whose shape does not
+    match `weight.shape`. The source array is only read; F32/F16 weights are used in place.
+    """
+    t, k, n_rows = _check(weight)
+    fmt = block_format(t)
+    if t in (T.F32, T.F16):
+        parts = {"qs": _read_only_view(np.ascontiguousarray(weight.data).view(np.uint8))}  # (n_rows, k * 4 or 2)
+    else:
+        blocks = weight.data.reshape(n_rows, k // fmt.block_size, fmt.type_size)  # (n_rows, nb, type_size)
+        parts = _pack_rows(blocks, _PACKERS[t])
+    empty = {np.uint8: np.empty((n_rows, 0), np.uint8), np.float32: np.empty((n_rows, 0), np.float32)}
+    for e in empty.values():
+        e.flags.writeable = False
+    slots = {s: parts.get(s, empty[np.float32 if s in ("d", "m") else np.uint8]) for s in SLOTS}
+    return PackedWeight(name=weight.name, ggml_type=t, k=k, n_rows=n_rows, **slots)
+
+
+def pack_weights(weights, name: str | None = None) -> PackedWeight:
+    """Several weights with the same type and row length packed as one matrix, rows stacked in order (e.g. Q, K
+    and V; gate and up): one matmul then computes all of them, with one activation quantization and one thread
+    launch, and every output is bit-identical to its own matmul. Raises ValueError for mixed types or lengths.
+    """
+    packed = [pack_weight(w) for w in weights]
+    if not packed:
+        raise ValueError("pack_weights: no weights given")
+    first = packed[0]
+    for pw in packed[1:]:
+        if (pw.ggml_type, pw.k) != (first.ggml_type, first.k):
+            raise ValueError(
+                f"pack_weights: {pw.name!r} is {pw.type_name} with rows of {pw.k}, "
+                f"but {first.name!r} is {first.type_name} with rows of {first.k}"
+            )
+    slots = {s: np.concatenate([getattr(pw, s) for pw in packed]) for s in SLOTS}
+    for a in slots.values():
+        a.flags.writeable = False
+    n_rows = sum(pw.n_rows for pw in packed)
+    name = name or "+".join(pw.name for pw in packed)
+    return PackedWeight(name=name, ggml_type=first.ggml_type, k=first.k, n_rows=n_rows, **slots)
+
+
+def _check(weight) -> tuple[int, int, int]:
+    """(type, k, n_rows) of a weight the kernels can use; ValueError naming the tensor otherwise."""
+    t = int(weight.ggml_type)
+    fmt = block_format(t)
+    if len(weight.shape) != 2 and not (len(weight.shape) > 2 and all(int(s) == 1 for s in weight.shape[2:])):
+        raise ValueError(f"tensor {weight.name!r}: matmul weights must be 2-D, got shape {tuple(weight.shape)}")
+    k, n_rows = int(weight.shape[0]), int(weight.shape[1])
+    if not can_pack(t):
+        names = ", ".join(block_format(p).name for p in PACKABLE_TYPES)
+        raise ValueError(f"tensor {weight.name!r}: no matmul kernel for type {fmt.name} (have: {names})")
+    if k % fmt.block_size != 0:
+        raise ValueError(
+            f"tensor {weight.name!r}: row length {k} is not a multiple of the {fmt.name} block size {fmt.block_size}"
+        )
+    row_bytes = k // fmt.block_size * fmt.type_size
+    expected = (n_rows, k) if t in (T.F32, T.F16) else (n_rows, row_bytes)
+    if weight.data.shape != expected:
+        raise ValueError(f"tensor {weight.name!r}: data shape {weight.data.shape} does not match {fmt.name} {expected}")
+    return t, k, n_rows
+
+
+def _pack_rows(blocks: np.ndarray, packer) -> dict[str, np.ndarray]:
+    """Run `packer` over row chunks of (n, nb, type_size) blocks into preallocated, then read-only, arrays."""
+    n = blocks.shape[0]
+    first = packer(blocks[: min(n, _ROWS_PER_STEP)])
+    parts = {s: np.empty((n, *p.shape[1:]), dtype=p.dtype) for s, p in first.items()}
+    for s, chunk in first.items():
+        parts[s][: chunk.shape[0]] = chunk
+    for start in range(_ROWS_PER_STEP, n, _ROWS_PER_STEP):
+        for s, chunk in packer(blocks[start : start + _ROWS_PER_STEP]).items():
+            parts[s][start : start + chunk.shape[0]] = chunk
+    for p in parts.values():
+        p.flags.writeable = False
+    return parts
+
+
+def _read_only_view(a: np.ndarray) -> np.ndarray:
+    v = a.view()
+    v.flags.writeable = False
+    return v
