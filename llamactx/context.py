@@ -16,11 +16,11 @@ import numpy as np
 
 from llamactx.batch import AllocatedBatch, Batch, BatchAllocator, DecodeError, UBatch
 from llamactx.cparams import ContextParams, ResolvedParams
+from llamactx.kernels.ops import FastOps
 from llamactx.memory.kv_cache import KVCache
 from llamactx.model import Model
 from llamactx.models import arch_module
 from llamactx.models.graph import BatchAttention, KVAttention, rope_config
-from llamactx.kernels.ops import FastOps
 
 DECODE_OK, DECODE_NO_SLOT, DECODE_ABORTED = 0, 1, 2
 
