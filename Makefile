@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/llamactx info
+	$(VENV)/bin/llamactx chat
 
 test: $(STAMP)
 	$(VPY) -m pytest
@@ -33,7 +33,7 @@ bench: $(STAMP)
 	$(VENV)/bin/llamactx bench -p 512 -n 128 -r 3
 
 info: $(STAMP)
-	$(VENV)/bin/llamactx info
+	$(VENV)/bin/llamactx chat
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -13,7 +13,7 @@ only tracks the file of each entry point: after editing a module under kernels/,
 kernels/__pycache__/*.nbi and *.nbc.
 """
 
-from llamactx.kernels.cpu import active_path, cpu_features, path_for, set_threads
+from llamactx.kernels.cpu import active_path, cache_is_warm, cpu_features, path_for, set_threads
 from llamactx.kernels.get_rows import get_rows
 from llamactx.kernels.matmul import matmul
 from llamactx.kernels.repack import PACKABLE_TYPES, PackedWeight, can_pack, pack_weight, pack_weights
@@ -22,6 +22,7 @@ __all__ = [
     "PACKABLE_TYPES",
     "PackedWeight",
     "active_path",
+    "cache_is_warm",
     "can_pack",
     "cpu_features",
     "get_rows",

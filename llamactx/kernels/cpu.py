@@ -73,3 +73,14 @@ def _limit_blas(n_threads: int) -> None:
     from threadpoolctl import threadpool_limits
 
     threadpool_limits(limits=n_threads, user_api="blas")
+
+
+def cache_is_warm() -> bool:
+    """Whether numba's on-disk cache already holds the matmul kernel of the active path (if not, the first matmul
+    of this process compiles it, which takes seconds: the CLI says so)."""
+    from pathlib import Path
+
+    if numba.config.CACHE_DIR:
+        return any(Path(numba.config.CACHE_DIR).rglob(f"matmul.matmul_{_ACTIVE_PATH}-*.nbi"))
+    cache = Path(__file__).parent / "__pycache__"
+    return any(cache.glob(f"matmul.matmul_{_ACTIVE_PATH}-*.nbi"))

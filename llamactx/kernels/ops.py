@@ -5,6 +5,7 @@ decoded straight from the file. Everything else (norms, RoPE, attention) is inhe
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 
 from llamactx.kernels.cpu import set_threads
@@ -26,8 +27,9 @@ class FastOps(ReferenceOps):
         self.threads = 1
 
     def set_threads(self, n_threads: int) -> None:
-        self.threads = n_threads
-        set_threads(n_threads)
+        # numba cannot start more threads than NUMBA_NUM_THREADS (the core count): more would only oversubscribe
+        self.threads = min(n_threads, numba.config.NUMBA_NUM_THREADS)
+        set_threads(self.threads)
 
     def _packed(self, weight):
         return self.model.derived(("packed", weight.name), lambda: pack_weight(weight))

@@ -1,0 +1,87 @@
+"""`llamactx chat`: an interactive terminal chat with the model's template (llama-cli's conversation mode).
+
+Commands: /clear forgets the conversation, /save FILE and /load FILE keep it across runs (the sequence's KV
+state through the state API, plus the messages beside it in FILE.messages.json), /exit ends. Ctrl-C stops the
+answer being generated; what was said so far stays in the conversation.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+HELP = "commands: /clear, /save FILE, /load FILE, /exit (Ctrl-C stops an answer, Ctrl-D exits)"
+
+
+def run_chat(llm, sampling: dict, n_predict: int, system_prompt: str | None) -> int:
+    template = llm.template
+    print(f"llamactx chat: {llm.model.desc}, template {template.name or 'from the model'}"
+          + (f" ({template.message})" if template.is_fallback else ""))
+    print(HELP)
+    base = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    messages = list(base)
+    while True:
+        try:
+            line = input("\n> ")
+        except EOFError:
+            print()
+            return 0
+        except KeyboardInterrupt:
+            print()
+            continue
+        if not line.strip():
+            continue
+        if line.startswith("/"):
+            messages, done = _command(llm, line.strip(), messages, base)
+            if done:
+                return 0
+            continue
+        messages.append({"role": "user", "content": line})
+        messages.append({"role": "assistant", "content": _answer(llm, messages, sampling, n_predict)})
+
+
+def _answer(llm, messages: list[dict], sampling: dict, n_predict: int) -> str:
+    stream = llm.chat(messages, max_tokens=n_predict, stream=True, **sampling)
+    text = []
+    try:
+        for chunk in stream:
+            text.append(chunk.text)
+            sys.stdout.write(chunk.text)
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        stream.close()
+        sys.stdout.write(" [interrupted]")
+    sys.stdout.write("\n")
+    return "".join(text)
+
+
+def _command(llm, line: str, messages: list[dict], base: list[dict]) -> tuple[list[dict], bool]:
+    cmd, _, arg = line.partition(" ")
+    arg = arg.strip()
+    if cmd in ("/exit", "/quit"):
+        return messages, True
+    if cmd == "/clear":
+        llm.reset()
+        print("conversation cleared")
+        return list(base), False
+    if cmd in ("/save", "/load") and not arg:
+        print(f"usage: {cmd} FILE")
+        return messages, False
+    if cmd == "/save":
+        llm.ctx.state_seq_save_file(arg, 0, llm.generation.tokens)
+        Path(arg + ".messages.json").write_text(json.dumps(messages, ensure_ascii=False), encoding="utf-8")
+        print(f"saved {len(llm.generation.tokens)} tokens to {arg}")
+        return messages, False
+    if cmd == "/load":
+        try:
+            tokens = llm.ctx.state_seq_load_file(arg, 0)
+            loaded = json.loads(Path(arg + ".messages.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            print(f"could not load {arg}: {e}")
+            return messages, False
+        llm.generation.tokens = tokens
+        print(f"loaded {len(tokens)} tokens, {len(loaded)} messages")
+        return loaded, False
+    print(HELP)
+    return messages, False
