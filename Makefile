@@ -33,7 +33,7 @@ bench: $(STAMP)
 	$(VENV)/bin/llamactx bench -p 512 -n 128 -r 3
 
 info: $(STAMP)
-	$(VENV)/bin/llamactx chat
+	$(VENV)/bin/llamactx info
 
 clean:
 	rm -rf $(VENV) build *.egg-info
