@@ -76,3 +76,15 @@ def test_tokenize_and_info(capsys):
 def test_errors_are_reported_not_raised(argv, message, capsys):
     assert main(argv) == 1
     assert message in capsys.readouterr().err
+
+
+def test_run_with_grammar_and_json_schema():
+    proc = llamactx("run", "-p", "Is the sky blue? Answer:", "-n", "8", "--seed", "1", "--grammar",
+                    'root ::= " yes" | " no"')
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() in ("yes", "no")
+    schema = '{"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"], ' \
+             '"additionalProperties": false}'
+    proc = llamactx("run", "-p", "A JSON object with a number:", "-n", "40", "--seed", "2", "--json-schema", schema)
+    assert proc.returncode == 0, proc.stderr
+    assert isinstance(json.loads(proc.stdout)["n"], int)
