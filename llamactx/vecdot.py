@@ -13,6 +13,10 @@ reference ops do not use BLAS but follow `ggml_vec_dot_{q4_0,q5_0,q8_0}_q8_0` an
 
 llamafile's tinyBLAS (prompt processing for Q8_0 / Q4_0 / Q5_0) has the same lanes and FMA chain. Every output
 element is computed the same way whatever else is in the batch, so results are row invariant.
+
+F32 / F16 weights (`matmul_float`) follow `ggml_compute_forward_mul_mat`'s choice: tinyBLAS (16 FMA lanes) when
+the shapes allow it, else `ggml_vec_dot_f32` / `ggml_vec_dot_f16` (llamactx.ggml_vec); llama.cpp's switch to vec_dot
+for a single row is optional.
 """
 
 from __future__ import annotations
@@ -21,10 +25,12 @@ import numba
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
+from llamactx.ggml_vec import dot_tinyblas, dot_vec, fma32, hsum_float_8
 from llamactx.gguf.quants import _half, _high_bits, _nibbles, block_format
 from llamactx.gguf.quants_cpu import quantize_q8_0, quantize_q8_1
 
 EXACT_TYPES = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)
+FLOAT_TYPES = (T.F32, T.F16)
 _WITH_MIN = (T.Q4_1, T.Q5_1)
 
 
@@ -66,47 +72,73 @@ def quantize_activations(x: np.ndarray, weight_type: int) -> tuple[np.ndarray, n
     return np.ascontiguousarray(q).view(np.int8).reshape(n, k), d, s
 
 
-@numba.njit(cache=True, inline="always")
-def _fma32(a: np.float32, b: np.float32, c: np.float32) -> np.float32:
-    # a * b is exact in float64 (24 + 24 bits), so one rounding of (a*b + c) to float32 is a fused multiply-add
-    # except when the addition itself is inexact in float64 (exponents more than 29 apart), which the lanes and
-    # scales here never reach.
-    return np.float32(np.float64(a) * np.float64(b) + np.float64(c))
+def _lane_major(q: np.ndarray) -> np.ndarray:
+    """Reorder each 32-block from element order (lane j = elements 4j..4j+3) to product-major order (element
+    4j + e at 8e + j), so that the kernel's 8 lanes are contiguous. (n, k) int8 -> (n, k) int8"""
+    n, k = q.shape
+    return np.ascontiguousarray(q.reshape(n, k // 32, 8, 4).transpose(0, 1, 3, 2)).reshape(n, k)
 
 
 @numba.njit(parallel=True, cache=True)
 def _matmul_blocks(qw, dw, mw, qx, dx, sx, with_min, out):  # pragma: no cover - compiled
-    n_rows = qw.shape[0]
+    n_rows, k = qw.shape
     n_tok = qx.shape[0]
     nb = dw.shape[1]
     for r in numba.prange(n_rows):
-        acc = np.zeros(8, np.float32)
+        p = np.empty(k, np.int32)  # products, lane-major within each block
+        lanes = np.empty(nb * 8, np.int32)  # `_mm256_dpbusd_epi32`: lane j = 4 products of elements 4j..4j+3
+        acc = np.empty(8, np.float32)
+        wr = qw[r]
         for t in range(n_tok):
+            xt = qx[t]
+            for i in range(k):
+                p[i] = np.int32(wr[i]) * np.int32(xt[i])
+            for b in range(nb):
+                for j in range(8):
+                    o = b * 32 + j
+                    lanes[b * 8 + j] = p[o] + p[o + 8] + p[o + 16] + p[o + 24]
             acc[:] = 0
-            summs = np.float32(0)
             for b in range(nb):
                 d = np.float32(dw[r, b] * dx[t, b])
-                base = b * 32
                 for j in range(8):
-                    lane = np.int32(0)
-                    for e in range(4):
-                        i = base + 4 * j + e
-                        lane += np.int32(qw[r, i]) * np.int32(qx[t, i])
-                    acc[j] = _fma32(d, np.float32(lane), acc[j])
-                if with_min:
-                    summs = _fma32(mw[r, b], sx[t, b], summs)
-            r0 = np.float32(acc[4] + acc[0])
-            r1 = np.float32(acc[5] + acc[1])
-            r2 = np.float32(acc[6] + acc[2])
-            r3 = np.float32(acc[7] + acc[3])
-            h = np.float32(np.float32(r0 + r2) + np.float32(r1 + r3))
-            out[t, r] = np.float32(h + summs)
+                    acc[j] = fma32(d, np.float32(lanes[b * 8 + j]), acc[j])
+            summs = np.float32(0)
+            if with_min:
+                for b in range(nb):
+                    summs = fma32(mw[r, b], sx[t, b], summs)
+            out[t, r] = np.float32(hsum_float_8(acc) + summs)
 
 
 def matmul_exact(x: np.ndarray, weight) -> np.ndarray:
     """y = x @ W^T as ggml-cpu computes it for a 32-block weight type. (n, k) float32 -> (n, rows) float32"""
     qw, dw, mw = unpack_weight(weight)
     qx, dx, sx = quantize_activations(x, weight.ggml_type)
+    qw, qx = _lane_major(qw), _lane_major(qx)
     out = np.empty((x.shape[0], qw.shape[0]), np.float32)  # (n, rows)
     _matmul_blocks(qw, dw, mw, qx, dx, sx, weight.ggml_type in _WITH_MIN, out)
+    return out
+
+
+@numba.njit(parallel=True, cache=True)
+def _matmul_float(w, x, tinyblas, tail_in_double, out):  # pragma: no cover - compiled
+    for r in numba.prange(w.shape[0]):
+        acc = np.zeros(64, np.float32)
+        for t in range(x.shape[0]):
+            out[t, r] = dot_tinyblas(w[r], x[t], acc) if tinyblas else dot_vec(w[r], x[t], acc, tail_in_double)
+
+
+def matmul_float(x: np.ndarray, weight, vec_dot_for_one: bool = False) -> np.ndarray:
+    """y = x @ W^T for an F32 or F16 weight as ggml-cpu computes it: the activations rounded to f16 for an F16
+    weight; tinyBLAS when k % 16 == 0 and ne1 % 4 == 0 (llamafile_sgemm accepts the shape), else
+    ggml_vec_dot_f32 / _f16. llama.cpp also uses vec_dot for a single row; `vec_dot_for_one` does the same,
+    by default one row is computed like several. (n, k) float32 -> (n, rows) float32"""
+    f16 = weight.ggml_type == T.F16
+    w = np.ascontiguousarray(weight.data, np.float32).reshape(weight.n_rows, -1)  # (rows, k)
+    xf = np.ascontiguousarray(x, np.float32)
+    if f16:
+        xf = xf.astype(np.float16).astype(np.float32)
+    n, k = xf.shape
+    tinyblas = (n >= 2 or not vec_dot_for_one) and k % 16 == 0 and w.shape[0] % 4 == 0
+    out = np.empty((n, w.shape[0]), np.float32)  # (n, rows)
+    _matmul_float(w, xf, tinyblas, f16, out)
     return out
