@@ -1,4 +1,9 @@
-"""The forward pass against llama.cpp's own outputs (tests/data/*/reference.json, made with llama.cpp 0c1e570)."""
+"""The forward pass against llama.cpp's own outputs (tests/data/*/reference.json, made with llama.cpp 0c1e570).
+
+Two ops backends run the same model code: `ReferenceOps` (llamactx/ops.py), which follows the x86 kernels llama.cpp
+runs for every shape (docs/numerics.md) and reproduces its prompt-processing logits bit for bit, and the default
+`FastOps` (llamactx/kernels), which must match it.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +11,16 @@ import numpy as np
 import pytest
 
 from llamactx import Batch, Context, ContextParams
+from llamactx.ops import ReferenceOps
 from tests.conftest import reference_logits
 
 MODELS = ["smollm", "gemma"]
+OPS = ["reference", "fast"]
+
+
+
+def _cases() -> list:
+    return [pytest.param(name, ops, id=f"{name}-{ops}") for name in MODELS for ops in OPS]
 
 
 def _model_and_ref(request, name):
@@ -18,9 +30,25 @@ def _model_and_ref(request, name):
     return model, ref, key
 
 
-def all_logits(model, tokens, **params) -> np.ndarray:
+def _ops(kind: str):
+    return ReferenceOps() if kind == "reference" else None  # None: the context's default (FastOps)
+
+
+@pytest.fixture(scope="module")
+def results():
+    """Measurements shared by the tests of this module, computed once per (what, model, ops)."""
+    return {}
+
+
+def _cached(results: dict, key: tuple, compute):
+    if key not in results:
+        results[key] = compute()
+    return results[key]
+
+
+def all_logits(model, tokens, ops=None, **params) -> np.ndarray:
     """Logits of every position of `tokens` decoded as one batch. (n, n_vocab)"""
-    ctx = Context(model, ContextParams(n_ctx=1024, n_batch=1024, n_ubatch=512, **params))
+    ctx = Context(model, ContextParams(n_ctx=1024, n_batch=1024, n_ubatch=512, **params), ops=ops)
     batch = Batch(len(tokens))
     for i, t in enumerate(tokens):
         batch.add(t, i, (0,), True)
@@ -28,16 +56,11 @@ def all_logits(model, tokens, **params) -> np.ndarray:
     return np.array(ctx.get_logits())
 
 
-# Gemma's K-quant matmuls (Q4_K, Q6_K) go through ggml's tiled / repacked kernels, whose accumulation order
-# llamactx does not reproduce yet (docs/numerics.md); its logits sit at mean |dlogit| 0.17-0.42.
-GEMMA_NOT_EXACT = pytest.mark.xfail(strict=True, reason="Gemma K-quant kernels not reproduced bit for bit yet")
-
-
-def last_logit_deltas(model, ref, key):
+def last_logit_deltas(model, ref, key, ops=None):
     """(our argmax, llama.cpp's top-1, mean |dlogit|, max |dlogit|) for each reference prompt."""
     rows = []
     for i, case in enumerate(ref["prompts"]):
-        ctx = Context(model, ContextParams(n_ctx=512))
+        ctx = Context(model, ContextParams(n_ctx=512), ops=ops)
         assert ctx.decode(Batch.get_one(case["tokens"])) == 0
         ours = ctx.get_logits_ith(-1)
         delta = np.abs(ours - reference_logits(key, i))
@@ -45,43 +68,49 @@ def last_logit_deltas(model, ref, key):
     return rows
 
 
-@pytest.mark.parametrize("name", MODELS)
-def test_last_logits_top1_equals_llama_cpp(request, name):
-    model, ref, key = _model_and_ref(request, name)
-    for ours, theirs, _, _ in last_logit_deltas(model, ref, key):
-        assert ours == theirs
-
-
-@pytest.mark.parametrize("name", ["smollm", pytest.param("gemma", marks=GEMMA_NOT_EXACT)])
-def test_last_logits_close_to_llama_cpp(request, name):
-    model, ref, key = _model_and_ref(request, name)
-    for _, _, mean, worst in last_logit_deltas(model, ref, key):
-        assert mean <= 0.15 and worst <= 1.0, (mean, worst)
-
-
-def perplexity(model, tokens) -> float:
-    logits = all_logits(model, tokens).astype(np.float64)
+def perplexity(model, tokens, ops=None) -> float:
+    logits = all_logits(model, tokens, ops).astype(np.float64)
     m = logits.max(axis=1, keepdims=True)
     lse = m[:, 0] + np.log(np.exp(logits - m).sum(axis=1))
     nll = lse[:-1] - logits[np.arange(len(tokens) - 1), tokens[1:]]
     return float(np.exp(nll.mean()))
 
 
-@pytest.mark.parametrize("name, bound", [("smollm", 0.05), ("gemma", 0.10)])
-def test_perplexity_close_to_llama_cpp(request, name, bound):
-    model, ref, _ = _model_and_ref(request, name)
-    ppl = perplexity(model, ref["perplexity"]["tokens"])
-    assert abs(ppl / ref["perplexity"]["ppl"] - 1) < bound, (ppl, ref["perplexity"]["ppl"])
+def _deltas(request, results, name, ops):
+    model, ref, key = _model_and_ref(request, name)
+    return _cached(results, ("deltas", name, ops), lambda: last_logit_deltas(model, ref, key, _ops(ops)))
 
 
-# The issue's target. Measured: SmolLM2 22.82 vs 23.63 (-3.4%), Gemma 9.52 vs 8.77 (+8.6%): the attention and
-# K-quant paths are not yet reproduced bit for bit, and the models amplify ulps (docs/numerics.md).
-@pytest.mark.xfail(strict=True, reason="attention / K-quant accumulation order not reproduced exactly yet")
-@pytest.mark.parametrize("name", MODELS)
-def test_perplexity_within_one_percent(request, name):
+def _ppl(request, results, name, ops) -> tuple[float, float]:
     model, ref, _ = _model_and_ref(request, name)
-    ppl = perplexity(model, ref["perplexity"]["tokens"])
-    assert abs(ppl / ref["perplexity"]["ppl"] - 1) < 0.01, (ppl, ref["perplexity"]["ppl"])
+    ppl = _cached(results, ("ppl", name, ops), lambda: perplexity(model, ref["perplexity"]["tokens"], _ops(ops)))
+    return ppl, ref["perplexity"]["ppl"]
+
+
+@pytest.mark.parametrize("name, ops", _cases())
+def test_last_logits_top1_equals_llama_cpp(request, results, name, ops):
+    for ours, theirs, _, _ in _deltas(request, results, name, ops):
+        assert ours == theirs
+
+
+@pytest.mark.parametrize("name, ops", _cases())
+def test_last_logits_close_to_llama_cpp(request, results, name, ops):
+    for _, _, mean, worst in _deltas(request, results, name, ops):
+        assert mean <= 0.15 and worst <= 1.0, (mean, worst)
+
+
+@pytest.mark.parametrize("name, ops", _cases())
+def test_ops_reproduce_llama_cpp_bit_for_bit(request, results, name, ops):
+    """Every op follows the kernel llama.cpp runs for its shape, so the logits are identical."""
+    assert [d[3] for d in _deltas(request, results, name, ops)] == [0.0] * 4
+    ppl, theirs = _ppl(request, results, name, ops)
+    assert ppl == pytest.approx(theirs, rel=1e-12)
+
+
+@pytest.mark.parametrize("name, ops", _cases())
+def test_perplexity_within_one_percent(request, results, name, ops):
+    ppl, theirs = _ppl(request, results, name, ops)
+    assert abs(ppl / theirs - 1) < 0.01, (ppl, theirs)
 
 
 def confident_agreement(model, ref, **params) -> tuple[int, int]:

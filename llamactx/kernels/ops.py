@@ -13,6 +13,9 @@ from llamactx.kernels.get_rows import get_rows
 from llamactx.kernels.matmul import matmul
 from llamactx.kernels.repack import can_pack, pack_weight
 from llamactx.ops import ReferenceOps
+from llamactx.vecdot import EXACT_TYPES
+
+_KERNEL_EXACT = frozenset(int(t) for t in EXACT_TYPES)  # 32-block types: bit-identical to ggml in the kernels
 
 
 class FastOps(ReferenceOps):
@@ -35,7 +38,9 @@ class FastOps(ReferenceOps):
         return self.model.derived(("packed", weight.name), lambda: pack_weight(weight))
 
     def matmul(self, x: np.ndarray, weight) -> np.ndarray:
-        if x.shape[0] == 0 or not can_pack(weight.ggml_type):
+        # The kernels reproduce ggml's vec_dot; for K-quants llama.cpp uses repacked / tiled kernels with another
+        # order (llamactx/vecdot_k.py), so those weights stay on the exact reference until the kernels port it.
+        if x.shape[0] == 0 or not can_pack(weight.ggml_type) or weight.ggml_type not in _KERNEL_EXACT:
             return super().matmul(x, weight)
         return matmul(np.ascontiguousarray(x, np.float32), self._packed(weight), self.threads)
 
