@@ -25,8 +25,13 @@ a token's result independent of where other sequences sit in the cache.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numba
 import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic, overload
 
 from llamactx.ggml_vec import dot_tinyblas, dot_vec, fma32, reduce_add16, round_f16, v_expf
 
@@ -52,11 +57,34 @@ def _soft_max(w, m, e):  # pragma: no cover - compiled
         e[r] = e[r] * inv
 
 
+@intrinsic
+def _half_bits_to_f32(typingctx, h):
+    """The IEEE half with bits `h` (uint16) as float32: exact (`vcvtph2ps`)."""
+    sig = types.float32(types.uint16)
+
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+
+    return sig, codegen
+
+
+def _as_f32(x):
+    """A stored K/V element as float32: f32 as is, a raw f16 cache element (uint16 bits) converted exactly."""
+
+
+@overload(_as_f32, jit_options={"cache": True})
+def _as_f32_impl(x):
+    if isinstance(x, types.Integer):
+        return lambda x: _half_bits_to_f32(x)
+    return lambda x: x
+
+
 @numba.njit(parallel=True, cache=True)
-def _attention(q, k, v, cells, n_cells, scale, mask_add, single, out):  # pragma: no cover - compiled
+def _attention(q, k, v, n_head_kv, cells, n_cells, scale, mask_add, single, out):  # pragma: no cover - compiled
+    """q (n, n_head, d_k) float32 (not yet rounded); k (n_kv, n_head_kv * d_k) and v (n_kv, n_head_kv * d_v):
+    float32 holding f16 values, or the f16 cache itself as uint16 bits (read in place)."""
     n, n_head, d_k = q.shape
-    n_head_kv = k.shape[1]
-    d_v = v.shape[2]
+    d_v = v.shape[1] // n_head_kv
     gqa = n_head // n_head_kv
     for p in numba.prange(n * n_head):
         t = p // n_head
@@ -66,35 +94,72 @@ def _attention(q, k, v, cells, n_cells, scale, mask_add, single, out):  # pragma
         m_pad = (m + 63) // 64 * 64
         acc = np.zeros(64, np.float32)
         w = np.zeros(m_pad, np.float32)  # scaled + masked scores of the visible cells, by rank
-        qv = q[t, h]
+        qv = np.empty(d_k, np.float32)
+        for i in range(d_k):
+            qv[i] = round_f16(q[t, h, i])  # from_float of the f16 vec_dot_type
+        kr = np.empty(d_k, np.float32)
+        k0 = np.uintp(hk * d_k)  # unsigned indices: no negative-index wraparound, so the loops vectorize
+        v0 = np.uintp(hk * d_v)
         for r in range(m):
-            c = cells[t, r]
-            kq = dot_vec(k[c, hk], qv, acc, True) if single else dot_tinyblas(k[c, hk], qv, acc)
+            c = np.uintp(cells[t, r])
+            for i in range(d_k):
+                kr[i] = _as_f32(k[c, k0 + np.uintp(i)])
+            kq = dot_vec(kr, qv, acc, True) if single else dot_tinyblas(kr, qv, acc)
             w[r] = kq * scale + mask_add[t, r]  # ggml_vec_scale_f32, then += 1.0f * mask
         e = np.zeros(m_pad, np.float32)
         _soft_max(w, m, e)
         for r in range(m):
             e[r] = round_f16(e[r])
-        # kqv: lanes over ranks; 16 lanes (tinyBLAS) or 4 x 16 (vec_dot_f16) per output element
-        lanes = np.zeros((d_v, 64), np.float32)
+        # kqv: lanes over ranks; 16 lanes (tinyBLAS) or 4 x 16 (vec_dot_f16) per output element j
+        lanes = np.zeros((64, d_v), np.float32)  # (lane, j): the j loop runs over contiguous floats
         for r in range(m):
-            c = cells[t, r]
+            c = np.uintp(cells[t, r])
             pr = e[r]
             if pr == 0:
                 continue  # adds an exact zero (fma(0, v, acc) = acc)
-            lane = (r % 64) if single else (r % 16)
+            lane = np.uintp(r % 64) if single else np.uintp(r % 16)
             for j in range(d_v):
-                lanes[j, lane] = fma32(v[c, hk, j], pr, lanes[j, lane])
+                lanes[lane, j] = fma32(_as_f32(v[c, v0 + np.uintp(j)]), pr, lanes[lane, j])
+        if single:
+            for ln in range(16):
+                for j in range(d_v):
+                    lanes[ln, j] = lanes[ln, j] + lanes[32 + ln, j]
+                    lanes[16 + ln, j] = lanes[16 + ln, j] + lanes[48 + ln, j]
+            for ln in range(16):
+                for j in range(d_v):
+                    lanes[ln, j] = lanes[ln, j] + lanes[16 + ln, j]
         for j in range(d_v):
-            if single:
-                for ln in range(16):
-                    lanes[j, ln] = lanes[j, ln] + lanes[j, 32 + ln]
-                    lanes[j, 16 + ln] = lanes[j, 16 + ln] + lanes[j, 48 + ln]
-                for ln in range(16):
-                    lanes[j, ln] = lanes[j, ln] + lanes[j, 16 + ln]
-                out[t, h, j] = _F32(np.float64(reduce_add16(lanes[j], 0)))
-            else:
-                out[t, h, j] = reduce_add16(lanes[j], 0)
+            y = _reduce_add16_col(lanes, j)
+            out[t, h, j] = _F32(np.float64(y)) if single else y
+
+
+@numba.njit(cache=True)
+def _reduce_add16_col(a, j):  # pragma: no cover - compiled
+    """`reduce_add16` over a[0:16, j]: 8 pair sums, then 4, then (0+2) + (1+3)."""
+    u0 = (a[12, j] + a[4, j]) + (a[8, j] + a[0, j])
+    u1 = (a[13, j] + a[5, j]) + (a[9, j] + a[1, j])
+    u2 = (a[14, j] + a[6, j]) + (a[10, j] + a[2, j])
+    u3 = (a[15, j] + a[7, j]) + (a[11, j] + a[3, j])
+    return (u0 + u2) + (u1 + u3)
+
+
+@dataclass(frozen=True, slots=True)
+class VisibleCells:
+    """Each token's visible KV cells in cell order (the ranks the kernel's lanes follow), from a 0 / -inf mask."""
+
+    cells: np.ndarray  # (n, max visible) int64, padded with 0
+    n_cells: np.ndarray  # (n,) int64
+    mask_add: np.ndarray  # (n, max visible) float32: the mask's value at each visible cell
+
+    @classmethod
+    def from_mask(cls, mask: np.ndarray) -> VisibleCells:
+        """mask: (n, n_kv) float32, -inf where a cell is not visible."""
+        visible = mask > -np.inf  # (n, n_kv)
+        n_cells = visible.sum(axis=1).astype(np.int64)  # (n,)
+        order = np.argsort(~visible, axis=1, kind="stable")  # visible cells first, in cell order
+        cells = np.ascontiguousarray(order[:, : max(int(n_cells.max(initial=0)), 1)], np.int64)  # (n, max visible)
+        mask_add = np.ascontiguousarray(np.take_along_axis(mask, cells, axis=1), np.float32)  # (n, max visible)
+        return cls(cells, n_cells, mask_add)
 
 
 def attention_f16(
@@ -106,24 +171,39 @@ def attention_f16(
     values; mask: (n, n_kv) float32, -inf where a cell is not visible. d_k must be a multiple of 16.
     vec_dot_for_one: a single token goes through ggml_vec_dot_f16, as in llama.cpp's decode.
     -> (n, n_head * d_v) float32"""
+    n_kv, n_head_kv = k.shape[:2]
+    k2 = np.ascontiguousarray(k, np.float32).reshape(n_kv, -1)  # (n_kv, n_head_kv * d_k)
+    v2 = np.ascontiguousarray(v, np.float32).reshape(n_kv, -1)  # (n_kv, n_head_kv * d_v)
+    return attention_f16_cells(q, k2, v2, n_head_kv, VisibleCells.from_mask(mask), kq_scale, vec_dot_for_one)
+
+
+def attention_f16_cells(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    n_head_kv: int,
+    vis: VisibleCells,
+    kq_scale: float,
+    vec_dot_for_one: bool = False,
+) -> np.ndarray:
+    """`attention_f16` over K/V rows as stored: k (n_kv, n_head_kv * d_k), v (n_kv, n_head_kv * d_v), either
+    float32 holding f16 values or an f16 cache's rows (np.float16, read in place without a copy); `vis` lists
+    the cells each token sees. -> (n, n_head * d_v) float32"""
     n, n_head, d_k = q.shape
     if d_k % 16:
         raise ValueError(f"attention_f16: head size d_k={d_k} is not a multiple of 16")
-    visible = mask > -np.inf  # (n, n_kv)
-    n_cells = visible.sum(axis=1).astype(np.int64)  # (n,)
-    order = np.argsort(~visible, axis=1, kind="stable")  # visible cells first, in cell order
-    cells = np.ascontiguousarray(order[:, : max(int(n_cells.max(initial=0)), 1)], np.int64)  # (n, max visible)
-    mask_add = np.ascontiguousarray(np.take_along_axis(mask, cells, axis=1), np.float32)  # (n, max visible)
-    q16 = q.astype(np.float16).astype(np.float32)  # from_float of the f16 vec_dot_type
-    out = np.empty((n, n_head, v.shape[2]), np.float32)  # (n, n_head, d_v)
+    if k.dtype == np.float16:
+        k, v = k.view(np.uint16), v.view(np.uint16)  # the kernel converts the bits itself
+    out = np.empty((n, n_head, v.shape[1] // n_head_kv), np.float32)  # (n, n_head, d_v)
     _attention(
-        q16,
-        np.ascontiguousarray(k, np.float32),
-        np.ascontiguousarray(v, np.float32),
-        cells,
-        n_cells,
+        np.ascontiguousarray(q, np.float32),
+        k,
+        v,
+        n_head_kv,
+        vis.cells,
+        vis.n_cells,
         _F32(kq_scale),
-        mask_add,
+        vis.mask_add,
         n == 1 and vec_dot_for_one,
         out,
     )

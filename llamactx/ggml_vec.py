@@ -49,6 +49,19 @@ def round_f16(typingctx, x):
     return sig, codegen
 
 
+@intrinsic
+def _pow2_f64(typingctx, n):
+    """2.0 ** n as float64 for an integer n in [-1022, 1023], built from its bits (exact; no libm pow call)."""
+    sig = types.float64(types.int64)
+
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        biased = builder.add(args[0], ir.Constant(i64, 1023))
+        return builder.bitcast(builder.shl(biased, ir.Constant(i64, 52)), ir.DoubleType())
+
+    return sig, codegen
+
+
 def _hexf(s: str) -> np.float32:
     return np.float32(float.fromhex(s))
 
@@ -76,7 +89,7 @@ def v_expf(x):  # pragma: no cover - compiled
     u = b * b
     j = fma32(fma32(fma32(_EXP_C5, b, _EXP_C4), u, fma32(_EXP_C3, b, _EXP_C2)), u, fma32(_EXP_C1, b, _F32(1.0)))
     # _mm512_scalef_ps(j, n) = j * 2^n, one rounding (exact in float64, then rounded once)
-    return _F32(np.float64(j) * (2.0 ** np.float64(n)))
+    return _F32(np.float64(j) * _pow2_f64(np.int64(n)))
 
 
 @numba.njit(cache=True)

@@ -73,6 +73,7 @@ class Model:
         self.tensors: dict[str, np.ndarray] = {
             name: _tensor_array(self._raw(info), info) for name, info in self.tensor_infos.items()
         }
+        self._weights: dict[str, Weight] = {}  # Weight views, built on first use
         self._derived: dict[object, object] = {}  # read-only data computed from the weights (packed matrices)
         self._derived_lock = threading.Lock()
         self.n_params = sum(info.n_elements for info in self.tensor_infos.values())
@@ -129,8 +130,11 @@ class Model:
         return name in self.tensor_infos
 
     def weight(self, name: str) -> Weight:
-        info = self._info(name)
-        return Weight(name, info.ggml_type, info.shape, self.tensors[name])
+        w = self._weights.get(name)
+        if w is None:
+            info = self._info(name)
+            w = self._weights[name] = Weight(name, info.ggml_type, info.shape, self.tensors[name])
+        return w
 
     def derived(self, key: object, build):
         """Data derived once from the weights and shared by every context (e.g. a matrix repacked for the
@@ -208,6 +212,7 @@ class Model:
 
     def close(self) -> None:
         self.tensors.clear()
+        self._weights.clear()
         self._derived.clear()
         self.gguf.close()
 

@@ -15,7 +15,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from llamactx import ggml_vec
-from llamactx.attention_exact import attention_f16
+from llamactx.attention_exact import VisibleCells, attention_f16
 from llamactx.gguf.quants import dequantize, fake_quant, vec_dot_type
 from llamactx.hparams import ROPE_TYPE_NEOX
 from llamactx.vecdot import EXACT_TYPES, FLOAT_TYPES, matmul_exact, matmul_float
@@ -76,6 +76,11 @@ class ReferenceOps:
         xq = self.activations_for(x, weight.ggml_type)
         return (xq.astype(np.float64) @ w.T.astype(np.float64)).astype(np.float32)
 
+    def matmuls(self, x: np.ndarray, weights) -> list[np.ndarray]:
+        """`matmul` of one input with several weights (Q, K, V; gate, up): separate ggml_mul_mat calls in
+        llama.cpp, so a backend may run them as one as long as every output keeps its bits. -> [(n, ne1_i)]"""
+        return [self.matmul(x, w) for w in weights]
+
     @staticmethod
     def activations_for(x: np.ndarray, weight_type: int) -> np.ndarray:
         """x as the weight's vec_dot kernel sees it. (n, k) float32 -> (n, k) float32"""
@@ -123,6 +128,16 @@ class ReferenceOps:
         return ggml_vec.rope_rotate(x, cos, sin, rp.n_rot, rp.mode == ROPE_TYPE_NEOX)
 
     # -- attention ----------------------------------------------------------------------------------------------
+
+    def attention_kv(self, q: np.ndarray, kv, il: int, n_kv: int, mask: np.ndarray, vis: VisibleCells,
+                     kq_scale: float, flash: bool) -> np.ndarray:
+        """`attention` over cells [0, n_kv) of layer `il` of the KV cache `kv` (llamactx.memory.KVCache): the
+        cache is decoded to f32 first. vis: the cells `mask` leaves visible, for backends that read the cache in
+        place. q: (n, n_head, d_k) -> (n, n_head * d_v)"""
+        n_head_kv = kv.n_embd_k_gqa // q.shape[-1]
+        k = kv.k_rows(il, n_kv).reshape(n_kv, n_head_kv, -1)  # (n_kv, n_head_kv, d_k)
+        v = kv.v_rows(il, n_kv).reshape(n_kv, n_head_kv, -1)  # (n_kv, n_head_kv, d_v)
+        return self.attention(q, k, v, mask, kq_scale, flash, kv.type_k)
 
     def attention(
         self,

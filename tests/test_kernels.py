@@ -421,3 +421,18 @@ def test_fast_ops_decode_equals_reference_ops(smollm):
         ctx.decode(Batch.get_one([42]))
         logits.append(np.array(ctx.get_logits_ith(-1)))
     np.testing.assert_array_equal(logits[0], logits[1])
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("t", [T.Q4_K, T.Q6_K], ids=lambda t: T(t).name)
+def test_kquants_llama_order_match_vecdot_k_bit_for_bit(t, path):
+    """llama_order=True: Q4_K as ggml's repacked gemm/gemv, Q6_K as its tiled kernel from 8 rows (vecdot_k)."""
+    from llamactx.vecdot_k import matmul_k
+
+    check_path(path)
+    rng = np.random.default_rng(20 + int(t))
+    w = random_weight(t, 512, 16, rng)
+    for n in (1, 5, 8, 9):  # gemv only, gemm + gemv tail, tiled, tiled + tail
+        x = (rng.standard_normal((n, 512)) * 2).astype(np.float32)
+        got = kernels.matmul(x, kernels.pack_weight(w), THREADS, path=path, llama_order=True)
+        assert got.view(np.uint32).tolist() == matmul_k(x, w).view(np.uint32).tolist()

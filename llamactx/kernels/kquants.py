@@ -15,7 +15,7 @@ from numba import njit
 from numba.extending import overload
 
 from llamactx.kernels.simd import Tag, TagType, fmadd_i, fsum, fzero, sfma, vfield, vhi, vlo, vload, vload_i32, vor
-from llamactx.kernels.vnni import imul, imuladd, imuladd_v, ipairs, isub, izero, vdot, vload_s8, vscales_pair
+from llamactx.kernels.vnni import ihsum, imul, imuladd, imuladd_v, ipairs, isub, izero, vdot, vload_s8, vscales_pair
 
 _F0 = np.float32(0.0)
 
@@ -179,15 +179,19 @@ def _q6k_half(path, isum, w, s, xq, i, b, h):
 
 
 @njit(cache=True, inline="always")  # a call per super-block would pass (and reference-count) every array
-def _q6k_close(acc, isum, sc, r, bsums, xd, i, b, db):
-    """End of super-block b for activation row i: subtract ggml's q8sclsub (lane j = 32 * (sc_2j bsum_2j +
-    sc_2j+1 bsum_2j+1): how ggml_vec_dot_q6_K_q8_K spreads the -32 offset over its lanes), then
-    fmadd(d, cvt(lanes), acc)."""
+def _q6k_offset(isum, sc, r, bsums, i, b):
+    """Super-block b's lanes for activation row i less ggml's q8sclsub (lane j = 32 * (sc_2j bsum_2j +
+    sc_2j+1 bsum_2j+1): how ggml_vec_dot_q6_K_q8_K spreads the -32 offset over its lanes)."""
     g = b * 16
     lo = imul(vload_i32(bsums, i, g), vload_s8(sc, r, g))
     hi = imul(vload_i32(bsums, i, g + 8), vload_s8(sc, r, g + 8))
-    offset = imuladd(izero(), ipairs(lo, hi), 32)  # (x 32: a shift)
-    return fmadd_i(acc, isub(isum, offset), xd[i, b] * db)
+    return isub(isum, imuladd(izero(), ipairs(lo, hi), 32))  # (x 32: a shift)
+
+
+@njit(cache=True, inline="always")
+def _q6k_close(acc, isum, sc, r, bsums, xd, i, b, db):
+    """End of super-block b for activation row i: the offset lanes (`_q6k_offset`), then fmadd(d, cvt(lanes), acc)."""
+    return fmadd_i(acc, _q6k_offset(isum, sc, r, bsums, i, b), xd[i, b] * db)
 
 
 @njit(cache=True)
@@ -221,3 +225,96 @@ def q6k_rows(path, W, a, r0, r1, out):
                     isum = _q6k_half(path, isum, w, s, xq, i, b, h)
                 acc = _q6k_close(acc, isum, sc, r, bsums, xd, i, b, d[r, b])
             out[i, r] = fsum(acc)
+
+
+# --- llama.cpp's repacked Q4_K and tiled Q6_K orders (llamactx/vecdot_k.py) ---------------------------------------
+# The integer sums are the same as above; only where they become floats differs, so these reuse the lane helpers
+# and reduce the lanes exactly (`ihsum`) before converting.
+
+
+@njit(cache=True)
+def _k4_chunk(path, lo, hi, s0, s1, xq, i, j):
+    """s0 * (sub-block 2c . x) + s1 * (sub-block 2c+1 . x) as one int32: a 64-element chunk's integer sum."""
+    return ihsum(_k_step(path, izero(), lo, hi, s0, s1, xq, i, j))
+
+
+@njit(cache=True)
+def q4k_x8_rows(path, W, a, r0, r1, out):
+    """Q4_K as llama.cpp runs it repacked to block_q4_Kx8 (vecdot_k `_q4_k_repacked`): activation rows in groups
+    of four (ggml_gemm_q4_K_8x8_q8_K) convert every 64-element chunk, acc = fma(float(isum), d_w*d_x, acc) and
+    the mins likewise with dmin_w*d_x; the last n % 4 rows (ggml_gemv_q4_K_8x8_q8_K) once per super-block.
+    The result is acc - acc_min."""
+    qs, qh, sc, mn, d, dmin = W
+    xq, xd, bsums, _ = a
+    n = xq.shape[0]
+    n_gemm = n - n % 4
+    for r in range(r0, r1):
+        for i in range(0, n_gemm, 4):
+            a0, a1, a2, a3 = _F0, _F0, _F0, _F0
+            m0, m1, m2, m3 = _F0, _F0, _F0, _F0
+            for b in range(d.shape[1]):
+                dw, mw = d[r, b], dmin[r, b]
+                for c in range(4):
+                    lo, hi = decode_k(DEC_Q4K, qs, qh, r, b, c)
+                    s0, s1, j = sc[r, b * 8 + 2 * c], sc[r, b * 8 + 2 * c + 1], b * 256 + c * 64
+                    a0 = sfma(np.float32(_k4_chunk(path, lo, hi, s0, s1, xq, i, j)), dw * xd[i, b], a0)
+                    a1 = sfma(np.float32(_k4_chunk(path, lo, hi, s0, s1, xq, i + 1, j)), dw * xd[i + 1, b], a1)
+                    a2 = sfma(np.float32(_k4_chunk(path, lo, hi, s0, s1, xq, i + 2, j)), dw * xd[i + 2, b], a2)
+                    a3 = sfma(np.float32(_k4_chunk(path, lo, hi, s0, s1, xq, i + 3, j)), dw * xd[i + 3, b], a3)
+                    m0 = sfma(np.float32(_k_min_lane(mn, r, bsums, i, b, c)), mw * xd[i, b], m0)
+                    m1 = sfma(np.float32(_k_min_lane(mn, r, bsums, i + 1, b, c)), mw * xd[i + 1, b], m1)
+                    m2 = sfma(np.float32(_k_min_lane(mn, r, bsums, i + 2, b, c)), mw * xd[i + 2, b], m2)
+                    m3 = sfma(np.float32(_k_min_lane(mn, r, bsums, i + 3, b, c)), mw * xd[i + 3, b], m3)
+            out[i, r], out[i + 1, r], out[i + 2, r], out[i + 3, r] = a0 - m0, a1 - m1, a2 - m2, a3 - m3
+        for i in range(n_gemm, n):
+            acc, acc_min = _F0, _F0
+            for b in range(d.shape[1]):
+                isum = izero()
+                imin = 0
+                for c in range(4):
+                    lo, hi = decode_k(DEC_Q4K, qs, qh, r, b, c)
+                    s0, s1 = sc[r, b * 8 + 2 * c], sc[r, b * 8 + 2 * c + 1]
+                    isum = _k_step(path, isum, lo, hi, s0, s1, xq, i, b * 256 + c * 64)
+                    imin += _k_min_lane(mn, r, bsums, i, b, c)
+                acc = sfma(np.float32(ihsum(isum)), d[r, b] * xd[i, b], acc)
+                acc_min = sfma(np.float32(imin), dmin[r, b] * xd[i, b], acc_min)
+            out[i, r] = acc - acc_min
+
+
+@njit(cache=True, inline="always")
+def _q6k_tile_step(acc, isum, sc, r, bsums, xd, i, b, db):
+    """tiled_run_micro_vnni_8x16: s1 = the super-block's integer sum, out += (float(s1) * d_w) * d_x (contracted)."""
+    return sfma(np.float32(ihsum(_q6k_offset(isum, sc, r, bsums, i, b))) * db, xd[i, b], acc)
+
+
+@njit(cache=True)
+def q6k_tiled_rows(path, W, a, r0, r1, out):
+    """Q6_K as llama.cpp's tiled kernel computes it for n >= 8 rows (vecdot_k `_q6_k_tiled`)."""
+    ql, qh, sc, _, d, _ = W
+    xq, xd, bsums, _ = a
+    n = xq.shape[0]
+    for r in range(r0, r1):
+        for i in range(0, n - n % 4, 4):
+            a0, a1, a2, a3 = _F0, _F0, _F0, _F0
+            for b in range(d.shape[1]):
+                i0, i1, i2, i3 = izero(), izero(), izero(), izero()
+                for h in range(2):
+                    w, s = _q6k_quants(ql, qh, r, b, h), _q6k_scales(sc, r, b, h)
+                    i0 = _q6k_half(path, i0, w, s, xq, i, b, h)
+                    i1 = _q6k_half(path, i1, w, s, xq, i + 1, b, h)
+                    i2 = _q6k_half(path, i2, w, s, xq, i + 2, b, h)
+                    i3 = _q6k_half(path, i3, w, s, xq, i + 3, b, h)
+                a0 = _q6k_tile_step(a0, i0, sc, r, bsums, xd, i, b, d[r, b])
+                a1 = _q6k_tile_step(a1, i1, sc, r, bsums, xd, i + 1, b, d[r, b])
+                a2 = _q6k_tile_step(a2, i2, sc, r, bsums, xd, i + 2, b, d[r, b])
+                a3 = _q6k_tile_step(a3, i3, sc, r, bsums, xd, i + 3, b, d[r, b])
+            out[i, r], out[i + 1, r], out[i + 2, r], out[i + 3, r] = a0, a1, a2, a3
+        for i in range(n - n % 4, n):
+            acc = _F0
+            for b in range(d.shape[1]):
+                isum = izero()
+                for h in range(2):
+                    w, s = _q6k_quants(ql, qh, r, b, h), _q6k_scales(sc, r, b, h)
+                    isum = _q6k_half(path, isum, w, s, xq, i, b, h)
+                acc = _q6k_tile_step(acc, isum, sc, r, bsums, xd, i, b, d[r, b])
+            out[i, r] = acc

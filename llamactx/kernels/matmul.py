@@ -20,7 +20,7 @@ from gguf import GGMLQuantizationType as T
 from numba import njit, prange
 
 from llamactx.kernels.cpu import PATH_PORTABLE, PATH_VNNI, active_path, cpu_features, set_threads
-from llamactx.kernels.kquants import DEC_Q4K, DEC_Q5K, k45_rows, q6k_rows
+from llamactx.kernels.kquants import DEC_Q4K, DEC_Q5K, k45_rows, q4k_x8_rows, q6k_rows, q6k_tiled_rows
 from llamactx.kernels.legacy import DEC_Q4, DEC_Q5, DEC_Q8, min_rows, offset_rows
 from llamactx.kernels.quantize import quantize_q8_0, quantize_q8_1, quantize_q8_K, round_f16
 from llamactx.kernels.repack import PackedWeight
@@ -41,6 +41,7 @@ _F0 = np.float32(0.0)
 F32, F16 = int(T.F32), int(T.F16)
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = int(T.Q4_0), int(T.Q4_1), int(T.Q5_0), int(T.Q5_1), int(T.Q8_0)
 Q4_K, Q5_K, Q6_K = int(T.Q4_K), int(T.Q5_K), int(T.Q6_K)
+TILED_MIN_ROWS = 8  # llama.cpp's tiled Q6_K kernel serves ubatches of 8 rows or more (tiled.cpp ggml_tiled_min_batch)
 
 
 # --- activations -----------------------------------------------------------------------------------------------
@@ -112,9 +113,14 @@ def _float_rows(f16, W, a, r0, r1, out):
 
 
 @njit(cache=True)
-def _rows_of_type(path, kind, W, a, r0, r1, out):
-    """out[:, r0:r1] for weights of ggml type `kind` (the branch is taken once per task, not per row)."""
-    if kind == Q4_0:
+def _rows_of_type(path, kind, llama_order, W, a, r0, r1, out):
+    """out[:, r0:r1] for weights of ggml type `kind` (the branch is taken once per task, not per row).
+    llama_order: Q4_K / Q6_K in the order of llama.cpp's repacked / tiled kernels (`matmul`)."""
+    if llama_order and kind == Q4_K:
+        q4k_x8_rows(path, W, a, r0, r1, out)
+    elif llama_order and kind == Q6_K and a[0].shape[0] >= TILED_MIN_ROWS:
+        q6k_tiled_rows(path, W, a, r0, r1, out)
+    elif kind == Q4_0:
         offset_rows(path, DEC_Q4, W, a, r0, r1, out)
     elif kind == Q5_0:
         offset_rows(path, DEC_Q5, W, a, r0, r1, out)
@@ -146,7 +152,7 @@ def _share(task, n_tasks, n_rows):
 
 
 @njit(parallel=True, cache=True)
-def matmul_vnni(n_tasks, kind, x, qs, qh, sc, mn, d, m, out):
+def matmul_vnni(n_tasks, kind, llama_order, x, qs, qh, sc, mn, d, m, out):
     """out (n, n_rows) = x (n, k) @ W^T for weights of ggml type `kind` in repack.py's slots, with `vpdpbusd`,
     in `n_tasks` shares (one per thread). The caller checks shapes: k matches the weights, out is C-contiguous
     float32 (n, n_rows)."""
@@ -155,18 +161,18 @@ def matmul_vnni(n_tasks, kind, x, qs, qh, sc, mn, d, m, out):
     n_tasks = max(1, min(n_tasks, out.shape[1]))
     for task in prange(n_tasks):
         r0, r1 = _share(task, n_tasks, out.shape[1])
-        _rows_of_type(VNNI, kind, W, a, r0, r1, out)
+        _rows_of_type(VNNI, kind, llama_order, W, a, r0, r1, out)
 
 
 @njit(parallel=True, cache=True)
-def matmul_portable(n_tasks, kind, x, qs, qh, sc, mn, d, m, out):
+def matmul_portable(n_tasks, kind, llama_order, x, qs, qh, sc, mn, d, m, out):
     """`matmul_vnni` with the portable integer dot product."""
     a = _activations(kind, x)
     W = (qs, qh, sc, mn, d, m)
     n_tasks = max(1, min(n_tasks, out.shape[1]))
     for task in prange(n_tasks):
         r0, r1 = _share(task, n_tasks, out.shape[1])
-        _rows_of_type(PORTABLE, kind, W, a, r0, r1, out)
+        _rows_of_type(PORTABLE, kind, llama_order, W, a, r0, r1, out)
 
 
 # --- the entry point -----------------------------------------------------------------------------------------
@@ -175,13 +181,20 @@ _KERNELS = {PATH_VNNI: matmul_vnni, PATH_PORTABLE: matmul_portable}
 
 
 def matmul(
-    x: np.ndarray, pw: PackedWeight, n_threads: int, path: str | None = None, out: np.ndarray | None = None
+    x: np.ndarray,
+    pw: PackedWeight,
+    n_threads: int,
+    path: str | None = None,
+    out: np.ndarray | None = None,
+    llama_order: bool = False,
 ) -> np.ndarray:
     """y = x @ W^T as ggml_mul_mat(W, x) computes it on the CPU. x: (n, k) float32 -> (n, n_rows) float32.
 
     `path` ("vnni" / "portable") defaults to `active_path()`; `out`, when given, must be a C-contiguous float32
-    (n, n_rows) array and is returned. Raises ValueError for a row length that is not the weight's, an unknown
-    path, the VNNI path on a CPU without it, or an unusable `out`.
+    (n, n_rows) array and is returned. `llama_order`: Q4_K in the order of llama.cpp's repacked kernels (what it
+    runs for weights with ne1 % 8 == 0) and Q6_K in its tiled kernel's order for n >= 8, both bit for bit as
+    llamactx.vecdot_k; otherwise (and for the other types) ggml_vec_dot's order. Raises ValueError for a row
+    length that is not the weight's, an unknown path, the VNNI path on a CPU without it, or an unusable `out`.
     """
     if x.dtype != np.float32 or not x.flags.c_contiguous:
         x = np.ascontiguousarray(x, dtype=np.float32)
@@ -194,7 +207,7 @@ def matmul(
     elif out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous or not out.flags.writeable:
         raise ValueError(f"matmul {pw.name!r}: out must be a writeable C-contiguous float32 array of shape {shape}")
     set_threads(n_threads)
-    kernel(n_threads, pw.ggml_type, x, pw.qs, pw.qh, pw.sc, pw.mn, pw.d, pw.m, out)
+    kernel(n_threads, pw.ggml_type, llama_order, x, pw.qs, pw.qh, pw.sc, pw.mn, pw.d, pw.m, out)
     return out
 
 

@@ -8,12 +8,14 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from llamactx.attention_exact import attention_f16_cells
 from llamactx.kernels.cpu import set_threads
 from llamactx.kernels.get_rows import get_rows
 from llamactx.kernels.matmul import matmul
-from llamactx.kernels.repack import can_pack, pack_weight
+from llamactx.kernels.repack import can_pack, pack_weight, pack_weights
 from llamactx.ops import ReferenceOps
 from llamactx.vecdot import EXACT_TYPES
+from llamactx.vecdot_k import is_exact_k
 
 _KERNEL_EXACT = frozenset(int(t) for t in EXACT_TYPES)  # 32-block types: bit-identical to ggml in the kernels
 
@@ -38,11 +40,44 @@ class FastOps(ReferenceOps):
         return self.model.derived(("packed", weight.name), lambda: pack_weight(weight))
 
     def matmul(self, x: np.ndarray, weight) -> np.ndarray:
-        # The kernels reproduce ggml's vec_dot; for K-quants llama.cpp uses repacked / tiled kernels with another
-        # order (llamactx/vecdot_k.py), so those weights stay on the exact reference until the kernels port it.
-        if x.shape[0] == 0 or not can_pack(weight.ggml_type) or weight.ggml_type not in _KERNEL_EXACT:
+        # The kernels reproduce ggml's vec_dot, and for the K-quants llama.cpp repacks or tiles (vecdot_k) its
+        # order too; the other weights (F32/F16, Q5_K, Q4_K with ne1 % 8 != 0) stay on the reference.
+        order = self._kernel_order(weight)
+        if x.shape[0] == 0 or order is None:
             return super().matmul(x, weight)
-        return matmul(np.ascontiguousarray(x, np.float32), self._packed(weight), self.threads)
+        return matmul(x, self._packed(weight), self.threads, llama_order=order)
+
+    def matmuls(self, x: np.ndarray, weights) -> list[np.ndarray]:
+        # weights of one kernel type run as one matrix (rows stacked): one activation quantization and one thread
+        # launch; every output row is computed as in its own matmul, so the bits do not change
+        kinds = {self._kernel_order(w) for w in weights}
+        types = {(w.ggml_type, w.shape[0]) for w in weights}
+        if x.shape[0] == 0 or len(types) != 1 or len(kinds) != 1 or None in kinds:
+            return super().matmuls(x, weights)
+        key = ("packed", tuple(w.name for w in weights))
+        pw, cols = self.model.derived(key, lambda: (pack_weights(weights), _column_ranges(weights)))
+        y = matmul(x, pw, self.threads, llama_order=kinds.pop())  # (n, sum of ne1)
+        return [y[:, a:b] for a, b in cols]
+
+    @staticmethod
+    def _kernel_order(weight) -> bool | None:
+        """llama_order for the kernels' matmul of this weight, None where the reference computes it."""
+        if weight.ggml_type in _KERNEL_EXACT:
+            return False
+        return True if can_pack(weight.ggml_type) and is_exact_k(weight) else None
+
+    def attention_kv(self, q, kv, il, n_kv, mask, vis, kq_scale, flash):
+        # an f16 cache without flash attention is read in place: no f32 copy of the layer's cache per step
+        if kv.type_k != "f16" or kv.type_v != "f16" or flash or q.shape[-1] % 16:
+            return super().attention_kv(q, kv, il, n_kv, mask, vis, kq_scale, flash)
+        n_head_kv = kv.n_embd_k_gqa // q.shape[-1]
+        return attention_f16_cells(q, kv.k[il], kv.v[il], n_head_kv, vis, kq_scale, self.ggml_single_row)
 
     def get_rows(self, weight, ids: np.ndarray) -> np.ndarray:
         return get_rows(weight, np.asarray(ids))
+
+
+def _column_ranges(weights) -> tuple[tuple[int, int], ...]:
+    """(start, stop) of each weight's outputs in the stacked matmul's columns."""
+    stops = np.cumsum([w.n_rows for w in weights]).tolist()
+    return tuple(zip([0, *stops[:-1]], stops, strict=True))

@@ -160,6 +160,20 @@ def imuladd_v(typingctx, acc, v, s):
     return sig, codegen
 
 
+@intrinsic
+def ihsum(typingctx, v):
+    """The sum of the 8 int32 lanes -> int32 (exact: integer addition, any order)."""
+    sig = types.int32(i32x8)
+
+    def codegen(context, builder, sig, args):
+        total = builder.extract_element(args[0], ir.Constant(_I32, 0))
+        for lane in range(1, 8):
+            total = builder.add(total, builder.extract_element(args[0], ir.Constant(_I32, lane)))
+        return total
+
+    return sig, codegen
+
+
 # --- lane sums of the activation quants ------------------------------------------------------------------
 
 

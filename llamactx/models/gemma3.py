@@ -44,9 +44,10 @@ def forward(model, ops, token: np.ndarray | None, embd: np.ndarray | None, pos: 
         b = f"blk.{il}."
         rp = rope.for_layer(hp.is_swa(il))
         cur = ops.rms_norm(x, t[b + "attn_norm.weight"], eps)  # (n, n_embd)
-        q = ops.matmul(cur, w(b + "attn_q.weight")).reshape(n, hp.n_head, hp.n_embd_head_k)
-        k = ops.matmul(cur, w(b + "attn_k.weight")).reshape(n, hp.n_head_kv, hp.n_embd_head_k)
-        v = ops.matmul(cur, w(b + "attn_v.weight")).reshape(n, hp.n_head_kv, hp.n_embd_head_v)
+        q, k, v = ops.matmuls(cur, [w(b + "attn_q.weight"), w(b + "attn_k.weight"), w(b + "attn_v.weight")])
+        q = q.reshape(n, hp.n_head, hp.n_embd_head_k)
+        k = k.reshape(n, hp.n_head_kv, hp.n_embd_head_k)
+        v = v.reshape(n, hp.n_head_kv, hp.n_embd_head_v)
         q = ops.rope(ops.rms_norm(q, t[b + "attn_q_norm.weight"], eps), pos, rp)
         k = ops.rope(ops.rms_norm(k, t[b + "attn_k_norm.weight"], eps), pos, rp)
         q = q * np.float32(hp.f_attention_scale)
@@ -56,8 +57,7 @@ def forward(model, ops, token: np.ndarray | None, embd: np.ndarray | None, pos: 
             cur, x = cur[out_ids], x[out_ids]
         x = ops.rms_norm(cur, t[b + "post_attention_norm.weight"], eps) + x  # sa_out
         cur = ops.rms_norm(x, t[b + "ffn_norm.weight"], eps)
-        gate = ops.matmul(cur, w(b + "ffn_gate.weight"))  # (n, n_ff)
-        up = ops.matmul(cur, w(b + "ffn_up.weight"))  # (n, n_ff)
+        gate, up = ops.matmuls(cur, [w(b + "ffn_gate.weight"), w(b + "ffn_up.weight")])  # (n, n_ff) each
         cur = ops.matmul(ops.geglu(gate, up), w(b + "ffn_down.weight"))  # (n, n_embd)
         x = ops.rms_norm(cur, t[b + "post_ffw_norm.weight"], eps) + x
     x = ops.rms_norm(x, t["output_norm.weight"], eps)  # (n_out, n_embd)

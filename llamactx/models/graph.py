@@ -11,6 +11,7 @@ from typing import Protocol
 
 import numpy as np
 
+from llamactx.attention_exact import VisibleCells
 from llamactx.ops import RopeParams
 
 
@@ -74,15 +75,15 @@ class KVAttention:
         self.mask = visibility_mask(pos, has_seq, ub.pos, cparams.causal_attn, 0)
         self.mask_swa = (visibility_mask(pos, has_seq, ub.pos, cparams.causal_attn, hp.n_swa)
                          if hp.n_swa else self.mask)
+        self.vis = VisibleCells.from_mask(self.mask)  # once per ubatch, not per layer
+        self.vis_swa = VisibleCells.from_mask(self.mask_swa) if hp.n_swa else self.vis
 
     def __call__(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, kq_scale: float) -> np.ndarray:
-        hp, kv = self.hp, self.kv
         n = q.shape[0]
-        kv.store(il, self.idx, k.reshape(n, -1), v.reshape(n, -1))
-        k_all = kv.k_rows(il, self.n_kv).reshape(self.n_kv, hp.n_head_kv, hp.n_embd_head_k)
-        v_all = kv.v_rows(il, self.n_kv).reshape(self.n_kv, hp.n_head_kv, hp.n_embd_head_v)
-        mask = self.mask_swa if hp.is_swa(il) else self.mask
-        return self.ops.attention(q, k_all, v_all, mask, kq_scale, self.flash, kv.type_k)
+        self.kv.store(il, self.idx, k.reshape(n, -1), v.reshape(n, -1))
+        if self.hp.is_swa(il):
+            return self.ops.attention_kv(q, self.kv, il, self.n_kv, self.mask_swa, self.vis_swa, kq_scale, self.flash)
+        return self.ops.attention_kv(q, self.kv, il, self.n_kv, self.mask, self.vis, kq_scale, self.flash)
 
 
 class BatchAttention:

@@ -45,9 +45,14 @@ def output_weight_name(model) -> str:
 
 def linear(model, ops, x: np.ndarray, prefix: str) -> np.ndarray:
     """x @ W^T (+ bias when the model has one: Qwen2-style llama variants). (n, ne0) -> (n, ne1)"""
-    y = ops.matmul(x, model.weight(prefix + ".weight"))
-    bias = model.tensors.get(prefix + ".bias")
-    return y if bias is None else y + bias
+    return linears(model, ops, x, prefix)[0]
+
+
+def linears(model, ops, x: np.ndarray, *prefixes: str) -> list[np.ndarray]:
+    """`linear` for several weights of the same input (one kernel call where the ops can fuse them)."""
+    ys = ops.matmuls(x, [model.weight(p + ".weight") for p in prefixes])
+    biases = [model.tensors.get(p + ".bias") for p in prefixes]
+    return [y if bias is None else y + bias for y, bias in zip(ys, biases, strict=True)]
 
 
 def forward(model, ops, token: np.ndarray | None, embd: np.ndarray | None, pos: np.ndarray,
@@ -62,9 +67,10 @@ def forward(model, ops, token: np.ndarray | None, embd: np.ndarray | None, pos: 
     for il in range(hp.n_layer):
         b = f"blk.{il}."
         cur = ops.rms_norm(x, model.tensors[b + "attn_norm.weight"], hp.f_norm_rms_eps)  # (n, n_embd)
-        q = linear(model, ops, cur, b + "attn_q").reshape(n, hp.n_head, hp.n_embd_head_k)
-        k = linear(model, ops, cur, b + "attn_k").reshape(n, hp.n_head_kv, hp.n_embd_head_k)
-        v = linear(model, ops, cur, b + "attn_v").reshape(n, hp.n_head_kv, hp.n_embd_head_v)
+        q, k, v = linears(model, ops, cur, b + "attn_q", b + "attn_k", b + "attn_v")
+        q = q.reshape(n, hp.n_head, hp.n_embd_head_k)
+        k = k.reshape(n, hp.n_head_kv, hp.n_embd_head_k)
+        v = v.reshape(n, hp.n_head_kv, hp.n_embd_head_v)
         rp = rope.for_layer(False)
         q = ops.rope(q, pos, rp)
         k = ops.rope(k, pos, rp)
@@ -74,8 +80,7 @@ def forward(model, ops, token: np.ndarray | None, embd: np.ndarray | None, pos: 
             cur, x = cur[out_ids], x[out_ids]
         x = cur + x
         cur = ops.rms_norm(x, model.tensors[b + "ffn_norm.weight"], hp.f_norm_rms_eps)
-        gate = ops.matmul(cur, w(b + "ffn_gate.weight"))  # (n, n_ff)
-        up = ops.matmul(cur, w(b + "ffn_up.weight"))  # (n, n_ff)
+        gate, up = ops.matmuls(cur, [w(b + "ffn_gate.weight"), w(b + "ffn_up.weight")])  # (n, n_ff) each
         x = ops.matmul(ops.swiglu(gate, up), w(b + "ffn_down.weight")) + x  # (n, n_embd)
     x = ops.rms_norm(x, model.tensors["output_norm.weight"], hp.f_norm_rms_eps)  # (n_out, n_embd)
     logits = ops.matmul(x, w(output_weight_name(model))) if want_logits else None  # (n_out, n_vocab)
