@@ -136,15 +136,20 @@ class Model:
             w = self._weights[name] = Weight(name, info.ggml_type, info.shape, self.tensors[name])
         return w
 
-    def derived(self, key: object, build):
+    def derived(self, key: object, build, replaces: tuple[str, ...] = ()):
         """Data derived once from the weights and shared by every context (e.g. a matrix repacked for the
-        kernels): `build()` runs on first use of `key`, under a lock; the result must be read-only."""
+        kernels): `build()` runs on first use of `key`, under a lock; the result must be read-only. `replaces`
+        names the tensors the result stands in for: their file pages are released once it is built, so the
+        weights are not resident twice (they are re-read from the file if used directly)."""
         value = self._derived.get(key)
         if value is None:
             with self._derived_lock:
                 value = self._derived.get(key)
                 if value is None:
                     value = self._derived[key] = build()
+                    if self._buffer is None:
+                        for name in replaces:
+                            self.gguf.release_pages(name)
         return value
 
     def _info(self, name: str) -> TensorInfo:

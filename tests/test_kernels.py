@@ -436,3 +436,34 @@ def test_kquants_llama_order_match_vecdot_k_bit_for_bit(t, path):
         x = (rng.standard_normal((n, 512)) * 2).astype(np.float32)
         got = kernels.matmul(x, kernels.pack_weight(w), THREADS, path=path, llama_order=True)
         assert got.view(np.uint32).tolist() == matmul_k(x, w).view(np.uint32).tolist()
+
+
+def _mapped_file_rss(path) -> int:
+    """Resident bytes of this process's mappings of `path` (/proc/self/smaps)."""
+    rss, current = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 6 and "-" in parts[0]:
+                current = parts[-1] == str(path)
+            elif current and line.startswith("Rss:"):
+                rss += int(parts[1]) * 1024
+    return rss
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux /proc")
+def test_resident_weights_stay_within_1_25x_the_file(tmp_path):
+    """Packed copies replace the file pages they were made from: resident weights <= 1.25x the GGUF."""
+    code = (
+        "import os, sys\n"
+        "from llamactx import Model, Context, ContextParams, Batch\n"
+        "from llamactx.embedded import smollm2_path\n"
+        "from tests.test_kernels import _mapped_file_rss\n"
+        "m = Model.load(smollm2_path())\n"
+        "c = Context(m, ContextParams(n_ctx=256))\n"
+        "c.decode(Batch.get_one(list(range(100, 132)))); c.decode(Batch.get_one([5]))\n"
+        "packed = sum(v.nbytes if hasattr(v, 'nbytes') else v[0].nbytes for v in m._derived.values())\n"
+        "print((_mapped_file_rss(m.path) + packed) / os.path.getsize(m.path))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert float(out.stdout.strip()) <= 1.25

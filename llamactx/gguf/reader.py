@@ -267,6 +267,18 @@ class GGUFFile:
         data.flags.writeable = False
         return data
 
+    def release_pages(self, name: str) -> None:
+        """Tell the OS that tensor `name`'s file pages are not needed now (MADV_DONTNEED on the whole pages inside
+        it): they stop counting as resident and are read again from the file if touched. For weights that live on
+        in another form (repacked for the kernels)."""
+        info = self.tensors[name]
+        if self._mm is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        start = -(-info.offset // mmap.PAGESIZE) * mmap.PAGESIZE
+        stop = (info.offset + info.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+        if stop > start:
+            self._mm.madvise(mmap.MADV_DONTNEED, start, stop - start)
+
     def close(self) -> None:
         """Release the map. Views already handed out (numeric `meta` arrays, `tensor_data`) keep it alive and
         stay valid; it is unmapped when the last of them is garbage-collected."""

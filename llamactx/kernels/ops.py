@@ -37,7 +37,7 @@ class FastOps(ReferenceOps):
         set_threads(self.threads)
 
     def _packed(self, weight):
-        return self.model.derived(("packed", weight.name), lambda: pack_weight(weight))
+        return self.model.derived(("packed", weight.name), lambda: pack_weight(weight), replaces=(weight.name,))
 
     def matmul(self, x: np.ndarray, weight) -> np.ndarray:
         # The kernels reproduce ggml's vec_dot, and for the K-quants llama.cpp repacks or tiles (vecdot_k) its
@@ -55,7 +55,8 @@ class FastOps(ReferenceOps):
         if x.shape[0] == 0 or len(types) != 1 or len(kinds) != 1 or None in kinds:
             return super().matmuls(x, weights)
         key = ("packed", tuple(w.name for w in weights))
-        pw, cols = self.model.derived(key, lambda: (pack_weights(weights), _column_ranges(weights)))
+        pw, cols = self.model.derived(key, lambda: (pack_weights(weights), _column_ranges(weights)),
+                                      replaces=tuple(w.name for w in weights))
         y = matmul(x, pw, self.threads, llama_order=kinds.pop())  # (n, sum of ne1)
         return [y[:, a:b] for a, b in cols]
 
