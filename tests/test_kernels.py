@@ -452,8 +452,10 @@ def _mapped_file_rss(path) -> int:
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux /proc")
-def test_resident_weights_stay_within_1_25x_the_file(tmp_path):
-    """Packed copies replace the file pages they were made from: resident weights <= 1.25x the GGUF."""
+def test_packed_weights_replace_their_file_pages(tmp_path):
+    """The packed copies stay within 1.2x the GGUF, and the file pages they were made from are released: what stays
+    mapped is the metadata, the small unpacked tensors and pages the kernel maps back around them (clean page cache,
+    3-19 MB here)."""
     code = (
         "import os, sys\n"
         "from llamactx import Model, Context, ContextParams, Batch\n"
@@ -463,7 +465,10 @@ def test_resident_weights_stay_within_1_25x_the_file(tmp_path):
         "c = Context(m, ContextParams(n_ctx=256))\n"
         "c.decode(Batch.get_one(list(range(100, 132)))); c.decode(Batch.get_one([5]))\n"
         "packed = sum(v.nbytes if hasattr(v, 'nbytes') else v[0].nbytes for v in m._derived.values())\n"
-        "print((_mapped_file_rss(m.path) + packed) / os.path.getsize(m.path))\n"
+        "size = os.path.getsize(m.path)\n"
+        "print(packed / size, _mapped_file_rss(m.path) / size)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert float(out.stdout.strip()) <= 1.25
+    packed, mapped = (float(v) for v in out.stdout.split())
+    assert packed <= 1.2
+    assert mapped <= 0.25

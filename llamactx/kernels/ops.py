@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+from gguf import GGMLQuantizationType as T
 
 from llamactx.attention_exact import attention_f16_cells
 from llamactx.kernels.cpu import set_threads
@@ -17,6 +18,7 @@ from llamactx.ops import ReferenceOps
 from llamactx.vecdot import EXACT_TYPES
 from llamactx.vecdot_k import is_exact_k
 
+_Q8_0 = int(T.Q8_0)
 _KERNEL_EXACT = frozenset(int(t) for t in EXACT_TYPES)  # 32-block types: bit-identical to ggml in the kernels
 
 
@@ -75,7 +77,14 @@ class FastOps(ReferenceOps):
         return attention_f16_cells(q, kv.k[il], kv.v[il], n_head_kv, vis, kq_scale, self.ggml_single_row)
 
     def get_rows(self, weight, ids: np.ndarray) -> np.ndarray:
-        return get_rows(weight, np.asarray(ids))
+        """Embedding rows. A Q8_0 table (SmolLM2's and Gemma's, tied to the output matrix) is read from its packed
+        copy, so its file pages stay released: q * d is exact in float32, the same bits as dequantizing."""
+        ids = np.asarray(ids)
+        if weight.ggml_type != _Q8_0:
+            return get_rows(weight, ids)
+        pw = self._packed(weight)
+        q = pw.qs[ids].reshape(len(ids), -1, 32).astype(np.float32) - np.float32(128)  # (n, nb, 32)
+        return (q * pw.d[ids][:, :, None]).reshape(len(ids), pw.k)  # (n, k)
 
 
 def _column_ranges(weights) -> tuple[tuple[int, int], ...]:
