@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType
 
 DATA = Path(__file__).parent / "data"
 REFERENCE_DIRS = {"smollm2": DATA / "smollm2-135m-instruct-q4_1", "gemma3": DATA / "gemma3-270m-q4_k_m"}
@@ -44,3 +45,18 @@ def smollm_ref():
 @pytest.fixture(scope="session")
 def gemma_ref():
     return load_reference("gemma3")
+
+
+# byte offsets of each block's f16 scale fields (ggml-common.h): tests overwrite them with finite values
+SCALE_OFFSETS = {
+    GGMLQuantizationType.Q4_0: [0],
+    GGMLQuantizationType.Q4_1: [0, 2],
+    GGMLQuantizationType.Q5_0: [0],
+    GGMLQuantizationType.Q5_1: [0, 2],
+    GGMLQuantizationType.Q8_0: [0],
+    GGMLQuantizationType.Q2_K: [80, 82],
+    GGMLQuantizationType.Q3_K: [108],
+    GGMLQuantizationType.Q4_K: [0, 2],
+    GGMLQuantizationType.Q5_K: [0, 2],
+    GGMLQuantizationType.Q6_K: [208],
+}

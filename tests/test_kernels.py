@@ -25,20 +25,11 @@ from llamactx.gguf.quants_k import scale_min_k4
 from llamactx.kernels import quantize as KQ
 from llamactx.model import Weight
 from llamactx.ops import ReferenceOps
+from tests.conftest import SCALE_OFFSETS
 
 EXACT = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]  # ReferenceOps follows ggml's x86 order: bit-exact
 CLOSE = [T.Q4_K, T.Q5_K, T.Q6_K, T.F32, T.F16]  # ReferenceOps rounds a float64 product: summation noise
 PATHS = ["vnni", "portable"]
-SCALE_OFFSETS = {
-    T.Q4_0: [0],
-    T.Q4_1: [0, 2],
-    T.Q5_0: [0],
-    T.Q5_1: [0, 2],
-    T.Q8_0: [0],
-    T.Q4_K: [0, 2],
-    T.Q5_K: [0, 2],
-    T.Q6_K: [208],
-}
 THREADS = min(2, numba.config.NUMBA_NUM_THREADS)  # two where the machine has them: both shares of the rows
 
 OPS = ReferenceOps()

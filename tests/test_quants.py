@@ -14,6 +14,7 @@ from gguf import quants as gq
 
 from llamactx.embedded import ModelNotInstalledError, gemma3_path, smollm2_path
 from llamactx.gguf import quants as Q
+from tests.conftest import SCALE_OFFSETS
 
 T = GGMLQuantizationType
 
@@ -22,19 +23,6 @@ LEGACY = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
 K_QUANTS = [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]
 SUPPORTED = FLOATS + LEGACY + K_QUANTS
 
-# byte offsets of each block's f16 scale fields (ggml-common.h), overwritten with finite values
-SCALE_OFFSETS = {
-    T.Q4_0: [0],
-    T.Q4_1: [0, 2],
-    T.Q5_0: [0],
-    T.Q5_1: [0, 2],
-    T.Q8_0: [0],
-    T.Q2_K: [80, 82],
-    T.Q3_K: [108],
-    T.Q4_K: [0, 2],
-    T.Q5_K: [0, 2],
-    T.Q6_K: [208],
-}
 
 
 def bits(a: np.ndarray) -> np.ndarray:
