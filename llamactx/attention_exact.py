@@ -33,9 +33,40 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic, overload
 
-from llamactx.ggml_vec import dot_tinyblas, dot_vec, fma32, reduce_add16, round_f16, v_expf
+from llamactx.ggml_vec import (
+    _EXP_C1,
+    _EXP_C2,
+    _EXP_C3,
+    _EXP_C4,
+    _EXP_C5,
+    _EXP_LN2_HI,
+    _EXP_LN2_LO,
+    _EXP_LOG2E,
+    _EXP_R,
+    _pow2_f64,
+    dot_tinyblas,
+    dot_vec,
+    fma32,
+    reduce_add16,
+    round_f16,
+)
 
 _F32 = np.float32
+
+
+@numba.njit(cache=True)
+def _expf_lane(x):  # pragma: no cover - compiled
+    """`v_expf` with its saturation as a select instead of an early return, so that loops over it vectorize."""
+    z = fma32(x, _EXP_LOG2E, _EXP_R)
+    n = z - _EXP_R  # round(x / ln 2) as a float
+    b = fma32(-n, _EXP_LN2_LO, fma32(-n, _EXP_LN2_HI, x))
+    u = b * b
+    j = fma32(fma32(fma32(_EXP_C5, b, _EXP_C4), u, fma32(_EXP_C3, b, _EXP_C2)), u, fma32(_EXP_C1, b, _F32(1.0)))
+    ok = abs(n) <= _F32(192.0)
+    nc = n if ok else _F32(0.0)
+    y = _F32(np.float64(j) * _pow2_f64(np.int64(nc)))
+    sat = _F32(0.0) if n <= _F32(0.0) else _F32(np.inf)
+    return y if ok else sat
 
 
 @numba.njit(cache=True)
@@ -46,11 +77,12 @@ def _soft_max(w, m, e):  # pragma: no cover - compiled
     for r in range(m):
         if w[r] > mx:
             mx = w[r]
+    for r in range(m):
+        e[r] = _expf_lane(w[r] - mx)
+    for r in range(m, e.shape[0]):
+        e[r] = _F32(0.0)
     s = 0.0
     for i in range(0, e.shape[0], 16):
-        for ln in range(16):
-            r = i + ln
-            e[r] = v_expf(w[r] - mx) if r < m else _F32(0.0)
         s += np.float64(reduce_add16(e, i))
     inv = _F32(1.0 / s) if s > 0 else _F32(np.nan)  # no visible cell: ggml's row is NaN too
     for r in range(m):
@@ -80,57 +112,125 @@ def _as_f32_impl(x):
 
 
 @numba.njit(parallel=True, cache=True)
-def _attention(q, k, v, n_head_kv, cells, n_cells, scale, mask_add, single, out):  # pragma: no cover - compiled
+def _kv_to_f32(k, v, n_head_kv, kt, vf):  # pragma: no cover - compiled
+    """The first kt.shape[2] cells of k (n_kv, n_head_kv * d_k) and v as float32 (exact): kt (n_head_kv, d_k,
+    cells), K transposed so that the score loops run over contiguous cells; vf (n_head_kv, cells, d_v)."""
+    d_k = kt.shape[1]
+    n_c = kt.shape[2]
+    d_v = vf.shape[2]
+    for hk in numba.prange(n_head_kv):
+        k0 = np.uintp(hk * d_k)
+        v0 = np.uintp(hk * d_v)
+        for c in range(n_c):
+            for i in range(d_k):
+                kt[hk, i, c] = _as_f32(k[c, k0 + np.uintp(i)])
+            for j in range(d_v):
+                vf[hk, c, j] = _as_f32(v[c, v0 + np.uintp(j)])
+
+
+@numba.njit(parallel=True, cache=True)
+def _attention(q, k, v, n_head_kv, cells, n_cells, scale, mask_add, single, out, kt, vf, n_ch):  # pragma: no cover
     """q (n, n_head, d_k) float32 (not yet rounded); k (n_kv, n_head_kv * d_k) and v (n_kv, n_head_kv * d_v):
-    float32 holding f16 values, or the f16 cache itself as uint16 bits (read in place)."""
+    float32 holding f16 values, or the f16 cache itself as uint16 bits (read in place). kt, vf: `_kv_to_f32`
+    of the first kt.shape[2] cells (kt.shape[2] == 0: none); a token whose visible cells are consecutive and
+    among those reads them there, with the same arithmetic in the same order, vectorized over cells."""
     n, n_head, d_k = q.shape
     d_v = v.shape[1] // n_head_kv
     gqa = n_head // n_head_kv
-    for p in numba.prange(n * n_head):
-        t = p // n_head
-        h = p - t * n_head
-        hk = h // gqa
-        m = n_cells[t]
-        m_pad = (m + 63) // 64 * 64
+    n_conv = kt.shape[2]
+    n_p = n * n_head
+    # cells per token grow along a causal batch: deal the (token, head) pairs out round robin, not in blocks
+    n_ch = max(min(n_ch, n_p), 1)
+    m_max = (n_cells.max() + 63) // 64 * 64 if n > 0 else 64
+    for ch in numba.prange(n_ch):
+        # scratch of each chunk, reused by its pairs
         acc = np.zeros(64, np.float32)
-        w = np.zeros(m_pad, np.float32)  # scaled + masked scores of the visible cells, by rank
+        w_buf = np.zeros(m_max, np.float32)
+        e_buf = np.zeros(m_max, np.float32)
         qv = np.empty(d_k, np.float32)
-        for i in range(d_k):
-            qv[i] = round_f16(q[t, h, i])  # from_float of the f16 vec_dot_type
         kr = np.empty(d_k, np.float32)
-        k0 = np.uintp(hk * d_k)  # unsigned indices: no negative-index wraparound, so the loops vectorize
-        v0 = np.uintp(hk * d_v)
-        for r in range(m):
-            c = np.uintp(cells[t, r])
+        lanes_kq = np.empty((16, m_max), np.float32)
+        lanes = np.empty((64, d_v), np.float32)
+        for p in range(ch, n_p, n_ch):
+            t = p // n_head
+            h = p - t * n_head
+            hk = h // gqa
+            m = n_cells[t]
+            m_pad = (m + 63) // 64 * 64
+            w = w_buf[:m_pad]  # scaled + masked scores of the visible cells, by rank (w[:m] written, read)
             for i in range(d_k):
-                kr[i] = _as_f32(k[c, k0 + np.uintp(i)])
-            kq = dot_vec(kr, qv, acc, True) if single else dot_tinyblas(kr, qv, acc)
-            w[r] = kq * scale + mask_add[t, r]  # ggml_vec_scale_f32, then += 1.0f * mask
-        e = np.zeros(m_pad, np.float32)
-        _soft_max(w, m, e)
-        for r in range(m):
-            e[r] = round_f16(e[r])
-        # kqv: lanes over ranks; 16 lanes (tinyBLAS) or 4 x 16 (vec_dot_f16) per output element j
-        lanes = np.zeros((64, d_v), np.float32)  # (lane, j): the j loop runs over contiguous floats
-        for r in range(m):
-            c = np.uintp(cells[t, r])
-            pr = e[r]
-            if pr == 0:
-                continue  # adds an exact zero (fma(0, v, acc) = acc)
-            lane = np.uintp(r % 64) if single else np.uintp(r % 16)
+                qv[i] = round_f16(q[t, h, i])  # from_float of the f16 vec_dot_type
+            c0 = cells[t, 0]
+            fast = (not single) and m > 0 and c0 >= 0 and c0 + m <= n_conv
+            if fast:
+                for r in range(m):
+                    if cells[t, r] != c0 + r:
+                        fast = False
+                        break
+            k0 = np.uintp(hk * d_k)  # unsigned indices: no negative-index wraparound, so the loops vectorize
+            v0 = np.uintp(hk * d_v)
+            if fast:
+                # the 16 tinyBLAS lanes of every cell at once: lane ln of cell r is fma over i = ln, ln + 16, ...
+                cb = np.uintp(c0)
+                mu = np.uintp(m)
+                for ln in range(16):
+                    row = lanes_kq[ln]
+                    for r in range(mu):
+                        row[r] = _F32(0.0)
+                    for i in range(ln, d_k, 16):
+                        qi = qv[i]
+                        krow = kt[hk, i, cb:]
+                        for r in range(mu):
+                            row[r] = fma32(krow[r], qi, row[r])
+                for r in range(mu):
+                    u0 = (lanes_kq[12, r] + lanes_kq[4, r]) + (lanes_kq[8, r] + lanes_kq[0, r])
+                    u1 = (lanes_kq[13, r] + lanes_kq[5, r]) + (lanes_kq[9, r] + lanes_kq[1, r])
+                    u2 = (lanes_kq[14, r] + lanes_kq[6, r]) + (lanes_kq[10, r] + lanes_kq[2, r])
+                    u3 = (lanes_kq[15, r] + lanes_kq[7, r]) + (lanes_kq[11, r] + lanes_kq[3, r])
+                    kq = (u0 + u2) + (u1 + u3)
+                    w[r] = kq * scale + mask_add[t, r]
+            else:
+                for r in range(m):
+                    c = np.uintp(cells[t, r])
+                    for i in range(d_k):
+                        kr[i] = _as_f32(k[c, k0 + np.uintp(i)])
+                    kq = dot_vec(kr, qv, acc, True) if single else dot_tinyblas(kr, qv, acc)
+                    w[r] = kq * scale + mask_add[t, r]  # ggml_vec_scale_f32, then += 1.0f * mask
+            e = e_buf[:m_pad]  # all of it written by _soft_max
+            _soft_max(w, m, e)
+            for r in range(m):
+                e[r] = round_f16(e[r])
+            # kqv: lanes over ranks; 16 lanes (tinyBLAS) or 4 x 16 (vec_dot_f16) per output element j
+            lanes[:, :] = _F32(0.0)  # (lane, j): the j loop runs over contiguous floats
+            if fast:
+                for r in range(m):
+                    pr = e[r]
+                    if pr == 0:
+                        continue  # adds an exact zero (fma(0, v, acc) = acc)
+                    vrow = vf[hk, c0 + r]
+                    lrow = lanes[r % 16]
+                    for j in range(d_v):
+                        lrow[j] = fma32(vrow[j], pr, lrow[j])
+            else:
+                for r in range(m):
+                    c = np.uintp(cells[t, r])
+                    pr = e[r]
+                    if pr == 0:
+                        continue  # adds an exact zero (fma(0, v, acc) = acc)
+                    lane = np.uintp(r % 64) if single else np.uintp(r % 16)
+                    for j in range(d_v):
+                        lanes[lane, j] = fma32(_as_f32(v[c, v0 + np.uintp(j)]), pr, lanes[lane, j])
+            if single:
+                for ln in range(16):
+                    for j in range(d_v):
+                        lanes[ln, j] = lanes[ln, j] + lanes[32 + ln, j]
+                        lanes[16 + ln, j] = lanes[16 + ln, j] + lanes[48 + ln, j]
+                for ln in range(16):
+                    for j in range(d_v):
+                        lanes[ln, j] = lanes[ln, j] + lanes[16 + ln, j]
             for j in range(d_v):
-                lanes[lane, j] = fma32(_as_f32(v[c, v0 + np.uintp(j)]), pr, lanes[lane, j])
-        if single:
-            for ln in range(16):
-                for j in range(d_v):
-                    lanes[ln, j] = lanes[ln, j] + lanes[32 + ln, j]
-                    lanes[16 + ln, j] = lanes[16 + ln, j] + lanes[48 + ln, j]
-            for ln in range(16):
-                for j in range(d_v):
-                    lanes[ln, j] = lanes[ln, j] + lanes[16 + ln, j]
-        for j in range(d_v):
-            y = _reduce_add16_col(lanes, j)
-            out[t, h, j] = _F32(np.float64(y)) if single else y
+                y = _reduce_add16_col(lanes, j)
+                out[t, h, j] = _F32(np.float64(y)) if single else y
 
 
 @numba.njit(cache=True)
@@ -194,7 +294,15 @@ def attention_f16_cells(
         raise ValueError(f"attention_f16: head size d_k={d_k} is not a multiple of 16")
     if k.dtype == np.float16:
         k, v = k.view(np.uint16), v.view(np.uint16)  # the kernel converts the bits itself
-    out = np.empty((n, n_head, v.shape[1] // n_head_kv), np.float32)  # (n, n_head, d_v)
+    d_v = v.shape[1] // n_head_kv
+    out = np.empty((n, n_head, d_v), np.float32)  # (n, n_head, d_v)
+    single = n == 1 and vec_dot_for_one
+    # prefill: the tokens share their cells, so convert the used cells of k and v to float32 once per call
+    n_conv = min(int(vis.cells.max(initial=0)) + 1, k.shape[0]) if n >= 2 and not single else 0
+    kt = np.empty((n_head_kv, d_k, n_conv), np.float32)
+    vf = np.empty((n_head_kv, n_conv, d_v), np.float32)
+    if n_conv:
+        _kv_to_f32(k, v, n_head_kv, kt, vf)
     _attention(
         np.ascontiguousarray(q, np.float32),
         k,
@@ -204,7 +312,10 @@ def attention_f16_cells(
         vis.n_cells,
         _F32(kq_scale),
         vis.mask_add,
-        n == 1 and vec_dot_for_one,
+        single,
         out,
+        kt,
+        vf,
+        numba.get_num_threads() * 8,
     )
     return out.reshape(n, -1)
