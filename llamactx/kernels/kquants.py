@@ -195,6 +195,30 @@ def _q6k_close(acc, isum, sc, r, bsums, xd, i, b, db):
 
 
 @njit(cache=True)
+def _q6k_lanes4(path, ql, qh, sc, xq, r, b, i):
+    """Integer lanes of super-block b of weight row r against activation rows i..i+3 (each weight half decoded
+    once for the four rows)."""
+    i0, i1, i2, i3 = izero(), izero(), izero(), izero()
+    for h in range(2):
+        w, s = _q6k_quants(ql, qh, r, b, h), _q6k_scales(sc, r, b, h)
+        i0 = _q6k_half(path, i0, w, s, xq, i, b, h)
+        i1 = _q6k_half(path, i1, w, s, xq, i + 1, b, h)
+        i2 = _q6k_half(path, i2, w, s, xq, i + 2, b, h)
+        i3 = _q6k_half(path, i3, w, s, xq, i + 3, b, h)
+    return i0, i1, i2, i3
+
+
+@njit(cache=True)
+def _q6k_lanes1(path, ql, qh, sc, xq, r, b, i):
+    """Integer lanes of super-block b of weight row r against activation row i."""
+    isum = izero()
+    for h in range(2):
+        w, s = _q6k_quants(ql, qh, r, b, h), _q6k_scales(sc, r, b, h)
+        isum = _q6k_half(path, isum, w, s, xq, i, b, h)
+    return isum
+
+
+@njit(cache=True)
 def q6k_rows(path, W, a, r0, r1, out):
     """Q6_K (x86 ggml_vec_dot_q6_K_q8_K, AVX2): int lanes over a super-block, offsets subtracted per lane."""
     ql, qh, sc, _, d, _ = W
@@ -204,13 +228,7 @@ def q6k_rows(path, W, a, r0, r1, out):
         for i in range(0, n - n % 4, 4):
             a0, a1, a2, a3 = fzero(), fzero(), fzero(), fzero()
             for b in range(d.shape[1]):
-                i0, i1, i2, i3 = izero(), izero(), izero(), izero()
-                for h in range(2):
-                    w, s = _q6k_quants(ql, qh, r, b, h), _q6k_scales(sc, r, b, h)
-                    i0 = _q6k_half(path, i0, w, s, xq, i, b, h)
-                    i1 = _q6k_half(path, i1, w, s, xq, i + 1, b, h)
-                    i2 = _q6k_half(path, i2, w, s, xq, i + 2, b, h)
-                    i3 = _q6k_half(path, i3, w, s, xq, i + 3, b, h)
+                i0, i1, i2, i3 = _q6k_lanes4(path, ql, qh, sc, xq, r, b, i)
                 a0 = _q6k_close(a0, i0, sc, r, bsums, xd, i, b, d[r, b])
                 a1 = _q6k_close(a1, i1, sc, r, bsums, xd, i + 1, b, d[r, b])
                 a2 = _q6k_close(a2, i2, sc, r, bsums, xd, i + 2, b, d[r, b])
@@ -219,10 +237,7 @@ def q6k_rows(path, W, a, r0, r1, out):
         for i in range(n - n % 4, n):
             acc = fzero()
             for b in range(d.shape[1]):
-                isum = izero()
-                for h in range(2):
-                    w, s = _q6k_quants(ql, qh, r, b, h), _q6k_scales(sc, r, b, h)
-                    isum = _q6k_half(path, isum, w, s, xq, i, b, h)
+                isum = _q6k_lanes1(path, ql, qh, sc, xq, r, b, i)
                 acc = _q6k_close(acc, isum, sc, r, bsums, xd, i, b, d[r, b])
             out[i, r] = fsum(acc)
 
@@ -297,13 +312,7 @@ def q6k_tiled_rows(path, W, a, r0, r1, out):
         for i in range(0, n - n % 4, 4):
             a0, a1, a2, a3 = _F0, _F0, _F0, _F0
             for b in range(d.shape[1]):
-                i0, i1, i2, i3 = izero(), izero(), izero(), izero()
-                for h in range(2):
-                    w, s = _q6k_quants(ql, qh, r, b, h), _q6k_scales(sc, r, b, h)
-                    i0 = _q6k_half(path, i0, w, s, xq, i, b, h)
-                    i1 = _q6k_half(path, i1, w, s, xq, i + 1, b, h)
-                    i2 = _q6k_half(path, i2, w, s, xq, i + 2, b, h)
-                    i3 = _q6k_half(path, i3, w, s, xq, i + 3, b, h)
+                i0, i1, i2, i3 = _q6k_lanes4(path, ql, qh, sc, xq, r, b, i)
                 a0 = _q6k_tile_step(a0, i0, sc, r, bsums, xd, i, b, d[r, b])
                 a1 = _q6k_tile_step(a1, i1, sc, r, bsums, xd, i + 1, b, d[r, b])
                 a2 = _q6k_tile_step(a2, i2, sc, r, bsums, xd, i + 2, b, d[r, b])
@@ -312,9 +321,6 @@ def q6k_tiled_rows(path, W, a, r0, r1, out):
         for i in range(n - n % 4, n):
             acc = _F0
             for b in range(d.shape[1]):
-                isum = izero()
-                for h in range(2):
-                    w, s = _q6k_quants(ql, qh, r, b, h), _q6k_scales(sc, r, b, h)
-                    isum = _q6k_half(path, isum, w, s, xq, i, b, h)
+                isum = _q6k_lanes1(path, ql, qh, sc, xq, r, b, i)
                 acc = _q6k_tile_step(acc, isum, sc, r, bsums, xd, i, b, d[r, b])
             out[i, r] = acc
