@@ -34,39 +34,15 @@ from numba import types
 from numba.extending import intrinsic, overload
 
 from llamactx.ggml_vec import (
-    _EXP_C1,
-    _EXP_C2,
-    _EXP_C3,
-    _EXP_C4,
-    _EXP_C5,
-    _EXP_LN2_HI,
-    _EXP_LN2_LO,
-    _EXP_LOG2E,
-    _EXP_R,
-    _pow2_f64,
     dot_tinyblas,
     dot_vec,
     fma32,
     reduce_add16,
     round_f16,
+    v_expf,
 )
 
 _F32 = np.float32
-
-
-@numba.njit(cache=True)
-def _expf_lane(x):  # pragma: no cover - compiled
-    """`v_expf` with its saturation as a select instead of an early return, so that loops over it vectorize."""
-    z = fma32(x, _EXP_LOG2E, _EXP_R)
-    n = z - _EXP_R  # round(x / ln 2) as a float
-    b = fma32(-n, _EXP_LN2_LO, fma32(-n, _EXP_LN2_HI, x))
-    u = b * b
-    j = fma32(fma32(fma32(_EXP_C5, b, _EXP_C4), u, fma32(_EXP_C3, b, _EXP_C2)), u, fma32(_EXP_C1, b, _F32(1.0)))
-    ok = abs(n) <= _F32(192.0)
-    nc = n if ok else _F32(0.0)
-    y = _F32(np.float64(j) * _pow2_f64(np.int64(nc)))
-    sat = _F32(0.0) if n <= _F32(0.0) else _F32(np.inf)
-    return y if ok else sat
 
 
 @numba.njit(cache=True)
@@ -78,7 +54,7 @@ def _soft_max(w, m, e):  # pragma: no cover - compiled
         if w[r] > mx:
             mx = w[r]
     for r in range(m):
-        e[r] = _expf_lane(w[r] - mx)
+        e[r] = v_expf(w[r] - mx)
     for r in range(m, e.shape[0]):
         e[r] = _F32(0.0)
     s = 0.0

@@ -80,16 +80,18 @@ _EXP_C1 = _hexf("0x1.ffffecp-1")
 
 @numba.njit(cache=True)
 def v_expf(x):  # pragma: no cover - compiled
-    """One lane of `ggml_v_expf(__m512)`: exp(x) to 1.5 ulp; |n| > 192 saturates to 0 / inf."""
+    """One lane of `ggml_v_expf(__m512)`: exp(x) to 1.5 ulp; |n| > 192 saturates to 0 / inf. The saturation is a
+    select, not an early return, so loops over it vectorize (NaN stays NaN, as in ggml)."""
     z = fma32(x, _EXP_LOG2E, _EXP_R)
     n = z - _EXP_R  # round(x / ln 2) as a float
     b = fma32(-n, _EXP_LN2_LO, fma32(-n, _EXP_LN2_HI, x))
-    if abs(n) > _F32(192.0):
-        return _F32(0.0) if n <= _F32(0.0) else _F32(np.inf)
     u = b * b
     j = fma32(fma32(fma32(_EXP_C5, b, _EXP_C4), u, fma32(_EXP_C3, b, _EXP_C2)), u, fma32(_EXP_C1, b, _F32(1.0)))
+    ok = not abs(n) > _F32(192.0)
     # _mm512_scalef_ps(j, n) = j * 2^n, one rounding (exact in float64, then rounded once)
-    return _F32(np.float64(j) * _pow2_f64(np.int64(n)))
+    y = _F32(np.float64(j) * _pow2_f64(np.int64(n if ok else _F32(0.0))))
+    sat = _F32(0.0) if n <= _F32(0.0) else _F32(np.inf)
+    return y if ok else sat
 
 
 @numba.njit(cache=True)
