@@ -17,8 +17,8 @@ import time
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from llamactx import kernels
 from llamactx.embedded import gemma3_path, smollm2_path
+from llamactx.ggml import kernels
 from llamactx.gguf.quants import dequantize
 from llamactx.model import Model, Weight
 

@@ -71,7 +71,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from llamactx import Context, ContextParams, Model
-    from llamactx.bench import run_test
+    from llamactx.cli.bench import run_test
     from llamactx.embedded import resolve_model_path
 
     path = resolve_model_path(args.model)

@@ -16,7 +16,7 @@ import numpy as np
 
 from llamactx.batch import AllocatedBatch, Batch, BatchAllocator, DecodeError, UBatch
 from llamactx.cparams import ContextParams, ResolvedParams
-from llamactx.kernels.ops import FastOps
+from llamactx.ggml.kernels.ops import FastOps
 from llamactx.memory.kv_cache import KVCache
 from llamactx.model import Model
 from llamactx.models import arch_module

@@ -20,14 +20,14 @@ from typing import Any
 import numpy as np
 
 from llamactx.batch import Batch
-from llamactx.chat import ChatTemplate
+from llamactx.chat_template import ChatTemplate
 from llamactx.context import Context
 from llamactx.cparams import ContextParams
 from llamactx.embedded import resolve_model_path
 from llamactx.generation import Chunk, Completion, Generation
 from llamactx.model import Model
-from llamactx.sampler_params import SamplingParams
 from llamactx.sampling import SamplerChain
+from llamactx.sampling.params import SamplingParams
 
 _SAMPLING_FIELDS = set(SamplingParams.__dataclass_fields__)
 
@@ -120,7 +120,7 @@ class LLM:
 def _grammar(vocab, grammar: str | None, json_schema: Mapping | str | None):
     if grammar is None and json_schema is None:
         return None
-    from llamactx.grammar import GrammarSampler
+    from llamactx.sampling.grammar import GrammarSampler
 
     if grammar is not None and json_schema is not None:
         raise ValueError("give either grammar or json_schema, not both")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from llamactx import Batch, Context, ContextParams
-from llamactx.ops import ReferenceOps
+from llamactx.ggml.ops import ReferenceOps
 from tests.conftest import reference_logits
 
 MODELS = ["smollm", "gemma"]

@@ -10,8 +10,8 @@ Bit-exactness notes. For most formats every product (f16 scale x small integer) 
 the final `+ m` / `- dmin*m` rounds and the order of exact steps does not matter. Q6_K is the exception:
 `(d * scale) * q` can need 25 bits, so it is computed in exactly gguf-py's order.
 
-The activation / KV-cache quantizers (what ggml-cpu's `from_float` does on x86) live in `quants_cpu.py` and
-are re-exported here.
+The activation / KV-cache quantizers (what ggml-cpu's `from_float` does on x86) are ggml arithmetic, not file
+format: they live in `llamactx.ggml.quants_cpu`.
 """
 
 from __future__ import annotations
@@ -23,14 +23,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from llamactx.gguf.quants_cpu import (
-    fake_quant,
-    quantize_q4_0,
-    quantize_q8_0,
-    quantize_q8_1,
-    quantize_q8_K,
-    vec_dot_type,
-)
+from llamactx.gguf.block_fields import f16_field, high_bits, nibbles
 from llamactx.gguf.quants_k import (
     dequantize_q2_K,
     dequantize_q3_K,
@@ -45,16 +38,10 @@ __all__ = [
     "UnsupportedTypeError",
     "block_format",
     "dequantize",
-    "fake_quant",
     "is_supported",
-    "quantize_q4_0",
-    "quantize_q8_0",
-    "quantize_q8_1",
-    "quantize_q8_K",
     "register_decoder",
     "row_nbytes",
     "supported_type_names",
-    "vec_dot_type",
 ]
 
 GGMLType = GGMLQuantizationType
@@ -84,23 +71,10 @@ class BlockFormat:
 # --- decoders: one per supported type, each mirroring gguf-py's arithmetic order --------------------------
 
 
-def _half(blocks: np.ndarray, offset: int) -> np.ndarray:
-    """The little-endian f16 field at byte `offset` of every block, widened exactly to float32."""
-    return blocks[:, offset : offset + 2].view(np.float16).astype(np.float32)  # (n_blocks, 1)
 
 
-def _nibbles(qs: np.ndarray) -> np.ndarray:
-    """Split `(n, 16)` packed bytes into `(n, 2, 16)` uint8: low nibbles (elements 0-15), then high."""
-    q = np.empty((qs.shape[0], 2, qs.shape[1]), dtype=np.uint8)  # (n, 2, 16)
-    np.bitwise_and(qs, 0x0F, out=q[:, 0])
-    np.right_shift(qs, 4, out=q[:, 1])
-    return q
 
 
-def _high_bits(qh: np.ndarray) -> np.ndarray:
-    """Q5_0/Q5_1 `qh[4]` as a little-endian uint32, bit j = element j's fifth bit -> `(n, 2, 16)` of 0/16."""
-    bits = np.unpackbits(qh, axis=1, bitorder="little")  # (n, 32), element order
-    return (bits << 4).reshape(qh.shape[0], 2, 16)  # (n, 2, 16)
 
 
 def dequantize_f32(blocks: np.ndarray) -> np.ndarray:
@@ -124,34 +98,34 @@ def dequantize_q4_0(blocks: np.ndarray) -> np.ndarray:
     Element j < 16 is the low nibble of byte j, element 16 + j the high nibble (ggml-quants.c
     `dequantize_row_q4_0`).
     """
-    d = _half(blocks, 0)  # (n, 1)
-    q = _nibbles(blocks[:, 2:18]).view(np.int8) - np.int8(8)  # (n, 2, 16)
+    d = f16_field(blocks, 0)  # (n, 1)
+    q = nibbles(blocks[:, 2:18]).view(np.int8) - np.int8(8)  # (n, 2, 16)
     out = np.multiply(q, d[:, :, None], dtype=np.float32)  # (n, 2, 16)
     return out.reshape(-1, 32)
 
 
 def dequantize_q4_1(blocks: np.ndarray) -> np.ndarray:
     """Q4_1 (`block_q4_1`: f16 d, f16 m, 16 bytes of nibbles): x = d * q + m (`dequantize_row_q4_1`)."""
-    d = _half(blocks, 0)[:, :, None]  # (n, 1, 1)
-    m = _half(blocks, 2)[:, :, None]  # (n, 1, 1)
-    out = np.multiply(_nibbles(blocks[:, 4:20]), d, dtype=np.float32)  # (n, 2, 16)
+    d = f16_field(blocks, 0)[:, :, None]  # (n, 1, 1)
+    m = f16_field(blocks, 2)[:, :, None]  # (n, 1, 1)
+    out = np.multiply(nibbles(blocks[:, 4:20]), d, dtype=np.float32)  # (n, 2, 16)
     out += m
     return out.reshape(-1, 32)
 
 
 def dequantize_q5_0(blocks: np.ndarray) -> np.ndarray:
     """Q5_0 (`block_q5_0`: f16 d, u32 qh, 16 bytes of nibbles): x = d * (q - 16) (`dequantize_row_q5_0`)."""
-    d = _half(blocks, 0)[:, :, None]  # (n, 1, 1)
-    q = _nibbles(blocks[:, 6:22]) | _high_bits(blocks[:, 2:6])  # (n, 2, 16) in 0..31
+    d = f16_field(blocks, 0)[:, :, None]  # (n, 1, 1)
+    q = nibbles(blocks[:, 6:22]) | high_bits(blocks[:, 2:6])  # (n, 2, 16) in 0..31
     q = q.view(np.int8) - np.int8(16)
     return np.multiply(q, d, dtype=np.float32).reshape(-1, 32)
 
 
 def dequantize_q5_1(blocks: np.ndarray) -> np.ndarray:
     """Q5_1 (`block_q5_1`: f16 d, f16 m, u32 qh, 16 nibble bytes): x = d * q + m (`dequantize_row_q5_1`)."""
-    d = _half(blocks, 0)[:, :, None]  # (n, 1, 1)
-    m = _half(blocks, 2)[:, :, None]  # (n, 1, 1)
-    q = _nibbles(blocks[:, 8:24]) | _high_bits(blocks[:, 4:8])  # (n, 2, 16) in 0..31
+    d = f16_field(blocks, 0)[:, :, None]  # (n, 1, 1)
+    m = f16_field(blocks, 2)[:, :, None]  # (n, 1, 1)
+    q = nibbles(blocks[:, 8:24]) | high_bits(blocks[:, 4:8])  # (n, 2, 16) in 0..31
     out = np.multiply(q, d, dtype=np.float32)  # (n, 2, 16)
     out += m
     return out.reshape(-1, 32)
@@ -159,7 +133,7 @@ def dequantize_q5_1(blocks: np.ndarray) -> np.ndarray:
 
 def dequantize_q8_0(blocks: np.ndarray) -> np.ndarray:
     """Q8_0 (`block_q8_0`: f16 d, int8 qs[32]): x = d * q (`dequantize_row_q8_0`)."""
-    d = _half(blocks, 0)  # (n, 1)
+    d = f16_field(blocks, 0)  # (n, 1)
     return np.multiply(blocks[:, 2:34].view(np.int8), d, dtype=np.float32)  # (n, 32)
 
 

@@ -11,36 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from llamactx.gguf.block_fields import SHIFT_2BIT, bit_planes, crumbs, f16_field, nibbles_k
+
 QK_K = 256
-
-_SHIFT_2BIT = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)  # four 2-bit fields of a byte
-_SHIFT_1BIT = np.arange(8, dtype=np.uint8).reshape(1, 8, 1)  # eight 1-bit fields of a byte
-
-
-def _half(blocks: np.ndarray, offset: int) -> np.ndarray:
-    """The little-endian f16 field at byte `offset` of every block, widened exactly to float32."""
-    return blocks[:, offset : offset + 2].view(np.float16).astype(np.float32)  # (n_blocks, 1)
-
-
-def _crumbs(qs: np.ndarray) -> np.ndarray:
-    """2-bit fields of `(n, 64)` bytes in K-quant order: element h*128 + j*32 + l = qs[h*32+l] >> 2j & 3."""
-    q = (qs.reshape(qs.shape[0], 2, 1, 32) >> _SHIFT_2BIT) & np.uint8(3)  # (n, 2, 4, 32)
-    return q.reshape(qs.shape[0], 8, 32)  # (n, 8, 32)
-
-
-def _nibbles_k(qs: np.ndarray) -> np.ndarray:
-    """4-bit fields of `(n, 128)` bytes: chunk c of 64 elements = low nibbles of qs[32c:32c+32], then high."""
-    n = qs.shape[0]
-    q = np.empty((n, 4, 2, 32), dtype=np.uint8)  # (n, chunk, lo/hi, 32)
-    src = qs.reshape(n, 4, 32)
-    np.bitwise_and(src, 0x0F, out=q[:, :, 0])
-    np.right_shift(src, 4, out=q[:, :, 1])
-    return q.reshape(n, 8, 32)  # (n, 8 sub-blocks, 32)
-
-
-def _bit_planes(qh: np.ndarray) -> np.ndarray:
-    """`(n, 32)` bytes -> `(n, 8, 32)` of 0/1: plane s holds bit s of each byte (element s*32 + l)."""
-    return (qh[:, None, :] >> _SHIFT_1BIT) & np.uint8(1)  # (n, 8, 32)
 
 
 def scale_min_k4(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -66,11 +39,11 @@ def dequantize_q2_K(blocks: np.ndarray) -> np.ndarray:
     """
     n = blocks.shape[0]
     sc = blocks[:, 0:16]  # (n, 16)
-    d = _half(blocks, 80)  # (n, 1)
-    dmin = _half(blocks, 82)  # (n, 1)
+    d = f16_field(blocks, 80)  # (n, 1)
+    dmin = f16_field(blocks, 82)  # (n, 1)
     dl = (d * (sc & 0x0F).astype(np.float32))[:, :, None]  # (n, 16, 1)
     ml = (dmin * (sc >> 4).astype(np.float32))[:, :, None]  # (n, 16, 1)
-    q = _crumbs(blocks[:, 16:80]).reshape(n, 16, 16)  # (n, 16, 16)
+    q = crumbs(blocks[:, 16:80]).reshape(n, 16, 16)  # (n, 16, 16)
     out = np.multiply(q, dl, dtype=np.float32)  # (n, 16, 16)
     out -= ml
     return out.reshape(n, QK_K)
@@ -83,14 +56,14 @@ def dequantize_q3_K(blocks: np.ndarray) -> np.ndarray:
     """
     n = blocks.shape[0]
     packed = blocks[:, 96:108]  # (n, 12)
-    d = _half(blocks, 108)  # (n, 1)
+    d = f16_field(blocks, 108)  # (n, 1)
     # 16 scales: low 4 bits from the nibbles of bytes 0-7 (low nibbles first), high 2 bits from bytes 8-11
     # (scale i takes bits 2*(i // 4) of byte 8 + i % 4), as the kmask1/kmask2 shuffle in dequantize_row_q3_K.
     low = np.concatenate([packed[:, 0:8] & 0x0F, packed[:, 0:8] >> 4], axis=1)  # (n, 16)
-    high = (packed[:, None, 8:12] >> _SHIFT_2BIT[0]) & np.uint8(3)  # (n, 4, 4)
+    high = (packed[:, None, 8:12] >> SHIFT_2BIT[0]) & np.uint8(3)  # (n, 4, 4)
     sc = (low | (high.reshape(n, 16) << 4)).view(np.int8) - np.int8(32)  # (n, 16) in -32..31
     dl = (d * sc.astype(np.float32))[:, :, None]  # (n, 16, 1)
-    q = _crumbs(blocks[:, 32:96]) | (_bit_planes(blocks[:, 0:32]) << 2)  # (n, 8, 32) in 0..7
+    q = crumbs(blocks[:, 32:96]) | (bit_planes(blocks[:, 0:32]) << 2)  # (n, 8, 32) in 0..7
     q = q.view(np.int8) - np.int8(4)  # (n, 8, 32) in -4..3: a clear hmask bit subtracts 4
     return np.multiply(q.reshape(n, 16, 16), dl, dtype=np.float32).reshape(n, QK_K)
 
@@ -101,12 +74,12 @@ def dequantize_q4_K(blocks: np.ndarray) -> np.ndarray:
     (d*sc) * q is exact (11 + 6 + 4 bits); only the subtraction rounds.
     """
     n = blocks.shape[0]
-    d = _half(blocks, 0)  # (n, 1)
-    dmin = _half(blocks, 2)  # (n, 1)
+    d = f16_field(blocks, 0)  # (n, 1)
+    dmin = f16_field(blocks, 2)  # (n, 1)
     sc, mn = scale_min_k4(blocks[:, 4:16])  # (n, 8) each
     dl = (d * sc.astype(np.float32))[:, :, None]  # (n, 8, 1)
     ml = (dmin * mn.astype(np.float32))[:, :, None]  # (n, 8, 1)
-    out = np.multiply(_nibbles_k(blocks[:, 16:144]), dl, dtype=np.float32)  # (n, 8, 32)
+    out = np.multiply(nibbles_k(blocks[:, 16:144]), dl, dtype=np.float32)  # (n, 8, 32)
     out -= ml
     return out.reshape(n, QK_K)
 
@@ -117,12 +90,12 @@ def dequantize_q5_K(blocks: np.ndarray) -> np.ndarray:
     Sub-block s takes bit s of qh[l] for its element l. (d*sc) * q is exact (11 + 6 + 5 bits).
     """
     n = blocks.shape[0]
-    d = _half(blocks, 0)  # (n, 1)
-    dmin = _half(blocks, 2)  # (n, 1)
+    d = f16_field(blocks, 0)  # (n, 1)
+    dmin = f16_field(blocks, 2)  # (n, 1)
     sc, mn = scale_min_k4(blocks[:, 4:16])  # (n, 8) each
     dl = (d * sc.astype(np.float32))[:, :, None]  # (n, 8, 1)
     ml = (dmin * mn.astype(np.float32))[:, :, None]  # (n, 8, 1)
-    q = _nibbles_k(blocks[:, 48:176]) | (_bit_planes(blocks[:, 16:48]) << 4)  # (n, 8, 32) in 0..31
+    q = nibbles_k(blocks[:, 48:176]) | (bit_planes(blocks[:, 16:48]) << 4)  # (n, 8, 32) in 0..31
     out = np.multiply(q, dl, dtype=np.float32)  # (n, 8, 32)
     out -= ml
     return out.reshape(n, QK_K)
@@ -136,12 +109,12 @@ def dequantize_q6_K(blocks: np.ndarray) -> np.ndarray:
     the order is gguf-py's: scale first, then the quant.
     """
     n = blocks.shape[0]
-    d = _half(blocks, 208)  # (n, 1)
+    d = f16_field(blocks, 208)  # (n, 1)
     dl = (d * blocks[:, 192:208].view(np.int8).astype(np.float32))[:, :, None]  # (n, 16, 1)
     ql = blocks[:, 0:128].reshape(n, 2, 64)  # (n, half, 64)
     nib = np.empty((n, 2, 2, 64), dtype=np.uint8)  # (n, half, lo/hi, 64)
     np.bitwise_and(ql, 0x0F, out=nib[:, :, 0])
     np.right_shift(ql, 4, out=nib[:, :, 1])
-    qh = _crumbs(blocks[:, 128:192])  # (n, 8, 32): 2-bit fields in the same element order
+    qh = crumbs(blocks[:, 128:192])  # (n, 8, 32): 2-bit fields in the same element order
     q = (nib.reshape(n, 8, 32) | (qh << 4)).view(np.int8) - np.int8(32)  # (n, 8, 32) in -32..31
     return np.multiply(q.reshape(n, 16, 16), dl, dtype=np.float32).reshape(n, QK_K)

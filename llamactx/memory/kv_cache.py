@@ -12,7 +12,8 @@ from collections.abc import Callable
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from llamactx.gguf.quants import block_format, dequantize, quantize_q4_0, quantize_q8_0
+from llamactx.ggml.quants_cpu import quantize_q4_0, quantize_q8_0
+from llamactx.gguf.quants import block_format, dequantize
 from llamactx.memory.base import Memory
 from llamactx.memory.kv_cells import KVCells
 

@@ -11,8 +11,8 @@ from typing import Protocol
 
 import numpy as np
 
-from llamactx.attention_exact import VisibleCells
-from llamactx.ops import RopeParams
+from llamactx.ggml.attention import VisibleCells
+from llamactx.ggml.ops import RopeParams
 
 
 class AttentionInput(Protocol):

@@ -1,0 +1,13 @@
+"""ggml-cpu's arithmetic, reproduced: what llama.cpp computes on an x86 CPU, operation for operation.
+
+    ops.py          ReferenceOps: the ops a forward pass calls (matmul, norms, RoPE, attention), the oracle
+    vec.py          ggml_vec: softmax's expf, SwiGLU, the GELU table, RMSNorm, RoPE (ggml-cpu/vec.h, ops.cpp)
+    vecdot.py       quantized and float dot products of the 32-block types (arch/x86/quants.c, tinyBLAS)
+    vecdot_k.py     K-quant matmuls in llama.cpp's repacked / tiled orders (arch/x86/repack.cpp)
+    attention.py    non-flash attention over an f16 cache (mul_mat + soft_max + mul_mat)
+    quants_cpu.py   the activation / KV-cache quantizers (`from_float`) as built for x86
+    intrinsics.py   the scalar LLVM intrinsics the numba code shares (fma, f16 <-> f32, bit casts)
+    kernels/        the fast numba kernels (FastOps, the default ops): the same bits, much faster
+
+Nothing here is imported by `import llamactx`; the kernels compile (or load numba's cache) on first use.
+"""

@@ -1,0 +1,224 @@
+"""Quantized matrix multiplication y = x @ W^T the way x86 ggml-cpu computes it (ggml_mul_mat), as numba kernels.
+
+A call quantizes the activation rows to the weight type's `vec_dot_type` (Q8_0 for Q4_0/Q5_0/Q8_0, Q8_1 for
+Q4_1/Q5_1, Q8_K for the K-quants; ggml-cpu.c `type_traits_cpu`; quantize.py) and then runs ggml's AVX2/VNNI
+vec_dot for every (weight row, activation row) pair, operation for operation: integer lanes of 4 products, each
+converted and scaled on its own, ggml's horizontal sum. So every output is bit-identical to ggml's vec_dot
+(legacy.py for Q4_0..Q8_0, kquants.py for Q4_K/Q5_K/Q6_K) and does not depend on the other rows of the batch.
+F16/F32 weights take a float32 dot product (x rounded to f16 for F16, as ggml; the summation order differs).
+
+One parallel kernel per path serves every type (numba compiles two, not twenty): `prange` gives each thread a
+contiguous share of the weight rows; there each weight block is decoded once and used for four activation rows
+at a time (prompt processing, batched decode), and single activation rows (decode) take two weight rows at a
+time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+from numba import njit, prange
+
+from llamactx.ggml.intrinsics import round_f16
+from llamactx.ggml.kernels.cpu import PATH_PORTABLE, PATH_VNNI, active_path, cpu_features, set_threads
+from llamactx.ggml.kernels.kquants import DEC_Q4K, DEC_Q5K, k45_rows, q4k_x8_rows, q6k_rows, q6k_tiled_rows
+from llamactx.ggml.kernels.legacy import DEC_Q4, DEC_Q5, DEC_Q8, min_rows, offset_rows
+from llamactx.ggml.kernels.quantize import quantize_q8_0, quantize_q8_1, quantize_q8_K
+from llamactx.ggml.kernels.repack import PackedWeight
+from llamactx.ggml.kernels.simd import (
+    PORTABLE,
+    VNNI,
+    fmadd,
+    fsum,
+    fzero,
+    load_f16,
+    load_f32,
+    vload_f16,
+    vload_f32,
+)
+
+_F0 = np.float32(0.0)
+
+F32, F16 = int(T.F32), int(T.F16)
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = int(T.Q4_0), int(T.Q4_1), int(T.Q5_0), int(T.Q5_1), int(T.Q8_0)
+Q4_K, Q5_K, Q6_K = int(T.Q4_K), int(T.Q5_K), int(T.Q6_K)
+TILED_MIN_ROWS = 8  # llama.cpp's tiled Q6_K kernel serves ubatches of 8 rows or more (tiled.cpp ggml_tiled_min_batch)
+
+
+# --- activations -----------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def _activations(kind, x):
+    """x (n, k) float32 as the kernels of weight type `kind` read it -> (xq, xd, xi, xf):
+
+    Q4_0/Q5_0/Q8_0: Q8_0 quants, f16 scales, xi (n, k/4) = -o * (sum of each 4 quants): the weights' offset o
+    (8 / 16 / 128) times the activations of one `vdot` lane, so every lane holds ggml's signed (q - o) . x;
+    Q4_1/Q5_1: Q8_1 quants, f16 scales, xf = s; K-quants: Q8_K quants, f32 scales, xi = bsums;
+    F32: xf = x; F16: xf = x rounded to f16. Unused arrays are (n, 0)."""
+    n, k = x.shape
+    none_i = np.empty((n, 0), np.int32)
+    none_f = np.empty((n, 0), np.float32)
+    if kind == F32 or kind == F16:
+        xf = np.empty((n, k), np.float32)
+        for i in range(n):
+            for j in range(k):
+                xf[i, j] = round_f16(x[i, j]) if kind == F16 else x[i, j]
+        return np.empty((n, 0), np.int8), none_f, none_i, xf
+    xq = np.empty((n, k), np.int8)
+    if kind == Q4_1 or kind == Q5_1:
+        xd = np.empty((n, k // 32), np.float32)
+        xs = np.empty((n, k // 32), np.float32)
+        quantize_q8_1(x, xq, xd, xs)
+        return xq, xd, none_i, xs
+    if kind == Q4_K or kind == Q5_K or kind == Q6_K:
+        xd = np.empty((n, k // 256), np.float32)
+        bsums = np.empty((n, k // 16), np.int32)
+        quantize_q8_K(x, xq, xd, bsums)
+        return xq, xd, bsums, none_f
+    xd = np.empty((n, k // 32), np.float32)
+    xoff = np.empty((n, k // 4), np.int32)
+    quantize_q8_0(x, xq, xd, xoff, 8 if kind == Q4_0 else (16 if kind == Q5_0 else 128))
+    return xq, xd, xoff, none_f
+
+
+# --- F32 / F16 -----------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def _float_rows(f16, W, a, r0, r1, out):
+    """F32 / F16 weights (raw row bytes) . xf in float32 (ggml_vec_dot_f32 / _f16; the order of the float sums
+    differs from ggml's). Each weight row is re-read from L1 per activation row."""
+    qs = W[0]
+    xf = a[3]
+    n, k = xf.shape
+    k8 = k - k % 8
+    for r in range(r0, r1):
+        for i in range(n):
+            acc = fzero()
+            tail = _F0
+            if f16:
+                for j in range(0, k8, 8):
+                    acc = fmadd(acc, vload_f16(qs, r, 2 * j), vload_f32(xf, i, j))
+                for j in range(k8, k):
+                    tail += load_f16(qs, r, 2 * j) * xf[i, j]
+            else:
+                for j in range(0, k8, 8):
+                    acc = fmadd(acc, vload_f32(qs, r, 4 * j), vload_f32(xf, i, j))
+                for j in range(k8, k):
+                    tail += load_f32(qs, r, 4 * j) * xf[i, j]
+            out[i, r] = fsum(acc) + tail
+
+
+# --- the kernel ----------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def _rows_of_type(path, kind, llama_order, W, a, r0, r1, out):
+    """out[:, r0:r1] for weights of ggml type `kind` (the branch is taken once per task, not per row).
+    llama_order: Q4_K / Q6_K in the order of llama.cpp's repacked / tiled kernels (`matmul`)."""
+    if llama_order and kind == Q4_K:
+        q4k_x8_rows(path, W, a, r0, r1, out)
+    elif llama_order and kind == Q6_K and a[0].shape[0] >= TILED_MIN_ROWS:
+        q6k_tiled_rows(path, W, a, r0, r1, out)
+    elif kind == Q4_0:
+        offset_rows(path, DEC_Q4, W, a, r0, r1, out)
+    elif kind == Q5_0:
+        offset_rows(path, DEC_Q5, W, a, r0, r1, out)
+    elif kind == Q8_0:
+        offset_rows(path, DEC_Q8, W, a, r0, r1, out)
+    elif kind == Q4_1:
+        min_rows(path, DEC_Q4, W, a, r0, r1, out)
+    elif kind == Q5_1:
+        min_rows(path, DEC_Q5, W, a, r0, r1, out)
+    elif kind == Q4_K:
+        k45_rows(path, DEC_Q4K, W, a, r0, r1, out)
+    elif kind == Q5_K:
+        k45_rows(path, DEC_Q5K, W, a, r0, r1, out)
+    elif kind == Q6_K:
+        q6k_rows(path, W, a, r0, r1, out)
+    else:
+        _float_rows(kind == F16, W, a, r0, r1, out)
+
+
+# One parallel kernel per path, the path a global constant: a Tag passed as an argument would cost numba's
+# dispatcher a Python-level typeof (~4 us) on every call. Each thread gets one contiguous share of the weight
+# rows: a task costs a call that reference-counts every array (atomics, ~0.3 us), too much per 16 rows.
+
+
+@njit(cache=True)
+def _share(task, n_tasks, n_rows):
+    """Weight rows [r0, r1) of task `task` out of `n_tasks`."""
+    return task * n_rows // n_tasks, (task + 1) * n_rows // n_tasks
+
+
+@njit(parallel=True, cache=True)
+def matmul_vnni(n_tasks, kind, llama_order, x, qs, qh, sc, mn, d, m, out):
+    """out (n, n_rows) = x (n, k) @ W^T for weights of ggml type `kind` in repack.py's slots, with `vpdpbusd`,
+    in `n_tasks` shares (one per thread). The caller checks shapes: k matches the weights, out is C-contiguous
+    float32 (n, n_rows)."""
+    a = _activations(kind, x)
+    W = (qs, qh, sc, mn, d, m)
+    n_tasks = max(1, min(n_tasks, out.shape[1]))
+    for task in prange(n_tasks):
+        r0, r1 = _share(task, n_tasks, out.shape[1])
+        _rows_of_type(VNNI, kind, llama_order, W, a, r0, r1, out)
+
+
+@njit(parallel=True, cache=True)
+def matmul_portable(n_tasks, kind, llama_order, x, qs, qh, sc, mn, d, m, out):
+    """`matmul_vnni` with the portable integer dot product."""
+    a = _activations(kind, x)
+    W = (qs, qh, sc, mn, d, m)
+    n_tasks = max(1, min(n_tasks, out.shape[1]))
+    for task in prange(n_tasks):
+        r0, r1 = _share(task, n_tasks, out.shape[1])
+        _rows_of_type(PORTABLE, kind, llama_order, W, a, r0, r1, out)
+
+
+# --- the entry point -----------------------------------------------------------------------------------------
+
+_KERNELS = {PATH_VNNI: matmul_vnni, PATH_PORTABLE: matmul_portable}
+
+
+def matmul(
+    x: np.ndarray,
+    pw: PackedWeight,
+    n_threads: int,
+    path: str | None = None,
+    out: np.ndarray | None = None,
+    llama_order: bool = False,
+) -> np.ndarray:
+    """y = x @ W^T as ggml_mul_mat(W, x) computes it on the CPU. x: (n, k) float32 -> (n, n_rows) float32.
+
+    `path` ("vnni" / "portable") defaults to `active_path()`; `out`, when given, must be a C-contiguous float32
+    (n, n_rows) array and is returned. `llama_order`: Q4_K in the order of llama.cpp's repacked kernels (what it
+    runs for weights with ne1 % 8 == 0) and Q6_K in its tiled kernel's order for n >= 8, both bit for bit as
+    llamactx.ggml.vecdot_k; otherwise (and for the other types) ggml_vec_dot's order. Raises ValueError for a row
+    length that is not the weight's, an unknown path, the VNNI path on a CPU without it, or an unusable `out`.
+    """
+    if x.dtype != np.float32 or not x.flags.c_contiguous:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != 2 or x.shape[1] != pw.k:
+        raise ValueError(f"matmul {pw.name!r}: x has shape {x.shape}, expected (n, {pw.k})")
+    kernel = _DEFAULT_KERNEL if path is None else _kernel_for(path)
+    shape = (x.shape[0], pw.n_rows)
+    if out is None:
+        out = np.empty(shape, dtype=np.float32)  # (n, n_rows)
+    elif out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError(f"matmul {pw.name!r}: out must be a writeable C-contiguous float32 array of shape {shape}")
+    set_threads(n_threads)
+    kernel(n_threads, pw.ggml_type, llama_order, x, pw.qs, pw.qh, pw.sc, pw.mn, pw.d, pw.m, out)
+    return out
+
+
+def _kernel_for(path: str):
+    kernel = _KERNELS.get(path)
+    if kernel is None:
+        raise ValueError(f"matmul: path {path!r} is not one of {sorted(_KERNELS)}")
+    if path == PATH_VNNI and not cpu_features()["vnni"]:
+        raise ValueError("matmul: the vnni path needs AVX512-VNNI+VL or AVX-VNNI, which this CPU lacks")
+    return kernel
+
+
+_DEFAULT_KERNEL = _kernel_for(active_path())

@@ -1,0 +1,210 @@
+"""The integer dot product of the matmul kernels and the int32 lane arithmetic around it (llvmlite intrinsics).
+
+LLVM never emits `vpdpbusd` by itself (KERNELS.md rule 4). `vdot` is the one operation that differs per path:
+`llvm.x86.avx512.vpdpbusd.256` (AVX512-VNNI + VL, or AVX-VNNI) on the VNNI path, plain LLVM vector IR (zext/sext,
+multiply, pairwise adds: `vpmaddwd` on x86) on the portable path. The path is the type of a `simd.Tag` argument,
+so numba compiles (and caches) one specialization per path and both can run in one process.
+
+Lane layout, on both paths: lane k of the `<8 x i32>` result sums the products of bytes 4k..4k+3, the lanes of
+ggml's `_mm256_dpbusd_epi32` / `maddubs + madd`, so lanes 0-3 cover elements 0-15 and lanes 4-7 elements 16-31.
+Keeping ggml's lanes is what makes the float results bit-identical: each lane is converted and scaled on its own.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from llamactx.ggml.kernels.simd import TagType, i8x32, i32x8, lane_index, ptr2d, splat
+
+_I8 = ir.IntType(8)
+_I16 = ir.IntType(16)
+_I32 = ir.IntType(32)
+_V32I8 = ir.VectorType(_I8, 32)
+_V8I32 = ir.VectorType(_I32, 8)
+
+
+# --- the dot product ---------------------------------------------------------------------------------------------
+
+
+def _dot_portable(builder, acc, a, b):
+    """acc + lane sums of u8(a) * s8(b), 4 bytes per lane, in target-independent IR."""
+    v16 = ir.VectorType(_I16, 32)
+    v16i32 = ir.VectorType(_I32, 16)
+    a16, b16 = builder.zext(a, v16), builder.sext(b, v16)
+
+    def half(v, odd):  # elements 2i + odd, widened to i32: the operands of vpmaddwd
+        return builder.sext(builder.shuffle_vector(v, v, lane_index([2 * i + odd for i in range(16)])), v16i32)
+
+    pairs = builder.add(builder.mul(half(a16, 0), half(b16, 0)), builder.mul(half(a16, 1), half(b16, 1)))
+    quads = builder.add(
+        builder.shuffle_vector(pairs, pairs, lane_index([2 * i for i in range(8)])),
+        builder.shuffle_vector(pairs, pairs, lane_index([2 * i + 1 for i in range(8)])),
+    )
+    return builder.add(acc, quads)
+
+
+@intrinsic
+def vdot(typingctx, path, acc, a, b):
+    """acc + u8(a) . s8(b) summed 4 bytes per lane -> i32x8 (`vpdpbusd` on the VNNI path). Exact: no saturation."""
+    if not isinstance(path, TagType) or path.tag_name not in ("vnni", "portable"):
+        return None
+    sig = i32x8(path, i32x8, i8x32, i8x32)
+    vnni = path.tag_name == "vnni"
+
+    def codegen(context, builder, sig, args):
+        _, acc, a, b = args
+        if not vnni:
+            return _dot_portable(builder, acc, a, b)
+        fnty = ir.FunctionType(_V8I32, [_V8I32] * 3)
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.avx512.vpdpbusd.256")
+        return builder.call(fn, [acc, builder.bitcast(a, _V8I32), builder.bitcast(b, _V8I32)])
+
+    return sig, codegen
+
+
+@intrinsic
+def isub(typingctx, a, b):
+    sig = i32x8(i32x8, i32x8)
+
+    def codegen(context, builder, sig, args):
+        return builder.sub(args[0], args[1])
+
+    return sig, codegen
+
+
+@intrinsic
+def izero(typingctx):
+    sig = i32x8()
+
+    def codegen(context, builder, sig, args):
+        return ir.Constant(_V8I32, None)
+
+    return sig, codegen
+
+
+@intrinsic
+def imuladd(typingctx, acc, v, s):
+    """acc + v * s, s an int32 broadcast to every lane."""
+    sig = i32x8(i32x8, i32x8, types.int32)
+
+    def codegen(context, builder, sig, args):
+        return builder.add(args[0], builder.mul(args[1], splat(builder, args[2], 8)))
+
+    return sig, codegen
+
+
+@intrinsic
+def vscales_pair(typingctx, arr, row, col, t):
+    """Signed bytes arr[row, col + 2t] and [row, col + 2t + 1] as i32x8 [s0, s0, s0, s0, s1, s1, s1, s1]: the int8
+    scales of two 16-element sub-blocks (Q6_K), lined up with `vdot`'s lanes. `t` must be a literal 0..3."""
+    if not isinstance(t, types.IntegerLiteral) or not 0 <= t.literal_value <= 3:
+        return None
+    q = t.literal_value
+    sig = i32x8(arr, types.intp, types.intp, t)
+
+    def codegen(context, builder, sig, args):
+        v8 = ir.VectorType(_I8, 8)
+        raw = builder.load(ptr2d(context, builder, sig.args[0], args[0], args[1], args[2], v8), align=1)
+        wide = builder.sext(raw, _V8I32)
+        return builder.shuffle_vector(wide, wide, lane_index([2 * q] * 4 + [2 * q + 1] * 4))
+
+    return sig, codegen
+
+
+@intrinsic
+def vload_s8(typingctx, arr, row, col):
+    """8 signed bytes of a 2-D uint8 array from [row, col], sign-extended -> i32x8."""
+    sig = i32x8(arr, types.intp, types.intp)
+
+    def codegen(context, builder, sig, args):
+        raw = builder.load(ptr2d(context, builder, sig.args[0], args[0], args[1], args[2], ir.VectorType(_I8, 8)))
+        return builder.sext(raw, _V8I32)
+
+    return sig, codegen
+
+
+@intrinsic
+def imul(typingctx, a, b):
+    sig = i32x8(i32x8, i32x8)
+
+    def codegen(context, builder, sig, args):
+        return builder.mul(args[0], args[1])
+
+    return sig, codegen
+
+
+@intrinsic
+def ipairs(typingctx, a, b):
+    """Lane k = c[2k] + c[2k+1] of the 16 lanes c = (a, b): ggml's madd_epi16 pairing."""
+    sig = i32x8(i32x8, i32x8)
+
+    def codegen(context, builder, sig, args):
+        even = builder.shuffle_vector(args[0], args[1], lane_index([2 * k for k in range(8)]))
+        odd = builder.shuffle_vector(args[0], args[1], lane_index([2 * k + 1 for k in range(8)]))
+        return builder.add(even, odd)
+
+    return sig, codegen
+
+
+@intrinsic
+def imuladd_v(typingctx, acc, v, s):
+    """acc + v * s, lane-wise int32."""
+    sig = i32x8(i32x8, i32x8, i32x8)
+
+    def codegen(context, builder, sig, args):
+        return builder.add(args[0], builder.mul(args[1], args[2]))
+
+    return sig, codegen
+
+
+@intrinsic
+def ihsum(typingctx, v):
+    """The sum of the 8 int32 lanes -> int32 (exact: integer addition, any order)."""
+    sig = types.int32(i32x8)
+
+    def codegen(context, builder, sig, args):
+        total = builder.extract_element(args[0], ir.Constant(_I32, 0))
+        for lane in range(1, 8):
+            total = builder.add(total, builder.extract_element(args[0], ir.Constant(_I32, lane)))
+        return total
+
+    return sig, codegen
+
+
+# --- lane sums of the activation quants ------------------------------------------------------------------
+
+
+@intrinsic
+def ilanesum4(typingctx, q):
+    """i32x8, lane k = q[4k] + q[4k+1] + q[4k+2] + q[4k+3] (signed): the activation sums of `vdot`'s lanes."""
+    sig = i32x8(i8x32)
+
+    def codegen(context, builder, sig, args):
+        wide = builder.sext(args[0], ir.VectorType(_I32, 32))
+        total = None
+        for e in range(4):
+            part = builder.shuffle_vector(wide, wide, lane_index([4 * k + e for k in range(8)]))
+            total = part if total is None else builder.add(total, part)
+        return total
+
+    return sig, codegen
+
+
+@intrinsic
+def ihalves(typingctx, v):
+    """(lanes 0-3, lanes 4-7) sums of an i32x8 -> two int32 (for 32 quants' lane sums: the two 16-sums)."""
+    sig = types.UniTuple(types.int32, 2)(i32x8)
+
+    def codegen(context, builder, sig, args):
+        sums = []
+        for base in (0, 4):
+            total = builder.extract_element(args[0], ir.Constant(_I32, base))
+            for lane in range(base + 1, base + 4):
+                total = builder.add(total, builder.extract_element(args[0], ir.Constant(_I32, lane)))
+            sums.append(total)
+        return context.make_tuple(builder, sig.return_type, sums)
+
+    return sig, codegen

@@ -1,0 +1,200 @@
+"""The ops layer: the few tensor operations a forward pass calls, with llama.cpp's precision choices.
+
+`ReferenceOps` is the oracle the fast kernels are tested against: numpy plus plain scalar numba loops that follow,
+operation for operation, the x86 kernel llama.cpp (ggml-cpu, AVX-512 build) runs for each op and shape, so that its
+logits come out bit for bit (docs/numerics.md; llamactx.ggml.vecdot, .vecdot_k, .ggml_vec, .attention_exact). The model
+code (`llamactx/models/*.py`) only calls these methods, so a faster backend replaces them without touching it.
+Where the numbers depend on how ggml computes, the method says which ggml function it follows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+from llamactx.ggml import vec as ggml_vec
+from llamactx.ggml.attention import VisibleCells, attention_f16
+from llamactx.ggml.quants_cpu import fake_quant, vec_dot_type
+from llamactx.ggml.vecdot import EXACT_TYPES, FLOAT_TYPES, matmul_exact, matmul_float
+from llamactx.ggml.vecdot_k import is_exact_k, matmul_k
+from llamactx.gguf.quants import dequantize
+from llamactx.hparams import ROPE_TYPE_NEOX
+
+
+@dataclass(frozen=True, slots=True)
+class RopeParams:
+    """Arguments of ggml_rope_ext for one layer."""
+
+    n_rot: int
+    mode: int
+    freq_base: float
+    freq_scale: float
+    ext_factor: float = 0.0
+    attn_factor: float = 1.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    n_ctx_orig: int = 0
+
+
+class ReferenceOps:
+    """Ops that follow ggml-cpu's arithmetic exactly enough to reproduce llama.cpp's logits."""
+
+    name = "reference"
+
+    def __init__(self, ggml_single_row: bool = False) -> None:
+        """ggml_single_row: compute a matmul (F32 / F16 weights) or an attention with one row through ggml's
+        single-row kernel (ggml_vec_dot_f32 / _f16), as llama.cpp does in single-token decode. By default one row
+        is computed in the same order as several, so a token's result does not depend on its ubatch (prompt
+        caching and batched decode stay bit-reproducible). K-quant matmuls always take llama.cpp's kernel, which
+        depends on the row count (llamactx.ggml.vecdot_k)."""
+        self._gelu = ggml_vec.gelu_table()  # (65536,) float32
+        self.ggml_single_row = ggml_single_row
+
+    # -- weights ------------------------------------------------------------------------------------------------
+
+    def get_rows(self, weight, ids: np.ndarray) -> np.ndarray:
+        """Embedding lookup (ggml_get_rows): the selected rows dequantized to f32. -> (n, ne0)"""
+        rows = weight.data[ids]  # (n, row_bytes) or typed (n, ne0)
+        return dequantize(_raw_bytes(rows), weight.ggml_type, (weight.shape[0], len(ids)))
+
+    def matmul(self, x: np.ndarray, weight) -> np.ndarray:
+        """y = x @ W^T (ggml_mul_mat(W, x)). Activations are first converted to the weight's vec_dot_type
+        (Q8_0 / Q8_1 / Q8_K, or f16), as ggml-cpu does before its dot products. The 32-block types, F32 / F16
+        (llamactx.ggml.vecdot) and Q4_K / Q6_K (llamactx.ggml.vecdot_k) follow the x86 kernel llama.cpp runs for this
+        shape bit for bit; the others multiply in float64 and round, so a row's result never depends on the
+        other rows of the batch. (n, ne0) -> (n, ne1)"""
+        if x.shape[0] == 0:  # an ubatch without outputs reaches the last FFN with no rows
+            return np.zeros((0, weight.n_rows), np.float32)
+        if weight.ggml_type in EXACT_TYPES:
+            return matmul_exact(x, weight)
+        if weight.ggml_type in FLOAT_TYPES:
+            return matmul_float(x, weight, self.ggml_single_row)
+        if is_exact_k(weight):
+            return matmul_k(x, weight)
+        w = dequantize(_raw_bytes(weight.data), weight.ggml_type, weight.shape)  # (ne1, ne0)
+        xq = self.activations_for(x, weight.ggml_type)
+        return (xq.astype(np.float64) @ w.T.astype(np.float64)).astype(np.float32)
+
+    def matmuls(self, x: np.ndarray, weights) -> list[np.ndarray]:
+        """`matmul` of one input with several weights (Q, K, V; gate, up): separate ggml_mul_mat calls in
+        llama.cpp, so a backend may run them as one as long as every output keeps its bits. -> [(n, ne1_i)]"""
+        return [self.matmul(x, w) for w in weights]
+
+    @staticmethod
+    def activations_for(x: np.ndarray, weight_type: int) -> np.ndarray:
+        """x as the weight's vec_dot kernel sees it. (n, k) float32 -> (n, k) float32"""
+        vdt = vec_dot_type(weight_type)
+        if vdt == T.F32:
+            return np.ascontiguousarray(x, np.float32)
+        if vdt in (T.F16, T.BF16):
+            return x.astype(np.float16).astype(np.float32) if vdt == T.F16 else _round_bf16(x)
+        return fake_quant(np.ascontiguousarray(x, np.float32), vdt)
+
+    # -- elementwise --------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+        """ggml_rms_norm then ggml_mul: squares summed in order in double, mean and scale in float.
+        (..., n) -> (..., n)"""
+        return ggml_vec.rms_norm(x, weight, eps)
+
+    @staticmethod
+    def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        """silu(gate) * up (ggml_swiglu_split) with ggml's vectorized exp (ggml_vec_swiglu_f32)."""
+        return ggml_vec.swiglu(gate, up)
+
+    def geglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        """gelu(gate) * up with ggml's f16 GELU table (ggml_vec_geglu_f32 under GGML_GELU_FP16)."""
+        g16 = gate.astype(np.float16).view(np.uint16)
+        y = self._gelu[g16]
+        y = np.where(gate <= -10.0, np.float32(0.0), np.where(gate >= 10.0, gate, y))
+        return (y * up).astype(np.float32)
+
+    # -- rope ---------------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def rope_cache(pos: np.ndarray, rp: RopeParams) -> tuple[np.ndarray, np.ndarray]:
+        """cos/sin of every (position, pair) as ggml_rope_cache_init: theta multiplied by theta_scale one pair at a
+        time in float32, libm cosf / sinf. -> two (n, n_rot/2) float32 arrays"""
+        if rp.ext_factor != 0.0:
+            raise NotImplementedError("YaRN (ext_factor != 0) is not implemented")
+        return ggml_vec.rope_cache(pos, rp.n_rot, rp.freq_base, rp.freq_scale, rp.attn_factor)
+
+    def rope(self, x: np.ndarray, pos: np.ndarray, rp: RopeParams) -> np.ndarray:
+        """ggml_rope_ext on (n, n_head, head_dim) float32. NORM rotates adjacent pairs (x[2i], x[2i+1]); NEOX
+        rotates (x[i], x[i + n_rot/2]). Dimensions past n_rot pass through."""
+        cos, sin = self.rope_cache(pos, rp)  # (n, n_rot/2)
+        return ggml_vec.rope_rotate(x, cos, sin, rp.n_rot, rp.mode == ROPE_TYPE_NEOX)
+
+    # -- attention ----------------------------------------------------------------------------------------------
+
+    def attention_kv(self, q: np.ndarray, kv, il: int, n_kv: int, mask: np.ndarray, vis: VisibleCells,
+                     kq_scale: float, flash: bool) -> np.ndarray:
+        """`attention` over cells [0, n_kv) of layer `il` of the KV cache `kv` (llamactx.memory.KVCache): the
+        cache is decoded to f32 first. vis: the cells `mask` leaves visible, for backends that read the cache in
+        place. q: (n, n_head, d_k) -> (n, n_head * d_v)"""
+        n_head_kv = kv.n_embd_k_gqa // q.shape[-1]
+        k = kv.k_rows(il, n_kv).reshape(n_kv, n_head_kv, -1)  # (n_kv, n_head_kv, d_k)
+        v = kv.v_rows(il, n_kv).reshape(n_kv, n_head_kv, -1)  # (n_kv, n_head_kv, d_v)
+        return self.attention(q, k, v, mask, kq_scale, flash, kv.type_k)
+
+    def attention(
+        self,
+        q: np.ndarray,
+        k: np.ndarray,
+        v: np.ndarray,
+        mask: np.ndarray,
+        kq_scale: float,
+        flash: bool,
+        k_type: str = "f16",
+    ) -> np.ndarray:
+        """Multi-head attention with grouped KV heads (build_attn_mha).
+
+        q: (n, n_head, d_k) float32; k: (n_kv, n_head_kv, d_k) and v: (n_kv, n_head_kv, d_v) as read from the cache
+        (already f32); mask: (n, n_kv) float32 of 0 / -inf. Without flash attention ggml multiplies the f16 cache
+        with f16-rounded q, and the softmax probabilities are rounded to f16 before P*V. With flash attention q is
+        rounded like the K cache's vec_dot_type and P*V stays in f32. The f16 cache without flash attention follows
+        ggml bit for bit (llamactx.ggml.attention); the other cases sum the products in float64 and round, so a
+        token's result does not depend on the other tokens and cells. -> (n, n_head * d_v)"""
+        if k_type == "f16" and not flash and q.shape[-1] % 16 == 0:
+            return attention_f16(q, k, v, mask, kq_scale, self.ggml_single_row)
+        n, n_head, _ = q.shape
+        n_head_kv = k.shape[1]
+        qc = self.activations_for(q.reshape(n * n_head, -1), _KV_TYPE_IDS[k_type]).reshape(q.shape)
+        qg = qc.reshape(n, n_head_kv, n_head // n_head_kv, -1).transpose(1, 0, 2, 3)  # (n_head_kv, n, gqa, d_k)
+        kt = k.transpose(1, 2, 0).astype(np.float64)  # (n_head_kv, d_k, n_kv)
+        scores = np.matmul(qg.reshape(n_head_kv, -1, qg.shape[-1]).astype(np.float64), kt).astype(np.float32)
+        scores = scores.reshape(n_head_kv, n, -1, k.shape[0]) * np.float32(kq_scale) + mask[None, :, None, :]
+        probs = _softmax(scores)  # (n_head_kv, n, gqa, n_kv)
+        if not flash:
+            probs = probs.astype(np.float16).astype(np.float32)
+        out = np.matmul(
+            probs.reshape(n_head_kv, -1, k.shape[0]).astype(np.float64), v.transpose(1, 0, 2).astype(np.float64)
+        ).astype(np.float32)  # (n_head_kv, n*gqa, d_v)
+        out = out.reshape(n_head_kv, n, n_head // n_head_kv, -1).transpose(1, 0, 2, 3)  # (n, n_head_kv, gqa, d_v)
+        return np.ascontiguousarray(out.reshape(n, -1), np.float32)
+
+
+_KV_TYPE_IDS = {"f32": T.F32, "f16": T.F16, "q8_0": T.Q8_0, "q4_0": T.Q4_0}
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    """ggml_soft_max over the last axis: exp(x - max), the sum accumulated in double."""
+    m = x.max(axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore"):
+        e = np.exp(x - m)  # masked entries: exp(-inf) = 0
+    s = e.astype(np.float64).sum(axis=-1, keepdims=True)
+    return (e * (1.0 / s).astype(np.float32)).astype(np.float32)
+
+
+def _raw_bytes(data: np.ndarray) -> np.ndarray:
+    """A weight's stored bytes as the 1-D uint8 array `dequantize` takes (F32 / F16 data is typed)."""
+    return np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+
+
+def _round_bf16(x: np.ndarray) -> np.ndarray:
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    rounded = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return rounded.astype(np.uint32).view(np.float32)

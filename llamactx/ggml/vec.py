@@ -1,0 +1,267 @@
+"""ggml-cpu's float arithmetic on x86 (AVX-512 build), reproduced operation for operation in numba.
+
+The models are numerically chaotic (docs/numerics.md), so the elementwise ops have to give llama.cpp's bits, not
+just close values. What decides the bits, and what this module copies:
+
+- GCC compiles ggml with `-ffp-contract=fast`: `a*b + c` becomes one fused multiply-add. RoPE's rotation and
+  the GELU table's `1 + 0.044715*x*x` are contracted that way (measured against llama.cpp's tensors).
+- `expf` in softmax and SiLU is not libm's but `ggml_v_expf` (ggml-cpu/vec.h, AVX-512 variant): a degree-5
+  polynomial after a 2^n range reduction, every step an FMA.
+- Where ggml calls libm (`cosf`/`sinf` in the RoPE cache, `tanhf` in the GELU table, `expf` in tails) numba's
+  `math` functions on float32 call the same glibc functions; numpy's own SIMD versions differ by an ulp.
+- `_mm512_reduce_add_ps` (GCC's avx512fintrin.h) sums 16 lanes as a fixed tree: halves, quarters, pairs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+from llamactx.ggml.intrinsics import fma32, pow2_f64
+
+_F32 = np.float32
+
+
+def _hexf(s: str) -> np.float32:
+    return np.float32(float.fromhex(s))
+
+
+# ggml_v_expf constants (ggml-cpu/vec.h, "adapted from arm limited optimized routine")
+_EXP_R = _hexf("0x1.8p23")
+_EXP_LOG2E = _hexf("0x1.715476p+0")
+_EXP_LN2_HI = _hexf("0x1.62e4p-1")
+_EXP_LN2_LO = _hexf("0x1.7f7d1cp-20")
+_EXP_C5 = _hexf("0x1.0e4020p-7")
+_EXP_C4 = _hexf("0x1.573e2ep-5")
+_EXP_C3 = _hexf("0x1.555e66p-3")
+_EXP_C2 = _hexf("0x1.fffdb6p-2")
+_EXP_C1 = _hexf("0x1.ffffecp-1")
+
+
+@numba.njit(cache=True)
+def v_expf(x):  # pragma: no cover - compiled
+    """One lane of `ggml_v_expf(__m512)`: exp(x) to 1.5 ulp; |n| > 192 saturates to 0 / inf. The saturation is a
+    select, not an early return, so loops over it vectorize (NaN stays NaN, as in ggml)."""
+    z = fma32(x, _EXP_LOG2E, _EXP_R)
+    n = z - _EXP_R  # round(x / ln 2) as a float
+    b = fma32(-n, _EXP_LN2_LO, fma32(-n, _EXP_LN2_HI, x))
+    u = b * b
+    j = fma32(fma32(fma32(_EXP_C5, b, _EXP_C4), u, fma32(_EXP_C3, b, _EXP_C2)), u, fma32(_EXP_C1, b, _F32(1.0)))
+    ok = not abs(n) > _F32(192.0)
+    # _mm512_scalef_ps(j, n) = j * 2^n, one rounding (exact in float64, then rounded once)
+    y = _F32(np.float64(j) * pow2_f64(np.int64(n if ok else _F32(0.0))))
+    sat = _F32(0.0) if n <= _F32(0.0) else _F32(np.inf)
+    return y if ok else sat
+
+
+@numba.njit(cache=True)
+def reduce_add16(a, off):  # pragma: no cover - compiled
+    """GCC's `_mm512_reduce_add_ps` over a[off:off+16]: 8 pair sums, then 4, then (0+2) + (1+3)."""
+    t0 = a[off + 8] + a[off + 0]
+    t1 = a[off + 9] + a[off + 1]
+    t2 = a[off + 10] + a[off + 2]
+    t3 = a[off + 11] + a[off + 3]
+    t4 = a[off + 12] + a[off + 4]
+    t5 = a[off + 13] + a[off + 5]
+    t6 = a[off + 14] + a[off + 6]
+    t7 = a[off + 15] + a[off + 7]
+    u0 = t4 + t0
+    u1 = t5 + t1
+    u2 = t6 + t2
+    u3 = t7 + t3
+    return (u0 + u2) + (u1 + u3)
+
+
+@numba.njit(cache=True)
+def hsum_float_8(a):  # pragma: no cover - compiled
+    """ggml's `hsum_float_8` (arch/x86/quants.c): (a4+a0, a5+a1, a6+a2, a7+a3), then (0+2) + (1+3)."""
+    r0 = a[4] + a[0]
+    r1 = a[5] + a[1]
+    r2 = a[6] + a[2]
+    r3 = a[7] + a[3]
+    return (r0 + r2) + (r1 + r3)
+
+
+# -- dot products of float vectors ------------------------------------------------------------------------------
+
+
+@numba.njit(cache=True)
+def dot_tinyblas(a, b, acc):  # pragma: no cover - compiled
+    """llamafile tinyBLAS<16, __m512> (sgemm.cpp `gemm_bloc`): 16 FMA lanes from zero over len(a) (a multiple
+    of 16), then `hsum` = `_mm512_reduce_add_ps`. `acc`: scratch of at least 16 floats."""
+    acc[:16] = 0
+    for i in range(0, a.shape[0], 16):
+        for ln in range(16):
+            acc[ln] = fma32(a[i + ln], b[i + ln], acc[ln])
+    return reduce_add16(acc, 0)
+
+
+@numba.njit(cache=True)
+def dot_vec(a, b, acc, tail_in_double):  # pragma: no cover - compiled
+    """ggml_vec_dot_f16 / ggml_vec_dot_f32 (ggml-cpu/vec.cpp, AVX-512): 4 x 16 FMA lanes over the first n & ~63
+    elements, reduced (0+2), (1+3), (0+1), then `_mm512_reduce_add_ps`; the tail is summed in double (f16) or
+    fused into the float sum (f32, as GCC contracts `sumf += x[i]*y[i]`). `acc`: scratch of 64 floats."""
+    n = a.shape[0]
+    np_ = n & ~63
+    acc[:64] = 0
+    for i in range(0, np_, 64):
+        for j in range(64):
+            acc[j] = fma32(a[i + j], b[i + j], acc[j])
+    for ln in range(16):
+        acc[ln] = acc[ln] + acc[32 + ln]
+        acc[16 + ln] = acc[16 + ln] + acc[48 + ln]
+    for ln in range(16):
+        acc[ln] = acc[ln] + acc[16 + ln]
+    if tail_in_double:
+        s = np.float64(reduce_add16(acc, 0))
+        for i in range(np_, n):
+            s += np.float64(a[i] * b[i])
+        return _F32(s)
+    sf = reduce_add16(acc, 0)
+    for i in range(np_, n):
+        sf = fma32(a[i], b[i], sf)
+    return sf
+
+
+# -- SwiGLU ------------------------------------------------------------------------------------------------------
+
+
+@numba.njit(parallel=True, cache=True)
+def _swiglu_rows(gate, up, out):  # pragma: no cover - compiled
+    n, k = gate.shape
+    k16 = k - k % 16
+    for r in numba.prange(n):
+        for i in range(k16):  # ggml_v_silu: x / (1 + v_expf(0 - x)), then * g
+            x = gate[r, i]
+            out[r, i] = (x / (_F32(1.0) + v_expf(_F32(0.0) - x))) * up[r, i]
+        for i in range(k16, k):  # the scalar tail: ggml_silu_f32 with libm expf
+            x = gate[r, i]
+            out[r, i] = (x / (_F32(1.0) + math.exp(-x))) * up[r, i]
+
+
+def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """silu(gate) * up as `ggml_vec_swiglu_f32` (ggml-cpu/vec.cpp): 16-lane `ggml_v_silu` then a scalar tail.
+    (n, k) float32 -> (n, k) float32"""
+    g = np.ascontiguousarray(gate, np.float32).reshape(-1, gate.shape[-1])
+    u = np.ascontiguousarray(up, np.float32).reshape(g.shape)
+    out = np.empty_like(g)  # (n, k)
+    _swiglu_rows(g, u, out)
+    return out.reshape(gate.shape)
+
+
+# -- GELU table --------------------------------------------------------------------------------------------------
+
+_GELU_COEF_A = _F32(0.044715)
+_SQRT_2_OVER_PI = _F32(0.79788456080286535587989211986876)
+
+
+@numba.njit(cache=True)
+def _gelu_f16_inputs(x, out):  # pragma: no cover - compiled
+    for i in range(x.shape[0]):
+        v = x[i]
+        inner = _SQRT_2_OVER_PI * v * fma32(_GELU_COEF_A * v, v, _F32(1.0))  # contracted 1 + A*x*x
+        out[i] = _F32(0.5) * v * (_F32(1.0) + math.tanh(inner))
+
+
+def gelu_table() -> np.ndarray:
+    """`ggml_table_gelu_f16` (ggml-cpu.c, ggml_cpu_init): ggml_gelu_f32 of every f16 value, stored as f16.
+    -> (65536,) float32 holding the f16 values"""
+    x = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)  # (65536,)
+    y = np.empty_like(x)
+    with np.errstate(all="ignore"):
+        _gelu_f16_inputs(x, y)
+    return y.astype(np.float16).astype(np.float32)
+
+
+# -- RMSNorm -----------------------------------------------------------------------------------------------------
+
+
+@numba.njit(parallel=True, cache=True)
+def _rms_norm_rows(x, w, eps, out):  # pragma: no cover - compiled
+    n, k = x.shape
+    for r in numba.prange(n):
+        s = 0.0
+        for i in range(k):
+            s += np.float64(x[r, i] * x[r, i])
+        mean = _F32(s / k)
+        scale = _F32(1.0) / np.sqrt(mean + eps)
+        for i in range(k):
+            out[r, i] = (x[r, i] * scale) * w[i]
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """`ggml_compute_forward_rms_norm_f32` then `ggml_mul`: squares (float) summed in order in double, mean and
+    1/sqrtf in float, x * scale * w. (..., k) float32 -> (..., k) float32"""
+    xr = np.ascontiguousarray(x, np.float32).reshape(-1, x.shape[-1])
+    out = np.empty_like(xr)  # (rows, k)
+    _rms_norm_rows(xr, np.ascontiguousarray(weight, np.float32), _F32(eps), out)
+    return out.reshape(x.shape)
+
+
+# -- RoPE --------------------------------------------------------------------------------------------------------
+
+
+@numba.njit(cache=True)
+def _rope_cache(pos, n_half, theta_scale, freq_scale, mscale, cos, sin):  # pragma: no cover - compiled
+    for t in range(pos.shape[0]):
+        theta = _F32(pos[t])
+        for i in range(n_half):
+            th = freq_scale * theta
+            cos[t, i] = math.cos(th) * mscale
+            sin[t, i] = math.sin(th) * mscale
+            theta = theta * theta_scale
+
+
+@numba.njit(cache=True)
+def _powf(a, b):  # pragma: no cover - compiled
+    return math.pow(a, b)
+
+
+def rope_cache(
+    pos: np.ndarray, n_rot: int, freq_base: float, freq_scale: float, attn_factor: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """`ggml_rope_cache_init` without YaRN: theta_scale = powf(base, -2/n_rot); theta starts at the position
+    and is multiplied by theta_scale pair by pair in float; cosf/sinf from libm, times attn_factor.
+    -> cos, sin: (n, n_rot/2) float32"""
+    theta_scale = _powf(_F32(freq_base), _F32(-2.0) / _F32(n_rot))
+    cos = np.empty((len(pos), n_rot // 2), np.float32)  # (n, n_rot/2)
+    sin = np.empty_like(cos)
+    _rope_cache(
+        np.ascontiguousarray(pos, np.int64),
+        n_rot // 2,
+        _F32(theta_scale),
+        _F32(freq_scale),
+        _F32(attn_factor),
+        cos,
+        sin,
+    )
+    return cos, sin
+
+
+@numba.njit(parallel=True, cache=True)
+def _rope_rotate(x, cos, sin, n_rot, neox, out):  # pragma: no cover - compiled
+    n, n_head, d = x.shape
+    half = n_rot // 2
+    for t in numba.prange(n):
+        for h in range(n_head):
+            for i in range(half):
+                i0, i1 = (i, i + half) if neox else (2 * i, 2 * i + 1)
+                x0 = x[t, h, i0]
+                x1 = x[t, h, i1]
+                c = cos[t, i]
+                s = sin[t, i]
+                out[t, h, i0] = fma32(x0, c, -(x1 * s))  # x0*cos - x1*sin, first product fused
+                out[t, h, i1] = fma32(x0, s, x1 * c)
+            for i in range(n_rot, d):
+                out[t, h, i] = x[t, h, i]
+
+
+def rope_rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_rot: int, neox: bool) -> np.ndarray:
+    """`rotate_pairs` (ggml-cpu/ops.cpp) as GCC contracts it. x (n, n_head, d) float32; NORM rotates
+    (x[2i], x[2i+1]), NEOX (x[i], x[i + n_rot/2]); dimensions past n_rot pass through."""
+    xc = np.ascontiguousarray(x, np.float32)
+    out = np.empty_like(xc)  # (n, n_head, d)
+    _rope_rotate(xc, cos, sin, n_rot, neox, out)
+    return out

@@ -1,0 +1,16 @@
+"""Sampling: a chain of small samplers turning one row of logits into a token (src/llama-sampler.cpp,
+common/sampling.cpp).
+
+    chain.py        SamplerChain (llama_sampler_chain + common_sampler); the names below
+    params.py       SamplingParams (common_params_sampling) and its validation
+    samplers.py     greedy, dist, top-k/p, min-p, typical, temperature, XTC, top-n-sigma, logit bias
+    penalties.py    repetition / frequency / presence penalties
+    dry.py          DRY (don't repeat yourself)
+    mirostat.py     mirostat v1 and v2
+    rng.py          std::mt19937 and llama.cpp's seeding
+    token_data.py   TokenDataArray (llama_token_data_array) and the Sampler protocol
+    grammar.py      GrammarSampler on llguidance (GBNF, Lark, JSON schema); imported on first use
+"""
+
+from llamactx.sampling.chain import *  # noqa: F403
+from llamactx.sampling.chain import __all__  # noqa: F401

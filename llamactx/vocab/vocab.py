@@ -1,0 +1,379 @@
+"""Vocab: tokenize / detokenize / token_to_piece, as llama.cpp's src/llama-vocab.cpp (llama_vocab::impl).
+
+Loading (`Vocab.from_gguf_meta`) follows llama_vocab::impl::load: tokenizer model and pre-tokenizer type,
+token attributes from token types, special token ids (defaults, GGUF keys, then detection by text), the
+end-of-generation set and the special-token cache. Tokenizing follows llama_vocab::impl::tokenize: special
+tokens are split out of the text first (tokenizer_st_partition, in vocab_special.py), then each raw fragment
+goes to the SPM or BPE tokenizer (vocab_tokenizers.py). Supported tokenizer models: 'llama' (SPM) and 'gpt2'
+(byte-level BPE).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+
+from llamactx.vocab.pretok import PRE_TYPES, REGEX_EXPRS, PreTokenizer
+from llamactx.vocab.special import (
+    ATTR_BYTE,
+    ATTR_CONTROL,
+    ATTR_NORMAL,
+    ATTR_UNKNOWN,
+    ATTR_USER_DEFINED,
+    TOKEN_NULL,
+    SpecialTokens,
+    attrs_from_types,
+    partition,
+)
+from llamactx.vocab.tokenizers import SPM_SPACE, BpeTokenizer, SpmTokenizer
+
+__all__ = ["TOKEN_NULL", "Vocab"]
+
+_KEY = "tokenizer.ggml."
+
+
+def _byte_decoder() -> dict[str, int]:
+    # unicode_utf8_to_byte_map: GPT-2's printable stand-ins for the 256 bytes
+    keep = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    extra = [b for b in range(256) if b not in keep]
+    return {**{chr(b): b for b in keep}, **{chr(256 + n): b for n, b in enumerate(extra)}}
+
+
+class Vocab:
+    """A model's vocabulary and tokenizer. Build with `Vocab.from_gguf_meta(meta)`.
+
+    Token ids outside [0, n_tokens) raise ValueError wherever a token id is taken.
+    """
+
+    def __init__(
+        self,
+        model_type: str,
+        pre_type: str,
+        texts: list[str],
+        token_to_id: dict[str, int],
+        scores: list[float],
+        attrs: list[int],
+        special: SpecialTokens,
+        flags: Mapping[str, bool],
+        merges: Sequence[str],
+        regex_exprs: tuple[str, ...],
+    ) -> None:
+        self.model_type, self.pre_type = model_type, pre_type
+        self.n_tokens = len(texts)
+        self._texts, self._token_to_id, self._scores, self._attrs = texts, token_to_id, scores, attrs
+        self.bos, self.eos, self.eot, self.eom = special.bos, special.eos, special.eot, special.eom
+        self.unk, self.sep, self.pad, self.mask = special.unk, special.sep, special.pad, special.mask
+        self.fim_pre, self.fim_suf, self.fim_mid = special.fim_pre, special.fim_suf, special.fim_mid
+        self.fim_pad, self.fim_rep, self.fim_sep = special.fim_pad, special.fim_rep, special.fim_sep
+        self.eog_ids = frozenset(special.eog)
+        self.special_cache = special.cache  # cache_special_tokens: text length (bytes) descending
+        self.add_bos, self.add_eos = flags["add_bos"], flags["add_eos"]
+        self.add_space_prefix, self.clean_spaces = flags["add_space_prefix"], flags["clean_spaces"]
+        self.ignore_merges = flags["ignore_merges"]
+        self._merges, self._regex_exprs = merges, regex_exprs
+        self._model: SpmTokenizer | BpeTokenizer | None = None
+        self._pieces: list[bytes | None] = [None] * self.n_tokens
+        self._matchers: dict = {}  # partition's special-token matcher per parse_special
+        self._nl: int | None = None
+
+    # ---- loading -------------------------------------------------------------------------------------------
+
+    @classmethod
+    def from_gguf_meta(cls, meta: Mapping[str, object]) -> Vocab:
+        """Build from GGUF metadata (every key/value, arrays as numpy arrays or lists of str).
+
+        Raises ValueError naming the key for missing or malformed tokenizer metadata and for unsupported
+        tokenizer models ('llama' and 'gpt2' are supported) or pre-tokenizer types.
+        """
+        model_type = meta.get(_KEY + "model")
+        if not isinstance(model_type, str):
+            raise ValueError(f"'{_KEY}model' is missing or not a string: {model_type!r}")
+        if model_type not in ("llama", "gpt2"):
+            raise ValueError(f"'{_KEY}model' = {model_type!r} is not supported (supported: 'llama', 'gpt2')")
+        texts = _string_list(meta, _KEY + "tokens")
+        n = len(texts)
+        for i, t in enumerate(texts):
+            if not t:
+                texts[i] = f"[EMPTY_{i}]"  # llama_vocab::impl::load renames empty tokens
+        token_to_id = dict(zip(texts, range(n), strict=True))
+        if len(token_to_id) != n:
+            dup = next(t for i, t in enumerate(texts) if token_to_id[t] != i)
+            raise ValueError(
+                f"'{_KEY}tokens' holds {dup!r} twice (ids {texts.index(dup)} and {token_to_id[dup]})"
+            )
+        scores = _numeric(meta, _KEY + "scores", n, (np.floating, np.integer))
+        types = _numeric(meta, _KEY + "token_type", n, (np.integer,))
+        flags = {
+            "add_space_prefix": True,
+            "clean_spaces": False,
+            "add_bos": True,
+            "add_eos": False,
+            "ignore_merges": False,
+        }
+        merges: Sequence[str] = ()
+        pre_type, family = "default", "default"
+        if model_type == "gpt2":
+            merges = _string_list(meta, _KEY + "merges")
+            pre = meta.get(_KEY + "pre", "") or "default"
+            if pre not in PRE_TYPES:
+                raise ValueError(f"'{_KEY}pre' = {pre!r} is not a supported pre-tokenizer type")
+            pre_type, family, clean, ignore, add_bos = PRE_TYPES[pre]
+            flags.update(add_space_prefix=False, clean_spaces=clean, ignore_merges=ignore, add_bos=add_bos)
+        flags["add_space_prefix"] = _bool(meta, _KEY + "add_space_prefix", flags["add_space_prefix"])
+        attrs = attrs_from_types(types, n)
+        special = SpecialTokens.detect(meta, texts, token_to_id, attrs, model_type, pre_type)
+        flags["add_bos"] = _bool(meta, _KEY + "add_bos_token", flags["add_bos"])
+        flags["add_eos"] = _bool(meta, _KEY + "add_eos_token", flags["add_eos"])
+        score_list = [0.0] * n if scores is None else np.asarray(scores[:n], dtype=np.float64).tolist()
+        return cls(
+            model_type,
+            pre_type,
+            texts,
+            token_to_id,
+            score_list,
+            attrs,
+            special,
+            flags,
+            merges,
+            REGEX_EXPRS[family],
+        )
+
+    def _tokenizer(self) -> SpmTokenizer | BpeTokenizer:
+        # built on first use: BPE merges and SPM segment tables cost a little, detokenizing needs neither
+        if self._model is None:
+            if self.model_type == "llama":
+                self._model = SpmTokenizer(self._token_to_id, self._texts, self._scores)
+            else:
+                pre = PreTokenizer(self._regex_exprs)
+                self._model = BpeTokenizer(self._token_to_id, self._merges, self.ignore_merges, pre)
+        return self._model
+
+    # ---- tokens --------------------------------------------------------------------------------------------
+
+    def _check(self, token: int) -> int:
+        token = int(token)
+        if not 0 <= token < self.n_tokens:
+            raise ValueError(f"token id {token} is out of range [0, n_tokens={self.n_tokens})")
+        return token
+
+    def token_get_text(self, token: int) -> str:
+        """The token's text as stored in the vocab (llama_vocab_get_text)."""
+        return self._texts[self._check(token)]
+
+    def token_get_score(self, token: int) -> float:
+        """The token's score (0.0 for vocabs without scores)."""
+        return self._scores[self._check(token)]
+
+    def token_get_attr(self, token: int) -> int:
+        """llama_token_attr bit flags (LLAMA_TOKEN_ATTR_*), as llama_vocab::impl::load derives them."""
+        return self._attrs[self._check(token)]
+
+    def is_eog(self, token: int) -> bool:
+        """Whether the token ends generation (llama_vocab_is_eog); LLAMA_TOKEN_NULL (-1) is not."""
+        return token != TOKEN_NULL and self._check(token) in self.eog_ids
+
+    def is_control(self, token: int) -> bool:
+        """Whether the token has the CONTROL attribute."""
+        return bool(self._attrs[self._check(token)] & ATTR_CONTROL)
+
+    @property
+    def nl(self) -> int:
+        """The newline token (llama_vocab_nl): SPM '<0x0A>', BPE the first token of "\\n"."""
+        if self._nl is None:
+            if self.model_type == "llama":
+                self._nl = self._token_to_id.get("<0x0A>", self._token_to_id.get("\n", self.pad))
+            else:
+                ids = self._tokenizer().tokenize("\n")
+                self._nl = ids[0] if ids else self.pad
+        return self._nl
+
+    # ---- tokenize ------------------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        """Token ids of `text` (llama_tokenize). `add_special` adds BOS/EOS as the model asks
+        (add_bos/add_eos); `parse_special` lets CONTROL and UNKNOWN token texts in `text` become those tokens
+        (USER_DEFINED ones always do). Raises ValueError for text holding lone surrogates (no UTF-8 form)."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be str, got {type(text).__name__}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(
+                f"text holds a lone surrogate {text[e.start]!r} at index {e.start}; it has no UTF-8 form"
+            ) from None
+        fragments = partition(
+            text, self.special_cache, self._texts, self._attrs, parse_special, self._matchers
+        )
+        model = self._tokenizer()
+        out: list[int] = []
+        if add_special and self.add_bos:
+            if self.bos == TOKEN_NULL:
+                raise ValueError("the model asks for BOS (add_bos_token) but has no BOS token")
+            out.append(self.bos)
+        if isinstance(model, SpmTokenizer):
+            is_prev_special = True  # SPM: prefix with a space at the start and after each special token
+            for frag in fragments:
+                if isinstance(frag, int):
+                    out.append(frag)
+                    is_prev_special = True
+                    continue
+                prefix = " " if self.add_space_prefix and is_prev_special else ""
+                out += model.tokenize((prefix + frag).replace(" ", SPM_SPACE))
+                is_prev_special = False
+        else:
+            for frag in fragments:
+                if isinstance(frag, int):
+                    out.append(frag)
+                else:
+                    out += model.tokenize(frag)
+        if add_special and self.add_eos:
+            if self.eos == TOKEN_NULL:
+                raise ValueError("the model asks for EOS (add_eos_token) but has no EOS token")
+            out.append(self.eos)
+        return out
+
+    # ---- detokenize ----------------------------------------------------------------------------------------
+
+    def token_to_piece(self, token: int, special: bool = False) -> bytes:
+        """The bytes one token stands for (llama_token_to_piece with lstrip 0). CONTROL and UNKNOWN tokens
+        give b"" unless `special`; a piece may be part of a UTF-8 character."""
+        token = self._check(token)
+        if not special and self._attrs[token] & (ATTR_UNKNOWN | ATTR_CONTROL):
+            return b""
+        piece = self._pieces[token]
+        if piece is None:
+            piece = self._pieces[token] = self._piece(token)
+        return piece
+
+    def _piece(self, token: int) -> bytes:
+        # llama_vocab::impl::token_to_piece with special = true (what cache_token_to_piece holds)
+        attr, text = self._attrs[token], self._texts[token]
+        if attr & (ATTR_UNKNOWN | ATTR_CONTROL | ATTR_USER_DEFINED):
+            return text.encode("utf-8")
+        if attr & ATTR_NORMAL:
+            if self.model_type == "llama":
+                return text.replace(SPM_SPACE, " ").encode("utf-8")
+            return _decode_byte_level(text)
+        if attr & ATTR_BYTE:
+            try:
+                return bytes([int(text[3:5], 16)])
+            except ValueError:
+                return b"\x00"  # strtol of a malformed '<0xXX>' gives 0
+        return b""
+
+    def detokenize(
+        self, tokens: Iterable[int], remove_special: bool = False, unparse_special: bool = False
+    ) -> str:
+        """Text of a token sequence (llama_detokenize): pieces joined as bytes, then decoded with invalid
+        UTF-8 as U+FFFD. `remove_special` drops a leading BOS / trailing EOS the model adds; `unparse_special`
+        renders CONTROL/UNKNOWN tokens as their text. Applies the model's leading-space and clean-up rules."""
+        toks = [self._check(t) for t in tokens]
+        remove_space = self.add_space_prefix
+        if remove_special and self.add_bos and toks and toks[0] == self.bos:
+            remove_space = False
+            toks = toks[1:]
+        if remove_special and self.add_eos and toks and toks[-1] == self.eos:
+            toks = toks[:-1]
+        pieces = [self.token_to_piece(t, unparse_special) for t in toks]
+        if remove_space and pieces and pieces[0][:1] == b" ":
+            pieces[0] = pieces[0][1:]
+        data = b"".join(pieces)
+        if self.clean_spaces:
+            data = _clean_spaces(data)
+        return data.decode("utf-8", errors="replace")
+
+
+def _decode_byte_level(text: str) -> bytes:
+    # llama_decode_text: each character back to its byte; characters outside the map become llama.cpp's marker
+    table = _BYTE_DECODER
+    out = bytearray()
+    for ch in text:
+        b = table.get(ch)
+        if b is None:
+            out += f"[UNK_BYTE_0x{ch.encode('utf-8').hex()}{text}]".encode()
+        else:
+            out.append(b)
+    return bytes(out)
+
+
+_BYTE_DECODER = _byte_decoder()
+
+
+def _clean_spaces(text: bytes) -> bytes:
+    # llama_vocab::impl::detokenize, clean_spaces: the same three in-place passes over the bytes
+    buf = bytearray(text)
+    total = len(buf)
+    for rule in (_pass_punct, _pass_quote, _pass_contraction):
+        total = rule(buf, total)
+    return bytes(buf[:total])
+
+
+def _pass_punct(buf: bytearray, n: int) -> int:
+    # " ?", " !", " .", " ," lose the space
+    total = 1 if n else 0
+    for i in range(1, n):
+        x = buf[i]
+        if buf[i - 1] == 0x20 and x in b"?!.,":
+            total -= 1
+        buf[total] = x
+        total += 1
+    return total
+
+
+def _pass_quote(buf: bytearray, n: int) -> int:
+    # " ' " loses both spaces
+    total = 1 if n else 0
+    i = 1
+    while i < n:
+        x = buf[i]
+        if x == 0x27 and i + 1 < n and buf[i - 1] == 0x20 and buf[i + 1] == 0x20:
+            total -= 1
+            i += 1
+            buf[i] = 0
+        buf[total] = x
+        total += 1
+        i += 1
+    return total
+
+
+def _pass_contraction(buf: bytearray, n: int) -> int:
+    # " 's", " 'm", " 're", " 've" lose the space (" 't", " 'd", " 'll" keep it)
+    total = 1 if n else 0
+    for i in range(1, n):
+        x = buf[i]
+        if buf[i - 1] == 0x20 and x == 0x27 and i + 1 < n:
+            x1 = buf[i + 1]
+            if x1 in b"sm":
+                total -= 1
+            elif i + 2 < n and (x1, buf[i + 2]) in ((0x72, 0x65), (0x76, 0x65)):
+                total -= 1
+        buf[total] = x
+        total += 1
+    return total
+
+
+def _string_list(meta: Mapping[str, object], key: str) -> list[str]:
+    value = meta.get(key)
+    if not isinstance(value, (list, tuple)) or not set(map(type, value)) <= {str}:
+        raise ValueError(f"'{key}' is missing or not an array of strings (got {type(value).__name__})")
+    return list(value)
+
+
+def _numeric(meta: Mapping[str, object], key: str, n: int, kinds: tuple[type, ...]) -> np.ndarray | None:
+    value = meta.get(key)
+    if value is None:
+        return None
+    arr = np.asarray(value)
+    if arr.ndim != 1 or not any(np.issubdtype(arr.dtype, k) for k in kinds):
+        raise ValueError(f"'{key}' is not a 1-D numeric array of the expected kind (dtype {arr.dtype})")
+    if len(arr) < n:
+        raise ValueError(f"'{key}' has {len(arr)} entries, fewer than the {n} tokens")
+    return arr
+
+
+def _bool(meta: Mapping[str, object], key: str, default: bool) -> bool:
+    value = meta.get(key, default)
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"'{key}' = {value!r} is not a bool")
+    return bool(value)

@@ -1,0 +1,203 @@
+"""Chat templates: SmolLM2's own template against llama.cpp's rendered prompts, the chatml fallback, the HF
+rendering environment (sandbox, globals, filters, whitespace control) and message validation."""
+
+from __future__ import annotations
+
+import datetime
+import json
+
+import gguf
+import pytest
+
+from llamactx.chat_template import CHATML_TEMPLATE, ChatTemplate, ChatTemplateError, validate_messages
+from llamactx.embedded import gemma3_path, smollm2_path
+from llamactx.gguf.reader import GGUFFile
+
+USER = [{"role": "user", "content": "Hi there"}]
+
+
+class _Vocab:
+    def __init__(self, texts: list[str], bos: int, eos: int, add_bos: bool) -> None:
+        self.texts, self.bos, self.eos, self.add_bos, self.add_eos = texts, bos, eos, add_bos, False
+
+    def token_get_text(self, token: int) -> str:
+        return self.texts[token]
+
+
+class _Model:
+    """The two things ChatTemplate.from_model reads from a model."""
+
+    def __init__(self, chat_template: str | None, vocab: _Vocab) -> None:
+        self.chat_template, self.vocab = chat_template, vocab
+
+
+def _field_str(reader: gguf.GGUFReader, key: str, i: int = 0) -> str:
+    field = reader.fields[key]
+    return bytes(field.parts[field.data[i]]).decode("utf-8")
+
+
+@pytest.fixture(scope="module")
+def smollm2_model() -> _Model:
+    """SmolLM2's template and BOS/EOS texts, straight from its GGUF."""
+    reader = gguf.GGUFReader(smollm2_path())
+    bos = int(reader.fields["tokenizer.ggml.bos_token_id"].parts[-1][0])
+    eos = int(reader.fields["tokenizer.ggml.eos_token_id"].parts[-1][0])
+    texts = {i: _field_str(reader, "tokenizer.ggml.tokens", i) for i in (bos, eos)}
+    add_bos = bool(reader.fields["tokenizer.ggml.add_bos_token"].parts[-1][0])
+    vocab = _Vocab([texts.get(i, "") for i in range(max(texts) + 1)], bos, eos, add_bos)
+    return _Model(_field_str(reader, "tokenizer.chat_template"), vocab)
+
+
+def test_smollm2_renders_llama_cpp_prompts(smollm2_model, smollm_ref):
+    template = ChatTemplate.from_model(smollm2_model)
+    assert not template.is_fallback and template.name == "chatml"
+    assert (template.bos_token, template.eos_token) == ("<|im_start|>", "<|im_end|>")
+    cases = smollm_ref["chat"]
+    assert len(cases) >= 2
+    for case in cases:
+        assert template.render(case["messages"], add_generation_prompt=True) == case["prompt"]
+
+
+def test_smollm2_without_generation_prompt(smollm2_model):
+    prompt = ChatTemplate.from_model(smollm2_model).render(USER, add_generation_prompt=False)
+    assert prompt.endswith("<|im_start|>user\nHi there<|im_end|>\n")
+
+
+def test_gemma_without_template_falls_back_to_chatml():
+    meta = GGUFFile(gemma3_path()).meta
+    assert "tokenizer.chat_template" not in meta
+    tokens = meta["tokenizer.ggml.tokens"]
+    vocab = _Vocab(tokens, meta["tokenizer.ggml.bos_token_id"], meta["tokenizer.ggml.eos_token_id"], True)
+    with pytest.warns(UserWarning, match="chatml fallback"):
+        template = ChatTemplate.from_model(_Model(meta.get("tokenizer.chat_template"), vocab), name="gemma3")
+    assert template.is_fallback and template.name == "chatml" and "gemma3" in template.message
+    assert template.source == CHATML_TEMPLATE and template.bos_token == "<bos>"
+    messages = [{"role": "system", "content": "Be brief."}, *USER]
+    assert template.render(messages) == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n"
+        "<|im_start|>user\nHi there<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    with pytest.warns(UserWarning):
+        assert ChatTemplate("chatml").is_fallback
+
+
+def test_bos_is_stripped_when_the_tokenizer_adds_it():
+    source = (
+        "{{ bos_token }}{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}{{ eos_token }}"
+    )
+    assert ChatTemplate(source, "<s>", "</s>").render(USER) == "<s>[user] Hi there\n</s>"
+    stripped = ChatTemplate(source, "<s>", "</s>", add_bos=True, add_eos=True)
+    assert stripped.render(USER) == "[user] Hi there\n"
+
+
+def test_tools_only_when_given_and_tojson_like_hf():
+    source = "{% if tools is defined %}{{ tools | tojson }}{% else %}none{% endif %}"
+    template = ChatTemplate(source)
+    assert template.render(USER) == "none"
+    tools = [{"type": "function", "function": {"name": "f", "description": "a<b & é"}}]
+    assert template.render(USER, tools=tools) == json.dumps(tools, ensure_ascii=False)
+    indented = ChatTemplate("{{ messages[0] | tojson(indent=2) }}").render(USER)
+    assert indented == json.dumps(USER[0], indent=2)
+
+
+def test_raise_exception_is_a_value_error_with_the_template_message():
+    source = (
+        "{% for m in messages %}{% if (m.role == 'user') != (loop.index0 % 2 == 0) %}"
+        "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+        "{% endif %}{{ m.content }}{% endfor %}"
+    )
+    template = ChatTemplate(source)
+    assert template.render([*USER, {"role": "assistant", "content": "ok"}]) == "Hi thereok"
+    with pytest.raises(ValueError, match="^Conversation roles must alternate") as info:
+        template.render([*USER, *USER])
+    assert isinstance(info.value, ChatTemplateError)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+        "{{ messages.append({'role': 'x'}) }}",
+        "{{ cycler.__init__.__globals__.os }}",
+        "{{ (messages | first).__class__.__base__ }}",
+        "{% set m = messages[0] %}{{ m.update({'role': 'system'}) }}",
+    ],
+)
+def test_sandbox_blocks_attribute_abuse(source):
+    with pytest.raises(ChatTemplateError, match="unsafe"):
+        ChatTemplate(source).render(USER)
+
+
+def test_sandbox_hides_dunder_attributes():
+    assert ChatTemplate("{{ ''.__class__ }}|{{ messages.__len__ }}").render(USER) == "|"
+
+
+def test_syntax_error_names_the_line():
+    with pytest.raises(ChatTemplateError, match="syntax error on line 2"):
+        ChatTemplate("ok\n{% for m in %}{% endfor %}")
+
+
+def test_undefined_errors_and_type_errors_become_chat_template_errors():
+    with pytest.raises(ChatTemplateError, match="UndefinedError"):
+        ChatTemplate("{{ nothing.at.all }}").render(USER)
+    with pytest.raises(ChatTemplateError, match="TypeError"):
+        ChatTemplate("{{ messages[0].content + 1 }}").render(USER)
+
+
+def test_hf_environment_globals_and_extensions():
+    source = (
+        "{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}"
+        "{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}|{{ strftime_now('%Y') }}"
+        "|{{ enable_thinking }}"
+    )
+    two = [*USER, {"role": "assistant", "content": "second"}]
+    year = datetime.datetime.now().year
+    rendered = ChatTemplate(source).render(two, enable_thinking=False)
+    assert rendered in (f"Hi there|{year}|False", f"Hi there|{year + 1}|False")
+
+
+def test_trim_and_lstrip_blocks():
+    source = (
+        "{% for m in messages %}\n"
+        "    {% if m.role == 'user' %}\n"
+        "U:{{ m.content }}\n"
+        "    {% endif %}\n"
+        "{% endfor %}"
+    )
+    assert ChatTemplate(source).render(USER) == "U:Hi there\n"
+
+
+@pytest.mark.parametrize(
+    ("messages", "where"),
+    [
+        ("hello", r"messages: expected a list"),
+        ([], r"messages: at least one"),
+        ([["user", "hi"]], r"messages\[0\]: expected an object"),
+        ([{"content": "hi"}], r"messages\[0\]\.role"),
+        ([*USER, {"role": "", "content": "x"}], r"messages\[1\]\.role"),
+        ([*USER, {"role": "assistant"}], r"messages\[1\]\.content: missing"),
+        ([{"role": "user", "content": 5}], r"messages\[0\]\.content: expected a string"),
+        (
+            [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}],
+            r"messages\[0\]\.content\[0\]",
+        ),
+    ],
+)
+def test_bad_messages_name_index_and_field(messages, where):
+    with pytest.raises(ValueError, match=where):
+        ChatTemplate("{{ messages }}").render(messages)
+
+
+def test_message_normalisation():
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"type": "function", "function": {"name": "f"}}],
+        },
+    ]
+    out = validate_messages(messages)
+    assert out[0]["content"] == "a\nb" and out[1]["content"] == "" and out[1]["tool_calls"]
+    assert messages[0]["content"][0]["text"] == "a"  # the caller's messages are not modified
