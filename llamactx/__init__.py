@@ -10,12 +10,13 @@
 from __future__ import annotations
 
 from llamactx.batch import Batch, DecodeError
-from llamactx.context import Context
+from llamactx.context import Context, DecodeStatus
 from llamactx.cparams import ContextParams, ContextParamsError
+from llamactx.errors import LlamactxError
 from llamactx.gguf.reader import GGUFError
 from llamactx.memory.base import Memory
 from llamactx.model import Model, ModelLoadError
-from llamactx.state import StateError
+from llamactx.state_io import StateError
 
 __version__ = "0.1.0"
 
@@ -25,7 +26,9 @@ __all__ = [
     "ContextParams",
     "ContextParamsError",
     "DecodeError",
+    "DecodeStatus",
     "GGUFError",
+    "LlamactxError",
     "Memory",
     "Model",
     "ModelLoadError",

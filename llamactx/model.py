@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType, LlamaFileType
 
+from llamactx.errors import LlamactxError
 from llamactx.gguf.quants import block_format
 from llamactx.gguf.reader import GGUFFile, TensorInfo
 from llamactx.hparams import HParams, load_hparams
@@ -23,7 +24,7 @@ from llamactx.models import expected_tensors
 from llamactx.vocab import Vocab
 
 
-class ModelLoadError(ValueError):
+class ModelLoadError(LlamactxError, ValueError):
     """A GGUF file that is valid GGUF but not a model we can run: missing or mis-shaped tensors, bad hparams."""
 
 

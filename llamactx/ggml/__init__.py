@@ -6,6 +6,7 @@
     vecdot_k.py     K-quant matmuls in llama.cpp's repacked / tiled orders (arch/x86/repack.cpp)
     attention.py    non-flash attention over an f16 cache (mul_mat + soft_max + mul_mat)
     quants_cpu.py   the activation / KV-cache quantizers (`from_float`) as built for x86
+    inputs.py       RopeParams, VisibleCells: the plain-data inputs the graph builds (numpy only)
     intrinsics.py   the scalar LLVM intrinsics the numba code shares (fma, f16 <-> f32, bit casts)
     kernels/        the fast numba kernels (FastOps, the default ops): the same bits, much faster
 

@@ -25,13 +25,12 @@ a token's result independent of where other sequences sit in the cache.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numba
 import numpy as np
 from numba import types
 from numba.extending import overload
 
+from llamactx.ggml.inputs import VisibleCells
 from llamactx.ggml.intrinsics import f16_to_f32, fma32, round_f16
 from llamactx.ggml.vec import dot_tinyblas, dot_vec, reduce_add16, v_expf
 
@@ -199,25 +198,6 @@ def _reduce_add16_col(a, j):  # pragma: no cover - compiled
     u2 = (a[14, j] + a[6, j]) + (a[10, j] + a[2, j])
     u3 = (a[15, j] + a[7, j]) + (a[11, j] + a[3, j])
     return (u0 + u2) + (u1 + u3)
-
-
-@dataclass(frozen=True, slots=True)
-class VisibleCells:
-    """Each token's visible KV cells in cell order (the ranks the kernel's lanes follow), from a 0 / -inf mask."""
-
-    cells: np.ndarray  # (n, max visible) int64, padded with 0
-    n_cells: np.ndarray  # (n,) int64
-    mask_add: np.ndarray  # (n, max visible) float32: the mask's value at each visible cell
-
-    @classmethod
-    def from_mask(cls, mask: np.ndarray) -> VisibleCells:
-        """mask: (n, n_kv) float32, -inf where a cell is not visible."""
-        visible = mask > -np.inf  # (n, n_kv)
-        n_cells = visible.sum(axis=1).astype(np.int64)  # (n,)
-        order = np.argsort(~visible, axis=1, kind="stable")  # visible cells first, in cell order
-        cells = np.ascontiguousarray(order[:, : max(int(n_cells.max(initial=0)), 1)], np.int64)  # (n, max visible)
-        mask_add = np.ascontiguousarray(np.take_along_axis(mask, cells, axis=1), np.float32)  # (n, max visible)
-        return cls(cells, n_cells, mask_add)
 
 
 def attention_f16(

@@ -9,33 +9,17 @@ Where the numbers depend on how ggml computes, the method says which ggml functi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from llamactx.ggml import vec as ggml_vec
-from llamactx.ggml.attention import VisibleCells, attention_f16
+from llamactx.ggml.attention import attention_f16
+from llamactx.ggml.inputs import RopeParams, VisibleCells
 from llamactx.ggml.quants_cpu import fake_quant, vec_dot_type
 from llamactx.ggml.vecdot import EXACT_TYPES, FLOAT_TYPES, matmul_exact, matmul_float
 from llamactx.ggml.vecdot_k import is_exact_k, matmul_k
 from llamactx.gguf.quants import dequantize
 from llamactx.hparams import ROPE_TYPE_NEOX
-
-
-@dataclass(frozen=True, slots=True)
-class RopeParams:
-    """Arguments of ggml_rope_ext for one layer."""
-
-    n_rot: int
-    mode: int
-    freq_base: float
-    freq_scale: float
-    ext_factor: float = 0.0
-    attn_factor: float = 1.0
-    beta_fast: float = 32.0
-    beta_slow: float = 1.0
-    n_ctx_orig: int = 0
 
 
 class ReferenceOps:
@@ -130,14 +114,14 @@ class ReferenceOps:
 
     # -- attention ----------------------------------------------------------------------------------------------
 
-    def attention_kv(self, q: np.ndarray, kv, il: int, n_kv: int, mask: np.ndarray, vis: VisibleCells,
-                     kq_scale: float, flash: bool) -> np.ndarray:
-        """`attention` over cells [0, n_kv) of layer `il` of the KV cache `kv` (llamactx.memory.KVCache): the
-        cache is decoded to f32 first. vis: the cells `mask` leaves visible, for backends that read the cache in
-        place. q: (n, n_head, d_k) -> (n, n_head * d_v)"""
+    def attention_kv(self, q: np.ndarray, kv, il: int, mask: np.ndarray, vis: VisibleCells, kq_scale: float,
+                     flash: bool) -> np.ndarray:
+        """`attention` over cells [0, kv.n_kv) of layer `il`, through the memory's view of the KV cache
+        (llamactx.memory.KVView): the cache is decoded to f32 first. vis: the cells `mask` leaves visible, for
+        backends that read the cache in place. q: (n, n_head, d_k) -> (n, n_head * d_v)"""
         n_head_kv = kv.n_embd_k_gqa // q.shape[-1]
-        k = kv.k_rows(il, n_kv).reshape(n_kv, n_head_kv, -1)  # (n_kv, n_head_kv, d_k)
-        v = kv.v_rows(il, n_kv).reshape(n_kv, n_head_kv, -1)  # (n_kv, n_head_kv, d_v)
+        k = kv.k_rows(il).reshape(kv.n_kv, n_head_kv, -1)  # (n_kv, n_head_kv, d_k)
+        v = kv.v_rows(il).reshape(kv.n_kv, n_head_kv, -1)  # (n_kv, n_head_kv, d_v)
         return self.attention(q, k, v, mask, kq_scale, flash, kv.type_k)
 
     def attention(

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from llamactx.errors import LlamactxError
 from llamactx.gguf.block_fields import f16_field, high_bits, nibbles
 from llamactx.gguf.quants_k import (
     dequantize_q2_K,
@@ -53,7 +54,7 @@ BlockDecoder = Callable[[np.ndarray], np.ndarray]
 _CHUNK_ELEMENTS = 1 << 19
 
 
-class UnsupportedTypeError(ValueError):
+class UnsupportedTypeError(LlamactxError, ValueError):
     """A tensor's ggml type is known but llamactx has no compute path (no decoder) for it."""
 
 

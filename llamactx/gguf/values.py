@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 from gguf.constants import GGUFValueType
 
+from llamactx.errors import LlamactxError
+
 # ggml/src/gguf.cpp: GGUF_MAX_STRING_LENGTH and GGUF_MAX_ARRAY_ELEMENTS.
 MAX_STRING_LENGTH = 1 << 30
 MAX_ARRAY_ELEMENTS = 1 << 30
@@ -66,7 +68,7 @@ _MIN_ELEMENT_BYTES: dict[int, int] = {
 }
 
 
-class GGUFError(ValueError):
+class GGUFError(LlamactxError, ValueError):
     """A GGUF file is malformed or unsupported; the message names the byte offset and the field."""
 
     offset: int | None = None

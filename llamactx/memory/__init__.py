@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from llamactx.memory.base import Memory
+from llamactx.memory.base import Memory, MemoryOpError
 from llamactx.memory.kv_cache import KVCache
 from llamactx.memory.kv_cells import KVCells
 
-__all__ = ["KVCache", "KVCells", "Memory"]
+__all__ = ["KVCache", "KVCells", "Memory", "MemoryOpError"]

@@ -1,17 +1,71 @@
-"""The memory interface of a context (`llama_memory_i`, src/llama-memory.h).
+"""Memory: what a context remembers of its sequences (`llama_memory_i`, src/llama-memory.h).
 
 A context's memory holds what it remembers of its sequences between `decode` calls. The KV cache is one
 implementation; recurrent or sliding-window memories would be others. Sequence ids are `0 <= seq_id < n_seq_max`;
 `seq_id < 0` means "every sequence" where llama.cpp allows it. Positions `p0 < 0` mean 0 and `p1 < 0` mean infinity.
+
+A decode asks its memory, in this order: `update` (pending work such as a K-shift), `prepare(ubatches)` (a
+placement for every ubatch, or None when they do not fit: decode returns 1), per ubatch `apply(ubatch, slot)`
+(the view the forward attends through), and on failure `rollback(placement)`. A scheduler asks `can_fit` first.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+from llamactx.errors import LlamactxError
+
+
+class MemoryOpError(LlamactxError, ValueError):
+    """A memory operation with an invalid argument (a seq_id outside [0, n_seq_max), a divisor below 1, a shift
+    on a memory that cannot shift); memory is unchanged."""
 
 
 class Memory(ABC):
     """Per-sequence memory of a context. Sequence operations never touch the model's weights."""
+
+    n_seq_max: int
+
+    def check_seq(self, seq_id: int, allow_all: bool = False) -> None:
+        """Raise MemoryOpError unless 0 <= seq_id < n_seq_max (or seq_id = -1, "every sequence", with allow_all)."""
+        lo = -1 if allow_all else 0
+        if isinstance(seq_id, bool) or not isinstance(seq_id, int) or not lo <= seq_id < self.n_seq_max:
+            raise MemoryOpError(f"seq_id {seq_id!r} is outside [{lo}, n_seq_max = {self.n_seq_max})")
+
+    def check_coupled(self, seq_ids: Sequence[tuple[int, ...]]) -> str | None:
+        """Sequences that share a token of a batch must have the same history in memory
+        (llama_batch_allocr::init). Returns the broken rule as a message, or None."""
+        for i, ids in enumerate(seq_ids):
+            a = ids[0]
+            for b in ids[1:]:
+                if (self.seq_pos_min(a), self.seq_pos_max(a)) != (self.seq_pos_min(b), self.seq_pos_max(b)):
+                    return f"token {i}: sequences {a} and {b} are coupled in the batch but have diverged in memory"
+        return None
+
+    # -- placement ----------------------------------------------------------------------------------------------
+
+    @abstractmethod
+    def can_fit(self, n_tokens: int, seq_id: int) -> bool:
+        """Whether `n_tokens` new tokens of `seq_id` would find room now, without decoding."""
+
+    @abstractmethod
+    def update(self, rope_shift) -> None:
+        """Pending work before a decode (a K-shift after seq_add / seq_div)."""
+
+    @abstractmethod
+    def prepare(self, ubatches):
+        """A placement for every ubatch of one decode, or None when they do not all fit; memory unchanged."""
+
+    @abstractmethod
+    def apply(self, ubatch, slot):
+        """Occupy `slot` (from `prepare`) with `ubatch`; return the view its forward attends through."""
+
+    @abstractmethod
+    def rollback(self, placement) -> None:
+        """Undo the `apply`s of a decode that failed: memory as before `prepare`."""
+
+    # -- sequences ----------------------------------------------------------------------------------------------
 
     @abstractmethod
     def clear(self, data: bool = True) -> None:
@@ -53,3 +107,21 @@ class Memory(ABC):
     @abstractmethod
     def memory_breakdown(self) -> dict[str, int]:
         """Bytes held, by buffer name."""
+
+    # -- state --------------------------------------------------------------------------------------------------
+
+    @abstractmethod
+    def state_write(self, seq_id: int | None) -> bytes:
+        """This memory's section of a state blob: every sequence (None) or one."""
+
+    @abstractmethod
+    def state_read(self, reader, whole: bool):
+        """Parse and check a section from `reader`; nothing is written yet."""
+
+    @abstractmethod
+    def state_check_fits(self, state, dest_seq_id: int | None) -> None:
+        """Raise StateError if a parsed section cannot be loaded here."""
+
+    @abstractmethod
+    def state_apply(self, state, dest_seq_id: int | None) -> None:
+        """Load a parsed, checked section."""

@@ -3,19 +3,28 @@
 Per layer it stores the keys and values of every cell in `type_k` / `type_v` (f16 by default; q8_0 and q4_0 keep
 quantized ggml blocks, f32 plain floats). Cell bookkeeping lives in `KVCells`. All layers share one set of cells,
 so a sequence's tokens sit in the same cells in every layer, and sequences share cells after `seq_cp`.
+
+The cache owns placement, as `llama_kv_cache::prepare` / `apply_ubatch` do: `prepare(ubatches)` finds cells for
+every ubatch of a decode before anything is computed, `apply(ubatch, slot)` occupies them and hands the forward a
+`KVView` (the cells it may attend to and where its K/V go), and `rollback(placement)` undoes a decode that failed.
+Nothing outside memory/ reads or writes the cells.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
+from llamactx.batch import UBatch
 from llamactx.ggml.quants_cpu import quantize_q4_0, quantize_q8_0
 from llamactx.gguf.quants import block_format, dequantize
-from llamactx.memory.base import Memory
-from llamactx.memory.kv_cells import KVCells
+from llamactx.memory.base import Memory, MemoryOpError
+from llamactx.memory.kv_cells import CellsSnapshot, KVCells
+from llamactx.state_io import StateError, StateReader, pack_str
 
 KV_GGML_TYPES = {"f32": T.F32, "f16": T.F16, "q8_0": T.Q8_0, "q4_0": T.Q4_0}
 _QUANTIZE = {"q8_0": quantize_q8_0, "q4_0": quantize_q4_0}
@@ -35,6 +44,78 @@ def _alloc(type_name: str, n_layer: int, size: int, n: int) -> np.ndarray:
     if type_name == "f16":
         return np.zeros((n_layer, size, n), np.float16)
     return np.zeros((n_layer, size, kv_row_nbytes(type_name, n)), np.uint8)
+
+
+def _encode(type_name: str, x: np.ndarray) -> np.ndarray:
+    """f32 rows -> the cache type, with ggml's rounding (ggml_set_rows / ggml_cpy)."""
+    if type_name in _QUANTIZE:
+        return _QUANTIZE[type_name](np.ascontiguousarray(x, np.float32))
+    return x
+
+
+def _decode(type_name: str, rows: np.ndarray, n: int) -> np.ndarray:
+    """Stored rows -> float32 (n_rows, n)."""
+    if type_name in _QUANTIZE:
+        return dequantize(rows.reshape(-1), KV_GGML_TYPES[type_name], (n, rows.shape[0]))
+    return rows.astype(np.float32)
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where each ubatch of one decode goes (`slot_info_vec_t`), and the cells as they were before it."""
+
+    slots: tuple[np.ndarray, ...]  # per ubatch: (n_tokens,) cell indices
+    before: CellsSnapshot
+
+
+class KVView:
+    """What one ubatch's forward sees of the cache (the inputs of llm_graph_input_attn_kv): cells [0, n_kv) with
+    their positions and sequences, and the store of the ubatch's own K/V into its cells `idx`."""
+
+    __slots__ = ("_cache", "idx", "n_kv", "cell_pos", "_cell_seq", "type_k", "type_v", "n_embd_k_gqa")
+
+    def __init__(self, cache: KVCache, idx: np.ndarray, n_kv: int, cell_pos: np.ndarray, cell_seq: np.ndarray):
+        self._cache = cache
+        self.idx = idx  # (n_tokens,) the ubatch's cells
+        self.n_kv = n_kv
+        self.cell_pos = cell_pos  # (n_kv,) int32, -1 = empty; a copy
+        self._cell_seq = cell_seq  # (n_kv, n_seq_max) bool; a copy
+        self.type_k, self.type_v, self.n_embd_k_gqa = cache.type_k, cache.type_v, cache.n_embd_k_gqa
+
+    def has_seq(self, seq_id: np.ndarray) -> np.ndarray:
+        """(n_tokens, n_kv) bool: whether each cell holds each token's sequence `seq_id[t]`."""
+        return self._cell_seq[:, seq_id].T
+
+    def store(self, il: int, k: np.ndarray, v: np.ndarray) -> None:
+        """Write the ubatch's keys (n, n_embd_k_gqa) and values (n, n_embd_v_gqa) of layer `il`."""
+        c = self._cache
+        c.k[il, self.idx] = _encode(c.type_k, k)
+        c.v[il, self.idx] = _encode(c.type_v, v)
+
+    def k_rows(self, il: int) -> np.ndarray:
+        """Keys of cells [0, n_kv) of layer `il` as float32 (n_kv, n_embd_k_gqa)."""
+        return _decode(self.type_k, self._cache.k[il, : self.n_kv], self.n_embd_k_gqa)
+
+    def v_rows(self, il: int) -> np.ndarray:
+        """Values of cells [0, n_kv) of layer `il` as float32 (n_kv, n_embd_v_gqa)."""
+        return _decode(self.type_v, self._cache.v[il, : self.n_kv], self._cache.n_embd_v_gqa)
+
+    def k_stored(self, il: int) -> np.ndarray:
+        """Keys of cells [0, n_kv) of layer `il` as stored (read in place by kernels that decode it themselves)."""
+        return self._cache.k[il, : self.n_kv]
+
+    def v_stored(self, il: int) -> np.ndarray:
+        return self._cache.v[il, : self.n_kv]
+
+
+@dataclass(slots=True)
+class KVState:
+    """A parsed, validated state section, not yet applied (so that a blob is checked whole before any write)."""
+
+    pos: np.ndarray  # (n_cells,) int32
+    seq: np.ndarray | None  # (n_cells, n_seq_max) bool: whole-cache states only
+    k: np.ndarray  # (n_layer, n_cells, k row)
+    v: np.ndarray  # (n_layer, n_cells, v row)
 
 
 class KVCache(Memory):
@@ -59,54 +140,53 @@ class KVCache(Memory):
         self.k = _alloc(type_k, n_layer, size, n_embd_k_gqa)  # (n_layer, size, k row)
         self.v = _alloc(type_v, n_layer, size, n_embd_v_gqa)  # (n_layer, size, v row)
 
-    # -- storage ----------------------------------------------------------------------------------------------
+    # -- placement (llama_kv_cache::prepare / apply_ubatch) -----------------------------------------------------
 
-    def store(self, il: int, idx: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
-        """Write the ubatch's keys (n, n_embd_k_gqa) and values (n, n_embd_v_gqa) of layer `il` into cells `idx`
-        (ggml_set_rows / ggml_cpy: f32 -> the cache type, with ggml's rounding)."""
-        self.k[il, idx] = self._encode(self.type_k, k)
-        self.v[il, idx] = self._encode(self.type_v, v)
+    def can_fit(self, n_tokens: int, seq_id: int) -> bool:
+        """Whether `n_tokens` new tokens of `seq_id` would find cells now, without decoding (a scheduler's
+        question before it admits work)."""
+        self.check_seq(seq_id)
+        return n_tokens <= self.cells.n_free
 
-    @staticmethod
-    def _encode(type_name: str, x: np.ndarray) -> np.ndarray:
-        if type_name in _QUANTIZE:
-            return _QUANTIZE[type_name](np.ascontiguousarray(x, np.float32))
-        return x
+    def prepare(self, ubatches: Sequence[UBatch]) -> Placement | None:
+        """Find cells for every ubatch before computing any; None when they do not all fit. Memory is left as
+        it was (the placement is simulated on the cells, then undone)."""
+        before = self.cells.snapshot()
+        slots = []
+        try:
+            for ub in ubatches:
+                idx = self.cells.find_slot(ub.n_tokens)
+                if idx is None:
+                    return None
+                self.cells.apply(idx, ub.pos, ub.seq_ids)
+                slots.append(idx)
+            return Placement(tuple(slots), before)
+        finally:
+            self.cells.restore(before)
 
-    def k_rows(self, il: int, n_kv: int) -> np.ndarray:
-        """Keys of cells [0, n_kv) of layer `il` as float32 (n_kv, n_embd_k_gqa)."""
-        return self._decode(self.type_k, self.k[il, :n_kv], self.n_embd_k_gqa)
+    def apply(self, ub: UBatch, slot: np.ndarray) -> KVView:
+        """Occupy the cells `prepare` chose for `ub` and return the view its forward attends through."""
+        self.cells.apply(slot, ub.pos, ub.seq_ids)
+        n_kv = self.cells.used_max_p1
+        return KVView(self, slot, n_kv, self.cells.pos[:n_kv].copy(), self.cells.seq[:n_kv].copy())
 
-    def v_rows(self, il: int, n_kv: int) -> np.ndarray:
-        """Values of cells [0, n_kv) of layer `il` as float32 (n_kv, n_embd_v_gqa)."""
-        return self._decode(self.type_v, self.v[il, :n_kv], self.n_embd_v_gqa)
+    def rollback(self, placement: Placement) -> None:
+        """Undo the `apply`s of a decode that failed or was aborted: the cells are as before `prepare`."""
+        self.cells.restore(placement.before)
 
-    @staticmethod
-    def _decode(type_name: str, rows: np.ndarray, n: int) -> np.ndarray:
-        if type_name in _QUANTIZE:
-            return dequantize(rows.reshape(-1), KV_GGML_TYPES[type_name], (n, rows.shape[0]))
-        return rows.astype(np.float32)
-
-    def apply_k_shift(self, rope_shift: RopeShift) -> None:
-        """Re-rotate the keys of shifted cells by their pending shift, then forget the shifts (the K-shift of
-        `llama_kv_cache::update`: RoPE is a rotation, so rotating by delta moves a key from pos to pos + delta)."""
-        if not self.cells.has_shift:
+    def update(self, rope_shift: RopeShift) -> None:
+        """Pending work before a decode (`llama_kv_cache::update`): re-rotate the keys of shifted cells by their
+        pending shift, then forget the shifts (RoPE is a rotation: rotating by delta moves a key from pos to
+        pos + delta)."""
+        shifted = self.cells.take_shifts()
+        if shifted is None:
             return
-        idx = np.flatnonzero((self.cells.shift != 0) & (self.cells.pos >= 0))
-        if idx.size:
-            shift = self.cells.shift[idx]
-            for il in range(self.n_layer):
-                rows = self._decode(self.type_k, self.k[il, idx], self.n_embd_k_gqa)
-                self.k[il, idx] = self._encode(self.type_k, rope_shift(rows, shift, il))
-        self.cells.shift[:] = 0
-        self.cells.has_shift = False
+        idx, shift = shifted
+        for il in range(self.n_layer):
+            rows = _decode(self.type_k, self.k[il, idx], self.n_embd_k_gqa)
+            self.k[il, idx] = _encode(self.type_k, rope_shift(rows, shift, il))
 
     # -- Memory -----------------------------------------------------------------------------------------------
-
-    def _check_seq(self, seq_id: int, allow_all: bool = False) -> None:
-        lo = -1 if allow_all else 0
-        if not lo <= seq_id < self.n_seq_max:
-            raise ValueError(f"seq_id {seq_id} is outside [{lo}, n_seq_max = {self.n_seq_max})")
 
     def clear(self, data: bool = True) -> None:
         self.cells.clear()
@@ -115,44 +195,44 @@ class KVCache(Memory):
             self.v[:] = 0
 
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
-        self._check_seq(seq_id, allow_all=True)
+        self.check_seq(seq_id, allow_all=True)
         self.cells.rm(seq_id, p0, p1)
         return True
 
     def seq_cp(self, seq_id_src: int, seq_id_dst: int, p0: int = -1, p1: int = -1) -> None:
-        self._check_seq(seq_id_src)
-        self._check_seq(seq_id_dst)
+        self.check_seq(seq_id_src)
+        self.check_seq(seq_id_dst)
         if seq_id_src != seq_id_dst:
             self.cells.cp(seq_id_src, seq_id_dst, p0, p1)
 
     def seq_keep(self, seq_id: int) -> None:
-        self._check_seq(seq_id)
+        self.check_seq(seq_id)
         self.cells.keep(seq_id)
 
     def seq_add(self, seq_id: int, p0: int, p1: int, delta: int) -> None:
-        self._check_seq(seq_id)
+        self.check_seq(seq_id)
         self._check_shift("seq_add")
         if delta != 0 and not (p0 >= 0 and p0 == p1):
             self.cells.add(seq_id, p0, p1, delta)
 
     def seq_div(self, seq_id: int, p0: int, p1: int, d: int) -> None:
-        self._check_seq(seq_id)
+        self.check_seq(seq_id)
         self._check_shift("seq_div")
         if d < 1:
-            raise ValueError(f"seq_div: d = {d} must be >= 1")
+            raise MemoryOpError(f"seq_div: d = {d} must be >= 1")
         if d != 1:
             self.cells.div(seq_id, p0, p1, d)
 
     def _check_shift(self, op: str) -> None:
         if not self._can_shift:
-            raise ValueError(f"{op}: this memory cannot shift positions (can_shift is False)")
+            raise MemoryOpError(f"{op}: this memory cannot shift positions (can_shift is False)")
 
     def seq_pos_min(self, seq_id: int) -> int:
-        self._check_seq(seq_id)
+        self.check_seq(seq_id)
         return self.cells.seq_pos_min(seq_id)
 
     def seq_pos_max(self, seq_id: int) -> int:
-        self._check_seq(seq_id)
+        self.check_seq(seq_id)
         return self.cells.seq_pos_max(seq_id)
 
     @property
@@ -164,5 +244,80 @@ class KVCache(Memory):
         return self.cells.used
 
     def memory_breakdown(self) -> dict[str, int]:
-        return {"k": self.k.nbytes, "v": self.v.nbytes,
-                "cells": self.cells.pos.nbytes + self.cells.seq.nbytes + self.cells.shift.nbytes}
+        return {"k": self.k.nbytes, "v": self.v.nbytes, "cells": self.cells.nbytes}
+
+    # -- state (llama_kv_cache::state_write / state_read) --------------------------------------------------------
+
+    def state_write(self, seq_id: int | None) -> bytes:
+        """The cells of every sequence (seq_id None: positions, sequence sets, K, V) or of one sequence (positions,
+        K, V) as bytes: str type_k | str type_v | u32 n_layer, n_embd_k_gqa, n_embd_v_gqa, n_seq_max, n_cells |
+        i32 pos[n_cells] | seq bitsets (whole cache only) | K rows of every layer | V rows of every layer."""
+        idx = self.cells.seq_cells(-1 if seq_id is None else seq_id)  # (n_cells,) in position order
+        parts = [pack_str(self.type_k), pack_str(self.type_v),
+                 struct.pack("<IIIII", self.n_layer, self.n_embd_k_gqa, self.n_embd_v_gqa, self.n_seq_max, idx.size),
+                 self.cells.pos[idx].astype("<i4").tobytes()]
+        if seq_id is None:
+            parts.append(np.packbits(self.cells.seq[idx], axis=1).tobytes())
+        parts += [np.ascontiguousarray(self.k[:, idx]).tobytes(), np.ascontiguousarray(self.v[:, idx]).tobytes()]
+        return b"".join(parts)
+
+    def state_read(self, r: StateReader, whole: bool) -> KVState:
+        """Parse and check a section written by `state_write` (whole cache or one sequence); nothing is written
+        to memory. Raises StateError naming the first problem."""
+        type_k, type_v = r.string("type_k"), r.string("type_v")
+        if (type_k, type_v) != (self.type_k, self.type_v):
+            raise StateError(f"state KV types {type_k}/{type_v} differ from this context's {self.type_k}/{self.type_v}")
+        n_layer, n_k, n_v, n_seq_bits, n_cells = struct.unpack("<IIIII", r.take(20, "dimensions"))
+        if (n_layer, n_k, n_v) != (self.n_layer, self.n_embd_k_gqa, self.n_embd_v_gqa):
+            raise StateError(f"state KV shape {n_layer}x{n_k}/{n_v} differs from this context's "
+                             f"{self.n_layer}x{self.n_embd_k_gqa}/{self.n_embd_v_gqa}")
+        if n_cells > self.size:
+            raise StateError(f"state holds {n_cells} cells, more than this context's n_ctx = {self.size}")
+        pos = r.array("<i4", n_cells, "positions").astype(np.int32)
+        if (pos < 0).any():
+            raise StateError(f"state has a negative position {int(pos.min())}")
+        seq = self._read_seq_sets(r, n_seq_bits, n_cells) if whole else None
+        if not whole and len(np.unique(pos)) != pos.size:
+            raise StateError("sequence state has duplicate positions")
+        k = r.array(self.k.dtype, n_layer * n_cells * self.k.shape[2], "K rows").reshape(n_layer, n_cells, -1)
+        v = r.array(self.v.dtype, n_layer * n_cells * self.v.shape[2], "V rows").reshape(n_layer, n_cells, -1)
+        return KVState(pos, seq, k, v)
+
+    def _read_seq_sets(self, r: StateReader, n_seq_bits: int, n_cells: int) -> np.ndarray:
+        if n_seq_bits < 1 or n_seq_bits > 256:
+            raise StateError(f"state n_seq_max {n_seq_bits} is outside [1, 256]")
+        packed = r.array(np.uint8, n_cells * ((n_seq_bits + 7) // 8), "sequence sets")
+        bits = np.unpackbits(packed.reshape(n_cells, -1), axis=1)[:, :n_seq_bits].astype(bool)
+        if bits[:, self.n_seq_max :].any():
+            raise StateError(f"state uses seq_id {int(np.flatnonzero(bits.any(0))[-1])}, this context has "
+                             f"n_seq_max = {self.n_seq_max}")
+        seq = np.zeros((n_cells, self.n_seq_max), bool)
+        seq[:, : min(n_seq_bits, self.n_seq_max)] = bits[:, : self.n_seq_max]
+        if n_cells and not seq.any(axis=1).all():
+            raise StateError("state has a cell without any sequence")
+        return seq
+
+    def state_check_fits(self, state: KVState, dest_seq_id: int | None) -> None:
+        """Raise StateError if `state` cannot be loaded (a sequence state needs its cells free or its own)."""
+        if dest_seq_id is None:
+            return
+        self.check_seq(dest_seq_id)
+        available = self.cells.n_free + self.cells.n_only(dest_seq_id)
+        if state.pos.size > available:
+            raise StateError(f"sequence state needs {state.pos.size} cells, only {available} are free for "
+                             f"seq_id {dest_seq_id}")
+
+    def state_apply(self, state: KVState, dest_seq_id: int | None) -> None:
+        """Load a state checked by `state_read` and `state_check_fits`: the whole cache (dest_seq_id None)
+        or, replacing what it held, one sequence."""
+        n = state.pos.size
+        if dest_seq_id is None:
+            self.clear(data=False)
+            idx = np.arange(n)
+            self.cells.load(idx, state.pos, state.seq)
+        else:
+            self.cells.rm(dest_seq_id, -1, -1)
+            idx = self.cells.find_slot(n)
+            self.cells.apply(idx, state.pos, [(dest_seq_id,)] * n)
+        self.k[:, idx] = state.k
+        self.v[:, idx] = state.v

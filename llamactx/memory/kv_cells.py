@@ -39,6 +39,19 @@ class KVCells:
         return int(np.count_nonzero(self.pos >= 0))
 
     @property
+    def n_free(self) -> int:
+        """Number of empty cells."""
+        return self.size - self.used
+
+    @property
+    def nbytes(self) -> int:
+        return self.pos.nbytes + self.seq.nbytes + self.shift.nbytes
+
+    def n_only(self, seq_id: int) -> int:
+        """Number of cells that hold `seq_id` and no other sequence (what removing it would free)."""
+        return int(np.count_nonzero(self.seq[:, seq_id] & (self.seq.sum(axis=1) == 1)))
+
+    @property
     def used_max_p1(self) -> int:
         """One past the last non-empty cell: attention only needs to read cells [0, used_max_p1)."""
         nz = np.flatnonzero(self.pos >= 0)
@@ -79,6 +92,23 @@ class KVCells:
         for cell, ids in zip(idx, seq_ids, strict=True):
             self.seq[cell, list(ids)] = True
         self.shift[idx] = 0
+
+    def load(self, idx: np.ndarray, pos: np.ndarray, seq: np.ndarray) -> None:
+        """Occupy cells `idx` with positions and whole sequence sets (n, n_seq_max) (a state load)."""
+        self.pos[idx] = pos
+        self.seq[idx] = seq
+        self.shift[idx] = 0
+
+    def take_shifts(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The occupied cells with a pending shift and their shifts, forgetting them; None when nothing is
+        pending (the K-shift applies them to the keys)."""
+        if not self.has_shift:
+            return None
+        idx = np.flatnonzero((self.shift != 0) & (self.pos >= 0))
+        shift = self.shift[idx].copy()
+        self.shift[:] = 0
+        self.has_shift = False
+        return (idx, shift) if idx.size else None
 
     # -- sequence operations ------------------------------------------------------------------------------------
 

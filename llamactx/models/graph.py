@@ -11,8 +11,7 @@ from typing import Protocol
 
 import numpy as np
 
-from llamactx.ggml.attention import VisibleCells
-from llamactx.ggml.ops import RopeParams
+from llamactx.ggml.inputs import RopeParams, VisibleCells
 
 
 class AttentionInput(Protocol):
@@ -62,28 +61,26 @@ def visibility_mask(cell_pos: np.ndarray, cell_has_seq: np.ndarray, tok_pos: np.
 
 
 class KVAttention:
-    """Attention input for one ubatch over the KV cache: stores each layer's K/V into the ubatch's cells, then
-    attends over cells [0, n_kv) with the causal / sequence / sliding-window mask."""
+    """Attention input for one ubatch over the KV cache, through the view the memory handed out for it: stores
+    each layer's K/V into the ubatch's cells, then attends over cells [0, n_kv) with the causal / sequence /
+    sliding-window mask."""
 
-    def __init__(self, hp, cparams, ops, kv, ub, idx: np.ndarray):
-        self.hp, self.ops, self.kv, self.idx = hp, ops, kv, idx
+    def __init__(self, hp, cparams, ops, view, ub):
+        self.hp, self.ops, self.view = hp, ops, view
         self.flash = cparams.flash_attn
-        cells = kv.cells
-        self.n_kv = cells.used_max_p1
-        pos = cells.pos[: self.n_kv]
-        has_seq = cells.seq[: self.n_kv][:, ub.seq_id0].T  # (n_tokens, n_kv)
-        self.mask = visibility_mask(pos, has_seq, ub.pos, cparams.causal_attn, 0)
-        self.mask_swa = (visibility_mask(pos, has_seq, ub.pos, cparams.causal_attn, hp.n_swa)
+        has_seq = view.has_seq(ub.seq_id0)  # (n_tokens, n_kv)
+        self.mask = visibility_mask(view.cell_pos, has_seq, ub.pos, cparams.causal_attn, 0)
+        self.mask_swa = (visibility_mask(view.cell_pos, has_seq, ub.pos, cparams.causal_attn, hp.n_swa)
                          if hp.n_swa else self.mask)
         self.vis = VisibleCells.from_mask(self.mask)  # once per ubatch, not per layer
         self.vis_swa = VisibleCells.from_mask(self.mask_swa) if hp.n_swa else self.vis
 
     def __call__(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, kq_scale: float) -> np.ndarray:
         n = q.shape[0]
-        self.kv.store(il, self.idx, k.reshape(n, -1), v.reshape(n, -1))
+        self.view.store(il, k.reshape(n, -1), v.reshape(n, -1))
         if self.hp.is_swa(il):
-            return self.ops.attention_kv(q, self.kv, il, self.n_kv, self.mask_swa, self.vis_swa, kq_scale, self.flash)
-        return self.ops.attention_kv(q, self.kv, il, self.n_kv, self.mask, self.vis, kq_scale, self.flash)
+            return self.ops.attention_kv(q, self.view, il, self.mask_swa, self.vis_swa, kq_scale, self.flash)
+        return self.ops.attention_kv(q, self.view, il, self.mask, self.vis, kq_scale, self.flash)
 
 
 class BatchAttention:

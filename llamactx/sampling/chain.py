@@ -5,7 +5,7 @@ chain, common/sampling.cpp common_sampler).
 one selected, and lets every sampler `accept` it. `SamplerChain.default` builds llama-server's chain from
 `SamplingParams` exactly as common_sampler_init does. An optional grammar sampler runs around the chain the
 way common_sampler_sample runs it. This module is the public face of the sampling package: the samplers
-themselves live in samplers.py, samplers_mirostat.py, samplers_penalties.py and samplers_dry.py.
+themselves live in samplers.py, mirostat.py, penalties.py and dry.py.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from llamactx.sampling.samplers import (
     TypicalSampler,
     XtcSampler,
 )
-from llamactx.sampling.token_data import Sampler, TokenDataArray
+from llamactx.sampling.token_data import Sampler, SamplingParamsError, TokenDataArray
 
 __all__ = [
     "DEFAULT_SAMPLERS", "LLAMA_DEFAULT_SEED", "DistSampler", "DryBreakers", "DrySampler", "DryVocab",
@@ -251,7 +251,7 @@ def _allows(grammar: Sampler, token: int) -> bool:
 def _context_size(field_name: str, n_ctx: int | None, n_ctx_train: int | None) -> int:
     size = n_ctx if n_ctx is not None else n_ctx_train
     if size is None:
-        raise ValueError(
+        raise SamplingParamsError(
             f"{field_name}: -1 means the context size, but neither n_ctx nor n_ctx_train was given"
         )
     return size
@@ -288,7 +288,7 @@ def _build(
         return XtcSampler(p.xtc_probability, p.xtc_threshold, p.min_keep, p.seed)
     if name == "temperature":
         return TempExtSampler(p.temperature, p.dynatemp_range, p.dynatemp_exponent)
-    raise ValueError(f"samplers: unknown sampler {name!r}")
+    raise SamplingParamsError(f"samplers: unknown sampler {name!r}")
 
 
 def _build_dry(
@@ -306,7 +306,7 @@ def _build_dry(
     breakers = dry_breakers
     if breakers is None and enabled and any(p.dry_sequence_breakers):
         if vocab is None:
-            raise ValueError(
+            raise SamplingParamsError(
                 "dry_sequence_breakers: DRY is on (dry_multiplier > 0) and its breakers must be tokenised; "
                 "pass vocab= or dry_breakers="
             )

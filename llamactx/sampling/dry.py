@@ -20,7 +20,7 @@ import numpy as np
 from numba import njit
 
 from llamactx.sampling.samplers import F32, SamplerBase, f32_param, int_param
-from llamactx.sampling.token_data import TokenDataArray, find_tokens
+from llamactx.sampling.token_data import SamplingParamsError, TokenDataArray, find_tokens
 
 MAX_CHAR_LEN = 40  # breaker strings are cut to this many bytes
 MAX_SEQ_LEN = 20  # and their tails to this many tokens
@@ -70,7 +70,7 @@ class DryBreakers:
         seqs: dict[int, list[tuple[int, ...]]] = {}
         for i, breaker in enumerate(breakers):
             if not isinstance(breaker, str):
-                raise ValueError(f"dry_sequence_breakers[{i}]: expected a string, got {breaker!r}")
+                raise SamplingParamsError(f"dry_sequence_breakers[{i}]: expected a string, got {breaker!r}")
             if breaker:
                 _overlapping_token_sequences(breaker.encode("utf-8")[:MAX_CHAR_LEN], pieces, tokenize, seqs)
         return cls({head: tuple(tails) for head, tails in seqs.items()})
@@ -207,7 +207,7 @@ class DrySampler(SamplerBase):
         last_n = int_param("dry_penalty_last_n", self.penalty_last_n, -1)
         self.penalty_last_n = self.n_ctx_train if last_n == -1 else last_n
         if not isinstance(self.seq_breakers, DryBreakers):
-            raise ValueError(f"seq_breakers: expected DryBreakers, got {type(self.seq_breakers).__name__}")
+            raise SamplingParamsError(f"seq_breakers: expected DryBreakers, got {type(self.seq_breakers).__name__}")
         seqs = self.seq_breakers.seqs
         self._heads = np.fromiter(seqs.keys(), dtype=np.int64, count=len(seqs))
         self._single_heads = np.array([h for h, tails in seqs.items() if () in tails], dtype=np.int64)

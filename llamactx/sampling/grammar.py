@@ -29,6 +29,7 @@ import llguidance
 import llguidance.gbnf_to_lark
 import numpy as np
 
+from llamactx.errors import LlamactxError
 from llamactx.sampling.token_data import TokenDataArray
 from llamactx.vocab import Vocab
 
@@ -42,11 +43,11 @@ _LOG_LEVEL = 0
 _LIMITS = llguidance.LLParserLimits(verbose_errors=False)
 
 
-class GrammarError(ValueError):
+class GrammarError(LlamactxError, ValueError):
     """A grammar or JSON schema the engine cannot compile; the message includes the engine's."""
 
 
-class GrammarDeadEnd(RuntimeError):
+class GrammarDeadEnd(LlamactxError, RuntimeError):
     """The grammar cannot continue: the engine is in an error state, allows no token, or was given a token it
     does not allow."""
 

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from llamactx.sampling.rng import LLAMA_DEFAULT_SEED, check_seed
+from llamactx.sampling.token_data import SamplingParamsError
 
 INF = math.inf
 
@@ -55,20 +56,20 @@ _NOT_IMPLEMENTED = {"infill", "adaptive_p", "adaptive-p", "adaptivep", "i", "a"}
 
 def _number(name: str, value: float, lo: float = -INF, hi: float = INF, note: str = "") -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name}: expected a number, got {value!r}")
+        raise SamplingParamsError(f"{name}: expected a number, got {value!r}")
     v = float(value)
     if not math.isfinite(v):
-        raise ValueError(f"{name}: {v} is not a finite number")
+        raise SamplingParamsError(f"{name}: {v} is not a finite number")
     if not lo <= v <= hi:
-        raise ValueError(f"{name}: {v} is outside the allowed range [{lo}, {hi}]{note}")
+        raise SamplingParamsError(f"{name}: {v} is outside the allowed range [{lo}, {hi}]{note}")
     return v
 
 
 def _integer(name: str, value: int, lo: int, hi: int = 2**31 - 1, note: str = "") -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name}: expected an int, got {value!r}")
+        raise SamplingParamsError(f"{name}: expected an int, got {value!r}")
     if not lo <= value <= hi:
-        raise ValueError(f"{name}: {value} is outside the allowed range [{lo}, {hi}]{note}")
+        raise SamplingParamsError(f"{name}: {value} is outside the allowed range [{lo}, {hi}]{note}")
     return value
 
 
@@ -82,9 +83,9 @@ def _sampler_names(samplers: str | tuple[str, ...] | list[str]) -> tuple[str, ..
     for i, raw in enumerate(names):
         key = raw.lower() if isinstance(raw, str) else raw
         if key in _NOT_IMPLEMENTED:
-            raise ValueError(f"samplers[{i}]: sampler {raw!r} is not implemented in llamactx")
+            raise SamplingParamsError(f"samplers[{i}]: sampler {raw!r} is not implemented in llamactx")
         if key not in table:
-            raise ValueError(
+            raise SamplingParamsError(
                 f"samplers[{i}]: unknown sampler {what} {raw!r}; known: {sorted(set(table.values()))}"
             )
         out.append(table[key])
@@ -96,14 +97,14 @@ def _logit_bias(value) -> tuple[tuple[int, float], ...]:
     out = []
     for item in pairs:
         if not isinstance(item, (tuple, list)) or len(item) != 2:
-            raise ValueError(f"logit_bias: expected (token, bias) pairs or a mapping, got item {item!r}")
+            raise SamplingParamsError(f"logit_bias: expected (token, bias) pairs or a mapping, got item {item!r}")
         tok, bias = item
         if isinstance(bias, bool) and bias is False:  # llama-server: false bans the token
             bias = -INF
         if isinstance(tok, bool) or not isinstance(tok, int) or tok < 0:
-            raise ValueError(f"logit_bias: token {tok!r} is not a token id (an int >= 0)")
+            raise SamplingParamsError(f"logit_bias: token {tok!r} is not a token id (an int >= 0)")
         if isinstance(bias, bool) or not isinstance(bias, (int, float)) or math.isnan(bias) or bias == INF:
-            raise ValueError(f"logit_bias[{tok}]: bias {bias!r} must be a finite number or -inf (ban)")
+            raise SamplingParamsError(f"logit_bias[{tok}]: bias {bias!r} must be a finite number or -inf (ban)")
         out.append((tok, float(bias)))
     return tuple(out)
 
@@ -160,7 +161,7 @@ class SamplingParams:
         _number("dynatemp_range", self.dynatemp_range, 0.0)
         _number("dynatemp_exponent", self.dynatemp_exponent, 0.0)
         if self.temperature < 0 and self.dynatemp_range > 0:
-            raise ValueError(
+            raise SamplingParamsError(
                 f"temperature: {self.temperature} < 0 means greedy and cannot be combined with "
                 f"dynatemp_range {self.dynatemp_range} > 0"
             )
@@ -176,7 +177,7 @@ class SamplingParams:
         _integer("penalty_last_n", self.penalty_last_n, -1, note=" (-1 = context size, 0 = off)")
         _number("repeat_penalty", self.repeat_penalty, 0.0)
         if self.repeat_penalty <= 0 or not math.isfinite(1.0 / self.repeat_penalty):
-            raise ValueError(f"repeat_penalty: {self.repeat_penalty} must be greater than 0 (1.0 = off)")
+            raise SamplingParamsError(f"repeat_penalty: {self.repeat_penalty} must be greater than 0 (1.0 = off)")
         _number("frequency_penalty", self.frequency_penalty)
         _number("presence_penalty", self.presence_penalty)
         _number("dry_multiplier", self.dry_multiplier, 0.0, note=" (0 = off)")
@@ -185,7 +186,7 @@ class SamplingParams:
         _integer("dry_penalty_last_n", self.dry_penalty_last_n, -1, note=" (-1 = context size, 0 = off)")
         breakers = self.dry_sequence_breakers
         if isinstance(breakers, str) or not all(isinstance(b, str) for b in breakers):
-            raise ValueError(f"dry_sequence_breakers: expected a list of strings, got {breakers!r}")
+            raise SamplingParamsError(f"dry_sequence_breakers: expected a list of strings, got {breakers!r}")
         object.__setattr__(self, "dry_sequence_breakers", tuple(breakers))
 
     @property

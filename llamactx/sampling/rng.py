@@ -15,6 +15,8 @@ import os
 
 import numpy as np
 
+from llamactx.sampling.token_data import SamplingParamsError
+
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # llama.h: "use a random seed"
 
 _MT_N = 624
@@ -29,12 +31,12 @@ def check_seed(seed: int, name: str = "seed") -> int:
     Raises ValueError for anything that is not an int in [-1, 2**32 - 1].
     """
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise ValueError(f"{name}: expected an int in [-1, {LLAMA_DEFAULT_SEED}], got {seed!r}")
+        raise SamplingParamsError(f"{name}: expected an int in [-1, {LLAMA_DEFAULT_SEED}], got {seed!r}")
     seed = int(seed)
     if seed == -1:
         return LLAMA_DEFAULT_SEED
     if not 0 <= seed <= LLAMA_DEFAULT_SEED:
-        raise ValueError(f"{name}: {seed} is outside [-1, {LLAMA_DEFAULT_SEED}] (-1 = random)")
+        raise SamplingParamsError(f"{name}: {seed} is outside [-1, {LLAMA_DEFAULT_SEED}] (-1 = random)")
     return seed
 
 

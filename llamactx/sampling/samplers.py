@@ -2,8 +2,8 @@
 
 Each class follows the llama.cpp sampler named in its docstring: same parameters, same "off" values (a sampler
 whose parameters make it a no-op reports llama.cpp's empty-sampler name, e.g. "?top-k"), same sorting
-behaviour and the same float32 arithmetic. Samplers with history live in samplers_penalties.py (penalties,
-DRY) and samplers_mirostat.py. Float parameters are rounded to float32 on construction, as the C API stores
+behaviour and the same float32 arithmetic. Samplers with history live in penalties.py (repetition
+penalties), dry.py (DRY) and mirostat.py. Float parameters are rounded to float32 on construction, as the C API stores
 them.
 """
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from llamactx.sampling.rng import LLAMA_DEFAULT_SEED, StdMt19937, check_seed, get_rng_seed
-from llamactx.sampling.token_data import Sampler, TokenDataArray, find_tokens, ordered_prefix
+from llamactx.sampling.token_data import Sampler, SamplingParamsError, TokenDataArray, find_tokens, ordered_prefix
 
 F32 = np.float32
 
@@ -26,19 +26,19 @@ def f32_param(name: str, value: float, allow_inf: bool = False) -> float:
     """A float parameter rounded to float32; ValueError naming `name` if it is not a number, NaN or
     infinite."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ValueError(f"{name}: expected a number, got {value!r}")
+        raise SamplingParamsError(f"{name}: expected a number, got {value!r}")
     v = float(value)
     if math.isnan(v) or (math.isinf(v) and not allow_inf):
-        raise ValueError(f"{name}: {v} is not a finite number")
+        raise SamplingParamsError(f"{name}: {v} is not a finite number")
     return float(F32(v))
 
 
 def int_param(name: str, value: int, lo: int) -> int:
     """An int parameter >= `lo`; ValueError naming `name` otherwise."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{name}: expected an int, got {value!r}")
+        raise SamplingParamsError(f"{name}: expected an int, got {value!r}")
     if value < lo:
-        raise ValueError(f"{name}: {value} is below the minimum {lo}")
+        raise SamplingParamsError(f"{name}: {value} is below the minimum {lo}")
     return int(value)
 
 
@@ -418,10 +418,10 @@ class LogitBiasSampler(SamplerBase):
         for tok, bias in pairs:
             t = int_param("logit_bias token", tok, 0)
             if t >= self.n_vocab:
-                raise ValueError(f"logit_bias: token {t} is outside the vocabulary [0, {self.n_vocab})")
+                raise SamplingParamsError(f"logit_bias: token {t} is outside the vocabulary [0, {self.n_vocab})")
             b = f32_param(f"logit_bias[{t}]", bias, allow_inf=True)
             if b == math.inf:
-                raise ValueError(f"logit_bias[{t}]: +inf is not a bias (use -inf or false to ban a token)")
+                raise SamplingParamsError(f"logit_bias[{t}]: +inf is not a bias (use -inf or false to ban a token)")
             merged[t] = merged.get(t, 0.0) + b
         self.logit_bias = tuple(merged.items())
         self.tokens = np.fromiter(merged.keys(), dtype=np.int64, count=len(merged))

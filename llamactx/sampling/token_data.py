@@ -15,6 +15,14 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from llamactx.errors import LlamactxError
+
+
+class SamplingParamsError(LlamactxError, ValueError):
+    """A sampler or sampling parameter outside its allowed values; names the field, the value and the limit.
+    (Defined here, at the bottom of the sampling package, so that every sampler module can raise it.)"""
+
+
 # Below this many candidates a full stable argsort is cheaper than a threshold search.
 _SMALL_SORT = 2048
 

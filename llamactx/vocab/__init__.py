@@ -6,6 +6,6 @@
     tokenizers.py   the SPM and BPE tokenizer sessions
 """
 
-from llamactx.vocab.vocab import TOKEN_NULL, Vocab
+from llamactx.vocab.vocab import TOKEN_NULL, Vocab, VocabError
 
-__all__ = ["TOKEN_NULL", "Vocab"]
+__all__ = ["TOKEN_NULL", "Vocab", "VocabError"]

@@ -3,8 +3,8 @@
 Loading (`Vocab.from_gguf_meta`) follows llama_vocab::impl::load: tokenizer model and pre-tokenizer type,
 token attributes from token types, special token ids (defaults, GGUF keys, then detection by text), the
 end-of-generation set and the special-token cache. Tokenizing follows llama_vocab::impl::tokenize: special
-tokens are split out of the text first (tokenizer_st_partition, in vocab_special.py), then each raw fragment
-goes to the SPM or BPE tokenizer (vocab_tokenizers.py). Supported tokenizer models: 'llama' (SPM) and 'gpt2'
+tokens are split out of the text first (tokenizer_st_partition, in special.py), then each raw fragment
+goes to the SPM or BPE tokenizer (tokenizers.py). Supported tokenizer models: 'llama' (SPM) and 'gpt2'
 (byte-level BPE).
 """
 
@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from llamactx.errors import LlamactxError
 from llamactx.vocab.pretok import PRE_TYPES, REGEX_EXPRS, PreTokenizer
 from llamactx.vocab.special import (
     ATTR_BYTE,
@@ -28,7 +29,13 @@ from llamactx.vocab.special import (
 )
 from llamactx.vocab.tokenizers import SPM_SPACE, BpeTokenizer, SpmTokenizer
 
-__all__ = ["TOKEN_NULL", "Vocab"]
+__all__ = ["TOKEN_NULL", "Vocab", "VocabError"]
+
+
+class VocabError(LlamactxError, ValueError):
+    """Vocab metadata that cannot be used, or input the vocab cannot take (a token id outside it, text with no
+    UTF-8 form); the message names the key or the value."""
+
 
 _KEY = "tokenizer.ggml."
 
@@ -88,9 +95,9 @@ class Vocab:
         """
         model_type = meta.get(_KEY + "model")
         if not isinstance(model_type, str):
-            raise ValueError(f"'{_KEY}model' is missing or not a string: {model_type!r}")
+            raise VocabError(f"'{_KEY}model' is missing or not a string: {model_type!r}")
         if model_type not in ("llama", "gpt2"):
-            raise ValueError(f"'{_KEY}model' = {model_type!r} is not supported (supported: 'llama', 'gpt2')")
+            raise VocabError(f"'{_KEY}model' = {model_type!r} is not supported (supported: 'llama', 'gpt2')")
         texts = _string_list(meta, _KEY + "tokens")
         n = len(texts)
         for i, t in enumerate(texts):
@@ -99,7 +106,7 @@ class Vocab:
         token_to_id = dict(zip(texts, range(n), strict=True))
         if len(token_to_id) != n:
             dup = next(t for i, t in enumerate(texts) if token_to_id[t] != i)
-            raise ValueError(
+            raise VocabError(
                 f"'{_KEY}tokens' holds {dup!r} twice (ids {texts.index(dup)} and {token_to_id[dup]})"
             )
         scores = _numeric(meta, _KEY + "scores", n, (np.floating, np.integer))
@@ -117,7 +124,7 @@ class Vocab:
             merges = _string_list(meta, _KEY + "merges")
             pre = meta.get(_KEY + "pre", "") or "default"
             if pre not in PRE_TYPES:
-                raise ValueError(f"'{_KEY}pre' = {pre!r} is not a supported pre-tokenizer type")
+                raise VocabError(f"'{_KEY}pre' = {pre!r} is not a supported pre-tokenizer type")
             pre_type, family, clean, ignore, add_bos = PRE_TYPES[pre]
             flags.update(add_space_prefix=False, clean_spaces=clean, ignore_merges=ignore, add_bos=add_bos)
         flags["add_space_prefix"] = _bool(meta, _KEY + "add_space_prefix", flags["add_space_prefix"])
@@ -154,7 +161,7 @@ class Vocab:
     def _check(self, token: int) -> int:
         token = int(token)
         if not 0 <= token < self.n_tokens:
-            raise ValueError(f"token id {token} is out of range [0, n_tokens={self.n_tokens})")
+            raise VocabError(f"token id {token} is out of range [0, n_tokens={self.n_tokens})")
         return token
 
     def token_get_text(self, token: int) -> str:
@@ -199,7 +206,7 @@ class Vocab:
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as e:
-            raise ValueError(
+            raise VocabError(
                 f"text holds a lone surrogate {text[e.start]!r} at index {e.start}; it has no UTF-8 form"
             ) from None
         fragments = partition(
@@ -209,7 +216,7 @@ class Vocab:
         out: list[int] = []
         if add_special and self.add_bos:
             if self.bos == TOKEN_NULL:
-                raise ValueError("the model asks for BOS (add_bos_token) but has no BOS token")
+                raise VocabError("the model asks for BOS (add_bos_token) but has no BOS token")
             out.append(self.bos)
         if isinstance(model, SpmTokenizer):
             is_prev_special = True  # SPM: prefix with a space at the start and after each special token
@@ -229,7 +236,7 @@ class Vocab:
                     out += model.tokenize(frag)
         if add_special and self.add_eos:
             if self.eos == TOKEN_NULL:
-                raise ValueError("the model asks for EOS (add_eos_token) but has no EOS token")
+                raise VocabError("the model asks for EOS (add_eos_token) but has no EOS token")
             out.append(self.eos)
         return out
 
@@ -356,7 +363,7 @@ def _pass_contraction(buf: bytearray, n: int) -> int:
 def _string_list(meta: Mapping[str, object], key: str) -> list[str]:
     value = meta.get(key)
     if not isinstance(value, (list, tuple)) or not set(map(type, value)) <= {str}:
-        raise ValueError(f"'{key}' is missing or not an array of strings (got {type(value).__name__})")
+        raise VocabError(f"'{key}' is missing or not an array of strings (got {type(value).__name__})")
     return list(value)
 
 
@@ -366,14 +373,14 @@ def _numeric(meta: Mapping[str, object], key: str, n: int, kinds: tuple[type, ..
         return None
     arr = np.asarray(value)
     if arr.ndim != 1 or not any(np.issubdtype(arr.dtype, k) for k in kinds):
-        raise ValueError(f"'{key}' is not a 1-D numeric array of the expected kind (dtype {arr.dtype})")
+        raise VocabError(f"'{key}' is not a 1-D numeric array of the expected kind (dtype {arr.dtype})")
     if len(arr) < n:
-        raise ValueError(f"'{key}' has {len(arr)} entries, fewer than the {n} tokens")
+        raise VocabError(f"'{key}' has {len(arr)} entries, fewer than the {n} tokens")
     return arr
 
 
 def _bool(meta: Mapping[str, object], key: str, default: bool) -> bool:
     value = meta.get(key, default)
     if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"'{key}' = {value!r} is not a bool")
+        raise VocabError(f"'{key}' = {value!r} is not a bool")
     return bool(value)

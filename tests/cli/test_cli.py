@@ -88,3 +88,21 @@ def test_run_with_grammar_and_json_schema():
     proc = llamactx("run", "-p", "A JSON object with a number:", "-n", "40", "--seed", "2", "--json-schema", schema)
     assert proc.returncode == 0, proc.stderr
     assert isinstance(json.loads(proc.stdout)["n"], int)
+
+
+@pytest.mark.parametrize("error", ["GenerationError", "GrammarDeadEnd", "StateError"])
+def test_a_llamactx_error_is_one_line_not_a_traceback(monkeypatch, capsys, error):
+    import llamactx.cli.commands as cli_main
+    from llamactx.generation import GenerationError
+    from llamactx.sampling.grammar import GrammarDeadEnd
+    from llamactx.state_io import StateError
+
+    exc = {"GenerationError": GenerationError, "GrammarDeadEnd": GrammarDeadEnd, "StateError": StateError}[error]
+
+    def failing(args):
+        raise exc("what went wrong, named")
+
+    monkeypatch.setattr(cli_main, "cmd_run", failing)
+    assert main(["run", "-p", "x"]) == 1
+    err = capsys.readouterr().err
+    assert err == "llamactx: error: what went wrong, named\n"

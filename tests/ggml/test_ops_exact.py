@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from llamactx.ggml.ops import ReferenceOps, RopeParams
+from llamactx.ggml.inputs import RopeParams
+from llamactx.ggml.ops import ReferenceOps
 from llamactx.ggml.vec import gelu_table, v_expf
 from llamactx.ggml.vecdot_k import is_exact_k
 from llamactx.hparams import ROPE_TYPE_NEOX

@@ -1,6 +1,7 @@
 """The integer dot product of the matmul kernels and the int32 lane arithmetic around it (llvmlite intrinsics).
 
-LLVM never emits `vpdpbusd` by itself (KERNELS.md rule 4). `vdot` is the one operation that differs per path:
+LLVM never emits `vpdpbusd` by itself (its autovectorizer was never seen to pick it), so it is called as an
+intrinsic. `vdot` is the one operation that differs per path:
 `llvm.x86.avx512.vpdpbusd.256` (AVX512-VNNI + VL, or AVX-VNNI) on the VNNI path, plain LLVM vector IR (zext/sext,
 multiply, pairwise adds: `vpmaddwd` on x86) on the portable path. The path is the type of a `simd.Tag` argument,
 so numba compiles (and caches) one specialization per path and both can run in one process.

@@ -15,6 +15,7 @@ import argparse
 import sys
 
 from llamactx.embedded import ModelNotInstalledError
+from llamactx.errors import LlamactxError
 
 
 def _model(args):
@@ -187,13 +188,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. A user's mistake (a `LlamactxError`, a bad value, a missing file) is one line on stderr
+    and exit status 1 (2 for a model that is not installed), never a traceback."""
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except ModelNotInstalledError as e:
         print(f"llamactx: {e}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, ValueError) as e:
+    except (LlamactxError, OSError, ValueError) as e:
         print(f"llamactx: error: {e}", file=sys.stderr)
         return 1
 

@@ -1,0 +1,142 @@
+"""KVCache placement and state on its own (model-free): prepare / apply / rollback, can_fit, seq ops, K-shift,
+state sections, and the rule that nothing outside memory/ touches the cells."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llamactx.batch import Batch, BatchAllocator
+from llamactx.memory import KVCache, MemoryOpError
+from llamactx.state_io import StateError, StateReader
+
+N_EMBD = 64
+
+
+def cache(size: int = 16, n_seq: int = 4, type_k: str = "f16") -> KVCache:
+    return KVCache(2, size, n_seq, N_EMBD, N_EMBD, type_k, "f16")
+
+
+def ubatches(kv: KVCache, runs: list[tuple[int, int]], n_ubatch: int = 512):
+    """(seq_id, n_tokens) runs continuing each sequence -> the allocated batch's ubatches."""
+    batch = Batch(sum(n for _, n in runs), n_seq_max=1)
+    for s, n in runs:
+        p0 = kv.seq_pos_max(s) + 1
+        for j in range(n):
+            batch.add(7, p0 + j, (s,), j == n - 1)
+    alloc = BatchAllocator(100, N_EMBD, kv.n_seq_max, 512).init(batch, kv.seq_pos_max, False)
+    return alloc.split_simple(n_ubatch)
+
+
+def decode_stub(kv: KVCache, runs, n_ubatch: int = 512) -> bool:
+    """What Context.decode does with the memory, with a fake forward that stores K = V = position."""
+    ubs = ubatches(kv, runs, n_ubatch)
+    placement = kv.prepare(ubs)
+    if placement is None:
+        return False
+    for ub, slot in zip(ubs, placement.slots, strict=True):
+        view = kv.apply(ub, slot)
+        for il in range(kv.n_layer):
+            rows = np.repeat(ub.pos[:, None], N_EMBD, axis=1).astype(np.float32)
+            view.store(il, rows, rows)
+    return True
+
+
+def test_prepare_places_every_ubatch_without_changing_memory():
+    kv = cache()
+    ubs = ubatches(kv, [(0, 5), (1, 6)], n_ubatch=4)
+    placement = kv.prepare(ubs)
+    assert [s.tolist() for s in placement.slots] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10]]
+    assert kv.used == 0  # prepare only plans
+    assert kv.prepare(ubatches(kv, [(0, 17)])) is None
+
+
+def test_apply_hands_a_view_of_the_visible_cells_and_rollback_undoes():
+    kv = cache()
+    assert decode_stub(kv, [(0, 3)])
+    ubs = ubatches(kv, [(1, 2)])
+    placement = kv.prepare(ubs)
+    view = kv.apply(ubs[0], placement.slots[0])
+    assert view.n_kv == 5 and view.cell_pos.tolist() == [0, 1, 2, 0, 1]
+    assert view.has_seq(ubs[0].seq_id0).tolist() == [[False] * 3 + [True] * 2] * 2
+    view.store(0, np.ones((2, N_EMBD), np.float32), np.ones((2, N_EMBD), np.float32))
+    np.testing.assert_array_equal(view.k_rows(0)[3:], 1.0)
+    kv.rollback(placement)
+    assert kv.used == 3 and kv.seq_pos_max(1) == -1
+
+
+def test_can_fit_counts_free_cells_and_checks_the_sequence():
+    kv = cache(size=16)
+    assert kv.can_fit(16, 0) and not kv.can_fit(17, 0)
+    assert decode_stub(kv, [(0, 10)])
+    assert kv.can_fit(6, 3) and not kv.can_fit(7, 3)
+    kv.seq_cp(0, 1)  # sharing takes no cells
+    assert kv.can_fit(6, 1)
+    with pytest.raises(MemoryOpError, match="seq_id 4 is outside"):
+        kv.can_fit(1, 4)
+
+
+def test_seq_ops_validate_their_arguments():
+    kv = cache()
+    for call, msg in [(lambda: kv.seq_rm(9), "seq_id 9"), (lambda: kv.seq_cp(0, -1), "seq_id -1"),
+                      (lambda: kv.seq_div(0, 0, 4, 0), "d = 0"), (lambda: kv.seq_pos_max(True), "True")]:
+        with pytest.raises(MemoryOpError, match=msg):
+            call()
+    assert isinstance(MemoryOpError("x"), ValueError)
+
+
+def test_coupled_sequences_must_share_their_history():
+    kv = cache()
+    assert decode_stub(kv, [(0, 3)])
+    assert kv.check_coupled([(0,), (1,)]) is None
+    assert "diverged" in kv.check_coupled([(0, 1)])
+    kv.seq_cp(0, 1)
+    assert kv.check_coupled([(0, 1)]) is None
+
+
+def test_update_rotates_the_keys_of_shifted_cells_once():
+    kv = cache()
+    assert decode_stub(kv, [(0, 4)])
+    kv.seq_add(0, 2, -1, -2)
+    calls = []
+
+    def rope_shift(rows, shift, il):
+        calls.append((il, shift.tolist()))
+        return rows + 100
+
+    kv.update(rope_shift)
+    kv.update(rope_shift)  # nothing pending the second time
+    assert calls == [(0, [-2, -2]), (1, [-2, -2])]
+    assert kv.k[0, 2:4, 0].tolist() == [102, 103]
+
+
+def test_state_sections_round_trip_and_are_checked_before_any_write():
+    src = cache()
+    assert decode_stub(src, [(0, 3), (1, 2)])
+    blob = src.state_write(None)
+    dst = cache()
+    state = dst.state_read(StateReader(blob), whole=True)
+    dst.state_check_fits(state, None)
+    dst.state_apply(state, None)
+    assert dst.seq_pos_max(0) == 2 and dst.seq_pos_max(1) == 1
+    for s in (0, 1):  # the blob lists cells in position order: compare each sequence's rows
+        np.testing.assert_array_equal(dst.k[:, dst.cells.seq_cells(s)], src.k[:, src.cells.seq_cells(s)])
+    one = src.state_write(1)
+    full = cache(size=4)
+    assert decode_stub(full, [(2, 3)])
+    state = full.state_read(StateReader(one), whole=False)
+    with pytest.raises(StateError, match="needs 2 cells, only 1 are free"):
+        full.state_check_fits(state, 0)
+    with pytest.raises(StateError, match="this context.s f32/f16"):
+        cache(type_k="f32").state_read(StateReader(blob), whole=True)
+
+
+def test_no_module_outside_memory_touches_the_cells():
+    root = Path(__file__).parents[2] / "llamactx"
+    pattern = re.compile(r"\b(memory|kv|cache)\.cells\b|\bcells\.(pos|seq|shift)\b|\b(kv|memory)\.(k|v)\[")
+    offenders = [f"{p.relative_to(root)}:{i}" for p in root.rglob("*.py") if p.parent.name != "memory"
+                 for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert offenders == []
