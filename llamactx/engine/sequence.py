@@ -1,0 +1,153 @@
+"""One request's generation state: what it asked for, what memory holds of it, what it has produced and why it
+ended (llama-server's `server_slot` task state, nano-vllm's `Sequence`).
+
+`tokens` are the sequence's positions: its prompt followed by its output (less what a context shift dropped);
+`n_past` of them are in the context's memory. What the next decode must feed is `tokens[n_past:]`: the rest of the
+prompt while prefilling (in chunks), then the one token sampled last. A scheduler decides which sequences feed
+how much; the sequence only keeps count and turns sampled tokens into text (`append`), deciding when it is
+finished.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+from enum import Enum
+
+from llamactx.engine.text_stream import TextStream
+from llamactx.sampling import SamplerChain
+
+_ids = itertools.count()
+
+
+class SequenceStatus(Enum):
+    WAITING = "waiting"  # queued: no slot yet, or preempted
+    RUNNING = "running"  # holds a slot (a seq_id of the context)
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """When a sequence stops besides an end-of-generation token (llama-server's n_predict, stop, ignore_eos,
+    context shift with n_keep)."""
+
+    max_tokens: int = -1  # -1: no limit
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    context_shift: bool = False
+    n_keep: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    token: int | None  # None for the final flush of held-back text
+    text: str  # the text this token completed ("" while a character or a possible stop string is pending)
+
+
+@dataclass(slots=True)
+class Timings:
+    """Like llama-server's `timings`: prompt (prefill) and generation."""
+
+    prompt_n: int = 0
+    prompt_ms: float = 0.0
+    predicted_n: int = 0
+    predicted_ms: float = 0.0
+    cached_n: int = 0
+
+    @property
+    def prompt_per_second(self) -> float:
+        return 1000.0 * self.prompt_n / self.prompt_ms if self.prompt_ms else 0.0
+
+    @property
+    def predicted_per_second(self) -> float:
+        return 1000.0 * self.predicted_n / self.predicted_ms if self.predicted_ms else 0.0
+
+
+@dataclass(slots=True)
+class Completion:
+    text: str
+    tokens: list[int]
+    finish_reason: str  # "stop" (EOG token or stop string) | "length" (max tokens or context full)
+    timings: Timings = field(default_factory=Timings)
+    stop_word: str | None = None
+
+
+class Sequence:
+    """A prompt, its sampler chain and limits, and the state of its generation."""
+
+    def __init__(self, prompt: Seq[int], sampler: SamplerChain, limits: Limits = Limits()):
+        prompt = list(prompt)
+        if not prompt:
+            raise ValueError("prompt is empty: at least one token is needed to generate")
+        self.id = next(_ids)
+        self.status = SequenceStatus.WAITING
+        self.seq_id = -1  # the context sequence (slot) it runs in
+        self.tokens: list[int] = prompt  # its positions: prompt + output, less what a context shift dropped
+        self.output: list[int] = []  # every generated token
+        self.n_prompt = len(prompt)
+        self.n_past = 0  # tokens[:n_past] are in memory
+        self.n_cached = 0  # prompt tokens found in memory instead of decoded
+        self.sampler = sampler
+        self.limits = limits
+        self.stream = TextStream(limits.stop)
+        self.finish_reason: str | None = None
+        self.timings = Timings()
+        self.t_start = time.perf_counter()
+        self.t_first_token: float | None = None
+
+    @property
+    def n_output(self) -> int:
+        return len(self.output)
+
+    @property
+    def pending(self) -> list[int]:
+        """What the next decodes must feed: the rest of the prompt, or the last sampled token."""
+        return self.tokens[self.n_past :]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def append(self, token: int, vocab) -> list[Chunk]:
+        """Take a sampled token: an end-of-generation token (unless ignore_eos) finishes with "stop" and is not
+        kept; otherwise the token is kept and its text pushed through the stream, and a stop string or
+        max_tokens finishes the sequence. Returns the chunks to emit: the token's text (unless a stop string
+        swallowed it) and, when this token finished the sequence, the held-back tail."""
+        if self.t_first_token is None:
+            self.t_first_token = time.perf_counter()
+        if vocab.is_eog(token) and not self.limits.ignore_eos:
+            return self.finish("stop")
+        self.tokens.append(token)
+        self.output.append(token)
+        text = self.stream.push(vocab.token_to_piece(token))
+        chunks = [Chunk(token, text)] if text or self.stream.stop_word is None else []
+        if self.stream.stop_word is not None:
+            chunks += self.finish("stop")
+        elif 0 <= self.limits.max_tokens <= self.n_output:
+            chunks += self.finish("length")
+        return chunks
+
+    def finish(self, reason: str) -> list[Chunk]:
+        """End the sequence ("stop" | "length" | "abort" | "error"); returns the held-back text as a last chunk
+        (none after a stop string, which is never emitted)."""
+        if self.status is SequenceStatus.FINISHED:
+            return []
+        self.finish_reason = reason
+        self.status = SequenceStatus.FINISHED
+        tail = self.stream.flush()
+        return [Chunk(None, tail)] if tail else []
+
+    def shift(self, n_keep: int) -> tuple[int, int]:
+        """llama.cpp's context shift on the positions: keep the first n_keep tokens, drop half of the rest.
+        Returns (start, n_discard) for the memory to do the same (seq_rm + seq_add)."""
+        n_keep = max(0, min(n_keep, self.n_past - 2))
+        n_discard = (self.n_past - n_keep) // 2
+        del self.tokens[n_keep : n_keep + n_discard]
+        self.n_past -= n_discard
+        return n_keep, n_discard
+
+    def result(self) -> Completion:
+        return Completion(self.stream.text, self.output, self.finish_reason or "length", self.timings,
+                          self.stream.stop_word)
