@@ -10,6 +10,7 @@ Both kernel paths run on every type (the VNNI one where the CPU has it). The fir
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -442,8 +443,8 @@ def _mapped_file_rss(path) -> int:
     with open("/proc/self/smaps") as f:
         for line in f:
             parts = line.split()
-            if len(parts) >= 6 and "-" in parts[0]:
-                current = parts[-1] == str(path)
+            if re.fullmatch(r"[0-9a-f]+-[0-9a-f]+", parts[0]):  # a mapping's header (anonymous ones have no path)
+                current = len(parts) >= 6 and parts[-1] == str(path)
             elif current and line.startswith("Rss:"):
                 rss += int(parts[1]) * 1024
     return rss
