@@ -1,4 +1,4 @@
-"""LLM: the high-level API (one model, one context, one conversation), in the spirit of llama-cpp-python's `Llama`.
+"""LLM: the high-level API (one model, one conversation), in the spirit of llama-cpp-python's `Llama`.
 
     llm = LLM()                                   # the embedded default model (SmolLM2-135M-Instruct)
     llm.complete("1, 2, 3,", max_tokens=8, temperature=0).text
@@ -6,8 +6,8 @@
     for chunk in llm.complete("Once upon a time", stream=True): print(chunk.text, end="")
     llm.embed(["a sentence", "another"])          # (2, n_embd), mean-pooled
 
-`chat` keeps the conversation's KV between turns: the next turn's prompt starts with the previous one, so only the
-new messages are decoded.
+An LLM is a one-slot user of the `Engine`: the same decode loop as the server. `chat` keeps the conversation's KV
+between turns: the next turn's prompt starts with the previous one, so only the new messages are decoded.
 """
 
 from __future__ import annotations
@@ -19,37 +19,41 @@ from typing import Any
 
 import numpy as np
 
-from llamactx.batch import Batch
 from llamactx.chat_template import ChatTemplate
-from llamactx.context import Context
-from llamactx.cparams import ContextParams
 from llamactx.embedded import resolve_model_path
-from llamactx.generation import Chunk, Completion, Generation
+from llamactx.embedding import Embedder
+from llamactx.engine import Chunk, Completion, Engine, GenerationError, Limits
 from llamactx.model import Model
-from llamactx.sampling import SamplerChain
-from llamactx.sampling.params import SamplingParams
+from llamactx.sampling import SamplerChain, SamplingParams
+from llamactx.sampling.token_data import SamplingParamsError
 
 _SAMPLING_FIELDS = set(SamplingParams.__dataclass_fields__)
 
 
 class LLM:
-    """A model with one context. `model`: None (the embedded default), an embedded name ("smollm2", "gemma3"), a
-    GGUF path, or a loaded `Model` (shared, never copied). Other keyword arguments are `ContextParams` fields
-    (default n_ctx 4096)."""
+    """A model with one conversation. `model`: None (the embedded default), an embedded name ("smollm2",
+    "gemma3"), a GGUF path, or a loaded `Model` (shared, never copied). Other keyword arguments are
+    `ContextParams` fields (default n_ctx 4096)."""
 
     def __init__(self, model: Model | str | Path | None = None, **context_params: Any):
         self.model = model if isinstance(model, Model) else Model.load(resolve_model_path(model))
-        context_params.setdefault("n_ctx", 4096)
-        self.ctx = Context(self.model, ContextParams(**context_params))
-        self.generation = Generation(self.ctx)
+        n_ctx = context_params.pop("n_ctx", 4096)
+        self.engine = Engine(self.model, n_slots=1, n_ctx=n_ctx, **context_params)
+        self.ctx = self.engine.ctx
+        self.result: Completion | None = None  # the last completion (also after a stream ends)
         self._template: ChatTemplate | None = None
-        self._embed_ctx: Context | None = None
+        self._embedder: Embedder | None = None
 
     @property
     def template(self) -> ChatTemplate:
         if self._template is None:
             self._template = ChatTemplate.from_model(self.model)
         return self._template
+
+    @property
+    def tokens(self) -> list[int]:
+        """The tokens the conversation's sequence holds in memory (what the next prompt can reuse)."""
+        return list(self.engine.scheduler.cache.slots[0].held)
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         return self.model.vocab.tokenize(text, add_special=add_special, parse_special=parse_special)
@@ -73,16 +77,27 @@ class LLM:
                  context_shift: bool = False, n_keep: int = 0, **sampling: Any) -> Completion | Iterator[Chunk]:
         """Continue `prompt` (text: tokenized with add_special and parse_special). Returns a `Completion`
         (text, tokens, finish_reason, timings), or with `stream=True` an iterator of `Chunk`s (the `Completion`
-        is then in `llm.generation.result` once the iterator ends)."""
+        is then in `llm.result` once the iterator ends). Raises GenerationError if sampling fails (a grammar
+        dead end)."""
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         chain = self.sampler(grammar, json_schema, **sampling)
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
-        chunks = self.generation.generate(tokens, chain, max_tokens, stops, context_shift, n_keep)
+        stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+        seq = self.engine.add_request(tokens, chain, Limits(max_tokens, stops, context_shift=context_shift,
+                                                            n_keep=n_keep))
+        chunks = self._run(seq)
         if stream:
             return chunks
         for _ in chunks:
             pass
-        return self.generation.result  # type: ignore[return-value]
+        return self.result  # type: ignore[return-value]
+
+    def _run(self, seq) -> Iterator[Chunk]:
+        try:
+            yield from self.engine.generate(seq)
+        finally:
+            self.result = seq.result()
+        if seq.finish_reason == "error":
+            raise GenerationError(seq.error or "generation failed")
 
     def chat(self, messages: Sequence[Mapping[str, Any]], max_tokens: int = 256, **options: Any
              ) -> Completion | Iterator[Chunk]:
@@ -95,26 +110,26 @@ class LLM:
         """Mean-pooled, L2-normalised embeddings of `texts` (their final hidden states). -> (n, n_embd) float32"""
         if isinstance(texts, str):
             texts = [texts]
-        if self._embed_ctx is None:
-            self._embed_ctx = Context(self.model, ContextParams(n_ctx=self.ctx.params.n_ctx, embeddings=True,
-                                                                pooling_type="mean"))
-        ctx = self._embed_ctx
-        out = np.zeros((len(texts), self.model.hparams.n_embd), np.float32)
-        for i, text in enumerate(texts):
-            tokens = self.tokenize(text, parse_special=False)
-            ctx.memory.clear(data=False)
-            batch = Batch(len(tokens))
-            for p, t in enumerate(tokens):
-                batch.add(t, p, (0,), True)
-            if ctx.decode(batch) != 0:
-                raise RuntimeError(f"embed: text {i} does not fit the context ({len(tokens)} tokens)")
-            vec = ctx.get_embeddings_seq(0)
-            out[i] = vec / max(float(np.linalg.norm(vec)), 1e-12)
-        return out
+        if self._embedder is None:
+            self._embedder = Embedder(self.model, n_ctx=self.ctx.params.n_ctx)
+        return self._embedder.embed([self.tokenize(t, parse_special=False) for t in texts])
+
+    def save_session(self, path: str | Path) -> int:
+        """Save the conversation's KV state and tokens to a session file; returns the number of tokens."""
+        tokens = self.tokens
+        self.ctx.state_seq_save_file(path, 0, tokens)
+        return len(tokens)
+
+    def load_session(self, path: str | Path) -> list[int]:
+        """Replace the conversation's KV state with a session file's (StateError, with nothing changed, if it
+        does not fit); returns its tokens."""
+        tokens = self.ctx.state_seq_load_file(path, 0)
+        self.engine.scheduler.cache.set_tokens(0, tokens)
+        return tokens
 
     def reset(self) -> None:
         """Forget the conversation (the KV cache of the sequence)."""
-        self.generation.reset()
+        self.engine.scheduler.cache.clear_slot(0)
 
 
 def _grammar(vocab, grammar: str | None, json_schema: Mapping | str | None):
@@ -123,7 +138,7 @@ def _grammar(vocab, grammar: str | None, json_schema: Mapping | str | None):
     from llamactx.sampling.grammar import GrammarSampler
 
     if grammar is not None and json_schema is not None:
-        raise ValueError("give either grammar or json_schema, not both")
+        raise SamplingParamsError("give either grammar or json_schema, not both")
     if grammar is not None:
         return GrammarSampler.from_gbnf(vocab, grammar)
     schema = json.loads(json_schema) if isinstance(json_schema, str) else json_schema

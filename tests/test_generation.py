@@ -26,7 +26,7 @@ def test_streamed_text_equals_complete_text_with_multibyte_output(llm):
     full = llm.complete(prompt, max_tokens=40, seed=11, temperature=1.0)
     chunks = list(llm.complete(prompt, max_tokens=40, seed=11, temperature=1.0, stream=True))
     assert "".join(c.text for c in chunks) == full.text
-    assert llm.generation.result.tokens == full.tokens
+    assert llm.result.tokens == full.tokens
     assert any(ord(ch) > 0x7F for ch in full.text), full.text  # the case is meaningful
     assert all("\ufffd" not in c.text for c in chunks)
 
@@ -52,8 +52,8 @@ def test_context_full_is_length_or_shifts(smollm):
     assert out.finish_reason == "length" and len(prompt) + len(out.tokens) == 257
     shifted = small.complete(prompt, max_tokens=300, temperature=0, context_shift=True, n_keep=4)
     assert shifted.finish_reason == "length" and len(shifted.tokens) == 300
-    assert len(small.generation.tokens) < 256
-    assert small.ctx.memory.seq_pos_max(0) == len(small.generation.tokens) - 1
+    assert len(small.tokens) < 256
+    assert small.ctx.memory.seq_pos_max(0) == len(small.tokens) - 1
 
 
 def test_chat_reuses_the_previous_turn(llm):

@@ -69,18 +69,17 @@ def _command(llm, line: str, messages: list[dict], base: list[dict]) -> tuple[li
         print(f"usage: {cmd} FILE")
         return messages, False
     if cmd == "/save":
-        llm.ctx.state_seq_save_file(arg, 0, llm.generation.tokens)
+        n = llm.save_session(arg)
         Path(arg + ".messages.json").write_text(json.dumps(messages, ensure_ascii=False), encoding="utf-8")
-        print(f"saved {len(llm.generation.tokens)} tokens to {arg}")
+        print(f"saved {n} tokens to {arg}")
         return messages, False
     if cmd == "/load":
         try:
-            tokens = llm.ctx.state_seq_load_file(arg, 0)
             loaded = json.loads(Path(arg + ".messages.json").read_text(encoding="utf-8"))
+            tokens = llm.load_session(arg)
         except (OSError, ValueError) as e:
             print(f"could not load {arg}: {e}")
             return messages, False
-        llm.generation.tokens = tokens
         print(f"loaded {len(tokens)} tokens, {len(loaded)} messages")
         return loaded, False
     print(HELP)

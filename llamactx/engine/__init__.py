@@ -1,11 +1,25 @@
 """The engine: many sequences of one context, one batched decode per step (llama-server's update_slots,
 nano-vllm's engine/).
 
-    text_stream.py  TextStream: token bytes -> printable text, stop strings held back
-    sequence.py     Sequence: one request's state (tokens, n_past, sampler, limits, finish reason)
+    text_stream.py   TextStream: token bytes -> printable text, stop strings held back
+    sequence.py      Sequence: one request's state (tokens, n_past, sampler, limits, finish reason)
+    prefix_cache.py  PrefixCache: the slots (context sequences), what each holds, prefix sharing, LRU eviction
+    scheduler.py     Scheduler: waiting / running queues, admission, chunked prefill, preemption (decides only)
+    engine.py        Engine.step(): schedule -> one Batch -> decode -> sample -> post-process
 """
 
-from llamactx.engine.sequence import Chunk, Completion, Limits, Sequence, SequenceStatus, Timings
+from llamactx.engine.engine import Engine, EngineStats, StepOutput
+from llamactx.engine.sequence import (
+    Chunk,
+    Completion,
+    EngineError,
+    GenerationError,
+    Limits,
+    Sequence,
+    SequenceStatus,
+    Timings,
+)
 from llamactx.engine.text_stream import TextStream
 
-__all__ = ["Chunk", "Completion", "Limits", "Sequence", "SequenceStatus", "TextStream", "Timings"]
+__all__ = ["Chunk", "Completion", "Engine", "EngineError", "EngineStats", "GenerationError", "Limits", "Sequence",
+           "SequenceStatus", "StepOutput", "TextStream", "Timings"]

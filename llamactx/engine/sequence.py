@@ -17,9 +17,19 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from llamactx.engine.text_stream import TextStream
+from llamactx.errors import LlamactxError
 from llamactx.sampling import SamplerChain
 
 _ids = itertools.count()
+
+
+class EngineError(LlamactxError, ValueError):
+    """A request the engine cannot take: an empty prompt, a prompt longer than a slot's context, a token outside
+    the vocab, a slot that does not exist."""
+
+
+class GenerationError(LlamactxError, RuntimeError):
+    """Generation could not go on (the grammar reached a dead end, the sampler selected nothing)."""
 
 
 class SequenceStatus(Enum):
@@ -44,6 +54,8 @@ class Limits:
 class Chunk:
     token: int | None  # None for the final flush of held-back text
     text: str  # the text this token completed ("" while a character or a possible stop string is pending)
+    logprob: float | None = None  # the token's log-probability under the model (when n_probs >= 0)
+    top_logprobs: tuple[tuple[int, float], ...] = ()  # the n_probs most likely tokens and their logprobs
 
 
 @dataclass(slots=True)
@@ -77,10 +89,11 @@ class Completion:
 class Sequence:
     """A prompt, its sampler chain and limits, and the state of its generation."""
 
-    def __init__(self, prompt: Seq[int], sampler: SamplerChain, limits: Limits = Limits()):
+    def __init__(self, prompt: Seq[int], sampler: SamplerChain, limits: Limits = Limits(), *, id_slot: int = -1,
+                 cache_prompt: bool = True, n_probs: int = -1):
         prompt = list(prompt)
         if not prompt:
-            raise ValueError("prompt is empty: at least one token is needed to generate")
+            raise EngineError("prompt is empty: at least one token is needed to generate")
         self.id = next(_ids)
         self.status = SequenceStatus.WAITING
         self.seq_id = -1  # the context sequence (slot) it runs in
@@ -91,10 +104,15 @@ class Sequence:
         self.n_cached = 0  # prompt tokens found in memory instead of decoded
         self.sampler = sampler
         self.limits = limits
+        self.id_slot = id_slot  # the slot it must run in (-1: any)
+        self.cache_prompt = cache_prompt  # reuse what memory holds of its prompt
+        self.n_probs = n_probs  # -1: no logprobs; >= 0: the sampled token's logprob and the top n_probs
         self.stream = TextStream(limits.stop)
         self.finish_reason: str | None = None
+        self.error: str | None = None  # why it finished with "error"
         self.timings = Timings()
-        self.t_start = time.perf_counter()
+        self.t_queued = time.perf_counter()
+        self.t_admitted: float | None = None  # when it got a slot (the scheduler sets it)
         self.t_first_token: float | None = None
 
     @property
@@ -107,10 +125,16 @@ class Sequence:
         return self.tokens[self.n_past :]
 
     @property
+    def is_generating(self) -> bool:
+        """All but the last sampled token are in memory: the next decode feeds one token."""
+        return len(self.tokens) - self.n_past <= 1
+
+    @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 
-    def append(self, token: int, vocab) -> list[Chunk]:
+    def append(self, token: int, vocab, logprob: float | None = None,
+               top_logprobs: tuple[tuple[int, float], ...] = ()) -> list[Chunk]:
         """Take a sampled token: an end-of-generation token (unless ignore_eos) finishes with "stop" and is not
         kept; otherwise the token is kept and its text pushed through the stream, and a stop string or
         max_tokens finishes the sequence. Returns the chunks to emit: the token's text (unless a stop string
@@ -122,7 +146,7 @@ class Sequence:
         self.tokens.append(token)
         self.output.append(token)
         text = self.stream.push(vocab.token_to_piece(token))
-        chunks = [Chunk(token, text)] if text or self.stream.stop_word is None else []
+        chunks = [Chunk(token, text, logprob, top_logprobs)] if text or self.stream.stop_word is None else []
         if self.stream.stop_word is not None:
             chunks += self.finish("stop")
         elif 0 <= self.limits.max_tokens <= self.n_output:
@@ -136,8 +160,21 @@ class Sequence:
             return []
         self.finish_reason = reason
         self.status = SequenceStatus.FINISHED
+        self._time()
         tail = self.stream.flush()
         return [Chunk(None, tail)] if tail else []
+
+    def _time(self) -> None:
+        """llama-server's timings: prompt = admission to the first sampled token, predicted = the rest."""
+        now = time.perf_counter()
+        t0 = self.t_admitted if self.t_admitted is not None else now
+        t1 = self.t_first_token if self.t_first_token is not None else now
+        t = self.timings
+        t.cached_n = self.n_cached
+        t.prompt_n = self.n_prompt - self.n_cached
+        t.prompt_ms = (t1 - t0) * 1000
+        t.predicted_n = self.n_output
+        t.predicted_ms = (now - t1) * 1000
 
     def shift(self, n_keep: int) -> tuple[int, int]:
         """llama.cpp's context shift on the positions: keep the first n_keep tokens, drop half of the rest.

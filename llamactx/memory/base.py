@@ -6,7 +6,8 @@ implementation; recurrent or sliding-window memories would be others. Sequence i
 
 A decode asks its memory, in this order: `update` (pending work such as a K-shift), `prepare(ubatches)` (a
 placement for every ubatch, or None when they do not fit: decode returns 1), per ubatch `apply(ubatch, slot)`
-(the view the forward attends through), and on failure `rollback(placement)`. A scheduler asks `can_fit` first.
+(the view the forward attends through), and on failure `rollback(placement)`. A scheduler asks `can_fit` /
+`room` first.
 """
 
 from __future__ import annotations
@@ -46,8 +47,13 @@ class Memory(ABC):
     # -- placement ----------------------------------------------------------------------------------------------
 
     @abstractmethod
+    def room(self, seq_id: int) -> int:
+        """How many new tokens of `seq_id` would find room now, without decoding."""
+
     def can_fit(self, n_tokens: int, seq_id: int) -> bool:
-        """Whether `n_tokens` new tokens of `seq_id` would find room now, without decoding."""
+        """Whether `n_tokens` new tokens of `seq_id` would find room now, without decoding (a scheduler's
+        question before it admits or schedules work)."""
+        return n_tokens <= self.room(seq_id)
 
     @abstractmethod
     def update(self, rope_shift) -> None:

@@ -142,11 +142,10 @@ class KVCache(Memory):
 
     # -- placement (llama_kv_cache::prepare / apply_ubatch) -----------------------------------------------------
 
-    def can_fit(self, n_tokens: int, seq_id: int) -> bool:
-        """Whether `n_tokens` new tokens of `seq_id` would find cells now, without decoding (a scheduler's
-        question before it admits work)."""
+    def room(self, seq_id: int) -> int:
+        """How many new tokens of `seq_id` would find cells now: the free cells (all sequences share them)."""
         self.check_seq(seq_id)
-        return n_tokens <= self.cells.n_free
+        return self.cells.n_free
 
     def prepare(self, ubatches: Sequence[UBatch]) -> Placement | None:
         """Find cells for every ubatch before computing any; None when they do not all fit. Memory is left as
@@ -210,9 +209,12 @@ class KVCache(Memory):
         self.cells.keep(seq_id)
 
     def seq_add(self, seq_id: int, p0: int, p1: int, delta: int) -> None:
+        """Shift positions; cells shared with other sequences (seq_cp) are first copied, so that the others keep
+        their positions (llama.cpp would move them too)."""
         self.check_seq(seq_id)
         self._check_shift("seq_add")
         if delta != 0 and not (p0 >= 0 and p0 == p1):
+            self._unshare(seq_id, p0, p1)
             self.cells.add(seq_id, p0, p1, delta)
 
     def seq_div(self, seq_id: int, p0: int, p1: int, d: int) -> None:
@@ -221,7 +223,18 @@ class KVCache(Memory):
         if d < 1:
             raise MemoryOpError(f"seq_div: d = {d} must be >= 1")
         if d != 1:
+            self._unshare(seq_id, p0, p1)
             self.cells.div(seq_id, p0, p1, d)
+
+    def _unshare(self, seq_id: int, p0: int, p1: int) -> None:
+        try:
+            moved = self.cells.split_shared(seq_id, self.cells.range_mask(seq_id, p0, p1))
+        except ValueError as e:
+            raise MemoryOpError(str(e)) from None
+        if moved is not None:
+            old, new = moved
+            self.k[:, new] = self.k[:, old]
+            self.v[:, new] = self.v[:, old]
 
     def _check_shift(self, op: str) -> None:
         if not self._can_shift:

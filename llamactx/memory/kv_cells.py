@@ -153,6 +153,25 @@ class KVCells:
         self.shift[mask] += new - old
         self.has_shift |= bool((new != old).any())
 
+    def split_shared(self, seq_id: int, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """Copy-on-write before a position change: the cells of `mask` that `seq_id` shares with another
+        sequence are given to `seq_id` alone in new cells (same positions and pending shifts), and the old cells
+        stay with the others. Returns (old, new) cell indices for the cache to copy K/V, None when nothing is
+        shared; raises ValueError when there are not enough free cells."""
+        old = np.flatnonzero(mask & self.seq[:, seq_id] & (self.seq.sum(axis=1) > 1))
+        if not old.size:
+            return None
+        new = self.find_slot(old.size)
+        if new is None:
+            raise ValueError(f"{old.size} cells shared by seq_id {seq_id} must be copied before their positions "
+                             f"change, but only {self.n_free} are free")
+        self.pos[new] = self.pos[old]
+        self.shift[new] = self.shift[old]
+        self.seq[new] = False
+        self.seq[new, seq_id] = True
+        self.seq[old, seq_id] = False
+        return old, new
+
     def _free_orphans(self) -> None:
         orphan = (self.pos >= 0) & ~self.seq.any(axis=1)
         self.pos[orphan] = -1

@@ -93,7 +93,7 @@ def test_run_with_grammar_and_json_schema():
 @pytest.mark.parametrize("error", ["GenerationError", "GrammarDeadEnd", "StateError"])
 def test_a_llamactx_error_is_one_line_not_a_traceback(monkeypatch, capsys, error):
     import llamactx.cli.commands as cli_main
-    from llamactx.generation import GenerationError
+    from llamactx.engine import GenerationError
     from llamactx.sampling.grammar import GrammarDeadEnd
     from llamactx.state_io import StateError
 

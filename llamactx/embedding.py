@@ -1,0 +1,61 @@
+"""Sentence embeddings: mean-pooled, L2-normalised final hidden states (llama-server's /v1/embeddings with
+pooling mean and embd_normalize 2; llama.cpp's tools/embedding).
+
+An `Embedder` owns a context with `embeddings=True` over a shared model; each text is decoded alone from an empty
+memory, so its vector does not depend on the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from llamactx.batch import Batch
+from llamactx.context import Context, DecodeStatus
+from llamactx.cparams import ContextParams
+from llamactx.errors import LlamactxError
+from llamactx.model import Model
+
+
+class EmbeddingError(LlamactxError, ValueError):
+    """An input that cannot be embedded (empty, or longer than the context)."""
+
+
+class Embedder:
+    """Embeddings of token lists with one `n_ctx`-token context (created on first use)."""
+
+    def __init__(self, model: Model, n_ctx: int = 2048, **context_params):
+        self.model = model
+        self.n_ctx = n_ctx
+        self._params = dict(context_params)
+        self._ctx: Context | None = None
+
+    def embed(self, inputs: Sequence[Sequence[int]]) -> np.ndarray:
+        """One normalised vector per token list. -> (len(inputs), n_embd) float32. Raises EmbeddingError for an
+        empty input or one longer than n_ctx (naming its index)."""
+        for i, tokens in enumerate(inputs):
+            if not len(tokens):
+                raise EmbeddingError(f"input[{i}] is empty")
+            if len(tokens) > self.n_ctx:
+                raise EmbeddingError(f"input[{i}] has {len(tokens)} tokens, more than the context's {self.n_ctx}")
+        ctx = self._context()
+        out = np.zeros((len(inputs), self.model.hparams.n_embd), np.float32)  # (n, n_embd)
+        for i, tokens in enumerate(inputs):
+            ctx.memory.clear(data=False)
+            batch = Batch(len(tokens))
+            for p, t in enumerate(tokens):
+                batch.add(int(t), p, (0,), True)
+            if ctx.decode(batch) != DecodeStatus.OK:
+                raise EmbeddingError(f"input[{i}] could not be decoded")
+            vec = ctx.get_embeddings_seq(0)  # (n_embd,)
+            out[i] = vec / max(float(np.linalg.norm(vec)), 1e-12)
+        return out
+
+    def _context(self) -> Context:
+        if self._ctx is None:
+            params = ContextParams(n_ctx=self.n_ctx, n_batch=self.n_ctx, embeddings=True, pooling_type="mean",
+                                   **self._params)
+            self._ctx = Context(self.model, params)
+            self.n_ctx = self._ctx.params.n_ctx
+        return self._ctx

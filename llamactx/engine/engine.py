@@ -1,0 +1,221 @@
+"""The engine: many sequences of one context, one batched decode per step (llama-server's `update_slots`,
+nano-vllm's `LLMEngine`).
+
+    engine = Engine(model, n_slots=4, n_ctx=4096)
+    seq = engine.add_request(prompt_tokens, sampler, Limits(max_tokens=64))
+    while engine.has_work:
+        for out in engine.step():   # every sequence that produced text or finished this step
+            print(out.seq.id, [c.text for c in out.chunks], out.seq.finish_reason)
+
+`step()` is schedule -> one Batch -> `ctx.decode` -> sample each output row -> post-process. One thread owns an
+engine (it is not thread-safe): the server runs it in its own thread and talks to it through a queue.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+import numpy as np
+
+from llamactx.batch import Batch
+from llamactx.context import Context, DecodeStatus
+from llamactx.cparams import ContextParams
+from llamactx.engine.scheduler import Scheduled, Scheduler
+from llamactx.engine.sequence import Chunk, EngineError, Limits, Sequence
+from llamactx.memory import MemoryOpError
+from llamactx.model import Model
+from llamactx.sampling import SamplerChain
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutput:
+    """What one sequence produced in a step: its new chunks, and whether it finished (seq.finish_reason)."""
+
+    seq: Sequence
+    chunks: list[Chunk]
+
+    @property
+    def finished(self) -> bool:
+        return self.seq.is_finished
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """Counters for llama-server's /metrics."""
+
+    n_prompt_tokens: int = 0  # prompt tokens decoded (cached ones excluded), of finished requests
+    n_prompt_cached: int = 0  # prompt tokens found in memory, of finished requests
+    n_tokens_predicted: int = 0  # generated tokens of finished requests
+    n_decode: int = 0  # decode calls
+    n_busy_slots: int = 0  # summed over decode calls (busy slots per decode = n_busy_slots / n_decode)
+    n_tokens_max: int = 0  # the largest batch decoded
+    t_prompt_ms: float = 0.0  # decode time of batches that carried prompt tokens
+    t_predicted_ms: float = 0.0  # decode time of batches of generated tokens only
+
+
+class Engine:
+    """`n_slots` sequences of one context over a shared, read-only `model`. Extra keyword arguments are
+    `ContextParams` fields (n_batch, n_ubatch, n_threads, type_k...). The context's KV cells are one pool
+    (kv_unified): each slot may use up to `n_ctx` tokens while memory lasts."""
+
+    def __init__(self, model: Model, n_slots: int = 1, n_ctx: int = 4096, **context_params):
+        if not 1 <= n_slots <= 256:
+            raise EngineError(f"n_slots = {n_slots} is outside [1, 256]")
+        self.model = model
+        self.ctx = Context(model, ContextParams(n_ctx=n_ctx, n_seq_max=n_slots, kv_unified=True, **context_params))
+        self.scheduler = Scheduler(self.ctx.memory, n_slots, self.ctx.params.n_batch)
+        self.stats = EngineStats()
+
+    def warmup(self) -> None:
+        """Decode a 2-token and a 1-token batch and forget them, so that the kernels are compiled or loaded from
+        numba's cache before the first request (llama-server's warmup run)."""
+        ctx = self.ctx
+        ctx.decode(Batch.get_one([self.model.vocab.bos if self.model.vocab.bos >= 0 else 0] * 2))
+        ctx.decode(Batch.get_one([0]))
+        ctx.memory.clear(data=False)
+
+    @property
+    def n_slots(self) -> int:
+        return self.scheduler.n_slots
+
+    @property
+    def n_ctx_slot(self) -> int:
+        return self.ctx.params.n_ctx_seq
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    def add_request(self, prompt: Seq[int], sampler: SamplerChain, limits: Limits | None = None,
+                    **options) -> Sequence:
+        """Queue a request; it joins the running batch at the next step with a free slot. `options`: id_slot,
+        cache_prompt, n_probs (Sequence's keywords). Raises EngineError for a prompt that cannot fit a slot."""
+        prompt = list(prompt)
+        n_vocab = self.model.hparams.n_vocab
+        bad = [t for t in prompt if not (isinstance(t, (int, np.integer)) and 0 <= t < n_vocab)]
+        if bad:
+            raise EngineError(f"prompt token {bad[0]!r} is outside the vocab [0, {n_vocab})")
+        if len(prompt) > self.n_ctx_slot:
+            raise EngineError(f"the prompt has {len(prompt)} tokens, more than a slot's context n_ctx = "
+                              f"{self.n_ctx_slot}")
+        id_slot = options.get("id_slot", -1)
+        if not -1 <= id_slot < self.n_slots:
+            raise EngineError(f"id_slot {id_slot} is outside [-1, {self.n_slots})")
+        seq = Sequence([int(t) for t in prompt], sampler, limits or Limits(), **options)
+        self.scheduler.add(seq)
+        return seq
+
+    def abort(self, seq: Sequence) -> list[Chunk]:
+        """Stop `seq` now ("abort"): it is never decoded again; its slot is free for the next step."""
+        if seq.is_finished:
+            return []
+        chunks = seq.finish("abort")
+        self._finished(seq)
+        return chunks
+
+    def step(self) -> list[StepOutput]:
+        """One decode of every scheduled sequence's tokens; returns what each sampled sequence produced."""
+        plan = self.scheduler.schedule()
+        if not plan:
+            return []
+        batch = self._batch(plan)
+        t0 = time.perf_counter()
+        status = self.ctx.decode(batch)
+        if status != DecodeStatus.OK:  # the scheduler checked the room, so only an abort or a surprise lands here
+            self.scheduler.preempt(self.scheduler.running[-1])
+            return []
+        self._count(plan, (time.perf_counter() - t0) * 1000)
+        return self._postprocess(plan)
+
+    def _batch(self, plan: list[Scheduled]) -> Batch:
+        batch = Batch(sum(s.n_tokens for s in plan))
+        for s in plan:
+            seq = s.seq
+            tokens = seq.pending[: s.n_tokens]
+            for j, t in enumerate(tokens):
+                batch.add(t, seq.n_past + j, (seq.seq_id,), s.sample and j == len(tokens) - 1)
+        return batch
+
+    def _postprocess(self, plan: list[Scheduled]) -> list[StepOutput]:
+        outputs = []
+        row = 0
+        vocab = self.model.vocab
+        for s in plan:
+            seq = s.seq
+            row += s.n_tokens
+            seq.n_past += s.n_tokens
+            if not s.sample:
+                continue
+            try:
+                token = seq.sampler.sample(self.ctx, row - 1)
+            except Exception as e:  # a grammar dead end or an empty candidate set ends this request only
+                seq.error = f"sampling failed: {e}"
+                chunks = seq.finish("error")
+            else:
+                chunks = seq.append(token, vocab, *self._logprobs(seq, row - 1, token))
+                if not seq.is_finished and seq.n_past >= self.n_ctx_slot:
+                    chunks += self._context_full(seq)
+            if seq.is_finished:
+                self._finished(seq)
+            outputs.append(StepOutput(seq, chunks))
+        return outputs
+
+    def _logprobs(self, seq: Sequence, i: int, token: int) -> tuple[float | None, tuple]:
+        if seq.n_probs < 0:
+            return None, ()
+        logits = self.ctx.get_logits_ith(i).astype(np.float64)
+        m = logits.max()
+        logp = logits - (m + np.log(np.exp(logits - m).sum()))  # (n_vocab,) log-softmax of the raw logits
+        top = np.argsort(-logp, kind="stable")[: seq.n_probs] if seq.n_probs else []
+        return float(logp[token]), tuple((int(t), float(logp[t])) for t in top)
+
+    def _context_full(self, seq: Sequence) -> list[Chunk]:
+        """A slot's context is full: finish with "length", or with context shift drop half of what follows the
+        first n_keep tokens (llama-server's context shift)."""
+        if not seq.limits.context_shift:
+            return seq.finish("length")
+        n_past = seq.n_past
+        n_keep, n_discard = seq.shift(seq.limits.n_keep)
+        mem = self.ctx.memory
+        mem.seq_rm(seq.seq_id, n_keep, n_keep + n_discard)
+        try:
+            mem.seq_add(seq.seq_id, n_keep + n_discard, n_past, -n_discard)
+        except MemoryOpError:  # shared cells to copy and no room for the copies: stop here
+            mem.seq_rm(seq.seq_id, n_keep, -1)
+            seq.n_past = n_keep
+            return seq.finish("length")
+        return []
+
+    def _count(self, plan: list[Scheduled], ms: float) -> None:
+        st = self.stats
+        st.n_decode += 1
+        st.n_busy_slots += len(plan)
+        st.n_tokens_max = max(st.n_tokens_max, sum(s.n_tokens for s in plan))
+        if any(not s.seq.is_generating for s in plan):  # checked before post-processing moves n_past
+            st.t_prompt_ms += ms
+        else:
+            st.t_predicted_ms += ms
+
+    def _finished(self, seq: Sequence) -> None:
+        """Count a finished request the way its `timings` do (llama-server's metrics add up the tasks')."""
+        self.scheduler.finish(seq)
+        t, st = seq.timings, self.stats
+        st.n_prompt_tokens += t.prompt_n
+        st.n_prompt_cached += t.cached_n
+        st.n_tokens_predicted += t.predicted_n
+
+    def generate(self, seq: Sequence):
+        """Run steps until `seq` finishes, yielding its chunks (a one-request user: the LLM API, the CLI).
+        Other queued requests advance too. Closing the iterator early aborts `seq`."""
+        try:
+            while not seq.is_finished:
+                n_decode = self.stats.n_decode
+                for out in self.step():
+                    if out.seq is seq:
+                        yield from out.chunks
+                if self.stats.n_decode == n_decode and not seq.is_finished and not self.scheduler.running:
+                    raise EngineError("the request cannot be scheduled (its slot stays busy)")
+        finally:
+            self.abort(seq)

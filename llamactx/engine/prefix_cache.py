@@ -1,0 +1,140 @@
+"""Which tokens each context sequence (slot) holds, and the sharing of prefixes between them (llama-server's slot
+selection by longest common prefix and `cache_prompt`; vLLM's prefix caching).
+
+Every slot is one `seq_id` of the shared context. A running `Sequence` holds a slot; when it ends, the slot keeps
+its tokens in memory (an idle cache) for the next request that starts with them. A new request takes the idle slot
+whose cache shares the longest prefix with its prompt; when *another* slot (busy or idle) holds a longer common
+prefix, those cells are shared into the new slot with `seq_cp`: computed once, stored once. Cells are never
+written after their token is decoded, so sharing is copy-on-write by construction. Idle caches are evicted least
+recently used when memory runs short.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+
+from llamactx.engine.sequence import Sequence
+from llamactx.memory import Memory
+
+MIN_SHARED = 16  # a shorter common prefix with another slot is not worth a seq_cp
+
+
+@dataclass(slots=True)
+class Slot:
+    seq_id: int
+    tokens: list[int] = field(default_factory=list)  # what memory holds for seq_id, in position order
+    holder: Sequence | None = None  # the running sequence, None when idle
+    last_used: int = 0
+
+    @property
+    def held(self) -> list[int]:
+        """The tokens in memory now (a running sequence's decoded tokens)."""
+        return self.holder.tokens[: self.holder.n_past] if self.holder is not None else self.tokens
+
+
+def common_prefix(a: Seq[int], b: Seq[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class PrefixCache:
+    """The slots of one context and the tokens each holds. Acts on the memory only through seq_rm / seq_cp."""
+
+    def __init__(self, memory: Memory, n_slots: int):
+        self.memory = memory
+        self.slots = [Slot(i) for i in range(n_slots)]
+        self._tick = itertools.count(1)
+
+    @property
+    def n_free(self) -> int:
+        return sum(s.holder is None for s in self.slots)
+
+    def best_prefix(self, prompt: Seq[int]) -> int:
+        """The longest prefix of `prompt` that some slot holds in memory now."""
+        return max((common_prefix(prompt, s.held) for s in self.slots), default=0)
+
+    def acquire(self, seq: Sequence, id_slot: int = -1, cache_prompt: bool = True) -> None:
+        """Give `seq` an idle slot (`id_slot` if >= 0) and the longest cached prefix of its tokens: its own
+        slot's cache, or cells shared from another slot. Sets seq.seq_id, n_past and n_cached. The last token of
+        the prompt is always left to decode, so that its logits exist. Raises ValueError if no slot is idle."""
+        prompt = seq.tokens
+        limit = len(prompt) - 1
+        slot = self._choose(prompt, id_slot)
+        n_keep = min(common_prefix(prompt, slot.tokens), limit) if cache_prompt else 0
+        donor, n_shared = self._donor(prompt, slot, limit) if cache_prompt else (None, 0)
+        mem = self.memory
+        if donor is not None and n_shared >= max(n_keep + 1, MIN_SHARED):
+            mem.seq_rm(slot.seq_id)
+            mem.seq_cp(donor.seq_id, slot.seq_id, 0, n_shared)
+            n_keep = n_shared
+        else:
+            mem.seq_rm(slot.seq_id, n_keep, -1)
+        slot.tokens = []
+        slot.holder = seq
+        seq.seq_id = slot.seq_id
+        seq.n_past = seq.n_cached = n_keep
+
+    def _choose(self, prompt: Seq[int], id_slot: int) -> Slot:
+        idle = [s for s in self.slots if s.holder is None]
+        if id_slot >= 0:
+            chosen = [s for s in idle if s.seq_id == id_slot]
+            if not chosen:
+                raise ValueError(f"id_slot {id_slot} is busy or does not exist")
+            return chosen[0]
+        if not idle:
+            raise ValueError("no idle slot")
+        # the longest common prefix first; among equals an empty slot, then the least recently used
+        return max(idle, key=lambda s: (common_prefix(prompt, s.tokens), not s.tokens, -s.last_used))
+
+    def _donor(self, prompt: Seq[int], slot: Slot, limit: int) -> tuple[Slot | None, int]:
+        best, n_best = None, 0
+        for other in self.slots:
+            if other is slot:
+                continue
+            n = min(common_prefix(prompt, other.held), limit)
+            if n > n_best:
+                best, n_best = other, n
+        return best, n_best
+
+    def release(self, seq: Sequence, keep: bool = True) -> None:
+        """`seq` leaves its slot; with `keep`, what it decoded stays in memory as the slot's idle cache."""
+        slot = self.slots[seq.seq_id]
+        if slot.holder is not seq:
+            return
+        slot.holder = None
+        slot.last_used = next(self._tick)
+        if keep:
+            slot.tokens = seq.tokens[: seq.n_past]
+        else:
+            slot.tokens = []
+            self.memory.seq_rm(slot.seq_id)
+
+    def evict_one(self) -> bool:
+        """Forget the least recently used idle cache (its cells return to the pool unless shared). False when
+        there is none."""
+        idle = [s for s in self.slots if s.holder is None and s.tokens]
+        if not idle:
+            return False
+        slot = min(idle, key=lambda s: s.last_used)
+        self.memory.seq_rm(slot.seq_id)
+        slot.tokens = []
+        return True
+
+    def clear_slot(self, seq_id: int) -> None:
+        """Forget an idle slot's cache (POST /slots/{id}?action=erase)."""
+        slot = self.slots[seq_id]
+        if slot.holder is not None:
+            raise ValueError(f"slot {seq_id} is busy")
+        self.memory.seq_rm(seq_id)
+        slot.tokens = []
+
+    def set_tokens(self, seq_id: int, tokens: list[int]) -> None:
+        """An idle slot now holds `tokens` (a restored slot file)."""
+        slot = self.slots[seq_id]
+        slot.tokens = list(tokens)
+        slot.last_used = next(self._tick)

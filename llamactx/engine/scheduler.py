@@ -1,0 +1,131 @@
+"""The scheduler decides what the next step decodes (llama-server's `update_slots` batching policy, nano-vllm's
+`Scheduler`): one token for every generating sequence, then chunks of prompts up to `n_batch` tokens, admitting
+waiting requests in FIFO order while a slot is free and their prompt fits the memory.
+
+It only decides; the engine builds the batch, decodes and samples. A request is admitted when the cells its
+uncached prompt needs fit beside what the running requests still need, so prefills never starve each other.
+When generating requests run out of cells it frees room in this order: idle slots' caches (least recently used
+first), then the youngest running request, which goes back to the front of the queue and is recomputed later
+(vLLM's preemption by recomputation): a full memory never fails a request that could still run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from llamactx.engine.prefix_cache import PrefixCache, common_prefix
+from llamactx.engine.sequence import Sequence, SequenceStatus
+from llamactx.memory import Memory
+
+
+@dataclass(frozen=True, slots=True)
+class Scheduled:
+    """`n_tokens` of `seq.pending` go into this step's batch; `sample` when they reach its end (logits needed)."""
+
+    seq: Sequence
+    n_tokens: int
+    sample: bool
+
+    @classmethod
+    def of(cls, seq: Sequence, n_tokens: int) -> Scheduled:
+        return cls(seq, n_tokens, n_tokens == len(seq.pending))
+
+
+class Scheduler:
+    """Waiting and running queues over `n_slots` context sequences sharing one memory."""
+
+    def __init__(self, memory: Memory, n_slots: int, n_batch: int):
+        self.memory = memory
+        self.n_slots = n_slots
+        self.n_batch = n_batch
+        self.cache = PrefixCache(memory, n_slots)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in admission order: the last is the youngest
+        self.n_preempted = 0
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> list[Scheduled]:
+        """This step's work: generating sequences first (one token each), then prompt chunks. Empty when
+        nothing can run."""
+        plan: list[Scheduled] = []
+        for seq in list(self.running):
+            if seq.is_generating and len(plan) < self.n_batch and self._make_room(len(plan) + 1, seq):
+                plan.append(Scheduled.of(seq, 1))
+        used = len(plan)
+        for seq in self.running:
+            room = min(self.n_batch - used, self.memory.room(seq.seq_id) - used)
+            if not seq.is_generating and room > 0:
+                n = min(len(seq.pending), room)
+                plan.append(Scheduled.of(seq, n))
+                used += n
+        while used < self.n_batch and self.waiting and self.cache.n_free and self._admit(self.waiting[0]):
+            seq = self.running[-1]
+            n = min(len(seq.pending), self.n_batch - used)
+            plan.append(Scheduled.of(seq, n))
+            used += n
+        if not plan and self.running:  # prefills that cannot move: make room for the oldest
+            self.preempt(self.running[-1])
+        return plan
+
+    def _make_room(self, n_tokens: int, seq: Sequence) -> bool:
+        """Free cells until this step's `n_tokens` fit: idle caches first, then preempt the youngest running
+        sequence. False if `seq` itself had to go."""
+        while not self.memory.can_fit(n_tokens, seq.seq_id):
+            if self.cache.evict_one():
+                continue
+            victim = self.running[-1]
+            self.preempt(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def preempt(self, seq: Sequence) -> None:
+        """Take `seq`'s slot and cells away; it waits at the front of the queue and is recomputed from its tokens
+        (its sampler and output so far are kept, so the result does not change)."""
+        self.running.remove(seq)
+        self.cache.release(seq, keep=False)
+        seq.n_past = 0
+        seq.seq_id = -1
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.n_preempted += 1
+
+    def _admit(self, seq: Sequence) -> bool:
+        """Give the head of the queue a slot if the cells its uncached prompt needs fit beside what the running
+        sequences still need (evicting idle caches if that makes it fit). A request whose prompt starts with
+        what a running request is still prefilling waits for that prefill, then shares its cells."""
+        if seq.id_slot >= 0 and self.cache.slots[seq.id_slot].holder is not None:
+            return False  # the slot it asked for is busy: it waits for it
+        have = self.cache.best_prefix(seq.tokens) if seq.cache_prompt else 0
+        if any(not other.is_generating and common_prefix(seq.tokens, other.tokens) > have + 1
+               for other in self.running):
+            return False
+        reserved = sum(len(s.pending) for s in self.running)
+        while not self.memory.can_fit(reserved + len(seq.tokens) - have, 0):
+            if not self.cache.evict_one():
+                return False
+            have = self.cache.best_prefix(seq.tokens) if seq.cache_prompt else 0
+        self.cache.acquire(seq, seq.id_slot, seq.cache_prompt)
+        if seq.t_admitted is None:
+            seq.t_admitted = time.perf_counter()
+        self.waiting.popleft()
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+        return True
+
+    def finish(self, seq: Sequence) -> None:
+        """`seq` is done (finished or aborted): its slot becomes an idle cache of what it decoded."""
+        if seq in self.running:
+            self.running.remove(seq)
+            self.cache.release(seq, keep=True)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
