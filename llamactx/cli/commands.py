@@ -4,6 +4,7 @@
     llamactx chat                                     interactive chat with the model's template
     llamactx bench -p 512 -n 128 -r 3 [-o json]       llama-bench's pp / tg tests
     llamactx perplexity -f FILE -c 512                llama-perplexity
+    llamactx serve [-np 4] [-c 4096] [--port 8080]    llama-server: OpenAI-compatible API and chat page
     llamactx tokenize -p TEXT | info
 
 `-m` takes a GGUF path or an embedded model name (smollm2, gemma3); omitted, the default model (SmolLM2).
@@ -68,7 +69,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         sys.stdout.write(chunk.text)
         sys.stdout.flush()
     sys.stdout.write("\n")
-    t = llm.generation.result.timings
+    t = llm.result.timings
     print(f"\nprompt: {t.prompt_n} tokens, {t.prompt_per_second:.1f} t/s; generation: {t.predicted_n} tokens, "
           f"{t.predicted_per_second:.1f} t/s", file=sys.stderr)
     return 0
@@ -174,6 +175,10 @@ def build_parser() -> argparse.ArgumentParser:
     _common(ppl)
     _context(ppl, n_ctx=512)
     ppl.set_defaults(func=cmd_perplexity)
+
+    from llamactx.cli.serve import add_parser as add_serve
+
+    add_serve(sub)
 
     tok = sub.add_parser("tokenize", help="tokenize a prompt (add_special, parse_special)")
     tok.add_argument("-p", "--prompt", required=True)

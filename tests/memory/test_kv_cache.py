@@ -140,3 +140,21 @@ def test_no_module_outside_memory_touches_the_cells():
     offenders = [f"{p.relative_to(root)}:{i}" for p in root.rglob("*.py") if p.parent.name != "memory"
                  for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
     assert offenders == []
+
+
+def test_shifting_a_shared_prefix_copies_it_first():
+    kv = cache(size=16)
+    assert decode_stub(kv, [(0, 6)])
+    kv.seq_cp(0, 1)
+    kv.seq_rm(0, 0, 2)
+    kv.seq_add(0, 2, -1, -2)  # sequence 0's context shift must not move sequence 1's positions
+    assert kv.seq_pos_min(1) == 0 and kv.seq_pos_max(1) == 5
+    assert kv.seq_pos_min(0) == 0 and kv.seq_pos_max(0) == 3
+    assert kv.used == 6 + 4
+    for s, first in ((0, 2), (1, 0)):  # each sequence's cells still hold the K rows of their original tokens
+        np.testing.assert_array_equal(kv.k[0, kv.cells.seq_cells(s), 0], np.arange(first, 6))
+    full = cache(size=6)
+    assert decode_stub(full, [(0, 6)])
+    full.seq_cp(0, 1)
+    with pytest.raises(MemoryOpError, match="only 0 are free"):
+        full.seq_add(0, 2, -1, -2)

@@ -1,0 +1,77 @@
+"""`llamactx serve`: the OpenAI-compatible server with continuous batching (llama.cpp's tools/server), with
+llama-server's flag names. Binds 127.0.0.1:8080 by default; the chat page is at its root."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server: many users, one model (llama-server)")
+    p.add_argument("-m", "--model", default=None, help="GGUF path or embedded model name (default smollm2)")
+    p.add_argument("-a", "--alias", default=None, help="model name in the API (default: the file name)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    p.add_argument("-c", "--ctx-size", type=int, default=4096, help="KV cells shared by all slots (default 4096)")
+    p.add_argument("-np", "--parallel", type=int, default=4, help="slots: requests decoded together (default 4)")
+    p.add_argument("-b", "--batch-size", type=int, default=2048, help="tokens per step (default 2048)")
+    p.add_argument("-ub", "--ubatch-size", type=int, default=512, help="physical batch size (default 512)")
+    p.add_argument("-t", "--threads", type=int, default=2, help="threads (default 2)")
+    p.add_argument("-tb", "--threads-batch", type=int, default=0, help="threads for prompt batches (default: -t)")
+    p.add_argument("-ctk", "--cache-type-k", default="f16", help="K cache type: f32, f16, q8_0, q4_0")
+    p.add_argument("-ctv", "--cache-type-v", default="f16", help="V cache type: f32, f16, q8_0, q4_0")
+    p.add_argument("--api-key", action="append", default=[], help="API key (repeatable); none: no auth")
+    p.add_argument("--api-key-file", default=None, help="file with one API key per line")
+    p.add_argument("--cors-origin", action="append", default=[],
+                   help="allowed browser origin (repeatable or comma-separated); none by default")
+    p.add_argument("--metrics", action="store_true", help="enable GET /metrics (Prometheus)")
+    p.add_argument("--slots", dest="slots", action="store_true", default=True, help="enable GET /slots (default)")
+    p.add_argument("--no-slots", dest="slots", action="store_false", help="disable GET /slots")
+    p.add_argument("--no-webui", action="store_true", help="do not serve the chat page")
+    p.add_argument("--context-shift", action="store_true", help="shift the context instead of stopping when full")
+    p.add_argument("--slot-save-path", default=None, help="directory for POST /slots/{id}?action=save|restore")
+    p.add_argument("-to", "--timeout", type=float, default=600.0, help="a request's deadline in seconds (600)")
+    p.add_argument("--max-queue", type=int, default=64,
+                   help="requests waiting beyond the slots before 503 (default 64)")
+    p.set_defaults(func=cmd_serve)
+    return p
+
+
+def config_from_args(args):
+    from llamactx.server.app import ServerConfig
+
+    keys = list(args.api_key)
+    if args.api_key_file:
+        keys += [line.strip() for line in Path(args.api_key_file).read_text(encoding="utf-8").splitlines()
+                 if line.strip()]
+    origins = [o.strip() for arg in args.cors_origin for o in arg.split(",") if o.strip()]
+    for name, value, lo in (("--parallel", args.parallel, 1), ("--ctx-size", args.ctx_size, 256),
+                            ("--max-queue", args.max_queue, 0), ("--port", args.port, 0)):
+        if value < lo:
+            raise ValueError(f"{name} = {value} must be >= {lo}")
+    if args.slot_save_path and not Path(args.slot_save_path).is_dir():
+        raise ValueError(f"--slot-save-path {args.slot_save_path!r} is not a directory")
+    return ServerConfig(model=args.model, alias=args.alias, n_ctx=args.ctx_size, n_slots=args.parallel,
+                        n_batch=args.batch_size, n_ubatch=args.ubatch_size, n_threads=args.threads,
+                        n_threads_batch=args.threads_batch, type_k=args.cache_type_k, type_v=args.cache_type_v,
+                        api_keys=keys, cors_origins=origins, metrics=args.metrics, slots=args.slots,
+                        webui=not args.no_webui, context_shift=args.context_shift,
+                        slot_save_path=args.slot_save_path, timeout=args.timeout, max_queue=args.max_queue)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from llamactx.server.app import create_app
+
+    config = config_from_args(args)
+    logging.basicConfig(level=logging.INFO, format="llamactx: %(message)s")
+    app = create_app(config)
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    print(f"llamactx serve: loading {config.model or 'smollm2'}; the chat page will be at http://{host}:{args.port}/",
+          file=sys.stderr, flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)
+    return 0

@@ -1,0 +1,423 @@
+"""The HTTP layer: routes, authentication, CORS, body limits and errors in llama-server's format (tools/server:
+server.cpp routes, server-http.cpp middlewares, server-common.cpp `format_error_response`).
+
+    app = create_app(ServerConfig(model="smollm2", n_slots=4))   # a Starlette app; `llamactx serve` runs it
+
+The model loads in the background at start-up: /health answers 503 "Loading model" until it is ready. Handlers
+never touch the Context: generation and anything else that needs it go through the engine thread (`worker.py`).
+Bad input is a 4xx with {"error": {"code", "message", "type"}}, never a 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import threading
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request as HttpRequest
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from llamactx.errors import LlamactxError
+from llamactx.server import protocol as P
+from llamactx.server.completions import ChatRenderer, NativeRenderer, Renderer, serve
+
+log = logging.getLogger("llamactx.server")
+STATIC = Path(__file__).parent / "static"
+PUBLIC = ("/health", "/v1/health")  # and the web page: "/", "/static/..."
+
+
+@dataclass
+class ServerConfig:
+    """What `llamactx serve` was asked for (llama-server's flag names in comments)."""
+
+    model: str | None = None  # -m: GGUF path or embedded name
+    alias: str | None = None  # -a
+    n_ctx: int = 4096  # -c: the whole KV pool, shared by the slots
+    n_slots: int = 4  # -np
+    n_batch: int = 2048  # -b
+    n_ubatch: int = 512  # -ub
+    n_threads: int = 2  # -t
+    n_threads_batch: int = 0  # -tb (0: = -t)
+    type_k: str = "f16"  # -ctk
+    type_v: str = "f16"  # -ctv
+    api_keys: list[str] = field(default_factory=list)  # --api-key / --api-key-file
+    cors_origins: list[str] = field(default_factory=list)  # --cors-origin (an allowlist)
+    metrics: bool = False  # --metrics
+    slots: bool = True  # --slots / --no-slots
+    webui: bool = True  # --no-webui
+    context_shift: bool = False  # --context-shift
+    slot_save_path: str | None = None  # --slot-save-path
+    timeout: float = 600.0  # --timeout: a request's deadline in seconds
+    max_queue: int = 64  # --max-queue: requests waiting beyond the slots
+    max_body_bytes: int = 8 << 20
+
+
+class ServerState:
+    """The model, engine and worker once loaded; what every handler reads."""
+
+    def __init__(self, config: ServerConfig):
+        self.config = config
+        self.ready = threading.Event()
+        self.load_error: str | None = None
+        self.model = self.engine = self.worker = self.template = None
+        self.embedder = None
+        self.alias = config.alias or "llamactx"
+        self.t_start = time.time()
+
+    def load(self) -> None:
+        from llamactx.chat_template import ChatTemplate
+        from llamactx.embedded import resolve_model_path
+        from llamactx.embedding import Embedder
+        from llamactx.engine import Engine
+        from llamactx.model import Model
+        from llamactx.server.worker import EngineWorker
+
+        c = self.config
+        try:
+            path = resolve_model_path(c.model)
+            self.model = Model.load(path)
+            self.alias = c.alias or Path(path).name
+            self.engine = Engine(self.model, n_slots=c.n_slots, n_ctx=c.n_ctx, n_batch=c.n_batch,
+                                 n_ubatch=c.n_ubatch, n_threads=c.n_threads,
+                                 n_threads_batch=c.n_threads_batch or c.n_threads, type_k=c.type_k, type_v=c.type_v)
+            self.template = ChatTemplate.from_model(self.model)
+            self.embedder = Embedder(self.model, n_ctx=min(c.n_ctx, 8192), n_threads=c.n_threads,
+                                     n_threads_batch=c.n_threads_batch or c.n_threads)
+            self.engine.warmup()
+            self.worker = EngineWorker(self.engine, c.n_slots + c.max_queue, c.timeout)
+            self.worker.start()
+            self.ready.set()
+            log.info("model %s loaded: %d slots, n_ctx %d", self.alias, c.n_slots, c.n_ctx)
+        except Exception as e:  # reported by /health and every endpoint; the process stays up
+            self.load_error = f"{type(e).__name__}: {e}"
+            log.error("could not load the model: %s", self.load_error)
+
+    def check_ready(self) -> None:
+        if self.load_error:
+            raise P.ProtocolError(f"the model could not be loaded: {self.load_error}", 503, "unavailable_error")
+        if not self.ready.is_set():
+            raise P.ProtocolError("Loading model", 503, "unavailable_error")
+
+    def n_ctx_slot(self) -> int:
+        return self.engine.n_ctx_slot
+
+
+def create_app(config: ServerConfig, load_in_background: bool = True) -> Starlette:
+    state = ServerState(config)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        loader = threading.Thread(target=state.load, name="llamactx-load", daemon=True)
+        loader.start()
+        if not load_in_background:
+            await asyncio.to_thread(loader.join)
+        yield
+        if state.worker is not None:
+            await asyncio.to_thread(state.worker.stop)
+
+    routes = _routes(state)
+    middleware = [Middleware(_Guard, state=state)]
+    if config.cors_origins:
+        middleware.insert(0, Middleware(CORSMiddleware, allow_origins=config.cors_origins, allow_methods=["*"],
+                                        allow_headers=["*"]))
+    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
+                    exception_handlers={HTTPException: _http_error, Exception: _server_error})
+    app.state.llamactx = state
+    return app
+
+
+# -- middleware and errors ------------------------------------------------------------------------------------------
+
+
+class _Guard:
+    """API keys (constant-time compare; /health and the web page stay open) and the body size bound (413 before
+    anything is parsed). A pure ASGI middleware, so that streaming responses are not buffered."""
+
+    def __init__(self, app, state: ServerState):
+        self.app, self.state = app, state
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] == "OPTIONS":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        cfg = self.state.config
+        if cfg.api_keys and not _public(path) and not _key_ok(headers, cfg.api_keys):
+            err = P.ProtocolError("Invalid API Key", 401, "authentication_error")
+            return await JSONResponse(err.body(), err.status)(scope, receive, send)
+        length = headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > cfg.max_body_bytes):
+            err = P.ProtocolError(f"request body of {length} bytes exceeds the limit of {cfg.max_body_bytes}", 413)
+            return await JSONResponse(err.body(), err.status)(scope, receive, send)
+        await self.app(scope, _bounded(receive, cfg.max_body_bytes), send)
+
+
+def _public(path: str) -> bool:
+    return path in PUBLIC or path == "/" or path.startswith("/static/")
+
+
+def _key_ok(headers: dict[str, str], keys: list[str]) -> bool:
+    auth = headers.get("authorization", "")
+    given = auth[7:].strip() if auth[:7].lower() == "bearer " else headers.get("x-api-key", "")
+    ok = False
+    for key in keys:  # every key is compared, in constant time, whatever matches
+        ok |= hmac.compare_digest(given.encode(), key.encode())
+    return ok
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+def _bounded(receive, limit: int):
+    """A receive() that stops a chunked body past `limit` bytes."""
+    seen = 0
+
+    async def wrapped():
+        nonlocal seen
+        message = await receive()
+        if message["type"] == "http.request":
+            seen += len(message.get("body", b""))
+            if seen > limit:
+                raise _BodyTooLarge()
+        return message
+
+    return wrapped
+
+
+async def _http_error(request: HttpRequest, exc: HTTPException) -> Response:
+    kinds = {404: "not_found_error", 405: "invalid_request_error"}
+    message = "File Not Found" if exc.status_code == 404 else str(exc.detail)
+    err = P.ProtocolError(message, exc.status_code, kinds.get(exc.status_code, "invalid_request_error"))
+    return JSONResponse(err.body(), exc.status_code)
+
+
+async def _server_error(request: HttpRequest, exc: Exception) -> Response:
+    if isinstance(exc, _BodyTooLarge):
+        err = P.ProtocolError("request body exceeds the size limit", 413)
+    elif isinstance(exc, P.ProtocolError):
+        err = exc
+    elif isinstance(exc, LlamactxError):  # the user's input, named by the exception
+        err = P.ProtocolError(str(exc))
+    else:
+        log.exception("internal error on %s", request.url.path)
+        err = P.ProtocolError(f"internal error: {type(exc).__name__}", 500, "server_error")
+    return JSONResponse(err.body(), err.status)
+
+
+async def _json(request: HttpRequest) -> dict:
+    return P.parse_json(await request.body())
+
+
+# -- routes ------------------------------------------------------------------------------------------------------
+
+
+def _routes(state: ServerState) -> list:
+    cfg = state.config
+
+    async def health(request):
+        state.check_ready()
+        return JSONResponse({"status": "ok"})
+
+    async def models(request):
+        state.check_ready()
+        meta = {"n_vocab": state.model.hparams.n_vocab, "n_ctx_train": state.model.hparams.n_ctx_train,
+                "n_embd": state.model.hparams.n_embd, "n_params": state.model.n_params, "size": state.model.size}
+        data = [{"id": state.alias, "object": "model", "created": int(state.t_start), "owned_by": "llamactx",
+                 "meta": meta}]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def props(request):
+        state.check_ready()
+        return JSONResponse({
+            "default_generation_settings": {"n_ctx": state.n_ctx_slot(), "params": {"seed": -1}},
+            "total_slots": cfg.n_slots, "model_path": str(state.model.path), "model_alias": state.alias,
+            "chat_template": state.template.source, "modalities": {"vision": False, "audio": False},
+            "build_info": "llamactx", "webui": cfg.webui,
+        })
+
+    async def completions_oai(request):
+        return await _completion(request, Renderer)
+
+    async def completion_native(request):
+        return await _completion(request, NativeRenderer)
+
+    async def _completion(request, renderer_cls):
+        state.check_ready()
+        req = P.validate(P.CompletionRequest, await _json(request))
+        if req.suffix:
+            raise P.ProtocolError("suffix: infill is not supported by this server", 400)
+        prompts, text = await asyncio.to_thread(_prompts, state, req.prompt, req.n_keep)
+        n_probs = req.logprobs if req.logprobs is not None else (req.n_probs or -1)
+        gen = P.GenerationRequest.from_fields(req, state.model.vocab, n_probs, cfg.context_shift)
+        return await serve(state, request, prompts, gen, renderer_cls(state, text, gen, echo=req.echo))
+
+    async def chat_completions(request):
+        state.check_ready()
+        req = P.validate(P.ChatCompletionRequest, await _json(request))
+        prompt_text = await asyncio.to_thread(state.template.render, req.messages, True, req.tools,
+                                              **(req.chat_template_kwargs or {}))
+        tokens = await asyncio.to_thread(state.model.vocab.tokenize, prompt_text, True, True)
+        tokens = _fit_prompt(state, tokens, req.n_keep)
+        n_probs = (req.top_logprobs or 0) if req.logprobs else -1
+        gen = P.GenerationRequest.from_fields(req, state.model.vocab, n_probs, cfg.context_shift)
+        return await serve(state, request, [tokens], gen, ChatRenderer(state, prompt_text, gen))
+
+    async def embeddings(request):
+        state.check_ready()
+        req = P.validate(P.EmbeddingRequest, await _json(request))
+        inputs = req.input if isinstance(req.input, list) else [req.input]
+        if inputs and isinstance(inputs[0], int):
+            inputs = [inputs]
+        vocab = state.model.vocab
+        token_lists = [P.check_tokens(x, vocab.n_tokens, f"input[{i}]") if isinstance(x, list)
+                       else vocab.tokenize(x, add_special=True, parse_special=False) for i, x in enumerate(inputs)]
+        vecs = await asyncio.wrap_future(state.worker.call(lambda _engine: state.embedder.embed(token_lists)))
+        n_tokens = sum(len(t) for t in token_lists)
+        return JSONResponse({"object": "list", "model": state.alias,
+                             "data": [P.embedding_item(i, v, req.encoding_format) for i, v in enumerate(vecs)],
+                             "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}})
+
+    async def tokenize(request):
+        state.check_ready()
+        req = P.validate(P.TokenizeRequest, await _json(request))
+        vocab = state.model.vocab
+        tokens = await asyncio.to_thread(vocab.tokenize, req.content, req.add_special, req.parse_special)
+        if req.with_pieces:
+            out = [{"id": t, "piece": _piece_json(vocab.token_to_piece(t))} for t in tokens]
+            return JSONResponse({"tokens": out})
+        return JSONResponse({"tokens": tokens})
+
+    async def detokenize(request):
+        state.check_ready()
+        req = P.validate(P.DetokenizeRequest, await _json(request))
+        tokens = P.check_tokens(req.tokens, state.model.vocab.n_tokens, "tokens")
+        return JSONResponse({"content": state.model.vocab.detokenize(tokens)})
+
+    async def apply_template(request):
+        state.check_ready()
+        req = P.validate(P.ApplyTemplateRequest, await _json(request))
+        prompt = await asyncio.to_thread(state.template.render, req.messages, True, req.tools,
+                                         **(req.chat_template_kwargs or {}))
+        return JSONResponse({"prompt": prompt})
+
+    async def slots_get(request):
+        state.check_ready()
+        if not cfg.slots:
+            raise P.ProtocolError("This server does not support slots endpoint. Start it with `--slots`", 501,
+                                  "not_supported_error")
+        from llamactx.server.slots import slots_info
+
+        return JSONResponse(await asyncio.wrap_future(state.worker.call(slots_info)))
+
+    async def slots_post(request):
+        state.check_ready()
+        from llamactx.server import slots
+
+        if not cfg.slot_save_path:
+            raise P.ProtocolError("This server does not support slot actions. Start it with `--slot-save-path`",
+                                  501, "not_supported_error")
+        try:
+            id_slot = int(request.path_params["id_slot"])
+        except ValueError:
+            raise P.ProtocolError(f"id_slot {request.path_params['id_slot']!r} is not an integer") from None
+        action = request.query_params.get("action", "")
+        if action == "erase":
+            fn = lambda engine: slots.erase(engine, id_slot)  # noqa: E731
+        elif action in ("save", "restore"):
+            req = P.validate(P.SlotFileRequest, await _json(request))
+            path = slots.slot_path(Path(cfg.slot_save_path), req.filename)
+            op = slots.save if action == "save" else slots.restore
+            fn = lambda engine: op(engine, id_slot, path)  # noqa: E731
+        else:
+            raise P.ProtocolError(f"action: {action!r} is not one of save, restore, erase")
+        return JSONResponse(await asyncio.wrap_future(state.worker.call(fn)))
+
+    async def metrics(request):
+        state.check_ready()
+        if not cfg.metrics:
+            raise P.ProtocolError("This server does not support metrics endpoint. Start it with `--metrics`", 501,
+                                  "not_supported_error")
+        from llamactx.server.metrics import CONTENT_TYPE, render
+
+        return Response(render(state), media_type=CONTENT_TYPE,
+                        headers={"Process-Start-Time-Unix": str(int(state.t_start))})
+
+    async def index(request):
+        if not cfg.webui:
+            raise HTTPException(404)
+        return FileResponse(STATIC / "index.html")
+
+    routes = [
+        Route("/health", health), Route("/v1/health", health),
+        Route("/models", models), Route("/v1/models", models), Route("/props", props),
+        Route("/v1/completions", completions_oai, methods=["POST"]),
+        Route("/completion", completion_native, methods=["POST"]),
+        Route("/completions", completion_native, methods=["POST"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/embeddings", embeddings, methods=["POST"]), Route("/embeddings", embeddings, methods=["POST"]),
+        Route("/tokenize", tokenize, methods=["POST"]), Route("/detokenize", detokenize, methods=["POST"]),
+        Route("/apply-template", apply_template, methods=["POST"]),
+        Route("/slots", slots_get), Route("/slots/{id_slot}", slots_post, methods=["POST"]),
+        Route("/metrics", metrics), Route("/", index),
+    ]
+    if cfg.webui:
+        routes.append(Mount("/static", StaticFiles(directory=STATIC), name="static"))
+    return routes
+
+
+def _prompts(state: ServerState, prompt, n_keep: int) -> tuple[list[list[int]], str]:
+    """A completion prompt as token lists (one per prompt) and the text of the first (for echo)."""
+    vocab = state.model.vocab
+    if isinstance(prompt, str):
+        items: list = [prompt]
+    elif prompt and all(isinstance(p, int) for p in prompt):
+        items = [prompt]
+    else:
+        items = list(prompt)
+    out = []
+    for i, p in enumerate(items):
+        if isinstance(p, str):
+            tokens = vocab.tokenize(p, add_special=True, parse_special=True)
+        else:
+            tokens = P.check_tokens(p, vocab.n_tokens, f"prompt[{i}]" if len(items) > 1 else "prompt")
+        if not tokens:
+            raise P.ProtocolError(f"prompt[{i}] is empty")
+        out.append(_fit_prompt(state, tokens, n_keep))
+    if len(out) > P.MAX_N:
+        raise P.ProtocolError(f"prompt: at most {P.MAX_N} prompts per request")
+    first = items[0]
+    return out, first if isinstance(first, str) else vocab.detokenize(out[0])
+
+
+def _fit_prompt(state: ServerState, tokens: list[int], n_keep: int) -> list[int]:
+    """A prompt that fills a slot's context is refused (exceed_context_size_error), or with --context-shift
+    truncated as llama-server does: the first n_keep tokens, then the last half of the context."""
+    n_ctx = state.n_ctx_slot()
+    if len(tokens) < n_ctx:
+        return tokens
+    if not state.config.context_shift:
+        raise P.ProtocolError(f"the request exceeds the available context size ({len(tokens)} prompt tokens, "
+                              f"n_ctx = {n_ctx}); try increasing it", 400, "exceed_context_size_error",
+                              n_prompt_tokens=len(tokens), n_ctx=n_ctx)
+    n_keep = max(0, min(n_keep, n_ctx // 2 - 1))
+    return tokens[:n_keep] + tokens[len(tokens) - (n_ctx // 2 - n_keep):]
+
+
+def _piece_json(piece: bytes):
+    try:
+        return piece.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(piece)

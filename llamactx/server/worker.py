@@ -1,0 +1,183 @@
+"""The engine's own thread: the only thread that touches the Context (llama-server's `server_queue` /
+`server_response` around `update_slots`).
+
+HTTP handlers never call the engine. They `submit` requests and `cancel` them; both travel to the engine thread
+through a queue, which it drains between steps. Each step's output goes back to the handler's asyncio queue with
+`call_soon_threadsafe`. Work that must run beside the engine (embeddings, slot files) goes through `call`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from llamactx.engine import Chunk, Engine, Limits, Sequence
+from llamactx.sampling import SamplerChain
+
+log = logging.getLogger("llamactx.server")
+
+
+@dataclass(eq=False)
+class Request:
+    """One sequence submitted by a handler: its events arrive on `events` (which several requests of one HTTP
+    request may share) as (index, chunks, finished), or (index, exception, True) if the engine refused it."""
+
+    prompt: list[int]
+    sampler: SamplerChain
+    limits: Limits
+    options: dict[str, Any]
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue
+    index: int = 0
+    seq: Sequence | None = None
+    deadline: float = float("inf")
+
+    def _post(self, payload, finished: bool) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (self.index, payload, finished))
+        except RuntimeError:  # the event loop has closed (server shutdown): nobody is listening
+            pass
+
+
+class QueueFull(Exception):
+    """More requests are in flight than the slots plus --max-queue."""
+
+
+class EngineWorker:
+    """Runs `engine` in a daemon thread. `max_in_flight` bounds submitted, unfinished requests."""
+
+    def __init__(self, engine: Engine, max_in_flight: int, timeout: float = 0.0):
+        self.engine = engine
+        self.max_in_flight = max_in_flight
+        self.timeout = timeout
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._live: dict[Sequence, Request] = {}
+        self._in_flight = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="llamactx-engine", daemon=True)
+        self.t_last_step = 0.0
+
+    # -- handler side (any thread) ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._commands.put(("wake", None))
+        self._thread.join(timeout=10)
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def submit(self, req: Request) -> None:
+        """Queue `req` for the engine; raises QueueFull past the bound (the handler answers 503)."""
+        with self._lock:
+            if self._in_flight >= self.max_in_flight:
+                raise QueueFull(f"{self._in_flight} requests are in flight (slots + --max-queue = "
+                                f"{self.max_in_flight})")
+            self._in_flight += 1
+        if self.timeout > 0:
+            req.deadline = time.monotonic() + self.timeout
+        self._commands.put(("add", req))
+
+    def cancel(self, req: Request) -> None:
+        """Stop `req` at the next step (a client went away): it is never decoded further."""
+        self._commands.put(("abort", req))
+
+    def call(self, fn: Callable[[Engine], Any]) -> concurrent.futures.Future:
+        """Run `fn(engine)` on the engine thread between two steps."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._commands.put(("call", (fn, fut)))
+        return fut
+
+    # -- engine thread --------------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._drain(block=not self.engine.has_work)
+            if self._stop.is_set():
+                break
+            if self.engine.has_work:
+                self._expire()
+                try:
+                    outputs = self.engine.step()
+                except Exception:  # a bug, not a user's input: fail the running requests, keep serving
+                    log.exception("engine step failed")
+                    self._fail_all("internal error in the engine step")
+                    continue
+                self.t_last_step = time.monotonic()
+                for out in outputs:
+                    self._deliver(out.seq, out.chunks)
+
+    def _drain(self, block: bool) -> None:
+        try:
+            cmd = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._handle(*cmd)
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _handle(self, kind: str, arg) -> None:
+        if kind == "add":
+            self._add(arg)
+        elif kind == "abort":
+            if arg.seq is not None and arg.seq in self._live:
+                self._deliver(arg.seq, self.engine.abort(arg.seq))
+        elif kind == "call":
+            fn, fut = arg
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn(self.engine))
+                except BaseException as e:  # noqa: BLE001 - handed to the caller
+                    fut.set_exception(e)
+
+    def _add(self, req: Request) -> None:
+        try:
+            req.seq = self.engine.add_request(req.prompt, req.sampler, req.limits, **req.options)
+        except Exception as e:  # noqa: BLE001 - reported to the handler, which answers 400
+            self._done()
+            req._post(e, True)
+            return
+        self._live[req.seq] = req
+
+    def _deliver(self, seq: Sequence, chunks: list[Chunk]) -> None:
+        req = self._live.get(seq)
+        if req is None:
+            return
+        if seq.is_finished:
+            del self._live[seq]
+            self._done()
+        req._post(chunks, seq.is_finished)
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for seq, req in list(self._live.items()):
+            if req.deadline < now:
+                chunks = self.engine.abort(seq)
+                seq.finish_reason = "length"  # the client gets what was generated before the deadline
+                self._deliver(seq, chunks)
+
+    def _fail_all(self, message: str) -> None:
+        for seq in list(self._live):
+            seq.error = message
+            self.engine.abort(seq)
+            seq.finish_reason = "error"
+            self._deliver(seq, [])
+
+    def _done(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
