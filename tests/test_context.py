@@ -290,3 +290,15 @@ def test_more_contexts_grow_rss_by_their_own_buffers_only(smollm, prompts):
     own = sum(sum(ctx.memory_breakdown().values()) for ctx in extra)
     assert grown <= own + 32 * 2**20, (grown, own)
     assert grown < smollm.size / 2  # nowhere near a copy of the weights
+
+
+def test_a_sequence_in_scattered_cells_gives_the_bits_it_gives_alone(smollm, prompts):
+    """Cells reused out of position order (a busy server's cache) change no bit: attention sums by position."""
+    toks = (prompts[2] + prompts[3])[:9]
+    ctx = Context(smollm, ContextParams(n_ctx=256, n_seq_max=3))
+    assert ctx.decode(seq_batch([(0, list(range(100, 110)), 0), (1, list(range(200, 210)), 0)])) == 0
+    ctx.memory.seq_rm(0, 5, -1)  # cells 5-9 free
+    assert ctx.decode(seq_batch([(2, toks[:3], 0)])) == 0  # positions 0-2 in cells 5-7
+    ctx.memory.seq_rm(0)  # cells 0-4 free
+    assert ctx.decode(seq_batch([(2, toks[3:], 3)])) == 0  # positions 3-7 in cells 0-4, 8 in cell 8
+    np.testing.assert_array_equal(ctx.get_logits_ith(-1), alone(smollm, toks))

@@ -13,7 +13,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from llamactx.ggml import vec as ggml_vec
-from llamactx.ggml.attention import attention_f16
+from llamactx.ggml.attention import attention_f16, attention_f16_cells
 from llamactx.ggml.inputs import RopeParams, VisibleCells
 from llamactx.ggml.quants_cpu import fake_quant, vec_dot_type
 from llamactx.ggml.vecdot import EXACT_TYPES, FLOAT_TYPES, matmul_exact, matmul_float
@@ -117,9 +117,12 @@ class ReferenceOps:
     def attention_kv(self, q: np.ndarray, kv, il: int, mask: np.ndarray, vis: VisibleCells, kq_scale: float,
                      flash: bool) -> np.ndarray:
         """`attention` over cells [0, kv.n_kv) of layer `il`, through the memory's view of the KV cache
-        (llamactx.memory.KVView): the cache is decoded to f32 first. vis: the cells `mask` leaves visible, for
-        backends that read the cache in place. q: (n, n_head, d_k) -> (n, n_head * d_v)"""
+        (llamactx.memory.KVView): the cache is decoded to f32 first. vis: the cells `mask` leaves visible, in
+        the order the sums run (by position). q: (n, n_head, d_k) -> (n, n_head * d_v)"""
         n_head_kv = kv.n_embd_k_gqa // q.shape[-1]
+        if kv.type_k == "f16" and not flash and q.shape[-1] % 16 == 0:
+            return attention_f16_cells(q, kv.k_rows(il), kv.v_rows(il), n_head_kv, vis, kq_scale,
+                                       self.ggml_single_row)
         k = kv.k_rows(il).reshape(kv.n_kv, n_head_kv, -1)  # (n_kv, n_head_kv, d_k)
         v = kv.v_rows(il).reshape(kv.n_kv, n_head_kv, -1)  # (n_kv, n_head_kv, d_v)
         return self.attention(q, k, v, mask, kq_scale, flash, kv.type_k)

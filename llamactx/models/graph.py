@@ -72,8 +72,8 @@ class KVAttention:
         self.mask = visibility_mask(view.cell_pos, has_seq, ub.pos, cparams.causal_attn, 0)
         self.mask_swa = (visibility_mask(view.cell_pos, has_seq, ub.pos, cparams.causal_attn, hp.n_swa)
                          if hp.n_swa else self.mask)
-        self.vis = VisibleCells.from_mask(self.mask)  # once per ubatch, not per layer
-        self.vis_swa = VisibleCells.from_mask(self.mask_swa) if hp.n_swa else self.vis
+        self.vis = VisibleCells.from_mask(self.mask, view.cell_pos)  # once per ubatch, not per layer
+        self.vis_swa = VisibleCells.from_mask(self.mask_swa, view.cell_pos) if hp.n_swa else self.vis
 
     def __call__(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, kq_scale: float) -> np.ndarray:
         n = q.shape[0]
