@@ -107,7 +107,7 @@ class ServerState:
         if self.load_error:
             raise P.ProtocolError(f"the model could not be loaded: {self.load_error}", 503, "unavailable_error")
         if not self.ready.is_set():
-            raise P.ProtocolError("Loading model", 503, "unavailable_error")
+            raise P.ProtocolError("Loading model", 503, "unavailable_error", headers={"Retry-After": "1"})
 
     def n_ctx_slot(self) -> int:
         return self.engine.n_ctx_slot
@@ -131,8 +131,9 @@ def create_app(config: ServerConfig, load_in_background: bool = True) -> Starlet
     if config.cors_origins:
         middleware.insert(0, Middleware(CORSMiddleware, allow_origins=config.cors_origins, allow_methods=["*"],
                                         allow_headers=["*"]))
-    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
-                    exception_handlers={HTTPException: _http_error, Exception: _server_error})
+    handlers = {HTTPException: _http_error, LlamactxError: _user_error, _BodyTooLarge: _user_error,
+                Exception: _server_error}
+    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan, exception_handlers=handlers)
     app.state.llamactx = state
     return app
 
@@ -203,16 +204,21 @@ async def _http_error(request: HttpRequest, exc: HTTPException) -> Response:
     return JSONResponse(err.body(), exc.status_code)
 
 
-async def _server_error(request: HttpRequest, exc: Exception) -> Response:
+async def _user_error(request: HttpRequest, exc: Exception) -> Response:
+    """The user's input, named by the exception: a 4xx (a ProtocolError carries its own status and type)."""
     if isinstance(exc, _BodyTooLarge):
         err = P.ProtocolError("request body exceeds the size limit", 413)
     elif isinstance(exc, P.ProtocolError):
         err = exc
-    elif isinstance(exc, LlamactxError):  # the user's input, named by the exception
-        err = P.ProtocolError(str(exc))
     else:
-        log.exception("internal error on %s", request.url.path)
-        err = P.ProtocolError(f"internal error: {type(exc).__name__}", 500, "server_error")
+        err = P.ProtocolError(str(exc))
+    return JSONResponse(err.body(), err.status, headers=err.headers)
+
+
+async def _server_error(request: HttpRequest, exc: Exception) -> Response:
+    """A bug: logged with its traceback, answered 500 server_error (Starlette re-raises it after this)."""
+    log.exception("internal error on %s", request.url.path)
+    err = P.ProtocolError(f"internal error: {type(exc).__name__}", 500, "server_error")
     return JSONResponse(err.body(), err.status)
 
 

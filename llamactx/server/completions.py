@@ -180,7 +180,7 @@ async def serve(state, http: HttpRequest, prompts: list[list[int]], gen: P.Gener
     except QueueFull as e:
         for c in choices:
             state.worker.cancel(c.request)
-        raise P.ProtocolError(str(e), 503, "unavailable_error") from None
+        raise P.ProtocolError(str(e), 503, "unavailable_error", headers={"Retry-After": "1"}) from None
     if gen.stream:
         return StreamingResponse(_stream(state, choices, events, renderer, gen), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -34,9 +34,11 @@ MAX_TOP_LOGPROBS = 20
 class ProtocolError(LlamactxError, ValueError):
     """A request that cannot be served as asked; `status` and `type` follow llama-server's error types."""
 
-    def __init__(self, message: str, status: int = 400, type: str = "invalid_request_error", **extra: Any):
+    def __init__(self, message: str, status: int = 400, type: str = "invalid_request_error",
+                 headers: dict[str, str] | None = None, **extra: Any):
         super().__init__(message)
         self.status, self.type, self.extra = status, type, extra
+        self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
         return {"error": {"code": self.status, "message": str(self), "type": self.type, **self.extra}}
