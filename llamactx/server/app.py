@@ -61,6 +61,7 @@ class ServerConfig:
     timeout: float = 600.0  # --timeout: a request's deadline in seconds
     max_queue: int = 64  # --max-queue: requests waiting beyond the slots
     max_body_bytes: int = 8 << 20
+    url: str = ""  # where it listens, for the start-up message
 
 
 class ServerState:
@@ -98,7 +99,8 @@ class ServerState:
             self.worker = EngineWorker(self.engine, c.n_slots + c.max_queue, c.timeout)
             self.worker.start()
             self.ready.set()
-            log.info("model %s loaded: %d slots, n_ctx %d", self.alias, c.n_slots, c.n_ctx)
+            log.info("ready: %s on %d slots sharing %d KV cells%s", self.alias, c.n_slots, c.n_ctx,
+                     f"; chat page and API at {c.url}" if c.url else "")
         except Exception as e:  # reported by /health and every endpoint; the process stays up
             self.load_error = f"{type(e).__name__}: {e}"
             log.error("could not load the model: %s", self.load_error)
