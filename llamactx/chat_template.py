@@ -12,6 +12,9 @@ common_chat_template_direct_apply_impl): `messages`, `bos_token`, `eos_token`, `
 from __future__ import annotations
 
 import json
+import sys
+import threading
+import time
 import warnings
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -90,8 +93,63 @@ class _GenerationTag(Extension):
         return caller()
 
 
+# A template from a model file is untrusted code: its rendering is bounded in steps (lines of the compiled
+# template executed), time and output, so a nested loop or a runaway macro ends with a ChatTemplateError.
+MAX_RENDER_STEPS = 2_000_000
+MAX_RENDER_SECONDS = 2.0
+MIN_OUTPUT_CHARS = 1 << 20  # plus 4x the messages' own text
+MAX_EXPONENT = 4096
+
+
+class _BoundedEnvironment(ImmutableSandboxedEnvironment):
+    """The sandbox, with `*` and `**` checked before they run: `'x' * 10**10` would allocate before any bound on
+    the output could see it."""
+
+    intercepted_binops = frozenset({"*", "**"})
+    _limits = threading.local()  # the output bound of the render running in this thread
+
+    @property
+    def max_chars(self) -> int:
+        return getattr(self._limits, "max_chars", MIN_OUTPUT_CHARS)
+
+    @max_chars.setter
+    def max_chars(self, value: int) -> None:
+        self._limits.max_chars = value
+
+    def call_binop(self, context, operator, left, right):
+        if operator == "*":
+            for seq, n in ((left, right), (right, left)):
+                if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > self.max_chars:
+                    raise ChatTemplateError(f"a repetition of {len(seq)} x {n} exceeds the limit of "
+                                            f"{self.max_chars} characters")
+        elif isinstance(right, int) and abs(right) > MAX_EXPONENT:
+            raise ChatTemplateError(f"an exponent of {right} exceeds the limit of {MAX_EXPONENT}")
+        return super().call_binop(context, operator, left, right)
+
+
+class _Budget:
+    """A trace function for the rendering thread that counts the template's executed lines and watches the
+    clock (the compiled template's code objects are named "<template>")."""
+
+    def __init__(self, name: str):
+        self.name, self.steps = name, 0
+        self.deadline = time.monotonic() + MAX_RENDER_SECONDS
+
+    def trace(self, frame, event, arg):
+        return self._line if frame.f_code.co_filename == "<template>" else None
+
+    def _line(self, frame, event, arg):
+        self.steps += 1
+        if self.steps > MAX_RENDER_STEPS:
+            raise ChatTemplateError(f"chat template {self.name!r} ran more than {MAX_RENDER_STEPS} steps")
+        if not self.steps & 1023 and time.monotonic() > self.deadline:
+            raise ChatTemplateError(f"chat template {self.name!r} ran longer than {MAX_RENDER_SECONDS} s "
+                                    f"({self.steps} steps)")
+        return self._line
+
+
 def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(
+    env = _BoundedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, "jinja2.ext.loopcontrols"]
     )
     env.filters["tojson"] = _tojson
@@ -230,6 +288,25 @@ class ChatTemplate:
     def __repr__(self) -> str:
         return f"ChatTemplate(name={self.name!r}, fallback={self.is_fallback})"
 
+    def _render_bounded(self, variables: dict[str, Any]) -> str:
+        text_size = sum(len(str(m.get("content") or "")) for m in variables["messages"])
+        max_chars = MIN_OUTPUT_CHARS + 4 * text_size
+        env = self._template.environment
+        env.max_chars = max_chars  # type: ignore[attr-defined]
+        budget = _Budget(self.name)
+        previous = sys.gettrace()
+        sys.settrace(budget.trace)
+        try:
+            parts, n = [], 0
+            for part in self._template.generate(**variables):
+                n += len(part)
+                if n > max_chars:
+                    raise ChatTemplateError(f"chat template {self.name!r}: output exceeds {max_chars} characters")
+                parts.append(part)
+            return "".join(parts)
+        finally:
+            sys.settrace(previous)
+
     def render(
         self,
         messages: Sequence[Mapping[str, Any]],
@@ -241,7 +318,8 @@ class ChatTemplate:
         becomes further template variables (llama-server's chat_template_kwargs, e.g. enable_thinking).
 
         Raises ValueError for malformed messages (naming index and field) and ChatTemplateError (a ValueError)
-        carrying the template's own message when it calls raise_exception or fails to render.
+        carrying the template's own message when it calls raise_exception or fails to render, or when it runs
+        past its bounds (steps, seconds, output characters, recursion).
         """
         variables: dict[str, Any] = {
             **extra,
@@ -253,9 +331,13 @@ class ChatTemplate:
         if tools:
             variables["tools"] = list(tools)
         try:
-            prompt = self._template.render(**variables)
+            prompt = self._render_bounded(variables)
         except ChatTemplateError:
             raise
+        except RecursionError:
+            raise ChatTemplateError(f"chat template {self.name!r}: recursion too deep") from None
+        except MemoryError:
+            raise ChatTemplateError(f"chat template {self.name!r}: out of memory while rendering") from None
         except jinja2.TemplateError as e:
             raise ChatTemplateError(f"chat template {self.name!r}: {type(e).__name__}: {e.message}") from e
         except (TypeError, ValueError, KeyError, IndexError, AttributeError, ArithmeticError) as e:

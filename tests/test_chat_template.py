@@ -201,3 +201,27 @@ def test_message_normalisation():
     out = validate_messages(messages)
     assert out[0]["content"] == "a\nb" and out[1]["content"] == "" and out[1]["tool_calls"]
     assert messages[0]["content"][0]["text"] == "a"  # the caller's messages are not modified
+
+
+HOSTILE = [
+    ("{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}", "steps"),
+    ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "recursion"),
+    ("{% for a in range(100000) %}{{ 'x' * 1000 }}{% endfor %}", "characters"),
+    ("{{ 'x' * 10000000000 }}", "characters"),
+    ("{{ [1] * 10000000000 }}", "characters"),
+    ("{{ 2 ** 100000000 }}", "exponent"),
+]
+
+
+@pytest.mark.parametrize(("source", "why"), HOSTILE)
+def test_hostile_templates_end_in_bounded_time_with_a_chat_template_error(source, why):
+    import time
+
+    template = ChatTemplate(source, name="hostile")
+    t0 = time.perf_counter()
+    with pytest.raises(ChatTemplateError, match=why):
+        template.render([{"role": "user", "content": "hi"}])
+    assert time.perf_counter() - t0 < 5
+    assert template.render.__self__ is template  # the template object is still usable
+    ok = ChatTemplate("{{ messages[0].content }}", name="ok")
+    assert ok.render([{"role": "user", "content": "hi"}]) == "hi"
