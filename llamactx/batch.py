@@ -14,6 +14,8 @@ import numpy as np
 
 from llamactx.errors import LlamactxError
 
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+
 
 class DecodeError(LlamactxError, ValueError):
     """An invalid batch (`llama_decode` returning -1). The message names the token index and the rule broken."""
@@ -63,6 +65,9 @@ class Batch:
             raise DecodeError(f"batch is full: n_tokens_max = {self.n_tokens_max}")
         if not 1 <= len(seq_ids) <= self.seq_id.shape[1]:
             raise DecodeError(f"token {i}: {len(seq_ids)} seq_ids, allowed 1..{self.seq_id.shape[1]} (n_seq_max)")
+        for name, value in (("pos", pos), ("token", None if self.embd is not None else token)):
+            if value is not None and not _INT32_MIN <= int(value) <= _INT32_MAX:
+                raise DecodeError(f"token {i}: {name} {int(value)} does not fit llama_pos / llama_token (int32)")
         if self.embd is not None:
             self.embd[i] = token
         else:

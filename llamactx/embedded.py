@@ -63,6 +63,9 @@ def resolve_model_path(model: str | Path | None) -> Path:
     if model == "gemma3":
         return gemma3_path()
     path = Path(model)
+    if path.is_dir():
+        raise IsADirectoryError(f"model path '{path}' is a directory: give a .gguf file (or one of "
+                                f"{', '.join(MODEL_NAMES)})")
     if not path.exists():
         raise FileNotFoundError(f"model file '{path}' does not exist (embedded models: {', '.join(MODEL_NAMES)})")
     return path

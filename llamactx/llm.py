@@ -135,11 +135,14 @@ class LLM:
 def _grammar(vocab, grammar: str | None, json_schema: Mapping | str | None):
     if grammar is None and json_schema is None:
         return None
-    from llamactx.sampling.grammar import GrammarSampler
+    from llamactx.sampling.grammar import GrammarError, GrammarSampler
 
     if grammar is not None and json_schema is not None:
         raise SamplingParamsError("give either grammar or json_schema, not both")
     if grammar is not None:
         return GrammarSampler.from_gbnf(vocab, grammar)
-    schema = json.loads(json_schema) if isinstance(json_schema, str) else json_schema
+    try:
+        schema = json.loads(json_schema) if isinstance(json_schema, str) else json_schema
+    except json.JSONDecodeError as e:
+        raise GrammarError(f"json_schema: not valid JSON: {e}") from None
     return GrammarSampler.from_json_schema(vocab, schema)

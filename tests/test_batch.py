@@ -75,3 +75,13 @@ def test_embeddings_input_is_checked():
     b.add(np.full(8, np.nan, np.float32), 1)
     with pytest.raises(DecodeError, match="token 1: input embedding is not finite"):
         alloc(b)
+
+
+def test_values_past_int32_are_decode_errors_not_overflows():
+    b = Batch(2)
+    with pytest.raises(DecodeError, match="pos 2147483648 does not fit"):
+        b.add(1, 2**31)
+    with pytest.raises(DecodeError, match="token 4294967296 does not fit"):
+        b.add(2**32, 0)
+    with pytest.raises(DecodeError, match="outside the vocab"):
+        alloc(Batch.get_one(np.array([2**40], np.int64)))

@@ -11,6 +11,8 @@ import json
 import sys
 from pathlib import Path
 
+from llamactx.chat_template import validate_messages
+
 HELP = "commands: /clear, /save FILE, /load FILE, /exit (Ctrl-C stops an answer, Ctrl-D exits)"
 
 
@@ -69,13 +71,19 @@ def _command(llm, line: str, messages: list[dict], base: list[dict]) -> tuple[li
         print(f"usage: {cmd} FILE")
         return messages, False
     if cmd == "/save":
-        n = llm.save_session(arg)
-        Path(arg + ".messages.json").write_text(json.dumps(messages, ensure_ascii=False), encoding="utf-8")
+        try:
+            Path(arg + ".messages.json").write_text(json.dumps(messages, ensure_ascii=False), encoding="utf-8")
+            n = llm.save_session(arg)
+        except OSError as e:
+            print(f"could not save {arg}: {e}")
+            return messages, False
         print(f"saved {n} tokens to {arg}")
         return messages, False
     if cmd == "/load":
+        # everything is read and checked before anything changes: the messages, then the state (checked whole
+        # by load_session before it replaces the KV), so a failed /load leaves the conversation as it was
         try:
-            loaded = json.loads(Path(arg + ".messages.json").read_text(encoding="utf-8"))
+            loaded = validate_messages(json.loads(Path(arg + ".messages.json").read_text(encoding="utf-8")))
             tokens = llm.load_session(arg)
         except (OSError, ValueError) as e:
             print(f"could not load {arg}: {e}")

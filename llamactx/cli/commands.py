@@ -14,9 +14,27 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from llamactx.embedded import ModelNotInstalledError
 from llamactx.errors import LlamactxError
+
+
+class CommandError(LlamactxError, ValueError):
+    """A command-line argument or input file that cannot be used; printed as one line, exit status 1."""
+
+
+def read_text(path: str, what: str) -> str:
+    """A UTF-8 text file given on the command line, or CommandError saying what is wrong with it."""
+    p = Path(path)
+    if p.is_dir():
+        raise CommandError(f"{what} '{path}' is a directory, not a file")
+    try:
+        return p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CommandError(f"{what} '{path}' does not exist") from None
+    except UnicodeDecodeError as e:
+        raise CommandError(f"{what} '{path}' is not UTF-8 text (byte {e.start})") from None
 
 
 def _model(args):
@@ -36,6 +54,8 @@ def _warm_up_notice() -> None:
 def _llm(args):
     from llamactx.llm import LLM
 
+    if args.n_predict < -1:
+        raise CommandError(f"-n / --n-predict = {args.n_predict} must be >= -1 (-1 = until EOS or a full context)")
     _warm_up_notice()
     return LLM(_model(args), n_ctx=args.ctx_size, n_batch=args.batch_size, n_ubatch=args.ubatch_size,
                n_threads=args.threads, n_threads_batch=args.threads_batch or args.threads,
@@ -46,8 +66,7 @@ def _sampling(args) -> dict:
     options = dict(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                    repeat_penalty=args.repeat_penalty, seed=args.seed)
     if args.grammar_file:
-        with open(args.grammar_file, encoding="utf-8") as f:
-            options["grammar"] = f.read()
+        options["grammar"] = read_text(args.grammar_file, "grammar file")
     elif args.grammar:
         options["grammar"] = args.grammar
     if args.json_schema:
@@ -57,10 +76,9 @@ def _sampling(args) -> dict:
 
 def cmd_run(args: argparse.Namespace) -> int:
     if args.file:
-        with open(args.file, encoding="utf-8") as f:
-            args.prompt = f.read()
+        args.prompt = read_text(args.file, "prompt file")
     if args.prompt is None:
-        raise ValueError("run needs a prompt: -p TEXT or -f FILE")
+        raise CommandError("run needs a prompt: -p TEXT or -f FILE")
     llm = _llm(args)
     stream = llm.complete(args.prompt, max_tokens=args.n_predict, stream=True, **_sampling(args))
     if args.verbose_prompt:
@@ -84,6 +102,10 @@ def cmd_chat(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from llamactx.cli.bench import run_bench
 
+    if args.n_prompt < 0 or args.n_gen < 0 or not (args.n_prompt or args.n_gen):
+        raise CommandError(f"bench: nothing to measure with -p {args.n_prompt} -n {args.n_gen} (give -p and/or -n > 0)")
+    if args.repetitions < 1:
+        raise CommandError(f"bench: -r {args.repetitions} must be >= 1")
     _warm_up_notice()
     return run_bench(_model(args), args)
 

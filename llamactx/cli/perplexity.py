@@ -44,11 +44,20 @@ def chunk_nll(ctx: Context, chunk: list[int], n_batch: int) -> np.ndarray:
 def perplexity(model, text: str, n_ctx: int, n_batch: int, n_threads: int, n_chunks: int = -1, out=sys.stdout
                ) -> tuple[float, float]:
     """(PPL, its +/- uncertainty) of `text` with chunks of `n_ctx` tokens, printing llama-perplexity's lines."""
+    from llamactx.cli.commands import CommandError
+
     vocab = model.vocab
+    n_ctx = n_ctx or model.hparams.n_ctx_train  # -c 0: the model's training context, as llama.cpp
+    if n_ctx < 4:
+        raise CommandError(f"perplexity: -c {n_ctx} is too small: a chunk needs at least 4 tokens (half of it is "
+                           "scored)")
     tokens = vocab.tokenize(text, add_special=True, parse_special=False)
+    if len(tokens) < 2 * n_ctx:  # llama-perplexity refuses the same way
+        raise CommandError(f"perplexity: you need at least {2 * n_ctx} tokens to evaluate perplexity with a "
+                           f"context of {n_ctx}; the text tokenizes to only {len(tokens)} tokens")
     n_chunk = len(tokens) // n_ctx if n_chunks < 0 else min(n_chunks, len(tokens) // n_ctx)
     if n_chunk < 1:
-        raise ValueError(f"perplexity: the text has {len(tokens)} tokens, fewer than n_ctx = {n_ctx}")
+        raise CommandError(f"perplexity: --chunks {n_chunks} leaves nothing to evaluate")
     n_batch = min(n_batch, n_ctx)
     ctx = Context(model, ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=min(512, n_batch),
                                        n_threads=n_threads, n_threads_batch=n_threads, kv_unified=True))
@@ -72,7 +81,8 @@ def perplexity(model, text: str, n_ctx: int, n_batch: int, n_threads: int, n_chu
 
 
 def run_perplexity(model, args) -> int:
-    with open(args.file, encoding="utf-8") as f:
-        text = f.read()
+    from llamactx.cli.commands import read_text
+
+    text = read_text(args.file, "text file")
     perplexity(model, text, args.ctx_size, args.batch_size, args.threads, args.chunks)
     return 0

@@ -69,13 +69,31 @@ def test_tokenize_and_info(capsys):
     assert "gemma3 270M Q4_K_M" in out and "kernels:" in out
 
 
+GPL = str(DATA / "gpl3_head.txt")
+
+
 @pytest.mark.parametrize("argv, message", [
     (["info", "-m", "/nonexistent/model.gguf"], "does not exist"),
     (["run", "-n", "1"], "needs a prompt"),
+    (["run", "-m", str(DATA), "-p", "x"], "is a directory: give a .gguf file"),
+    (["run", "-f", str(DATA), "-n", "1"], "prompt file '" + str(DATA) + "' is a directory"),
+    (["run", "-f", str(DATA / "missing.txt"), "-n", "1"], "does not exist"),
+    (["perplexity", "-f", GPL, "-c", "0"], "you need at least 16384 tokens"),
+    (["perplexity", "-f", GPL, "-c", "1"], "too small"),
+    (["perplexity", "-f", GPL, "-c", "2"], "too small"),
+    (["perplexity", "-f", GPL, "-c", "1024"], "you need at least 2048 tokens to evaluate perplexity with a context of "
+                                              "1024; the text tokenizes to only 1320 tokens"),
+    (["perplexity", "-f", str(DATA)], "is a directory"),
+    (["bench", "-p", "0", "-n", "0"], "nothing to measure"),
+    (["run", "-p", "x", "-n", "-5"], "-n / --n-predict = -5 must be >= -1"),
+    (["run", "-p", "x", "-n", "1", "--json-schema", "{bad"], "json_schema: not valid JSON"),
+    (["run", "-p", "x", "-n", "1", "--temp", "nan"], "temperature"),
+    (["serve", "-np", "0"], "--parallel = 0 must be >= 1"),
 ])
 def test_errors_are_reported_not_raised(argv, message, capsys):
     assert main(argv) == 1
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
 
 
 def test_run_with_grammar_and_json_schema():
@@ -106,3 +124,16 @@ def test_a_llamactx_error_is_one_line_not_a_traceback(monkeypatch, capsys, error
     assert main(["run", "-p", "x"]) == 1
     err = capsys.readouterr().err
     assert err == "llamactx: error: what went wrong, named\n"
+
+
+def test_chat_failed_save_and_load_change_nothing(tmp_path):
+    (tmp_path / "other.bin").write_bytes(b"LLCTXSF\0" + b"\0" * 12)  # a session file without its messages
+    (tmp_path / "bad.bin.messages.json").write_text('[{"role": "user"}]')
+    script = (f"Name three colors.\n/save {tmp_path}/missing/dir.bin\n/load {tmp_path}/other.bin\n"
+              f"/load {tmp_path}/bad.bin\n/save {tmp_path}/good.bin\n/exit\n")
+    proc = llamactx("chat", "--temp", "0", "-n", "30", stdin=script)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "could not save" in proc.stdout and proc.stdout.count("could not load") == 2
+    saved = re.search(r"saved (\d+) tokens", proc.stdout)
+    assert saved and int(saved.group(1)) > 30  # the conversation survived the failed commands
+    assert len(json.loads((tmp_path / "good.bin.messages.json").read_text())) == 2
