@@ -110,6 +110,7 @@ class Sequence:
         self.stream = TextStream(limits.stop)
         self.finish_reason: str | None = None
         self.error: str | None = None  # why it finished with "error"
+        self.error_internal = False  # True: a bug in the engine, not the request's own doing (a grammar dead end)
         self.timings = Timings()
         self.t_queued = time.perf_counter()
         self.t_admitted: float | None = None  # when it got a slot (the scheduler sets it)

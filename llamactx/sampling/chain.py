@@ -156,7 +156,12 @@ class SamplerChain:
         `grammar_first` applies it first straight away. Raises RuntimeError if the chain selects nothing (no
         dist/greedy/mirostat at its end).
         """
-        token = self._select(logits, grammar_first)
+        with np.errstate(invalid="ignore"):  # all candidates at -inf make NaNs: refused just below
+            token = self._select(logits, grammar_first)
+        cur = self.cur
+        if cur is not None and cur.logits[cur.selected] == -np.inf:
+            raise RuntimeError("no token is possible: every candidate's logit is -inf (logit_bias bans, a grammar "
+                               "that only allows banned tokens)")
         self.accept(token)
         return token
 

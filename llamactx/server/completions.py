@@ -228,7 +228,14 @@ async def _collect(state, http: HttpRequest, choices: list[Choice], events: asyn
 def _raise_errors(choices: list[Choice]) -> None:
     for c in choices:
         if c.seq is not None and c.seq.finish_reason == "error":
-            raise P.ProtocolError(c.seq.error or "generation failed", 500, "server_error")
+            raise _generation_error(c.seq)
+
+
+def _generation_error(seq: EngineSequence) -> P.ProtocolError:
+    """A request that could not go on: its own doing (a grammar that allows no token) is a 400, a bug a 500."""
+    if seq.error_internal:
+        return P.ProtocolError(seq.error or "generation failed", 500, "server_error")
+    return P.ProtocolError(seq.error or "generation failed", 400)
 
 
 async def _stream(state, choices: list[Choice], events: asyncio.Queue, renderer: Renderer,
@@ -247,7 +254,7 @@ async def _stream(state, choices: list[Choice], events: asyncio.Queue, renderer:
                 yield _sse(obj)
             if c.done:
                 if c.seq.finish_reason == "error":
-                    yield _sse(P.ProtocolError(c.seq.error or "generation failed", 500, "server_error").body())
+                    yield _sse(_generation_error(c.seq).body())
                     continue
                 for obj in renderer.last(c):
                     yield _sse(obj)

@@ -173,7 +173,7 @@ class EngineWorker:
 
     def _fail_all(self, message: str) -> None:
         for seq in list(self._live):
-            seq.error = message
+            seq.error, seq.error_internal = message, True
             self.engine.abort(seq)
             seq.finish_reason = "error"
             self._deliver(seq, [])

@@ -709,3 +709,11 @@ def test_valid_params_are_normalised():
     aliases = SamplingParams(samplers=["nucleus", "typ", "top-n-sigma"]).samplers
     assert aliases == ("top_p", "typ_p", "top_n_sigma")
     assert hash(SamplingParams()) == hash(SamplingParams())
+
+
+def test_a_chain_with_every_token_banned_refuses_to_pick_one():
+    chain = SamplerChain.default(SamplingParams(temperature=0.8, logit_bias={i: False for i in range(10)}), 10,
+                                 None, n_ctx=64)
+    with pytest.raises(RuntimeError, match="no token is possible"):
+        chain.sample_logits(np.zeros(10, np.float32))
+    assert list(chain.prev) == []  # nothing was accepted
