@@ -30,7 +30,8 @@ from starlette.staticfiles import StaticFiles
 
 from llamactx.errors import LlamactxError
 from llamactx.server import protocol as P
-from llamactx.server.completions import ChatRenderer, NativeRenderer, Renderer, serve
+from llamactx.server.completions import serve
+from llamactx.server.responses import ChatRenderer, NativeRenderer, Renderer
 
 log = logging.getLogger("llamactx.server")
 STATIC = Path(__file__).parent / "static"
@@ -269,7 +270,8 @@ def _routes(state: ServerState) -> list:
         prompts, text = await asyncio.to_thread(_prompts, state, req.prompt, req.n_keep)
         n_probs = req.logprobs if req.logprobs is not None else (req.n_probs or -1)
         gen = P.GenerationRequest.from_fields(req, state.model.vocab, n_probs, cfg.context_shift)
-        return await serve(state, request, prompts, gen, renderer_cls(state, text, gen, echo=req.echo))
+        renderer = renderer_cls(state.alias, state.model.vocab, text, gen, echo=req.echo)
+        return await serve(state, request, prompts, gen, renderer)
 
     async def chat_completions(request):
         state.check_ready()
@@ -280,7 +282,8 @@ def _routes(state: ServerState) -> list:
         tokens = _fit_prompt(state, tokens, req.n_keep)
         n_probs = (req.top_logprobs or 0) if req.logprobs else -1
         gen = P.GenerationRequest.from_fields(req, state.model.vocab, n_probs, cfg.context_shift)
-        return await serve(state, request, [tokens], gen, ChatRenderer(state, prompt_text, gen))
+        renderer = ChatRenderer(state.alias, state.model.vocab, prompt_text, gen)
+        return await serve(state, request, [tokens], gen, renderer)
 
     async def embeddings(request):
         state.check_ready()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request as HttpRequest
@@ -21,143 +21,17 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from llamactx.engine import Chunk
 from llamactx.engine import Sequence as EngineSequence
 from llamactx.server import protocol as P
+from llamactx.server.responses import Choice, Renderer
 from llamactx.server.worker import QueueFull, Request
 
 DISCONNECT_POLL_S = 0.25
 
 
 @dataclass
-class Choice:
-    """One choice's state while it is generated."""
+class LiveChoice(Choice):
+    """A choice whose sequence runs on the engine thread, reached through its worker `Request`."""
 
-    index: int
-    request: Request
-    chunks: list[Chunk] = field(default_factory=list)
-    text: str = ""
-    done: bool = False
-
-    @property
-    def seq(self) -> EngineSequence:
-        return self.request.seq  # type: ignore[return-value]
-
-
-class Renderer:
-    """The JSON of one endpoint, for a whole response or for stream chunks."""
-
-    object_name = "text_completion"
-
-    def __init__(self, state, prompt_text: str, gen: P.GenerationRequest, echo: bool = False):
-        self.state, self.gen, self.echo = state, gen, echo
-        self.prompt_text = prompt_text
-        self.id = P.new_id("cmpl")
-        self.created = P.now()
-        self.model = state.alias
-        self.vocab = state.model.vocab
-
-    def head(self) -> dict[str, Any]:
-        return {"id": self.id, "object": self.object_name, "created": self.created, "model": self.model,
-                "system_fingerprint": "llamactx"}
-
-    def response(self, choices: list[Choice]) -> dict[str, Any]:
-        out = self.head()
-        out["choices"] = [self.choice(c) for c in choices]
-        out["usage"] = P.usage([c.seq for c in choices])
-        out["timings"] = P.timings(choices[0].seq)
-        return out
-
-    def choice(self, c: Choice) -> dict[str, Any]:
-        text = (self.prompt_text if self.echo else "") + c.text
-        lp = P.completion_logprobs(self.vocab, c.chunks, len(self.prompt_text) if self.echo else 0)
-        return {"text": text, "index": c.index, "logprobs": lp if self.gen.n_probs >= 0 else None,
-                "finish_reason": P.finish_reason(c.seq)}
-
-    def first(self, c: Choice) -> list[dict[str, Any]]:
-        """Chunks to send before any token of choice `c`."""
-        if not self.echo:
-            return []
-        return [self._delta(c, self.prompt_text, [], None)]
-
-    def delta(self, c: Choice, chunks: list[Chunk]) -> list[dict[str, Any]]:
-        text = "".join(ch.text for ch in chunks)
-        return [self._delta(c, text, chunks, None)] if text else []
-
-    def _delta(self, c: Choice, text: str, chunks: list[Chunk], finish: str | None) -> dict[str, Any]:
-        lp = P.completion_logprobs(self.vocab, chunks, 0) if self.gen.n_probs >= 0 and chunks else None
-        return {**self.head(), "choices": [{"text": text, "index": c.index, "logprobs": lp, "finish_reason": finish}]}
-
-    def last(self, c: Choice) -> list[dict[str, Any]]:
-        out = self._delta(c, "", [], P.finish_reason(c.seq))
-        out["timings"] = P.timings(c.seq)
-        return [out]
-
-    def usage_chunk(self, choices: list[Choice]) -> dict[str, Any]:
-        return {**self.head(), "choices": [], "usage": P.usage([c.seq for c in choices])}
-
-
-class ChatRenderer(Renderer):
-    object_name = "chat.completion.chunk"
-
-    def response(self, choices: list[Choice]) -> dict[str, Any]:
-        out = super().response(choices)
-        out["object"] = "chat.completion"
-        return out
-
-    def choice(self, c: Choice) -> dict[str, Any]:
-        out = {"index": c.index, "message": {"role": "assistant", "content": c.text},
-               "finish_reason": P.finish_reason(c.seq)}
-        out["logprobs"] = P.chat_logprobs(self.vocab, c.chunks) if self.gen.n_probs >= 0 else None
-        return out
-
-    def first(self, c: Choice) -> list[dict[str, Any]]:
-        return [self._chat(c, {"role": "assistant", "content": ""}, None, [])]
-
-    def delta(self, c: Choice, chunks: list[Chunk]) -> list[dict[str, Any]]:
-        text = "".join(ch.text for ch in chunks)
-        return [self._chat(c, {"content": text}, None, chunks)] if text else []
-
-    def _chat(self, c: Choice, delta: dict, finish: str | None, chunks: list[Chunk]) -> dict[str, Any]:
-        lp = P.chat_logprobs(self.vocab, chunks) if self.gen.n_probs >= 0 and chunks else None
-        return {**self.head(), "choices": [{"index": c.index, "delta": delta, "logprobs": lp,
-                                            "finish_reason": finish}]}
-
-    def last(self, c: Choice) -> list[dict[str, Any]]:
-        out = self._chat(c, {}, P.finish_reason(c.seq), [])
-        out["timings"] = P.timings(c.seq)
-        return [out]
-
-
-class NativeRenderer(Renderer):
-    """llama-server's own /completion: `content`, `stop`, `stop_type`, `timings`..."""
-
-    def response(self, choices: list[Choice]) -> dict[str, Any]:
-        c = choices[0]
-        return self._final(c)
-
-    def _final(self, c: Choice) -> dict[str, Any]:
-        seq = c.seq
-        stop_type = {"stop": "word" if seq.stream.stop_word else "eos", "length": "limit"}.get(
-            seq.finish_reason or "", "none")
-        return {"index": c.index, "content": c.text, "tokens": list(seq.output), "id_slot": seq.seq_id,
-                "stop": True, "model": self.model, "tokens_predicted": seq.n_output,
-                "tokens_evaluated": seq.n_prompt, "prompt": self.prompt_text, "has_new_line": "\n" in c.text,
-                "truncated": False, "stop_type": stop_type, "stopping_word": seq.stream.stop_word or "",
-                "tokens_cached": seq.n_past, "timings": P.timings(seq)}
-
-    def first(self, c: Choice) -> list[dict[str, Any]]:
-        return []
-
-    def delta(self, c: Choice, chunks: list[Chunk]) -> list[dict[str, Any]]:
-        text = "".join(ch.text for ch in chunks)
-        toks = [ch.token for ch in chunks if ch.token is not None]
-        return [{"index": c.index, "content": text, "tokens": toks, "stop": False}] if text or toks else []
-
-    def last(self, c: Choice) -> list[dict[str, Any]]:
-        out = self._final(c)
-        out["content"] = ""
-        return [out]
-
-    def usage_chunk(self, choices: list[Choice]) -> dict[str, Any]:
-        return {}
+    request: Request | None = None
 
 
 async def serve(state, http: HttpRequest, prompts: list[list[int]], gen: P.GenerationRequest,
@@ -173,7 +47,7 @@ async def serve(state, http: HttpRequest, prompts: list[list[int]], gen: P.Gener
             sampler = gen.chain(state.model, grammar.clone() if grammar is not None else None, choice=k)
             req = Request(prompt, sampler, gen.limits, {"id_slot": gen.id_slot, "cache_prompt": gen.cache_prompt,
                                                         "n_probs": gen.n_probs}, loop, events, index=index)
-            choices.append(Choice(index, req))
+            choices.append(LiveChoice(index, request=req))
     try:
         for c in choices:
             state.worker.submit(c.request)
@@ -197,20 +71,19 @@ async def _grammar(state, gen: P.GenerationRequest):
     return await asyncio.to_thread(build, state.model.vocab, source)  # llguidance compiles off the event loop
 
 
-async def _next(events: asyncio.Queue, choices: list[Choice]) -> tuple[Choice, list[Chunk]]:
+async def _next(events: asyncio.Queue, choices: list[LiveChoice]) -> tuple[LiveChoice, list[Chunk]]:
     """The next engine event of any choice; raises the engine's refusal of a request as is."""
     index, payload, finished = await events.get()
     c = next(c for c in choices if c.index == index)
     if isinstance(payload, Exception):
         c.done = True
         raise P.ProtocolError(str(payload)) from None
-    c.done = finished
-    c.chunks.extend(payload)
-    c.text += "".join(ch.text for ch in payload)
+    c.seq = c.request.seq
+    c.add(payload, finished)
     return c, payload
 
 
-async def _collect(state, http: HttpRequest, choices: list[Choice], events: asyncio.Queue,
+async def _collect(state, http: HttpRequest, choices: list[LiveChoice], events: asyncio.Queue,
                    renderer: Renderer) -> Response:
     try:
         while not all(c.done for c in choices):
@@ -225,7 +98,7 @@ async def _collect(state, http: HttpRequest, choices: list[Choice], events: asyn
         _cancel_unfinished(state, choices)
 
 
-def _raise_errors(choices: list[Choice]) -> None:
+def _raise_errors(choices: list[LiveChoice]) -> None:
     for c in choices:
         if c.seq is not None and c.seq.finish_reason == "error":
             raise _generation_error(c.seq)
@@ -238,7 +111,7 @@ def _generation_error(seq: EngineSequence) -> P.ProtocolError:
     return P.ProtocolError(seq.error or "generation failed", 400)
 
 
-async def _stream(state, choices: list[Choice], events: asyncio.Queue, renderer: Renderer,
+async def _stream(state, choices: list[LiveChoice], events: asyncio.Queue, renderer: Renderer,
                   gen: P.GenerationRequest) -> AsyncIterator[bytes]:
     try:
         for c in choices:
@@ -267,7 +140,7 @@ async def _stream(state, choices: list[Choice], events: asyncio.Queue, renderer:
         _cancel_unfinished(state, choices)
 
 
-def _cancel_unfinished(state, choices: list[Choice]) -> None:
+def _cancel_unfinished(state, choices: list[LiveChoice]) -> None:
     for c in choices:
         if not c.done:
             state.worker.cancel(c.request)

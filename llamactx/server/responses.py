@@ -1,0 +1,151 @@
+"""The JSON of a generation, whole or streamed, for the OpenAI API and llama-server's /completion
+(tools/server/server-task.cpp: to_json_oaicompat, to_json_oaicompat_chat(_stream), to_json_non_oaicompat).
+
+A `Renderer` turns the `Choice`s of one request (engine sequences and their chunks) into a response, or into
+stream chunks: `first` before any token, `delta` per batch of chunks, `last` when a choice finishes, and a
+`usage_chunk`. Both the HTTP server and the `Llama` API use these, so the shapes exist once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from llamactx.engine import Chunk
+from llamactx.engine import Sequence as EngineSequence
+from llamactx.server import protocol as P
+
+
+@dataclass
+class Choice:
+    """One choice's state while it is generated: its sequence, its chunks so far, and whether it is done."""
+
+    index: int
+    seq: EngineSequence | None = None
+    chunks: list[Chunk] = field(default_factory=list)
+    text: str = ""
+    done: bool = False
+
+    def add(self, chunks: list[Chunk], finished: bool) -> None:
+        self.chunks.extend(chunks)
+        self.text += "".join(ch.text for ch in chunks)
+        self.done = finished
+
+
+class Renderer:
+    """The JSON of one endpoint, for a whole response or for stream chunks."""
+
+    object_name = "text_completion"
+
+    def __init__(self, model_name: str, vocab, prompt_text: str, gen: P.GenerationRequest, echo: bool = False):
+        self.gen, self.echo = gen, echo
+        self.prompt_text = prompt_text
+        self.id = P.new_id("cmpl")
+        self.created = P.now()
+        self.model = model_name
+        self.vocab = vocab
+
+    def head(self) -> dict[str, Any]:
+        return {"id": self.id, "object": self.object_name, "created": self.created, "model": self.model,
+                "system_fingerprint": "llamactx"}
+
+    def response(self, choices: list[Choice]) -> dict[str, Any]:
+        out = self.head()
+        out["choices"] = [self.choice(c) for c in choices]
+        out["usage"] = P.usage([c.seq for c in choices])
+        out["timings"] = P.timings(choices[0].seq)
+        return out
+
+    def choice(self, c: Choice) -> dict[str, Any]:
+        text = (self.prompt_text if self.echo else "") + c.text
+        lp = P.completion_logprobs(self.vocab, c.chunks, len(self.prompt_text) if self.echo else 0)
+        return {"text": text, "index": c.index, "logprobs": lp if self.gen.n_probs >= 0 else None,
+                "finish_reason": P.finish_reason(c.seq)}
+
+    def first(self, c: Choice) -> list[dict[str, Any]]:
+        """Chunks to send before any token of choice `c`."""
+        if not self.echo:
+            return []
+        return [self._delta(c, self.prompt_text, [], None)]
+
+    def delta(self, c: Choice, chunks: list[Chunk]) -> list[dict[str, Any]]:
+        text = "".join(ch.text for ch in chunks)
+        return [self._delta(c, text, chunks, None)] if text else []
+
+    def _delta(self, c: Choice, text: str, chunks: list[Chunk], finish: str | None) -> dict[str, Any]:
+        lp = P.completion_logprobs(self.vocab, chunks, 0) if self.gen.n_probs >= 0 and chunks else None
+        return {**self.head(), "choices": [{"text": text, "index": c.index, "logprobs": lp, "finish_reason": finish}]}
+
+    def last(self, c: Choice) -> list[dict[str, Any]]:
+        out = self._delta(c, "", [], P.finish_reason(c.seq))
+        out["timings"] = P.timings(c.seq)
+        return [out]
+
+    def usage_chunk(self, choices: list[Choice]) -> dict[str, Any]:
+        return {**self.head(), "choices": [], "usage": P.usage([c.seq for c in choices])}
+
+
+class ChatRenderer(Renderer):
+    object_name = "chat.completion.chunk"
+
+    def response(self, choices: list[Choice]) -> dict[str, Any]:
+        out = super().response(choices)
+        out["object"] = "chat.completion"
+        return out
+
+    def choice(self, c: Choice) -> dict[str, Any]:
+        out = {"index": c.index, "message": {"role": "assistant", "content": c.text},
+               "finish_reason": P.finish_reason(c.seq)}
+        out["logprobs"] = P.chat_logprobs(self.vocab, c.chunks) if self.gen.n_probs >= 0 else None
+        return out
+
+    def first(self, c: Choice) -> list[dict[str, Any]]:
+        return [self._chat(c, {"role": "assistant", "content": ""}, None, [])]
+
+    def delta(self, c: Choice, chunks: list[Chunk]) -> list[dict[str, Any]]:
+        text = "".join(ch.text for ch in chunks)
+        return [self._chat(c, {"content": text}, None, chunks)] if text else []
+
+    def _chat(self, c: Choice, delta: dict, finish: str | None, chunks: list[Chunk]) -> dict[str, Any]:
+        lp = P.chat_logprobs(self.vocab, chunks) if self.gen.n_probs >= 0 and chunks else None
+        return {**self.head(), "choices": [{"index": c.index, "delta": delta, "logprobs": lp,
+                                            "finish_reason": finish}]}
+
+    def last(self, c: Choice) -> list[dict[str, Any]]:
+        out = self._chat(c, {}, P.finish_reason(c.seq), [])
+        out["timings"] = P.timings(c.seq)
+        return [out]
+
+
+class NativeRenderer(Renderer):
+    """llama-server's own /completion: `content`, `stop`, `stop_type`, `timings`..."""
+
+    def response(self, choices: list[Choice]) -> dict[str, Any]:
+        c = choices[0]
+        return self._final(c)
+
+    def _final(self, c: Choice) -> dict[str, Any]:
+        seq = c.seq
+        stop_type = {"stop": "word" if seq.stream.stop_word else "eos", "length": "limit"}.get(
+            seq.finish_reason or "", "none")
+        return {"index": c.index, "content": c.text, "tokens": list(seq.output), "id_slot": seq.seq_id,
+                "stop": True, "model": self.model, "tokens_predicted": seq.n_output,
+                "tokens_evaluated": seq.n_prompt, "prompt": self.prompt_text, "has_new_line": "\n" in c.text,
+                "truncated": False, "stop_type": stop_type, "stopping_word": seq.stream.stop_word or "",
+                "tokens_cached": seq.n_past, "timings": P.timings(seq)}
+
+    def first(self, c: Choice) -> list[dict[str, Any]]:
+        return []
+
+    def delta(self, c: Choice, chunks: list[Chunk]) -> list[dict[str, Any]]:
+        text = "".join(ch.text for ch in chunks)
+        toks = [ch.token for ch in chunks if ch.token is not None]
+        return [{"index": c.index, "content": text, "tokens": toks, "stop": False}] if text or toks else []
+
+    def last(self, c: Choice) -> list[dict[str, Any]]:
+        out = self._final(c)
+        out["content"] = ""
+        return [out]
+
+    def usage_chunk(self, choices: list[Choice]) -> dict[str, Any]:
+        return {}
