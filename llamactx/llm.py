@@ -74,16 +74,18 @@ class LLM:
 
     def complete(self, prompt: str | Sequence[int], max_tokens: int = 128, stop: Sequence[str] | str | None = None,
                  stream: bool = False, grammar: str | None = None, json_schema: Mapping | str | None = None,
-                 context_shift: bool = False, n_keep: int = 0, **sampling: Any) -> Completion | Iterator[Chunk]:
+                 context_shift: bool = False, n_keep: int = 0, n_probs: int = -1, **sampling: Any
+                 ) -> Completion | Iterator[Chunk]:
         """Continue `prompt` (text: tokenized with add_special and parse_special). Returns a `Completion`
         (text, tokens, finish_reason, timings), or with `stream=True` an iterator of `Chunk`s (the `Completion`
-        is then in `llm.result` once the iterator ends). Raises GenerationError if sampling fails (a grammar
+        is then in `llm.result` once the iterator ends). `n_probs` >= 0 gives each Chunk its token's logprob and
+        the `n_probs` most likely tokens (-1: none). Raises GenerationError if sampling fails (a grammar
         dead end)."""
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         chain = self.sampler(grammar, json_schema, **sampling)
         stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
         seq = self.engine.add_request(tokens, chain, Limits(max_tokens, stops, context_shift=context_shift,
-                                                            n_keep=n_keep))
+                                                            n_keep=n_keep), n_probs=n_probs)
         chunks = self._run(seq)
         if stream:
             return chunks
