@@ -5,8 +5,10 @@ The template is a GGUF's `tokenizer.chat_template`, rendered as HF transformers 
 loopcontrols extension, a no-op `{% generation %}` tag, the `raise_exception` and `strftime_now` globals and a
 `tojson` filter that does not HTML-escape. Variables follow llama-server (common/chat.cpp
 common_chat_template_direct_apply_impl): `messages`, `bos_token`, `eos_token`, `add_generation_prompt`, and
-`tools` only when tools are given. A model without a template gets llama.cpp's chatml fallback
-(common_chat_templates_init, CHATML_TEMPLATE_SRC) and says so.
+`tools` only when tools are given. A model without a template gets the built-in template its vocabulary points
+to, as llama.cpp's built-in templates do (src/llama-chat.cpp): Gemma's `<start_of_turn>` turns, Llama 3's header
+tokens, or chatml (common_chat_templates_init, CHATML_TEMPLATE_SRC); `message` says which, once, for the caller to
+show.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import json
 import sys
 import threading
 import time
-import warnings
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
@@ -37,6 +38,40 @@ CHATML_TEMPLATE = (
     "{%- endif -%}"
 )
 
+# llama-chat.cpp LLM_CHAT_TEMPLATE_GEMMA: no system role (merged into the first user turn), "assistant" is "model"
+GEMMA_TEMPLATE = (
+    "{{- bos_token -}}\n"
+    "{%- set ns = namespace(system='') -%}\n"
+    "{%- for message in messages -%}\n"
+    "  {%- if message.role == 'system' -%}\n"
+    "    {%- set ns.system = ns.system + message.content | trim -%}\n"
+    "  {%- else -%}\n"
+    "    {%- set role = 'model' if message.role == 'assistant' else message.role -%}\n"
+    "    {{- '<start_of_turn>' + role + '\\n' -}}\n"
+    "    {%- if ns.system and role != 'model' -%}{{- ns.system + '\\n\\n' -}}{%- set ns.system = '' -%}{%- endif -%}\n"
+    "    {{- message.content | trim + '<end_of_turn>\\n' -}}\n"
+    "  {%- endif -%}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}{{- '<start_of_turn>model\\n' -}}{%- endif -%}"
+)
+
+# llama-chat.cpp LLM_CHAT_TEMPLATE_LLAMA_3
+LLAMA3_TEMPLATE = (
+    "{{- bos_token -}}\n"
+    "{%- for message in messages -%}\n"
+    "  {{- '<|start_header_id|>' + message.role + '<|end_header_id|>\\n\\n' + message.content | trim + "
+    "'<|eot_id|>' -}}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}{%- endif -%}"
+)
+
+# name -> (source, the tokens that must be in the vocabulary for it to be chosen for a model without a template)
+BUILTIN_TEMPLATES = {
+    "gemma": (GEMMA_TEMPLATE, ("<start_of_turn>", "<end_of_turn>")),
+    "llama3": (LLAMA3_TEMPLATE, ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")),
+    "chatml": (CHATML_TEMPLATE, ("<|im_start|>", "<|im_end|>")),
+}
+
 TOKEN_NULL = -1  # llama.h LLAMA_TOKEN_NULL
 
 
@@ -51,6 +86,8 @@ class ChatVocab(Protocol):
     eos: int
 
     def token_get_text(self, token: int) -> str: ...
+
+    def tokenize(self, text: str, add_special: bool = ..., parse_special: bool = ...) -> list[int]: ...
 
 
 class ChatModel(Protocol):
@@ -226,11 +263,22 @@ def validate_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, A
     return out
 
 
+def builtin_for_vocab(vocab: ChatVocab) -> str:
+    """The built-in template whose turn markers are all single tokens of `vocab` ("gemma", "llama3", "chatml"),
+    chatml when none is: the turn-end token then is a token the model knows, and ends generation."""
+    for name, (_, markers) in BUILTIN_TEMPLATES.items():
+        if all(len(ids := vocab.tokenize(m, add_special=False, parse_special=True)) == 1
+               and vocab.token_get_text(ids[0]) == m for m in markers):
+            return name
+    return "chatml"
+
+
 class ChatTemplate:
     """A compiled chat template plus the special tokens it may use.
 
-    `source` None or empty (or "chatml") selects the chatml fallback: `is_fallback` is True, `name` "chatml",
-    `message` says why, and a UserWarning is issued. `add_bos` / `add_eos` mirror the vocabulary's flags: when
+    `source` None or empty selects the chatml fallback, and a built-in name ("chatml", "gemma", "llama3") that
+    template: `is_fallback` is True and `message` says which was chosen and why (the caller shows it once; nothing
+    is printed or warned here). `add_bos` / `add_eos` mirror the vocabulary's flags: when
     the tokenizer adds BOS itself, a rendered prompt that starts with `bos_token` loses it (and likewise for a
     trailing EOS), as llama-server does, so the prompt is not double-prefixed. Raises ChatTemplateError (a
     ValueError) if the template does not compile.
@@ -249,14 +297,14 @@ class ChatTemplate:
         add_bos: bool = False,
         add_eos: bool = False,
     ) -> None:
-        self.is_fallback = not source or source == "chatml"
-        self.source = CHATML_TEMPLATE if self.is_fallback else str(source)
-        self.name = "chatml" if self.is_fallback else (name or detect_template_name(self.source))
+        builtin = "chatml" if not source else source if source in BUILTIN_TEMPLATES else None
+        self.is_fallback = builtin is not None
+        self.source = BUILTIN_TEMPLATES[builtin][0] if builtin else str(source)
+        self.name = builtin or name or detect_template_name(self.source)
         self.message = ""
-        if self.is_fallback:
+        if builtin:
             whose = f"{name} has" if name else "the model has"
-            self.message = f"{whose} no chat template; using the chatml fallback"
-            warnings.warn(self.message, UserWarning, stacklevel=2)
+            self.message = f"{whose} no chat template; using the built-in {builtin} template"
         self.bos_token, self.eos_token = bos_token, eos_token
         self.add_bos, self.add_eos = add_bos, add_eos
         try:
@@ -277,7 +325,7 @@ class ChatTemplate:
             return "" if token is None or token == TOKEN_NULL else vocab.token_get_text(token)
 
         return cls(
-            model.chat_template,
+            model.chat_template or builtin_for_vocab(vocab),
             text(vocab.bos),
             text(vocab.eos),
             name,

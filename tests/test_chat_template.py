@@ -5,13 +5,20 @@ from __future__ import annotations
 
 import datetime
 import json
+import warnings
 
 import gguf
 import pytest
 
-from llamactx.chat_template import CHATML_TEMPLATE, ChatTemplate, ChatTemplateError, validate_messages
+from llamactx.chat_template import (
+    CHATML_TEMPLATE,
+    GEMMA_TEMPLATE,
+    ChatTemplate,
+    ChatTemplateError,
+    builtin_for_vocab,
+    validate_messages,
+)
 from llamactx.embedded import gemma3_path, smollm2_path
-from llamactx.gguf.reader import GGUFFile
 
 USER = [{"role": "user", "content": "Hi there"}]
 
@@ -63,23 +70,46 @@ def test_smollm2_without_generation_prompt(smollm2_model):
     assert prompt.endswith("<|im_start|>user\nHi there<|im_end|>\n")
 
 
-def test_gemma_without_template_falls_back_to_chatml():
-    meta = GGUFFile(gemma3_path()).meta
-    assert "tokenizer.chat_template" not in meta
-    tokens = meta["tokenizer.ggml.tokens"]
-    vocab = _Vocab(tokens, meta["tokenizer.ggml.bos_token_id"], meta["tokenizer.ggml.eos_token_id"], True)
-    with pytest.warns(UserWarning, match="chatml fallback"):
-        template = ChatTemplate.from_model(_Model(meta.get("tokenizer.chat_template"), vocab), name="gemma3")
-    assert template.is_fallback and template.name == "chatml" and "gemma3" in template.message
-    assert template.source == CHATML_TEMPLATE and template.bos_token == "<bos>"
-    messages = [{"role": "system", "content": "Be brief."}, *USER]
+def test_gemma_without_template_gets_the_builtin_its_tokens_point_to():
+    from llamactx import Model
+
+    gemma = Model.load(gemma3_path(), vocab_only=True)
+    assert gemma.chat_template is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the choice is reported once, by the caller, not warned here
+        template = ChatTemplate.from_model(gemma, name="gemma3")
+    assert template.is_fallback and template.name == "gemma" and template.message == (
+        "gemma3 has no chat template; using the built-in gemma template")
+    assert template.source == GEMMA_TEMPLATE and template.bos_token == "<bos>"
+    messages = [{"role": "system", "content": "Be brief."}, *USER, {"role": "assistant", "content": " Hi! "}]
+    # llama-chat.cpp's gemma output; <bos> is left to the tokenizer (add_bos)
     assert template.render(messages) == (
-        "<|im_start|>system\nBe brief.<|im_end|>\n"
-        "<|im_start|>user\nHi there<|im_end|>\n"
-        "<|im_start|>assistant\n"
+        "<start_of_turn>user\nBe brief.\n\nHi there<end_of_turn>\n"
+        "<start_of_turn>model\nHi!<end_of_turn>\n"
+        "<start_of_turn>model\n"
     )
-    with pytest.warns(UserWarning):
-        assert ChatTemplate("chatml").is_fallback
+    assert builtin_for_vocab(gemma.vocab) == "gemma" and gemma.vocab.is_eog(gemma.vocab.tokenize(
+        "<end_of_turn>", add_special=False, parse_special=True)[0])
+
+
+def test_builtin_templates_by_name_and_chatml_by_default():
+    assert ChatTemplate(None).name == "chatml" and ChatTemplate("chatml").source == CHATML_TEMPLATE
+    llama3 = ChatTemplate("llama3", "<|begin_of_text|>")
+    assert llama3.render(USER) == ("<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>"
+                                   "<|start_header_id|>assistant<|end_header_id|>\n\n")
+
+
+def test_gemma3_turn_end_token_stops_a_chat(gemma):
+    """The embedded Gemma 3 270M is the pre-trained (not instruction-tuned) model: with the built-in template it
+    does not end its turn by itself at temperature 0 (it repeats the question, as llama.cpp's identical logits
+    would). What the fallback must give is a turn-end token the vocabulary has and that ends generation."""
+    from llamactx.llm import LLM
+
+    llm = LLM(gemma, n_ctx=512)
+    end_of_turn = gemma.vocab.tokenize("<end_of_turn>", add_special=False, parse_special=True)[0]
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    out = llm.chat(messages, temperature=0, max_tokens=64, logit_bias={end_of_turn: 100.0})
+    assert out.finish_reason == "stop" and out.tokens == [] and out.text == ""
 
 
 def test_bos_is_stripped_when_the_tokenizer_adds_it():

@@ -93,7 +93,9 @@ class ServerState:
             self.engine = Engine(self.model, n_slots=c.n_slots, n_ctx=c.n_ctx, n_batch=c.n_batch,
                                  n_ubatch=c.n_ubatch, n_threads=c.n_threads,
                                  n_threads_batch=c.n_threads_batch or c.n_threads, type_k=c.type_k, type_v=c.type_v)
-            self.template = ChatTemplate.from_model(self.model)
+            self.template = ChatTemplate.from_model(self.model, name=self.alias)
+            if self.template.is_fallback:
+                log.info(self.template.message)
             self.embedder = Embedder(self.model, n_ctx=min(c.n_ctx, 8192), n_threads=c.n_threads,
                                      n_threads_batch=c.n_threads_batch or c.n_threads)
             self.engine.warmup()
