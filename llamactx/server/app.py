@@ -28,6 +28,7 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from llamactx import tool_calls
 from llamactx.errors import LlamactxError
 from llamactx.server import protocol as P
 from llamactx.server.completions import serve
@@ -278,13 +279,18 @@ def _routes(state: ServerState) -> list:
     async def chat_completions(request):
         state.check_ready()
         req = P.validate(P.ChatCompletionRequest, await _json(request))
-        prompt_text = await asyncio.to_thread(state.template.render, req.messages, True, req.tools,
-                                              **(req.chat_template_kwargs or {}))
+        prompt_text, fns = await asyncio.to_thread(_render_chat, state, req)
         tokens = await asyncio.to_thread(state.model.vocab.tokenize, prompt_text, True, True)
         tokens = _fit_prompt(state, tokens, req.n_keep)
         n_probs = (req.top_logprobs or 0) if req.logprobs else -1
         gen = P.GenerationRequest.from_fields(req, state.model.vocab, n_probs, cfg.context_shift)
-        renderer = ChatRenderer(state.alias, state.model.vocab, prompt_text, gen)
+        required = tool_calls.required_function(req.tool_choice, fns)
+        if required:
+            if gen.grammar is not None:
+                raise P.ProtocolError("tool_choice: a required tool call cannot be combined with grammar / "
+                                      "json_schema / response_format")
+            gen.grammar = ("json_schema", tool_calls.call_schema(required))
+        renderer = ChatRenderer(state.alias, state.model.vocab, prompt_text, gen, tools=bool(fns))
         return await serve(state, request, [tokens], gen, renderer)
 
     async def embeddings(request):
@@ -413,6 +419,15 @@ def _prompts(state: ServerState, prompt, n_keep: int) -> tuple[list[list[int]], 
         raise P.ProtocolError(f"prompt: at most {P.MAX_N} prompts per request")
     first = items[0]
     return out, first if isinstance(first, str) else vocab.detokenize(out[0])
+
+
+def _render_chat(state: ServerState, req: P.ChatCompletionRequest) -> tuple[str, list[dict]]:
+    """The chat prompt, with the tools in it (unless tool_choice is "none"), and the tools' functions."""
+    fns = tool_calls.functions(req.tools) if req.tool_choice != "none" else []
+    messages, pass_tools = tool_calls.prepare(state.template.source, req.messages, fns)
+    prompt = state.template.render(messages, True, req.tools if pass_tools else None,
+                                   **(req.chat_template_kwargs or {}))
+    return prompt, fns
 
 
 def _fit_prompt(state: ServerState, tokens: list[int], n_keep: int) -> list[int]:

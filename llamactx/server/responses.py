@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from llamactx import tool_calls
 from llamactx.engine import Chunk
 from llamactx.engine import Sequence as EngineSequence
 from llamactx.server import protocol as P
@@ -86,16 +87,36 @@ class Renderer:
 
 
 class ChatRenderer(Renderer):
+    """OpenAI chat. With `tools`, the answer is parsed for tool calls (llamactx.tool_calls) once it is complete:
+    a stream then sends the text and the calls in one delta at the end, so that no half of a call is shown as
+    content."""
+
     object_name = "chat.completion.chunk"
+
+    def __init__(self, *args, tools: bool = False, **kw):
+        super().__init__(*args, **kw)
+        self.tools = tools
 
     def response(self, choices: list[Choice]) -> dict[str, Any]:
         out = super().response(choices)
         out["object"] = "chat.completion"
         return out
 
+    def _message(self, c: Choice) -> tuple[dict[str, Any], str]:
+        """The assistant message and the finish reason ("tool_calls" when the model called tools)."""
+        finish = P.finish_reason(c.seq)
+        if not self.tools:
+            return {"role": "assistant", "content": c.text}, finish
+        content, calls = tool_calls.parse(c.text)
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = [call.to_json() for call in calls]
+            finish = "tool_calls"
+        return message, finish
+
     def choice(self, c: Choice) -> dict[str, Any]:
-        out = {"index": c.index, "message": {"role": "assistant", "content": c.text},
-               "finish_reason": P.finish_reason(c.seq)}
+        message, finish = self._message(c)
+        out = {"index": c.index, "message": message, "finish_reason": finish}
         out["logprobs"] = P.chat_logprobs(self.vocab, c.chunks) if self.gen.n_probs >= 0 else None
         return out
 
@@ -104,7 +125,9 @@ class ChatRenderer(Renderer):
 
     def delta(self, c: Choice, chunks: list[Chunk]) -> list[dict[str, Any]]:
         text = "".join(ch.text for ch in chunks)
-        return [self._chat(c, {"content": text}, None, chunks)] if text else []
+        if self.tools or not text:
+            return []
+        return [self._chat(c, {"content": text}, None, chunks)]
 
     def _chat(self, c: Choice, delta: dict, finish: str | None, chunks: list[Chunk]) -> dict[str, Any]:
         lp = P.chat_logprobs(self.vocab, chunks) if self.gen.n_probs >= 0 and chunks else None
@@ -112,9 +135,18 @@ class ChatRenderer(Renderer):
                                             "finish_reason": finish}]}
 
     def last(self, c: Choice) -> list[dict[str, Any]]:
-        out = self._chat(c, {}, P.finish_reason(c.seq), [])
-        out["timings"] = P.timings(c.seq)
-        return [out]
+        out = []
+        finish = P.finish_reason(c.seq)
+        if self.tools:
+            message, finish = self._message(c)
+            delta = {k: v for k, v in message.items() if k != "role" and v is not None}
+            if "tool_calls" in delta:
+                delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(delta["tool_calls"])]
+            if delta:
+                out.append(self._chat(c, delta, None, c.chunks))
+        end = self._chat(c, {}, finish, [])
+        end["timings"] = P.timings(c.seq)
+        return [*out, end]
 
 
 class NativeRenderer(Renderer):

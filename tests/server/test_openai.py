@@ -106,3 +106,23 @@ def test_bad_requests_raise_the_client_error(client):
     assert info.value.status_code == 400 and "temperature" in str(info.value)
     with pytest.raises(openai.BadRequestError, match="top_p"):
         client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "x"}], top_p=7)
+
+
+WEATHER = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_required_tool_call_is_parsed_into_tool_calls(client, stream):
+    kw = dict(model="smollm2", messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+              tools=WEATHER, tool_choice="required", temperature=0, max_tokens=64)
+    if stream:
+        chunks = list(client.chat.completions.create(stream=True, **kw))
+        calls = [tc for c in chunks if c.choices and c.choices[0].delta.tool_calls for tc in c.choices[0].delta.tool_calls]
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    else:
+        out = client.chat.completions.create(**kw)
+        calls, finish = out.choices[0].message.tool_calls, [out.choices[0].finish_reason]
+    assert finish == ["tool_calls"] and len(calls) == 1
+    assert calls[0].function.name == "get_weather" and isinstance(json.loads(calls[0].function.arguments)["city"], str)

@@ -1,0 +1,145 @@
+"""Tool calling: tools go into the prompt, the model's tool calls come out parsed (llama.cpp's common/chat: the
+Hermes `<tool_call>` format and the generic JSON format).
+
+- `prepare(template, messages, tools, tool_choice)`: what the chat template renders. A template that takes
+  `tools` gets them as they are; one that does not gets a system message describing them and the Hermes
+  format to answer in (as common/chat's generic handler adds its own instructions).
+- `call_schema(tools, tool_choice)`: when a call is required ("required", or a named function), the JSON
+  schema the output must follow: {"name": one of the tools, "arguments": its parameters}. Sampled under that
+  schema (the grammar sampler), the output always parses as a call.
+- `parse(text)`: (content, calls) from the model's text: `<tool_call>{json}</tool_call>` blocks (Hermes,
+  Qwen 2.5, SmolLM2's tool tuning), or a whole JSON object with `tool_calls` / `tool_call` / `name` +
+  `arguments` (generic), or {"response": "..."} (the generic format's plain answer). Anything else is
+  content.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from llamactx.errors import LlamactxError
+
+_HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+
+
+class ToolCallError(LlamactxError, ValueError):
+    """Malformed `tools` / `tool_choice` in a request (names the field)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    name: str
+    arguments: str  # JSON text, as OpenAI returns it
+    id: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+def functions(tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]]:
+    """The `function` objects of OpenAI `tools`, checked: each has a name, parameters are an object schema."""
+    out = []
+    for i, tool in enumerate(tools or []):
+        if not isinstance(tool, Mapping) or tool.get("type", "function") != "function":
+            raise ToolCallError(f"tools[{i}]: expected {{'type': 'function', 'function': {{...}}}}")
+        fn = tool.get("function")
+        if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise ToolCallError(f"tools[{i}].function.name: missing or not a string")
+        params = fn.get("parameters", {"type": "object"})
+        if not isinstance(params, Mapping):
+            raise ToolCallError(f"tools[{i}].function.parameters: expected a JSON schema object")
+        out.append({"name": fn["name"], "description": fn.get("description", ""), "parameters": dict(params)})
+    return out
+
+
+def required_function(tool_choice: Any, fns: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """The functions one of which must be called, or None when a call is not required ("auto", "none")."""
+    if tool_choice in (None, "auto", "none"):
+        return None
+    if tool_choice == "required":
+        if not fns:
+            raise ToolCallError("tool_choice: 'required' needs at least one tool")
+        return fns
+    if isinstance(tool_choice, Mapping):
+        name = (tool_choice.get("function") or {}).get("name")
+        chosen = [f for f in fns if f["name"] == name]
+        if not chosen:
+            raise ToolCallError(f"tool_choice.function.name: {name!r} is not one of the tools")
+        return chosen
+    raise ToolCallError(f"tool_choice: {tool_choice!r} is not 'none', 'auto', 'required' or a function")
+
+
+def call_schema(fns: list[dict[str, Any]]) -> dict[str, Any]:
+    """The JSON schema of one call to one of `fns`, in compact JSON. Arguments take only the declared
+    parameters unless the function's schema says otherwise (OpenAI's strict mode), so that a small model cannot
+    ramble on in extra keys."""
+    options = [{"type": "object", "properties": {"name": {"const": f["name"]}, "arguments": _closed(f["parameters"])},
+                "required": ["name", "arguments"], "additionalProperties": False} for f in fns]
+    schema = options[0] if len(options) == 1 else {"anyOf": options}
+    return {**schema, "x-guidance": {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}}
+
+
+def _closed(params: dict[str, Any]) -> dict[str, Any]:
+    if params.get("type") == "object" and "properties" in params and "additionalProperties" not in params:
+        return {**params, "additionalProperties": False}
+    return params
+
+
+def prepare(template_source: str, messages: list[dict[str, Any]], fns: list[dict[str, Any]]
+            ) -> tuple[list[dict[str, Any]], bool]:
+    """(messages, pass_tools): the messages to render and whether the template takes `tools` itself. A template
+    that never mentions tools gets a system message describing them."""
+    if not fns or "tools" in template_source:
+        return messages, bool(fns)
+    spec = json.dumps([{"type": "function", "function": f} for f in fns], ensure_ascii=False)
+    note = ("You can call these tools:\n" + spec + "\nTo call one, answer only with <tool_call>{\"name\": "
+            "\"...\", \"arguments\": {...}}</tool_call>.")
+    if messages and messages[0].get("role") == "system":
+        first = {**messages[0], "content": f"{messages[0]['content']}\n\n{note}"}
+        return [first, *messages[1:]], False
+    return [{"role": "system", "content": note}, *messages], False
+
+
+def parse(text: str) -> tuple[str | None, list[ToolCall]]:
+    """(content, calls) of a model's answer; content None when the answer is only calls."""
+    blocks = _HERMES.findall(text)
+    calls = [c for b in blocks for c in _calls_of(_json(b))]
+    if calls:
+        rest = _HERMES.sub("", text).strip()
+        return rest or None, calls
+    obj = _json(text.strip())
+    if isinstance(obj, Mapping):
+        if isinstance(obj.get("response"), str) and len(obj) == 1:
+            return obj["response"], []
+        calls = _calls_of(obj)
+        if calls:
+            return None, calls
+    return text, []
+
+
+def _calls_of(obj: Any) -> list[ToolCall]:
+    if not isinstance(obj, Mapping):
+        return []
+    if isinstance(obj.get("tool_calls"), list):
+        return [c for item in obj["tool_calls"] for c in _calls_of(item)]
+    if isinstance(obj.get("tool_call"), Mapping):
+        return _calls_of(obj["tool_call"])
+    if isinstance(obj.get("function"), Mapping):  # OpenAI's own shape
+        return _calls_of(obj["function"])
+    name, args = obj.get("name"), obj.get("arguments", obj.get("parameters", {}))
+    if not isinstance(name, str) or not name:
+        return []
+    arguments = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+    return [ToolCall(name, arguments, obj.get("id") or f"call_{uuid.uuid4().hex[:24]}")]
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, RecursionError):
+        return None
