@@ -119,7 +119,8 @@ def test_a_required_tool_call_is_parsed_into_tool_calls(client, stream):
               tools=WEATHER, tool_choice="required", temperature=0, max_tokens=64)
     if stream:
         chunks = list(client.chat.completions.create(stream=True, **kw))
-        calls = [tc for c in chunks if c.choices and c.choices[0].delta.tool_calls for tc in c.choices[0].delta.tool_calls]
+        deltas = [c.choices[0].delta for c in chunks if c.choices]
+        calls = [tc for d in deltas for tc in d.tool_calls or []]
         finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     else:
         out = client.chat.completions.create(**kw)
