@@ -20,6 +20,18 @@ from llamactx.state_io import StateError
 
 __version__ = "0.1.0"
 
+_LLAMA_CPP_PYTHON_NAMES = ("Llama", "LlamaGrammar", "LlamaState", "LogitsProcessorList", "StoppingCriteriaList")
+
+
+def __getattr__(name: str):
+    """llama-cpp-python's names (`from llamactx import Llama`), imported on first use."""
+    if name in _LLAMA_CPP_PYTHON_NAMES:
+        from llamactx import llama
+
+        return getattr(llama, name)
+    raise AttributeError(f"module 'llamactx' has no attribute {name!r}")
+
+
 __all__ = [
     "Batch",
     "Context",
@@ -28,9 +40,14 @@ __all__ = [
     "DecodeError",
     "DecodeStatus",
     "GGUFError",
+    "Llama",
+    "LlamaGrammar",
+    "LlamaState",
     "LlamactxError",
     "Memory",
+    "LogitsProcessorList",
     "Model",
     "ModelLoadError",
     "StateError",
+    "StoppingCriteriaList",
 ]

@@ -1,0 +1,183 @@
+"""llama-cpp-python's own high-level tests and README examples, ported: only the import changes
+(`import llamactx as llama_cpp`) and the model (the embedded SmolLM2 instead of their downloads), so expected
+texts are SmolLM2's. The OpenAI shapes are checked against the `openai` package's types."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+
+import jsonschema
+import numpy as np
+import openai.types as oai
+import openai.types.chat as oai_chat
+import pytest
+
+import llamactx as llama_cpp
+
+MODEL = "smollm2"
+
+
+@pytest.fixture(scope="module")
+def model():
+    return llama_cpp.Llama(MODEL, n_ctx=512, n_batch=32, n_ubatch=32, n_threads=multiprocessing.cpu_count(),
+                           n_threads_batch=multiprocessing.cpu_count(), logits_all=False, flash_attn=False,
+                           verbose=False)
+
+
+def test_llama_cpp_tokenization():  # tests/test_llama.py, on SmolLM2's vocabulary
+    llama = llama_cpp.Llama(model_path=MODEL, vocab_only=True, verbose=False)
+    text = b"Hello World"
+    tokens = llama.tokenize(text)
+    assert tokens == [19556, 2260]  # SmolLM2 adds no BOS
+    assert llama.detokenize(tokens) == text
+    text = b"Hello World<|im_end|>"
+    assert llama.tokenize(text)[-1] != llama.token_eos()
+    assert llama.tokenize(text, special=True)[-1] == llama.token_eos()
+    assert llama.tokenize(b"", add_bos=True, special=True) == []
+
+
+def test_real_llama(model):  # tests/test_llama.py test_real_llama
+    output = model.create_completion("The quick brown fox jumps over the lazy dog. The quick brown fox",
+                                     max_tokens=6, top_k=50, top_p=0.9, temperature=0.0, seed=1337)
+    assert output["choices"][0]["text"] == " is a classic example of a"
+    oai.Completion.model_validate(output)
+
+    output = model.create_completion("The capital of france is paris, 'true' or 'false'?:\n", max_tokens=4,
+                                     top_k=50, top_p=0.9, temperature=0.8, seed=1337,
+                                     grammar=llama_cpp.LlamaGrammar.from_string('root ::= "true" | "false"'))
+    assert output["choices"][0]["text"] == "true"
+
+    suffix = b"rot"
+    tokens = model.tokenize(suffix, add_bos=True, special=True)
+
+    def logit_processor_func(input_ids, logits):
+        for token in tokens:
+            logits[token] *= 1000
+        return logits
+
+    output = model.create_completion("The capital of france is par", max_tokens=4, top_k=50, top_p=0.9,
+                                     temperature=0.8, seed=1337,
+                                     logits_processor=llama_cpp.LogitsProcessorList([logit_processor_func]))
+    assert output["choices"][0]["text"].lower().startswith("rot")
+
+    model.set_seed(1337)
+    state = model.save_state()
+    numbers = 'root ::= "1" | "2" | "3" | "4" | "5" | "6" | "7" | "8" | "9" | "10"'
+
+    def pick():
+        return model.create_completion("Pick a number from 1 to 10?:\n", max_tokens=4, top_k=50, top_p=0.9,
+                                       temperature=1.0, grammar=llama_cpp.LlamaGrammar.from_string(numbers)
+                                       )["choices"][0]["text"]
+
+    picks = [pick() for _ in range(4)]
+    model.load_state(state)
+    assert pick() == picks[0]
+    assert len(set(picks)) > 1  # the seed moves on between completions
+
+
+def test_real_llama_repeated_prompt_cache(model):  # tests/test_llama.py
+    prompt = "The quick brown fox jumps over the lazy dog. The quick brown fox"
+    output_1 = model.create_completion(prompt, max_tokens=6, temperature=0.0, seed=1337)
+    output_2 = model.create_completion(prompt, max_tokens=6, temperature=0.0, seed=1337)
+    assert output_1["choices"][0]["text"] == " is a classic example of a"
+    assert output_2["choices"][0]["text"] == output_1["choices"][0]["text"]
+    assert output_2["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+
+
+def test_shorter_prompt_prefix_reuse_matches_fresh(model):  # tests/test_llama.py, the transformer case
+    fresh = llama_cpp.Llama(MODEL, n_ctx=512, verbose=False)
+    long_prompt, short_prompt = "The quick brown fox jumps over the lazy", "The quick brown fox"
+    model.create_completion(long_prompt, max_tokens=1, temperature=0.0)
+    reused = model.create_completion(short_prompt, max_tokens=4, temperature=0.0)
+    assert reused["choices"][0]["text"] == fresh.create_completion(short_prompt, max_tokens=4,
+                                                                  temperature=0.0)["choices"][0]["text"]
+
+
+def test_stopping_criteria_and_stream_chunks(model):
+    def stop_after_comma(input_ids, logits):
+        return model.detokenize(input_ids[-1:]).endswith(b",")
+
+    out = model("1, 2, 3,", max_tokens=20, temperature=0,
+                stopping_criteria=llama_cpp.StoppingCriteriaList([stop_after_comma]))
+    assert out["choices"][0]["text"] == " 4," and out["choices"][0]["finish_reason"] == "stop"
+    chunks = list(model("1, 2, 3,", max_tokens=6, temperature=0, stream=True, logprobs=2))
+    oai.Completion.model_validate(chunks[-1])  # the SDK's type wants a finish_reason: only the last has one
+    assert "".join(c["choices"][0]["text"] for c in chunks) == " 4, 5,"  # six tokens
+    assert [c["choices"][0]["finish_reason"] for c in chunks][-1] == "length"
+    assert all(len(c["choices"][0]["logprobs"]["top_logprobs"][0]) == 2 for c in chunks[:-1]
+               if c["choices"][0]["logprobs"])
+
+
+def test_readme_completion_with_echo_and_stop(model):  # README: "Q: Name the planets ..."
+    output = model("Q: Name the planets in the solar system? A: ", max_tokens=32, stop=["Q:", "\n"], echo=True,
+                   temperature=0)
+    text = output["choices"][0]["text"]
+    assert text.startswith("Q: Name the planets in the solar system? A: ") and "\n" not in text
+    assert output["object"] == "text_completion" and output["usage"]["completion_tokens"] <= 32
+
+
+def test_readme_chat_and_json_modes(model):  # README: chat completion, JSON mode, JSON schema mode
+    chat = model.create_chat_completion(messages=[
+        {"role": "system", "content": "You are an assistant who perfectly describes images."},
+        {"role": "user", "content": "Describe this image in detail please."}], max_tokens=24, temperature=0)
+    oai_chat.ChatCompletion.model_validate(chat)
+    assert chat["choices"][0]["message"]["role"] == "assistant" and chat["choices"][0]["message"]["content"]
+    out = model.create_chat_completion(
+        messages=[{"role": "system", "content": "You are a helpful assistant that outputs in JSON."},
+                  {"role": "user", "content": "Who won the world series in 2020"}],
+        response_format={"type": "json_object"}, temperature=0.7, max_tokens=48, seed=3)
+    assert isinstance(json.loads(out["choices"][0]["message"]["content"]), dict)
+    schema = {"type": "object", "properties": {"team_name": {"type": "string"}}, "required": ["team_name"]}
+    out = model.create_chat_completion(
+        messages=[{"role": "user", "content": "Who won the world series in 2020"}],
+        response_format={"type": "json_object", "schema": schema}, temperature=0.7, max_tokens=48, seed=3)
+    jsonschema.validate(json.loads(out["choices"][0]["message"]["content"]), schema)
+
+
+def test_readme_function_calling(model):  # README: function calling with tool_choice
+    out = model.create_chat_completion(
+        messages=[{"role": "user", "content": "Extract Jason is 25 years old"}],
+        tools=[{"type": "function", "function": {
+            "name": "UserDetail", "parameters": {"type": "object", "title": "UserDetail", "properties": {
+                "name": {"title": "Name", "type": "string"}, "age": {"title": "Age", "type": "integer"}},
+                "required": ["name", "age"]}}}],
+        tool_choice={"type": "function", "function": {"name": "UserDetail"}}, temperature=0, max_tokens=64)
+    oai_chat.ChatCompletion.model_validate(out)
+    call = out["choices"][0]["message"]["tool_calls"][0]
+    assert call["function"]["name"] == "UserDetail" and out["choices"][0]["finish_reason"] == "tool_calls"
+    args = json.loads(call["function"]["arguments"])
+    assert isinstance(args["name"], str) and isinstance(args["age"], int)
+
+
+def test_chat_stream_and_logprobs_validate(model):
+    chunks = list(model.create_chat_completion(messages=[{"role": "user", "content": "Name three colors."}],
+                                               temperature=0, stream=True, logprobs=True, top_logprobs=2))
+    for c in chunks:
+        oai_chat.ChatCompletionChunk.model_validate(c)
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == "1. Red\n2. Blue\n3. Green"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_real_llama_embeddings():  # tests/test_llama.py, on SmolLM2's hidden states
+    model = llama_cpp.Llama(MODEL, n_ctx=32, n_batch=32, n_ubatch=32, embedding=True, verbose=False)
+    embedding = model.embed("Hello World")
+    assert len(embedding) == 576
+    prompts = ["Hello World", "A different prompt"]
+    individual = [model.embed(p) for p in prompts]
+    batched = model.embed(prompts)
+    assert len(batched) == len(prompts)
+    for one, many in zip(individual, batched, strict=True):
+        np.testing.assert_allclose(many, one, rtol=1e-4, atol=1e-4)
+    created = model.create_embedding(prompts)
+    oai.CreateEmbeddingResponse.model_validate(created)
+    assert created["data"][1]["embedding"] == batched[1]
+
+
+def test_bad_options_raise_value_errors_naming_them(model):
+    with pytest.raises(ValueError, match="top_p"):
+        model("x", top_p=3.0)
+    with pytest.raises(ValueError, match="suffix"):
+        model("x", suffix="y")
+    with pytest.raises(ValueError, match="outside the vocab"):
+        model([1, 10**9])
