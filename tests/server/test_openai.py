@@ -53,12 +53,15 @@ def test_streamed_text_never_splits_a_character(client):
     assert all("\ufffd" not in p for p in parts)
 
 
-def test_n_choices_share_the_prompt(client):
-    out = client.completions.create(model="smollm2", prompt="Once upon a time", max_tokens=12, temperature=0.9,
-                                    seed=3, n=2)
-    assert sorted(c.index for c in out.choices) == [0, 1]
-    assert out.choices[0].text != out.choices[1].text  # consecutive seeds
-    assert out.usage.completion_tokens == 24
+def test_n_choices_share_the_prompt(client, server):
+    before = server.state.engine.stats.n_prompt_tokens
+    prompt = "Once upon a time, in a land far away, there lived a king who had three daughters. " * 3
+    out = client.completions.create(model="smollm2", prompt=prompt, max_tokens=12, temperature=0.9, seed=3, n=3)
+    assert sorted(c.index for c in out.choices) == [0, 1, 2]
+    assert len({c.text for c in out.choices}) == 3  # consecutive seeds
+    assert out.usage.completion_tokens == 36
+    # the prompt is decoded once: the other choices share its cells (each decodes only its last token)
+    assert server.state.engine.stats.n_prompt_tokens - before <= out.usage.prompt_tokens + 2
 
 
 def test_embeddings_float_and_base64(client):
