@@ -2,7 +2,8 @@
 
 Commands: /clear forgets the conversation, /save FILE and /load FILE keep it across runs (the sequence's KV
 state through the state API, plus the messages beside it in FILE.messages.json), /exit ends. Ctrl-C stops the
-answer being generated; what was said so far stays in the conversation.
+answer being generated; what was said so far stays in the conversation. An answer also ends, handing the turn
+back, at a -r reverse prompt or a --stop string (neither is kept); --n-probs N lists its tokens' probabilities.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ import sys
 from pathlib import Path
 
 from llamactx.chat_template import validate_messages
+from llamactx.cli.completion import print_probs, write_stream
 
 HELP = "commands: /clear, /save FILE, /load FILE, /exit (Ctrl-C stops an answer, Ctrl-D exits)"
 
 
-def run_chat(llm, sampling: dict, n_predict: int, system_prompt: str | None) -> int:
+def run_chat(llm, options: dict, n_predict: int, system_prompt: str | None) -> int:
+    """The chat loop on stdin / stdout; `options` are LLM.chat's (sampling, stop, context_shift, n_probs)."""
     template = llm.template
     print(f"llamactx chat: {llm.model.desc}, template {template.name or 'from the model'}"
           + (f" ({template.message})" if template.is_fallback else ""))
@@ -40,22 +43,15 @@ def run_chat(llm, sampling: dict, n_predict: int, system_prompt: str | None) -> 
                 return 0
             continue
         messages.append({"role": "user", "content": line})
-        messages.append({"role": "assistant", "content": _answer(llm, messages, sampling, n_predict)})
+        messages.append({"role": "assistant", "content": _answer(llm, messages, options, n_predict)})
 
 
-def _answer(llm, messages: list[dict], sampling: dict, n_predict: int) -> str:
-    stream = llm.chat(messages, max_tokens=n_predict, stream=True, **sampling)
-    text = []
-    try:
-        for chunk in stream:
-            text.append(chunk.text)
-            sys.stdout.write(chunk.text)
-            sys.stdout.flush()
-    except KeyboardInterrupt:
-        stream.close()
-        sys.stdout.write(" [interrupted]")
-    sys.stdout.write("\n")
-    return "".join(text)
+def _answer(llm, messages: list[dict], options: dict, n_predict: int) -> str:
+    chunks, interrupted = write_stream(llm.chat(messages, max_tokens=n_predict, stream=True, **options))
+    sys.stdout.write(" [interrupted]\n" if interrupted else "\n")
+    if options.get("n_probs", -1) > 0:
+        print_probs(llm.model.vocab, chunks, options["n_probs"])
+    return "".join(c.text for c in chunks)
 
 
 def _command(llm, line: str, messages: list[dict], base: list[dict]) -> tuple[list[dict], bool]:

@@ -41,10 +41,13 @@ def chunk_nll(ctx: Context, chunk: list[int], n_batch: int) -> np.ndarray:
     return lse - logits[np.arange(len(targets)), targets]
 
 
-def perplexity(model, text: str, n_ctx: int, n_batch: int, n_threads: int, n_chunks: int = -1, out=sys.stdout
-               ) -> tuple[float, float]:
-    """(PPL, its +/- uncertainty) of `text` with chunks of `n_ctx` tokens, printing llama-perplexity's lines."""
+def perplexity(model, text: str, n_ctx: int, n_batch: int, n_threads: int, n_chunks: int = -1, out=None,
+               flash_attn: str = "auto") -> tuple[float, float]:
+    """(PPL, its +/- uncertainty) of `text` with chunks of `n_ctx` tokens, printing llama-perplexity's lines to
+    `out` (default stdout)."""
     from llamactx.cli.commands import CommandError
+
+    out = out or sys.stdout
 
     vocab = model.vocab
     n_ctx = n_ctx or model.hparams.n_ctx_train  # -c 0: the model's training context, as llama.cpp
@@ -60,7 +63,8 @@ def perplexity(model, text: str, n_ctx: int, n_batch: int, n_threads: int, n_chu
         raise CommandError(f"perplexity: --chunks {n_chunks} leaves nothing to evaluate")
     n_batch = min(n_batch, n_ctx)
     ctx = Context(model, ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=min(512, n_batch),
-                                       n_threads=n_threads, n_threads_batch=n_threads, kv_unified=True))
+                                       n_threads=n_threads, n_threads_batch=n_threads, kv_unified=True,
+                                       flash_attn=flash_attn))
     print(f"perplexity: calculating perplexity over {n_chunk} chunks, n_ctx={n_ctx}, batch_size={n_batch}",
           file=out)
     nll_all = []
@@ -84,5 +88,5 @@ def run_perplexity(model, args) -> int:
     from llamactx.cli.commands import read_text
 
     text = read_text(args.file, "text file")
-    perplexity(model, text, args.ctx_size, args.batch_size, args.threads, args.chunks)
+    perplexity(model, text, args.ctx_size, args.batch_size, args.threads, args.chunks, flash_attn=args.flash_attn)
     return 0
