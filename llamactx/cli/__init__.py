@@ -1,5 +1,6 @@
-"""The `llamactx` command line, llama.cpp's tools/ in one command: commands.py parses the arguments and runs the
-small commands; chat.py, bench.py and perplexity.py are the larger tools."""
+"""The `llamactx` command line, llama.cpp's tools/ in one command: commands.py builds the parser and runs the small
+commands, args.py holds the flags the tools share (llama.cpp's common/arg.cpp); completion.py (run), chat.py,
+bench.py, perplexity.py, embedding.py, quantize.py and serve.py are the larger tools."""
 
 from llamactx.cli.commands import main
 

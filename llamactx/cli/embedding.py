@@ -15,6 +15,7 @@ import sys
 
 import numpy as np
 
+from llamactx.cli.args import CommandError
 from llamactx.embedding import Embedder
 
 OUTPUT_FORMATS = ("", "json", "json+", "array", "raw")
@@ -38,8 +39,6 @@ def split_texts(text: str, separator: str, from_file: bool) -> list[str]:
 
 
 def run_embedding(model, text: str, args) -> int:
-    from llamactx.cli.commands import CommandError
-
     texts = split_texts(text, args.embd_separator, args.file is not None)
     inputs = [model.vocab.tokenize(t, add_special=True, parse_special=True) for t in texts]
     for i, tokens in enumerate(inputs):

@@ -14,6 +14,7 @@ import sys
 import numpy as np
 
 from llamactx.batch import Batch
+from llamactx.cli.args import CommandError, read_text
 from llamactx.context import Context
 from llamactx.cparams import ContextParams
 
@@ -45,8 +46,6 @@ def perplexity(model, text: str, n_ctx: int, n_batch: int, n_threads: int, n_chu
                flash_attn: str = "auto") -> tuple[float, float]:
     """(PPL, its +/- uncertainty) of `text` with chunks of `n_ctx` tokens, printing llama-perplexity's lines to
     `out` (default stdout)."""
-    from llamactx.cli.commands import CommandError
-
     out = out or sys.stdout
 
     vocab = model.vocab
@@ -85,8 +84,6 @@ def perplexity(model, text: str, n_ctx: int, n_batch: int, n_threads: int, n_chu
 
 
 def run_perplexity(model, args) -> int:
-    from llamactx.cli.commands import read_text
-
     text = read_text(args.file, "text file")
     perplexity(model, text, args.ctx_size, args.batch_size, args.threads, args.chunks, flash_attn=args.flash_attn)
     return 0

@@ -30,7 +30,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter, LlamaFileType
 from gguf import quants as gguf_quants
 
-from llamactx.cli.commands import CommandError
+from llamactx.cli.args import CommandError
 from llamactx.gguf.quants import dequantize
 from llamactx.gguf.reader import GGUFFile
 
@@ -319,6 +319,8 @@ def run_quantize(args) -> int:
     out_path = Path(out) if out else in_path.with_name(f"ggml-model-{type_name}.gguf")
     if out_path.is_dir():
         raise CommandError(f"quantize: output '{out_path}' is a directory")
+    if not out_path.parent.is_dir():
+        raise CommandError(f"quantize: the output's directory '{out_path.parent}' does not exist")
     if out_path.exists() and os.path.samefile(in_path, out_path):
         raise CommandError(f"quantize: input and output files are the same: '{inp}'")
     ftype = FILE_TYPES[type_name][0]

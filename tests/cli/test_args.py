@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from llamactx.cli import main
-from llamactx.cli.commands import CommandError, build_parser, process_escapes
+from llamactx.cli.args import CommandError, process_escapes
+from llamactx.cli.commands import build_parser
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -73,7 +74,7 @@ def test_version(capsys):
     (["run", "-p", "x", "--bogus"], "unrecognized arguments: --bogus"),
     (["run", "-p", "x", "-n", "ten"], "invalid int value: 'ten'"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
-    (["run", "-p", "x", "--n-probs", "-1"], "--n-probs = -1 must be >= 0"),
+    (["run", "-p", "x", "--n-probs", "-1"], "argument --n-probs: '-1' is not a number >= 0"),
     (["run", "-p", "x", "--stop", ""], "--stop: an empty string"),
     (["run", "-p", "x", "-r", ""], "-r / --reverse-prompt: an empty string"),
     (["run", "-p", r"\xff\xfe"], "prompt: after escapes (-e), byte 0 is not UTF-8"),

@@ -218,6 +218,7 @@ def test_default_output_name_and_errors(f32_model, tmp_path, capsys):
         ([str(src), str(tmp_path / ".." / tmp_path.name / "in.gguf"), "Q4_0"], "input and output files are the same"),
         ([str(tmp_path / "missing.gguf"), str(tmp_path / "o.gguf"), "Q4_0"], "does not exist"),
         ([str(src), str(tmp_path), "Q4_0"], "is a directory"),
+        ([str(src), str(tmp_path / "no" / "o.gguf"), "Q4_0"], "the output's directory"),
         ([str(src), str(tmp_path / "o.gguf")], "missing the type"),
         (["--output-tensor-type", "q6_k", str(src), str(tmp_path / "o.gguf"), "Q4_0"], "--output-tensor-type 'q6_k'"),
         ([str(tmp_path / "ggml-model-Q8_0.gguf") + "x", "Q4_0"], "does not exist"),

@@ -1,0 +1,175 @@
+"""llama.cpp's common arguments (common/arg.cpp) for the `llamactx` tools: the flags they share, how their values
+are read (-fa on|off|auto, -ngl N, escapes: common.cpp `string_process_escapes`), the flags accepted with a notice
+because they do not apply on this runtime, and the error every command-line mistake becomes (`CommandError`: one
+line on stderr, exit status 1, never a traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+from llamactx.errors import LlamactxError
+
+
+class CommandError(LlamactxError, ValueError):
+    """A command-line argument or input file that cannot be used; printed as one line, exit status 1."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose errors (an unknown flag, a bad value) are CommandErrors: one line, exit status 1."""
+
+    def error(self, message: str):
+        raise CommandError(f"{self.prog}: {message} (see {self.prog} --help)")
+
+
+def read_text(path: str, what: str) -> str:
+    """A UTF-8 text file given on the command line, or CommandError saying what is wrong with it."""
+    p = Path(path)
+    if p.is_dir():
+        raise CommandError(f"{what} '{path}' is a directory, not a file")
+    try:
+        return p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CommandError(f"{what} '{path}' does not exist") from None
+    except UnicodeDecodeError as e:
+        raise CommandError(f"{what} '{path}' is not UTF-8 text (byte {e.start})") from None
+
+
+_ESCAPES = {ord("n"): b"\n", ord("r"): b"\r", ord("t"): b"\t", ord("'"): b"'", ord('"'): b'"', ord("\\"): b"\\"}
+_STRTOL_HEX = re.compile(rb"[ \t\n\v\f\r]*([+-]?)([0-9a-fA-F]+)")  # what strtol(s, &end, 16) reads whole
+
+
+def process_escapes(text: str, what: str) -> str:
+    """common/common.cpp `string_process_escapes`, which llama.cpp applies to -p / -f and -r, and llamactx to
+    --stop too (on by default, -e; --no-escape turns it off): \\n \\r \\t \\' \\" \\\\ and \\xHH (one byte)
+    are replaced, any other backslash pair is kept. Works on the UTF-8 bytes, as llama.cpp does; CommandError
+    (naming `what`) if \\x escapes leave bytes that are not UTF-8."""
+    data = text.encode("utf-8", "surrogateescape")
+    out = bytearray()
+    i, n = 0, len(data)
+    while i < n:
+        if data[i] != 0x5C or i + 1 == n:  # not a backslash, or one that ends the text
+            out.append(data[i])
+            i += 1
+            continue
+        c = data[i + 1]
+        i += 2
+        if c in _ESCAPES:
+            out += _ESCAPES[c]
+            continue
+        m = _STRTOL_HEX.fullmatch(data[i : i + 2]) if c == ord("x") and i + 1 < n else None
+        if m:  # \x and two characters strtol reads as one number
+            out.append((-int(m[2], 16) if m[1] == b"-" else int(m[2], 16)) & 0xFF)
+            i += 2
+            continue
+        out += bytes((0x5C, c))
+    try:
+        return out.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise CommandError(f"{what}: after escapes (-e), byte {e.start} is not UTF-8 text; --no-escape keeps the "
+                           "backslashes") from None
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-m", "--model", default=None, help="GGUF path or embedded model name (smollm2, gemma3)")
+    p.add_argument("-t", "--threads", type=int, default=2, help="threads for generation (default 2)")
+    p.add_argument("-tb", "--threads-batch", type=int, default=0, help="threads for batches (default: -t)")
+
+
+def add_context(p: argparse.ArgumentParser, n_ctx: int = 4096) -> None:
+    p.add_argument("-c", "--ctx-size", type=int, default=n_ctx, help=f"context size (default {n_ctx})")
+    p.add_argument("-b", "--batch-size", type=int, default=2048, help="logical batch size (default 2048)")
+    p.add_argument("-ub", "--ubatch-size", type=int, default=512, help="physical batch size (default 512)")
+    p.add_argument("-ctk", "--cache-type-k", default="f16", help="K cache type: f32, f16, q8_0, q4_0")
+    p.add_argument("-ctv", "--cache-type-v", default="f16", help="V cache type: f32, f16, q8_0, q4_0")
+
+
+def add_sampling(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-n", "--n-predict", type=int, default=-1, help="tokens to generate (-1 = until EOS/full)")
+    p.add_argument("--temp", type=float, default=0.8, help="temperature (0 = greedy)")
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--min-p", type=float, default=0.05)
+    p.add_argument("--repeat-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=-1, help="RNG seed (-1 = random)")
+    p.add_argument("--grammar", default=None, help="GBNF grammar text")
+    p.add_argument("--grammar-file", default=None, help="file with a GBNF grammar")
+    p.add_argument("--json-schema", "-j", default=None, help="JSON schema the output must follow")
+
+
+def flash_attn_type(value: str) -> str:
+    """-fa on|off|auto (common/arg.cpp is_truthy / is_falsey / is_autoy) -> ContextParams.flash_attn."""
+    for names, mode in ((("on", "enabled", "true", "1"), "enabled"), (("off", "disabled", "false", "0"), "disabled"),
+                        (("auto", "-1"), "auto")):
+        if value in names:
+            return mode
+    raise argparse.ArgumentTypeError(f"'{value}' is not on, off or auto")
+
+
+def gpu_layers_type(value: str) -> str:
+    if value in ("auto", "all") or value.lstrip("-").isdigit():
+        return value
+    raise argparse.ArgumentTypeError(f"'{value}' is not a number, 'auto' or 'all'")
+
+
+def non_negative_int(value: str) -> int:
+    n = int(value) if value.lstrip("-").isdigit() else -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"'{value}' is not a number >= 0")
+    return n
+
+
+# llama.cpp flags that do nothing on this runtime: (args attribute, flag, why), one notice each when given
+IGNORED_FLAGS = (
+    ("n_gpu_layers", "-ngl/--n-gpu-layers", "llamactx runs on the CPU"),
+    ("mlock", "--mlock", "the model is a read-only memory map, not locked in RAM"),
+    ("no_mmap", "--no-mmap", "the model is always a read-only memory map"),
+    ("no_conversation", "-no-cnv/--no-conversation",
+     "`llamactx run` completes text and `llamactx chat` is the conversation"),
+)
+
+
+def add_llama_cpp_flags(p: argparse.ArgumentParser, conversation: bool = False) -> None:
+    """-fa (mapped to the context's flash_attn) and the flags accepted with a notice (IGNORED_FLAGS)."""
+    p.add_argument("-fa", "--flash-attn", type=flash_attn_type, nargs="?", const="enabled", default="auto",
+                   metavar="on|off|auto", help="flash attention (default auto)")
+    p.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", dest="n_gpu_layers", type=gpu_layers_type, default=None,
+                   metavar="N", help="accepted, ignored: llamactx runs on the CPU")
+    p.add_argument("--mlock", action="store_true", help="accepted, ignored: the model is a read-only mmap")
+    p.add_argument("--no-mmap", action="store_true", help="accepted, ignored: the model is a read-only mmap")
+    if conversation:
+        p.add_argument("-no-cnv", "--no-conversation", action="store_true",
+                       help="accepted, ignored: run completes text, chat converses")
+
+
+def notice_ignored(args: argparse.Namespace) -> None:
+    """One line on stderr for each IGNORED_FLAGS flag given."""
+    for dest, flag, why in IGNORED_FLAGS:
+        if dest == "no_conversation" and args.command == "run" and args.system_prompt:
+            continue  # here it does something: the -sys notice says what
+        if getattr(args, dest, None) not in (None, False):
+            print(f"llamactx: {flag} ignored: {why}", file=sys.stderr)
+
+
+def add_escape(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-e", "--escape", action="store_true", default=True,
+                   help="process escapes (\\n \\t \\xHH ...) in the prompt and -r / --stop (the default)")
+    p.add_argument("--no-escape", dest="escape", action="store_false", help="take backslashes literally")
+
+
+def add_generation(p: argparse.ArgumentParser) -> None:
+    """run and chat: where generation stops, and what else it prints."""
+    p.add_argument("-r", "--reverse-prompt", action="append", default=[], metavar="TEXT",
+                   help="stop at TEXT: run prints it (llama-completion), chat hands the turn back; repeatable")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop at TEXT, not printed; repeatable")
+    p.add_argument("--ignore-eos", action="store_true", help="never stop at an end-of-generation token")
+    p.add_argument("--context-shift", action="store_true",
+                   help="when the context is full, drop half of it and go on (default: stop)")
+    p.add_argument("--n-probs", type=non_negative_int, default=0, metavar="N",
+                   help="after the text, each token's probability and the N most likely tokens")
+    p.add_argument("-sys", "--system-prompt", default=None,
+                   help="system prompt (run: -p becomes the user's turn of one chat exchange)")
+    add_escape(p)
