@@ -1,0 +1,222 @@
+"""Write the tiny synthetic GGUF models of tests/data/tiny/ with gguf-py's GGUFWriter (random weights, fixed seeds).
+
+One model per architecture or memory variant that no installable package ships small: qwen2 (attention biases),
+qwen3 (q/k RMSNorm), llama with Llama 3's RoPE frequency factors (rope_freqs.weight), llama with YaRN RoPE
+scaling, mamba2 (recurrent memory) and lfm2 (hybrid: short-convolution and attention layers). Each has 2-4
+layers, n_embd 64, and a 1024-token vocabulary cut from SmolLM2's BPE tokenizer (the first 1024 tokens and the
+merges among them). Matrices are F32, F16 or Q8_0, norms F32.
+
+Usage (from the repository root, in the project's venv): python tests/data/tiny/make_tiny_models.py
+Then make their reference outputs with llama.cpp: see make_tiny_reference.py and tests/data/REFERENCE.md.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+OUT = Path(__file__).parent
+N_VOCAB = 1024
+N_EMBD = 64
+
+
+def smollm2_vocab() -> dict:
+    """The first N_VOCAB tokens of SmolLM2's tokenizer and the merges among them."""
+    sys.path.insert(0, str(Path(__file__).parents[3]))
+    from llamactx.embedded import smollm2_path
+    from llamactx.gguf.reader import GGUFFile
+
+    meta = GGUFFile(smollm2_path()).meta
+    tokens = list(meta["tokenizer.ggml.tokens"][:N_VOCAB])
+    ids = {t: i for i, t in enumerate(tokens)}
+    merges = [m for m in meta["tokenizer.ggml.merges"]
+              if all(p in ids for p in m.split(" ")) and m.replace(" ", "") in ids]
+    types = [int(t) for t in meta["tokenizer.ggml.token_type"][:N_VOCAB]]
+    return {"tokens": tokens, "merges": merges, "types": types, "pre": meta["tokenizer.ggml.pre"]}
+
+
+def add_vocab(w: gguf.GGUFWriter, v: dict) -> None:
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(v["pre"])
+    w.add_token_list(v["tokens"])
+    w.add_token_types(v["types"])
+    w.add_token_merges(v["merges"])
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(0)
+    w.add_add_bos_token(False)
+
+
+class Weights:
+    """Random tensors in GGUF (ggml) shape order, stored as `kind` (F32 / F16 / Q8_0)."""
+
+    def __init__(self, w: gguf.GGUFWriter, seed: int, kind: T):
+        self.w, self.rng, self.kind = w, np.random.default_rng(seed), kind
+
+    def mat(self, name: str, ne0: int, ne1: int, scale: float | None = None, kind: T | None = None) -> None:
+        """A matrix with ggml shape (ne0 = input, ne1 = output): numpy (ne1, ne0)."""
+        scale = scale if scale is not None else 1.0 / np.sqrt(ne0)
+        data = (self.rng.standard_normal((ne1, ne0)) * scale).astype(np.float32)
+        self.put(name, data, kind or self.kind)
+
+    def vec(self, name: str, shape: tuple[int, ...], center: float = 0.0, scale: float = 0.1) -> None:
+        data = (center + self.rng.standard_normal(shape[::-1]) * scale).astype(np.float32)
+        self.put(name, data, T.F32)
+
+    def put(self, name: str, data: np.ndarray, kind: T) -> None:
+        if kind == T.F32:
+            self.w.add_tensor(name, data)
+        elif kind == T.F16:
+            self.w.add_tensor(name, data.astype(np.float16))
+        else:
+            q = gguf.quants.quantize(data, kind)
+            self.w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=kind)
+
+
+def attention_block(wt: Weights, b: str, n_head: int, n_head_kv: int, head_dim: int, bias: bool = False,
+                    qk_norm: bool = False) -> None:
+    wt.vec(b + "attn_norm.weight", (N_EMBD,), 1.0)
+    wt.mat(b + "attn_q.weight", N_EMBD, n_head * head_dim)
+    wt.mat(b + "attn_k.weight", N_EMBD, n_head_kv * head_dim)
+    wt.mat(b + "attn_v.weight", N_EMBD, n_head_kv * head_dim)
+    wt.mat(b + "attn_output.weight", n_head * head_dim, N_EMBD)
+    if bias:
+        wt.vec(b + "attn_q.bias", (n_head * head_dim,))
+        wt.vec(b + "attn_k.bias", (n_head_kv * head_dim,))
+        wt.vec(b + "attn_v.bias", (n_head_kv * head_dim,))
+    if qk_norm:
+        wt.vec(b + "attn_q_norm.weight", (head_dim,), 1.0)
+        wt.vec(b + "attn_k_norm.weight", (head_dim,), 1.0)
+
+
+def ffn_block(wt: Weights, b: str, n_ff: int) -> None:
+    wt.vec(b + "ffn_norm.weight", (N_EMBD,), 1.0)
+    wt.mat(b + "ffn_gate.weight", N_EMBD, n_ff)
+    wt.mat(b + "ffn_up.weight", N_EMBD, n_ff)
+    wt.mat(b + "ffn_down.weight", n_ff, N_EMBD)
+
+
+def common(w: gguf.GGUFWriter, wt: Weights, v: dict, n_layer: int, n_ff: int) -> None:
+    add_vocab(w, v)
+    w.add_context_length(2048)
+    w.add_embedding_length(N_EMBD)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    wt.mat("token_embd.weight", N_EMBD, N_VOCAB, scale=1.0)
+
+
+def transformer(name: str, arch: str, seed: int, kind: T, bias: bool = False, qk_norm: bool = False,
+                rope_freqs: bool = False, yarn: bool = False) -> Path:
+    v = smollm2_vocab()
+    path = OUT / f"tiny-{name}.gguf"
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(f"tiny {name}")
+    wt = Weights(w, seed, kind)
+    n_layer, n_head, n_head_kv, head_dim, n_ff = 2, 4, 2, 16, 128
+    common(w, wt, v, n_layer, n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_rope_freq_base(10000.0)
+    w.add_rope_dimension_count(head_dim)
+    if arch == "qwen3":
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    if yarn:
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(4.0)
+        w.add_rope_scaling_orig_ctx_len(256)
+    if rope_freqs:  # Llama 3.1's per-dimension frequency factors (n_rot / 2 of them)
+        wt.put("rope_freqs.weight", np.linspace(1.0, 8.0, head_dim // 2).astype(np.float32), T.F32)
+    wt.vec("output_norm.weight", (N_EMBD,), 1.0)
+    wt.mat("output.weight", N_EMBD, N_VOCAB)
+    for il in range(n_layer):
+        b = f"blk.{il}."
+        attention_block(wt, b, n_head, n_head_kv, head_dim, bias, qk_norm)
+        ffn_block(wt, b, n_ff)
+    return write(w, path)
+
+
+def mamba2(seed: int = 5) -> Path:
+    v = smollm2_vocab()
+    path = OUT / "tiny-mamba2.gguf"
+    w = gguf.GGUFWriter(str(path), "mamba2")
+    w.add_name("tiny mamba2")
+    wt = Weights(w, seed, T.F32)
+    n_layer, d_inner, d_state, n_group, head_dim, d_conv = 2, 128, 16, 2, 32, 4
+    n_head = d_inner // head_dim  # = dt_rank
+    common(w, wt, v, n_layer, 0)
+    w.add_ssm_conv_kernel(d_conv)
+    w.add_ssm_inner_size(d_inner)
+    w.add_ssm_state_size(d_state)
+    w.add_ssm_time_step_rank(n_head)
+    w.add_ssm_group_count(n_group)
+    wt.vec("output_norm.weight", (N_EMBD,), 1.0)
+    wt.mat("output.weight", N_EMBD, N_VOCAB)  # untied: a tied output would favour repeating the input token
+    conv_dim = d_inner + 2 * n_group * d_state
+    for il in range(n_layer):
+        b = f"blk.{il}."
+        wt.vec(b + "attn_norm.weight", (N_EMBD,), 1.0)
+        wt.mat(b + "ssm_in.weight", N_EMBD, d_inner + conv_dim + n_head)
+        wt.vec(b + "ssm_conv1d.weight", (d_conv, conv_dim), 0.0, 0.5)
+        wt.vec(b + "ssm_conv1d.bias", (conv_dim,))
+        wt.vec(b + "ssm_dt.bias", (n_head,), -1.0, 0.5)
+        wt.put(b + "ssm_a", -np.exp(wt.rng.uniform(0.0, 1.5, (n_head, 1))).astype(np.float32), T.F32)
+        wt.vec(b + "ssm_d", (1, n_head), 1.0)
+        wt.vec(b + "ssm_norm.weight", (d_inner // n_group, n_group), 1.0)
+        wt.mat(b + "ssm_out.weight", d_inner, N_EMBD, scale=2.0 / np.sqrt(d_inner))
+    return write(w, path)
+
+
+def lfm2(seed: int = 6) -> Path:
+    v = smollm2_vocab()
+    path = OUT / "tiny-lfm2.gguf"
+    w = gguf.GGUFWriter(str(path), "lfm2")
+    w.add_name("tiny lfm2")
+    wt = Weights(w, seed, T.F16)
+    n_head, head_dim, n_ff, l_cache = 4, 16, 128, 3
+    kv = [0, 2, 0, 2]  # conv, attention, conv, attention
+    common(w, wt, v, len(kv), n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(kv)
+    w.add_rope_freq_base(1000000.0)
+    w.add_shortconv_l_cache(l_cache)
+    wt.vec("token_embd_norm.weight", (N_EMBD,), 1.0)  # LFM2's output norm
+    wt.mat("output.weight", N_EMBD, N_VOCAB)
+    for il, n_kv in enumerate(kv):
+        b = f"blk.{il}."
+        if n_kv:
+            attention_block(wt, b, n_head, n_kv, head_dim, qk_norm=True)
+        else:
+            wt.vec(b + "attn_norm.weight", (N_EMBD,), 1.0)
+            wt.vec(b + "shortconv.conv.weight", (l_cache, N_EMBD), 0.0, 0.5)
+            wt.mat(b + "shortconv.in_proj.weight", N_EMBD, 3 * N_EMBD)
+            wt.mat(b + "shortconv.out_proj.weight", N_EMBD, N_EMBD)
+        ffn_block(wt, b, n_ff)
+    return write(w, path)
+
+
+def write(w: gguf.GGUFWriter, path: Path) -> Path:
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+MODELS = {
+    "qwen2": lambda: transformer("qwen2", "qwen2", 1, T.Q8_0, bias=True),
+    "qwen3": lambda: transformer("qwen3", "qwen3", 2, T.F16, qk_norm=True),
+    "llama3": lambda: transformer("llama3", "llama", 3, T.F32, rope_freqs=True),
+    "yarn": lambda: transformer("yarn", "llama", 4, T.F16, yarn=True),
+    "mamba2": mamba2,
+    "lfm2": lfm2,
+}
+
+if __name__ == "__main__":
+    for name in sys.argv[1:] or MODELS:
+        print(MODELS[name]())

@@ -1,0 +1,55 @@
+"""Reference outputs of llama.cpp for the tiny models, through llama-cpp-python 0.3.36 built natively from the
+tree behind every reference here (build 0c1e570; ../shared/tools/build_llamacpp.sh makes that venv).
+
+Usage: $LLAMACPP/venv/bin/python tests/data/tiny/make_tiny_reference.py [name ...]
+Writes tests/data/tiny/<name>.json (tokens, greedy completion) and <name>.npz (logits, float32):
+  prompts: for each text, llama.cpp's tokens and the logits of every position ("prompt_<i>", (n, n_vocab))
+  greedy: 64 greedy tokens after the first prompt, and the logits that chose each ("greedy", (64, n_vocab))
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+from llama_cpp import Llama
+
+HERE = Path(__file__).parent
+PROMPTS = ["The quick brown fox jumps over the lazy dog.", "Hello, world! 1 2 3",
+           "def add(a, b):\n    return a + b\n"]
+N_GREEDY = 64
+
+
+def reference(name: str) -> None:
+    llm = Llama(model_path=str(HERE / f"tiny-{name}.gguf"), n_ctx=512, n_batch=512, n_threads=2,
+                logits_all=True, verbose=False, seed=0, flash_attn=False)
+    out: dict = {"model": f"tiny-{name}.gguf", "prompts": [], "n_vocab": llm.n_vocab()}
+    arrays = {}
+    for i, text in enumerate(PROMPTS):
+        toks = llm.tokenize(text.encode(), add_bos=False, special=True)
+        llm.reset()
+        llm.eval(toks)
+        arrays[f"prompt_{i}"] = np.array(llm.scores[: len(toks)], np.float32)
+        out["prompts"].append({"text": text, "tokens": toks})
+    toks = out["prompts"][0]["tokens"]
+    llm.reset()
+    llm.eval(toks)
+    gen, rows = [], []
+    for _ in range(N_GREEDY):
+        row = np.array(llm.scores[llm.n_tokens - 1], np.float32)
+        t = int(np.argmax(row))
+        rows.append(row)
+        gen.append(t)
+        llm.eval([t])
+    out["greedy"] = gen
+    arrays["greedy"] = np.stack(rows)
+    (HERE / f"{name}.json").write_text(json.dumps(out, indent=1))
+    np.savez_compressed(HERE / f"{name}.npz", **arrays)
+    print(name, [len(p["tokens"]) for p in out["prompts"]], gen[:8])
+
+
+if __name__ == "__main__":
+    for name in sys.argv[1:] or ["qwen2", "qwen3", "llama3", "yarn", "mamba2", "lfm2"]:
+        reference(name)
