@@ -17,6 +17,7 @@ from llamactx.errors import LlamactxError
 from llamactx.hparams import HParams
 
 LLAMA_MAX_SEQ = 256
+N_CTX_MAX = 1 << 24  # the largest context llamactx accepts, asked for (n_ctx) or taken from the model (n_ctx = 0)
 KV_TYPES = ("f32", "f16", "q8_0", "q4_0")
 POOLING_TYPES = ("unspecified", "none", "mean", "cls", "last")
 ATTENTION_TYPES = ("unspecified", "causal", "non_causal")
@@ -64,13 +65,13 @@ class ContextParams:
 
     def resolve(self, hparams: HParams) -> ResolvedParams:
         """Validate every field and resolve the "from the model" values; raises `ContextParamsError`."""
-        _check_int("n_ctx", self.n_ctx, 0, 1 << 24)
-        _check_int("n_batch", self.n_batch, 1, 1 << 24)
-        _check_int("n_ubatch", self.n_ubatch, 0, 1 << 24)
+        _check_int("n_ctx", self.n_ctx, 0, N_CTX_MAX)
+        _check_int("n_batch", self.n_batch, 1, N_CTX_MAX)
+        _check_int("n_ubatch", self.n_ubatch, 0, N_CTX_MAX)
         _check_int("n_seq_max", self.n_seq_max, 1, LLAMA_MAX_SEQ)
         _check_int("n_threads", self.n_threads, 1, 512)
         _check_int("n_threads_batch", self.n_threads_batch, 1, 512)
-        _check_int("yarn_orig_ctx", self.yarn_orig_ctx, 0, 1 << 24)
+        _check_int("yarn_orig_ctx", self.yarn_orig_ctx, 0, N_CTX_MAX)
         for name, allowed in (("type_k", KV_TYPES), ("type_v", KV_TYPES), ("pooling_type", POOLING_TYPES),
                               ("attention_type", ATTENTION_TYPES), ("rope_scaling_type", ROPE_SCALING_TYPES)):
             value = getattr(self, name)
@@ -134,6 +135,9 @@ def _pad(n: int, multiple: int) -> int:
 
 def _resolve(p: ContextParams, hp: HParams, flash: str) -> ResolvedParams:
     # llama_context::llama_context: n_ctx 0 = n_ctx_train; padded to 256; per-sequence context unless unified.
+    if p.n_ctx == 0 and hp.n_ctx_train > N_CTX_MAX:  # llama.cpp would try (and fail) to allocate its KV cache
+        raise ContextParamsError(f"n_ctx = 0 takes the model's context_length {hp.n_ctx_train}, more than the limit "
+                                 f"{N_CTX_MAX}: pass a smaller n_ctx")
     n_ctx = _pad(p.n_ctx or hp.n_ctx_train, 256)
     n_ctx_seq = n_ctx if p.kv_unified else _pad(n_ctx // p.n_seq_max, 256)
     if not p.kv_unified:

@@ -7,6 +7,7 @@ Follows `llama_model::load_hparams` (src/llama-model.cpp) and the per-architectu
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass
 
 from llamactx.errors import LlamactxError
@@ -17,9 +18,18 @@ SUPPORTED_ARCHS = ("llama", "gemma3")
 ROPE_TYPE_NORM = 0
 ROPE_TYPE_NEOX = 2
 ROPE_TYPES = {"llama": ROPE_TYPE_NORM, "gemma3": ROPE_TYPE_NEOX}
+ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")  # llama_rope_scaling_type_from_string
+
+LLAMA_MAX_LAYERS = 512  # src/llama-hparams.h: load_hparams asserts 0 < n_layer <= LLAMA_MAX_LAYERS
+U32_MAX = (1 << 32) - 1  # llama.cpp reads every count and length as uint32_t
 
 
-class HParamsError(LlamactxError, ValueError):
+class ModelLoadError(LlamactxError, ValueError):
+    """A GGUF file that is valid GGUF but not a model we can run: missing or mis-shaped tensors, bad hparams.
+    Raised by `Model.load` (llamactx.model re-exports it); defined here so that HParamsError can derive from it."""
+
+
+class HParamsError(ModelLoadError):
     """GGUF metadata that a model cannot be built from (missing key, wrong type, impossible value)."""
 
 
@@ -70,7 +80,7 @@ class HParams:
 
 
 class _Meta:
-    """Typed access to `<arch>.*` metadata keys with errors that name the key."""
+    """Typed access to `<arch>.*` metadata keys with errors that name the key, the value and the limit."""
 
     def __init__(self, meta: dict[str, object], arch: str):
         self.meta = meta
@@ -91,25 +101,48 @@ class _Meta:
             raise HParamsError(f"GGUF metadata key '{key}': expected a string, got {value!r}")
         return kind(value)
 
-    def positive(self, name: str, default: int | None = None) -> int:
+    def count(self, name: str, default: int | None = None, lo: int = 1, hi: int = U32_MAX) -> int:
+        """A size-like integer (a count, a length) in [lo, hi]; `default` is used, and checked, when absent."""
         value = self.get(name, int, default)
-        if value <= 0:
-            raise HParamsError(f"GGUF metadata key '{self.arch}.{name}' = {value} must be > 0")
+        if not lo <= value <= hi:
+            origin = "" if f"{self.arch}.{name}" in self.meta else " (absent; the default derived from other keys)"
+            raise HParamsError(f"GGUF metadata key '{self.arch}.{name}' = {value}{origin} is outside [{lo}, {hi}]")
+        return value
+
+    def real(self, name: str, default: float | None = None, *, zero_ok: bool = False) -> float:
+        """A float that must be finite as the float32 llama.cpp keeps, and > 0 (>= 0 with `zero_ok`)."""
+        value = self.get(name, float, default)
+        f32 = _as_f32(value)
+        if not math.isfinite(f32) or f32 < 0 or (f32 == 0 and not zero_ok):
+            limit = ">= 0" if zero_ok else "> 0"
+            raise HParamsError(f"GGUF metadata key '{self.arch}.{name}' = {value!r} must be finite and {limit} "
+                               f"(as a float32: {f32!r})")
         return value
 
 
+def _as_f32(value: float) -> float:
+    """`value` rounded to float32 (inf beyond its range, 0 below its smallest subnormal)."""
+    try:
+        return struct.unpack("<f", struct.pack("<f", value))[0]
+    except OverflowError:
+        return math.copysign(math.inf, value)
+
+
 def _swa_pattern(meta: _Meta, n_layer: int, n_swa: int) -> tuple[bool, ...]:
-    """`llama_hparams::set_swa_pattern(n_pattern)` without dense_first: every n_pattern-th layer is global."""
+    """`llama_hparams::set_swa_pattern(n_pattern)` without dense_first: every n_pattern-th layer is global. The key
+    may instead hold one flag per layer."""
     if n_swa <= 0:
         return (False,) * n_layer
     key = f"{meta.arch}.attention.sliding_window_pattern"
     value = meta.meta.get(key, 6)
-    if not isinstance(value, int):  # an explicit per-layer array
-        flags = [bool(v) for v in value]
-        if len(flags) != n_layer:
-            raise HParamsError(f"GGUF metadata key '{key}': {len(flags)} entries for {n_layer} layers")
-        return tuple(flags)
-    return tuple(value == 0 or il % value < value - 1 for il in range(n_layer))
+    if isinstance(value, int) and not isinstance(value, bool):
+        pattern = meta.count("attention.sliding_window_pattern", 6, lo=0)
+        return tuple(pattern == 0 or il % pattern < pattern - 1 for il in range(n_layer))
+    dtype = getattr(value, "dtype", None)  # a numeric GGUF array is a numpy array
+    if dtype is None or dtype.kind not in "biu" or len(value) != n_layer:
+        got = f"{len(value)} {dtype} values" if dtype is not None else type(value).__name__
+        raise HParamsError(f"GGUF metadata key '{key}' must be an integer or {n_layer} per-layer flags, got {got}")
+    return tuple(bool(v) for v in value)
 
 
 def _size_label(meta: dict[str, object], n_params: int) -> str:
@@ -129,22 +162,33 @@ def load_hparams(meta: dict[str, object], n_params: int = 0) -> HParams:
     if arch not in SUPPORTED_ARCHS:
         raise HParamsError(f"architecture '{arch}' is not supported (supported: {', '.join(SUPPORTED_ARCHS)})")
     m = _Meta(meta, arch)
-    n_embd = m.positive("embedding_length")
-    n_layer = m.positive("block_count")
-    n_head = m.positive("attention.head_count")
-    n_head_kv = m.positive("attention.head_count_kv", n_head)
+    n_embd = m.count("embedding_length")
+    n_layer = m.count("block_count", hi=LLAMA_MAX_LAYERS)
+    n_head = m.count("attention.head_count")
+    n_head_kv = m.count("attention.head_count_kv", n_head)
     if n_head % n_head_kv:
         raise HParamsError(f"'{arch}.attention.head_count' = {n_head} is not a multiple of head_count_kv = {n_head_kv}")
-    n_embd_head_k = m.positive("attention.key_length", n_embd // n_head)
-    n_embd_head_v = m.positive("attention.value_length", n_embd // n_head)
-    n_rot = m.positive("rope.dimension_count", n_embd_head_k)
-    if arch == "llama" and n_rot != n_embd_head_k:
-        raise HParamsError(f"'{arch}.rope.dimension_count' = {n_rot}, expected {n_embd_head_k}")
+    n_embd_head_k = m.count("attention.key_length", n_embd // n_head)
+    n_embd_head_v = m.count("attention.value_length", n_embd // n_head)
+    if n_embd_head_v != n_embd_head_k:  # llm_build_llama / gemma3 assert n_embd_head_k == n_embd_head_v
+        raise HParamsError(f"'{arch}.attention.value_length' = {n_embd_head_v} differs from key_length = "
+                           f"{n_embd_head_k}; {arch} needs them equal")
+    n_rot = m.count("rope.dimension_count", n_embd_head_k, hi=n_embd_head_k)
+    if n_rot % 2 or (arch == "llama" and n_rot != n_embd_head_k):
+        raise HParamsError(f"'{arch}.rope.dimension_count' = {n_rot}: expected an even number"
+                           + (f" equal to the head size {n_embd_head_k}" if arch == "llama" else ""))
     tokens = meta.get("tokenizer.ggml.tokens")
-    n_vocab = m.get("vocab_size", int, len(tokens) if tokens is not None else None)
-    n_ctx_train = m.positive("context_length")
-    scale_factor = m.get("rope.scaling.factor", float, m.get("rope.scale_linear", float, 0.0))
-    n_swa = m.get("attention.sliding_window", int, 0) if arch == "gemma3" else 0
+    n_vocab = m.count("vocab_size", len(tokens) if isinstance(tokens, list) else None)
+    n_ctx_train = m.count("context_length")
+    scale_factor = m.real("rope.scaling.factor", m.real("rope.scale_linear", 0.0, zero_ok=True), zero_ok=True)
+    if scale_factor and not math.isfinite(_as_f32(1.0 / scale_factor)):
+        raise HParamsError(f"GGUF metadata key '{arch}.rope.scaling.factor' = {scale_factor!r}: its inverse, the rope "
+                           f"frequency scale, is not a finite float32")
+    scaling_type = m.get("rope.scaling.type", str, "linear")
+    if scaling_type not in ROPE_SCALING_TYPES:
+        raise HParamsError(f"GGUF metadata key '{arch}.rope.scaling.type' = {scaling_type!r} is not one of "
+                           f"{', '.join(ROPE_SCALING_TYPES)}")
+    n_swa = m.count("attention.sliding_window", 0, lo=0) if arch == "gemma3" else 0
     is_gemma = arch == "gemma3"
     return HParams(
         arch=arch,
@@ -156,21 +200,21 @@ def load_hparams(meta: dict[str, object], n_params: int = 0) -> HParams:
         n_head_kv=n_head_kv,
         n_embd_head_k=n_embd_head_k,
         n_embd_head_v=n_embd_head_v,
-        n_ff=m.positive("feed_forward_length"),
+        n_ff=m.count("feed_forward_length"),
         n_rot=n_rot,
         rope_type=ROPE_TYPES[arch],
-        rope_freq_base=m.get("rope.freq_base", float, 10000.0),
+        rope_freq_base=m.real("rope.freq_base", 10000.0),
         rope_freq_scale=1.0 if scale_factor == 0.0 else 1.0 / scale_factor,
-        rope_scaling_type=m.get("rope.scaling.type", str, "linear"),
-        n_ctx_orig_yarn=m.get("rope.scaling.original_context_length", int, n_ctx_train),
-        f_norm_rms_eps=m.get("attention.layer_norm_rms_epsilon", float),
+        rope_scaling_type=scaling_type,
+        n_ctx_orig_yarn=m.count("rope.scaling.original_context_length", n_ctx_train, lo=0),
+        f_norm_rms_eps=m.real("attention.layer_norm_rms_epsilon"),
         n_swa=n_swa,
         swa_layers=_swa_pattern(m, n_layer, n_swa),
-        rope_freq_base_swa=m.get("rope.freq_base_swa", float, 10000.0),
+        rope_freq_base_swa=m.real("rope.freq_base_swa", 10000.0),
         rope_freq_scale_swa=1.0,
         # gemma3 27B (62 layers) scales by n_embd / n_head instead of the head size (src/models/gemma3.cpp)
         f_attention_scale=(1.0 / math.sqrt(n_embd // n_head if n_layer == 62 else n_embd_head_k)) if is_gemma else 0.0,
-        f_final_logit_softcapping=m.get("final_logit_softcapping", float, 0.0) if is_gemma else 0.0,
+        f_final_logit_softcapping=m.real("final_logit_softcapping", 0.0, zero_ok=True) if is_gemma else 0.0,
         embd_scale=math.sqrt(n_embd) if is_gemma else 1.0,
         size_label=_size_label(meta, n_params),
     )

@@ -8,6 +8,7 @@ load, and no array the model hands out is writeable, so no context can corrupt w
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import threading
 from dataclasses import dataclass
@@ -16,16 +17,12 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType, LlamaFileType
 
-from llamactx.errors import LlamactxError
-from llamactx.gguf.quants import block_format
+from llamactx.ggml.quants_cpu import vec_dot_type
+from llamactx.gguf.quants import block_format, is_supported
 from llamactx.gguf.reader import GGUFFile, TensorInfo
-from llamactx.hparams import HParams, load_hparams
+from llamactx.hparams import HParams, ModelLoadError, load_hparams
 from llamactx.models import expected_tensors
 from llamactx.vocab import Vocab
-
-
-class ModelLoadError(LlamactxError, ValueError):
-    """A GGUF file that is valid GGUF but not a model we can run: missing or mis-shaped tensors, bad hparams."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,13 +47,30 @@ _TYPED = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.flo
 
 
 def _tensor_array(raw: np.ndarray, info: TensorInfo) -> np.ndarray:
-    """The raw bytes of a tensor viewed with its row structure (no copy; stays read-only)."""
-    n_rows = info.n_elements // info.shape[0]
+    """The raw bytes of a tensor viewed with its row structure (no copy; stays read-only). Tensors with a zero in
+    their shape give empty arrays."""
+    n_rows = math.prod(info.shape[1:])
     dtype = _TYPED.get(info.ggml_type)
     if dtype is not None:
         arr = raw.view(dtype)
         return arr if len(info.shape) == 1 else arr.reshape(n_rows, info.shape[0])
-    return raw.reshape(n_rows, raw.size // n_rows)
+    fmt = block_format(info.ggml_type)
+    return raw.reshape(n_rows, info.shape[0] // fmt.block_size * fmt.type_size)
+
+
+def _computable(ggml_type: int) -> bool:
+    """A weight matrix of this type can be multiplied (a vec_dot_type, ggml-cpu) and dequantized (get_rows)."""
+    try:
+        vec_dot_type(ggml_type)
+    except ValueError:
+        return False
+    return is_supported(ggml_type)
+
+
+# The types each role of tensor may have. Matrices go through the ops layer's matmul and get_rows; vectors (norm
+# weights, biases) are used as floats directly, and llama.cpp's converters always store them as F32.
+MATRIX_TYPES = frozenset(int(t) for t in GGMLQuantizationType if _computable(t))
+VECTOR_TYPES = frozenset({int(GGMLQuantizationType.F32), int(GGMLQuantizationType.F16)})
 
 
 class Model:
@@ -83,8 +97,10 @@ class Model:
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, use_mmap: bool = True, vocab_only: bool = False) -> Model:
-        """Open a GGUF model. Raises `GGUFError` for a malformed file and `ModelLoadError` (or its `HParamsError`
-        sibling) for an unsupported architecture, bad hyperparameters or a missing / mis-shaped tensor."""
+        """Open a GGUF model. Raises `GGUFError` for a malformed file, `VocabError` for unusable tokenizer
+        metadata and `ModelLoadError` (`HParamsError` for the hyperparameters) for an unsupported architecture, a
+        missing, impossible or out-of-range hyperparameter, or a tensor that is missing, mis-shaped or of a type
+        llamactx cannot compute for its role."""
         path = Path(path)
         gguf = GGUFFile(path)
         try:
@@ -227,7 +243,8 @@ class Model:
 
 
 def _check_tensors(tensors: dict[str, TensorInfo], hp: HParams) -> None:
-    """Every tensor the architecture needs exists with the shape the hparams imply (llama_model_loader)."""
+    """Every tensor the architecture needs exists with the shape the hparams imply and a type llamactx can compute
+    for its role (llama_model_loader::create_tensor checks the shape; llama.cpp's backends the type)."""
     for name, (shape, required) in expected_tensors(hp).items():
         info = tensors.get(name)
         if info is None:
@@ -236,3 +253,12 @@ def _check_tensors(tensors: dict[str, TensorInfo], hp: HParams) -> None:
             continue
         if tuple(info.shape) != tuple(shape):
             raise ModelLoadError(f"tensor '{name}' has shape {list(info.shape)}, expected {list(shape)}")
+        _check_type(info, len(shape) == 1)
+
+
+def _check_type(info: TensorInfo, vector: bool) -> None:
+    allowed, role = (VECTOR_TYPES, "a norm weight or bias") if vector else (MATRIX_TYPES, "a weight matrix")
+    if info.ggml_type not in allowed:
+        names = ", ".join(block_format(t).name for t in sorted(allowed))
+        raise ModelLoadError(f"tensor '{info.name}' has type {block_format(info.ggml_type).name}, which llamactx "
+                             f"cannot compute as {role} (allowed: {names})")
