@@ -8,11 +8,14 @@ tokenizer_st_partition.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from llamactx.errors import LlamactxError
 
 TOKEN_NULL = -1  # LLAMA_TOKEN_NULL
 
@@ -67,6 +70,14 @@ _EOG_TEXTS = frozenset(
 _ALWAYS_RENDERED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")  # gpt-oss: USER_DEFINED
 _SPACES = " \t\n\x0b\x0c\r"  # C isspace()
 
+log = logging.getLogger("llamactx.vocab")
+
+
+class VocabError(LlamactxError, ValueError):
+    """Vocab metadata that cannot be used, or input the vocab cannot take (a token id outside it, text with no
+    UTF-8 form); the message names the key or the value. (Defined here, the vocab package's lowest module; the
+    public name is llamactx.vocab.VocabError.)"""
+
 
 def attrs_from_types(types: np.ndarray | None, n: int) -> list[int]:
     """Token attributes from tokenizer.ggml.token_type (all NORMAL without it); unknown types -> UNDEFINED."""
@@ -117,9 +128,7 @@ class SpecialTokens:
         for field, key in _ID_KEYS:
             if getattr(sp, field) >= n:
                 setattr(sp, field, TOKEN_NULL)  # a default outside the vocab is disabled
-            value = meta.get(_KEY + key)
-            if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and 0 <= value < n:
-                setattr(sp, field, int(value))  # an id outside the vocab keeps the default (llama.cpp warns)
+            _set_id(sp, field, _KEY + key, meta.get(_KEY + key), n)
         for field, candidates in _BY_TEXT.items():
             # llama.cpp takes the first hit while walking its unordered_map (libstdc++ hash order,
             # unspecified); we take the lowest id, which agrees for the models in tests/data (SmolLM2's EOT is
@@ -135,6 +144,19 @@ class SpecialTokens:
         sp.cache = tuple(_cache_special_tokens(texts, attrs))
         _model_attrs(meta, texts, attrs, token_to_id, sp.cache)
         return sp
+
+
+def _set_id(sp: SpecialTokens, field: str, key: str, value: object, n: int) -> None:
+    """Take a special token id from the GGUF key; one outside the vocab keeps the default, with llama.cpp's warning."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise VocabError(f"'{key}' = {value!r} is not an integer token id")
+    if not 0 <= value < n:
+        log.warning("bad special token: '%s' = %d is outside [0, %d), using default id %d", key, value, n,
+                    getattr(sp, field))
+        return
+    setattr(sp, field, int(value))
 
 
 def _eog_ids(
@@ -165,7 +187,7 @@ def _cache_special_tokens(texts: Sequence[str], attrs: list[int]) -> list[int]:
     # CONTROL, USER_DEFINED and UNKNOWN tokens, longest text (in bytes) first. llama.cpp's std::sort leaves
     # the order of equal lengths unspecified; we keep them by id.
     ids = np.flatnonzero(np.asarray(attrs) & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN)).tolist()
-    return sorted(ids, key=lambda i: -len(texts[i].encode("utf-8")))
+    return sorted(ids, key=lambda i: -len(texts[i].encode("utf-8", "surrogateescape")))
 
 
 def _model_attrs(

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from llamactx.vocab.pretok import PreTokenizer
+from llamactx.vocab.special import VocabError
 
 _CACHE_MAX = 1 << 17
 SPM_SPACE = "\u2581"  # '▁', llama_escape_whitespace
@@ -119,9 +120,17 @@ class SpmTokenizer:
         for b in sym.encode("utf-8"):
             tid = self._byte_ids[b]
             if tid is None:
-                raise ValueError(f"SPM vocab has no byte token '<0x{b:02X}>' for character {sym!r}")
+                raise VocabError(f"SPM vocab has no byte token '<0x{b:02X}>' for character {sym!r}")
             out.append(tid)
         return out
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _chars_before_space(texts: Sequence[str]) -> set[str]:
@@ -159,7 +168,10 @@ class BpeTokenizer:
     def _build(self) -> Any:
         from tokenizers import Tokenizer, models, pre_tokenizers
 
-        vocab, pairs, seen = self._token_to_id, [], set()
+        # tokens that are not valid UTF-8 (kept as surrogates) can never come out of byte-level merges, and HF's
+        # vocab cannot hold them
+        vocab = {t: i for t, i in self._token_to_id.items() if _is_utf8(t)}
+        pairs, seen = [], set()
         for m in self._merges:
             pos = m.find(" ", 1)  # llama_vocab::impl::load: split at the first space after position 0
             if pos < 0:
@@ -168,7 +180,7 @@ class BpeTokenizer:
             if pair not in seen and pair[0] in vocab and pair[1] in vocab and pair[0] + pair[1] in vocab:
                 seen.add(pair)  # bpe_ranks.emplace keeps the first rank of a repeated merge
                 pairs.append(pair)
-        hf = Tokenizer(models.BPE(dict(vocab), pairs, ignore_merges=self._ignore_merges))
+        hf = Tokenizer(models.BPE(vocab, pairs, ignore_merges=self._ignore_merges))
         hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
         return hf
 

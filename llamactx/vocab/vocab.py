@@ -14,7 +14,6 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from llamactx.errors import LlamactxError
 from llamactx.vocab.pretok import PRE_TYPES, REGEX_EXPRS, PreTokenizer
 from llamactx.vocab.special import (
     ATTR_BYTE,
@@ -24,17 +23,13 @@ from llamactx.vocab.special import (
     ATTR_USER_DEFINED,
     TOKEN_NULL,
     SpecialTokens,
+    VocabError,
     attrs_from_types,
     partition,
 )
 from llamactx.vocab.tokenizers import SPM_SPACE, BpeTokenizer, SpmTokenizer
 
 __all__ = ["TOKEN_NULL", "Vocab", "VocabError"]
-
-
-class VocabError(LlamactxError, ValueError):
-    """Vocab metadata that cannot be used, or input the vocab cannot take (a token id outside it, text with no
-    UTF-8 form); the message names the key or the value."""
 
 
 _KEY = "tokenizer.ggml."
@@ -121,7 +116,7 @@ class Vocab:
         merges: Sequence[str] = ()
         pre_type, family = "default", "default"
         if model_type == "gpt2":
-            merges = _string_list(meta, _KEY + "merges")
+            merges = _merges(meta, _KEY + "merges")
             pre = meta.get(_KEY + "pre", "") or "default"
             if pre not in PRE_TYPES:
                 raise VocabError(f"'{_KEY}pre' = {pre!r} is not a supported pre-tokenizer type")
@@ -256,11 +251,12 @@ class Vocab:
     def _piece(self, token: int) -> bytes:
         # llama_vocab::impl::token_to_piece with special = true (what cache_token_to_piece holds)
         attr, text = self._attrs[token], self._texts[token]
+        # token texts are the file's bytes: undecodable ones were kept as surrogates, and go back out as those bytes
         if attr & (ATTR_UNKNOWN | ATTR_CONTROL | ATTR_USER_DEFINED):
-            return text.encode("utf-8")
+            return text.encode("utf-8", "surrogateescape")
         if attr & ATTR_NORMAL:
             if self.model_type == "llama":
-                return text.replace(SPM_SPACE, " ").encode("utf-8")
+                return text.replace(SPM_SPACE, " ").encode("utf-8", "surrogateescape")
             return _decode_byte_level(text)
         if attr & ATTR_BYTE:
             try:
@@ -298,7 +294,8 @@ def _decode_byte_level(text: str) -> bytes:
     for ch in text:
         b = table.get(ch)
         if b is None:
-            out += f"[UNK_BYTE_0x{ch.encode('utf-8').hex()}{text}]".encode()
+            marker = f"[UNK_BYTE_0x{ch.encode('utf-8', 'surrogateescape').hex()}{text}]"
+            out += marker.encode("utf-8", "surrogateescape")
         else:
             out.append(b)
     return bytes(out)
@@ -374,9 +371,20 @@ def _numeric(meta: Mapping[str, object], key: str, n: int, kinds: tuple[type, ..
     arr = np.asarray(value)
     if arr.ndim != 1 or not any(np.issubdtype(arr.dtype, k) for k in kinds):
         raise VocabError(f"'{key}' is not a 1-D numeric array of the expected kind (dtype {arr.dtype})")
-    if len(arr) < n:
-        raise VocabError(f"'{key}' has {len(arr)} entries, fewer than the {n} tokens")
+    if len(arr) != n:  # llama.cpp reads n entries; more means the arrays do not describe the same tokens
+        raise VocabError(f"'{key}' has {len(arr)} entries for the {n} tokens of '{_KEY}tokens'")
     return arr
+
+
+def _merges(meta: Mapping[str, object], key: str) -> list[str]:
+    """BPE merges: each "left right", split at the first space after the first character (llama_vocab::impl::load,
+    which would silently store an empty pair for anything else)."""
+    merges = _string_list(meta, key)
+    for i, m in enumerate(merges):
+        pos = m.find(" ", 1)
+        if pos < 0 or pos == len(m) - 1:
+            raise VocabError(f"'{key}'[{i}] = {m[:64]!r} is not two parts separated by a space")
+    return merges
 
 
 def _bool(meta: Mapping[str, object], key: str, default: bool) -> bool:

@@ -8,13 +8,16 @@ the same llama.cpp tree (0c1e570) built natively, through llama_tokenize / llama
 from __future__ import annotations
 
 import json
+import logging
 import random
+import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from llamactx.embedded import ModelNotInstalledError, gemma3_path, smollm2_path
-from llamactx.vocab import Vocab
+from llamactx.vocab import Vocab, VocabError
 from llamactx.vocab.pretok import GPT2, LLAMA3, QWEN2, PreTokenizer, collapse_char
 from llamactx.vocab.special import (
     ATTR_BYTE,
@@ -327,6 +330,58 @@ def test_from_gguf_meta_errors(metas):
         )
 
 
+# ---- hostile vocab metadata (issue 12) --------------------------------------------------------------------
+
+
+def test_score_and_token_type_arrays_must_match_the_tokens(metas):
+    # longer arrays were accepted silently: they cannot describe the same tokens
+    meta = metas["gemma3"]
+    n = len(meta["tokenizer.ggml.tokens"])
+    for key, extra in (("tokenizer.ggml.scores", 0.5), ("tokenizer.ggml.token_type", 1)):
+        longer = np.append(meta[key], extra)
+        with pytest.raises(VocabError, match=rf"'{key}' has {n + 1} entries for the {n} tokens"):
+            Vocab.from_gguf_meta({**meta, key: longer})
+
+
+@pytest.mark.parametrize("bad, index", [("Ġthe", 7), ("Ġ", 0), ("a ", 3), ("", 12)])
+def test_malformed_merges_rejected(metas, bad, index):
+    # llama.cpp stores an empty pair for these; we refuse the file, naming the entry
+    meta = metas["smollm2"]
+    merges = list(meta["tokenizer.ggml.merges"])
+    merges[index] = bad
+    with pytest.raises(VocabError, match=rf"'tokenizer.ggml.merges'\[{index}\] = {re.escape(repr(bad))} is not two"):
+        Vocab.from_gguf_meta({**meta, "tokenizer.ggml.merges": merges})
+
+
+@pytest.mark.parametrize("value", [49152, 10**9, -3])
+def test_out_of_range_special_id_keeps_default_with_llama_cpp_warning(metas, caplog, value):
+    # used to fall back to the default silently
+    meta = {**metas["smollm2"], "tokenizer.ggml.eos_token_id": value}
+    with caplog.at_level(logging.WARNING, logger="llamactx.vocab"):
+        vocab = Vocab.from_gguf_meta(meta)
+    assert vocab.eos == 11  # BPE's default EOS
+    assert f"bad special token: 'tokenizer.ggml.eos_token_id' = {value} is outside [0, 49152), using default " \
+           "id 11" in caplog.text
+
+
+def test_non_integer_special_id_rejected(metas):
+    with pytest.raises(VocabError, match="'tokenizer.ggml.bos_token_id' = 'one' is not an integer token id"):
+        Vocab.from_gguf_meta({**metas["smollm2"], "tokenizer.ggml.bos_token_id": "one"})
+
+
+def test_tokens_that_are_not_utf8_stay_their_bytes(metas):
+    # the reader keeps undecodable bytes as surrogates: a CONTROL token of them used to raise UnicodeEncodeError at
+    # load, and HF's BPE vocab refused them at the first tokenize
+    meta = metas["smollm2"]
+    tokens = list(meta["tokenizer.ggml.tokens"])
+    tokens[4] = b"<\xff\xfe>".decode("utf-8", "surrogateescape")  # '<reponame>', a CONTROL token
+    tokens[300] = b"\xc3".decode("utf-8", "surrogateescape")  # a NORMAL token
+    vocab = Vocab.from_gguf_meta({**meta, "tokenizer.ggml.tokens": tokens})
+    assert vocab.token_to_piece(4, special=True) == b"<\xff\xfe>"
+    assert vocab.token_to_piece(300).startswith(b"[UNK_BYTE_0x")
+    assert vocab.tokenize("Hello world", add_special=False) == [19556, 905]
+
+
 # ---- the hand-written splitters of unicode.cpp, ported line by line as oracles -------------------------
 
 
@@ -445,3 +500,14 @@ def _invalid_utf8(piece: bytes) -> bool:
     except UnicodeDecodeError:
         return True
     return False
+
+
+def test_spm_vocab_without_a_byte_token_raises_vocab_error(metas):
+    # found by tests/fuzz/fuzz_gguf.py: a bare ValueError (llama.cpp's byte_to_token throws out_of_range)
+    meta = metas["gemma3"]
+    tokens = list(meta["tokenizer.ggml.tokens"])
+    tab = tokens.index("\t")
+    tokens[tab], tokens[tokens.index("<0x09>")] = "[no tab]", "[no tab byte]"
+    vocab = Vocab.from_gguf_meta({**meta, "tokenizer.ggml.tokens": tokens})
+    with pytest.raises(VocabError, match="SPM vocab has no byte token '<0x09>' for character '\\\\t'"):
+        vocab.tokenize("a\tb")
