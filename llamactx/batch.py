@@ -212,6 +212,9 @@ class BatchAllocator:
             s = ids[0]
             if s not in next_pos:
                 next_pos[s] = seq_pos_max(s) + 1
+            if next_pos[s] > np.iinfo(np.int32).max:  # llama_pos is int32_t
+                raise DecodeError(f"token {i}: seq_id {s} would continue at position {next_pos[s]}, past the "
+                                  f"largest position {np.iinfo(np.int32).max}")
             pos[i] = next_pos[s]
             next_pos[s] += 1
         return pos

@@ -65,7 +65,7 @@ class Context:
         hp = model.hparams
         p = self.params
         self.memory = KVCache(hp.n_layer, p.n_ctx, p.n_seq_max, hp.n_embd_k_gqa, hp.n_embd_v_gqa,
-                              p.type_k, p.type_v, can_shift=True)
+                              p.type_k, p.type_v, can_shift=True, n_ctx_seq=p.n_ctx_seq)
         self.ops = ops if ops is not None else _fast_ops(model)
         self._arch = arch_module(model.arch)
         self._rope = rope_config(hp, p)
@@ -273,7 +273,7 @@ class Context:
     def state_load_file(self, path, n_token_capacity: int | None = None) -> list[int]:
         from llamactx.state import load_file
 
-        data, tokens = load_file(path, n_token_capacity or self.params.n_ctx)
+        data, tokens = load_file(path, n_token_capacity or self.params.n_ctx, self.model.hparams.n_vocab)
         self.state_set_data(data)
         return tokens
 
@@ -285,7 +285,7 @@ class Context:
     def state_seq_load_file(self, path, dest_seq_id: int, n_token_capacity: int | None = None) -> list[int]:
         from llamactx.state import load_file
 
-        data, tokens = load_file(path, n_token_capacity or self.params.n_ctx)
+        data, tokens = load_file(path, n_token_capacity or self.params.n_ctx, self.model.hparams.n_vocab)
         self.state_seq_set_data(data, dest_seq_id)
         return tokens
 

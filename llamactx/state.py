@@ -10,9 +10,11 @@ A state blob is self-describing and checked whole before anything is written to 
 Strings are u16 length + UTF-8; all integers little-endian. A session file (`state_save_file`) is
 b"LLCTXSF\\0" | u32 version | u32 n_tokens | i32 tokens[n_tokens] | the blob.
 
-What can be checked is: framing, lengths, the model and KV shape, positions and sequence sets. The K/V bytes
-themselves cannot be validated (any bytes are some f16 values): a blob from an untrusted source can make the
-model's output wrong, never the process fail.
+What can be checked is: framing, lengths, the model and KV shape, positions (>= 0, in the order written) and
+sequence sets (each cell in >= 1 sequence of this context, no sequence over n_ctx_seq cells), output ids and
+session-file token ids. The K/V bytes themselves cannot be validated (any bytes are some f16 values), nor can
+positions be checked against the tokens they came from: a blob from an untrusted source can make the model's
+output wrong, never the process fail or another sequence change (docs/state.md).
 """
 
 from __future__ import annotations
@@ -88,6 +90,8 @@ def _read_outputs(r: StateReader, ctx) -> tuple[np.ndarray, np.ndarray, np.ndarr
     logits = r.array("<f4", n_logits * hp.n_vocab, "logits").astype(np.float32).reshape(n_logits, hp.n_vocab)
     n_embd = r.u32("embeddings count")
     embd = r.array("<f4", n_embd * hp.n_embd, "embeddings").astype(np.float32).reshape(n_embd, hp.n_embd)
+    if (output_ids < -1).any():
+        raise StateError(f"state output id {int(output_ids.min())} is neither -1 nor a row index")
     n_out = int((output_ids >= 0).sum())
     if output_ids.size and (output_ids.max() >= max(n_logits, n_embd) or n_out not in (n_logits, n_embd)):
         raise StateError(f"state output ids do not match its {n_logits} logits rows / {n_embd} embedding rows")
@@ -100,8 +104,9 @@ def save_file(path: str | os.PathLike, blob: bytes, tokens) -> None:
         f.write(FILE_MAGIC + struct.pack("<II", STATE_VERSION, toks.size) + toks.tobytes() + blob)
 
 
-def load_file(path: str | os.PathLike, n_token_capacity: int) -> tuple[bytes, list[int]]:
-    """Read a session file; raises StateError for a bad header or more tokens than `n_token_capacity`."""
+def load_file(path: str | os.PathLike, n_token_capacity: int, n_vocab: int) -> tuple[bytes, list[int]]:
+    """Read a session file (llama_state_load_file); raises StateError for a bad header, more tokens than
+    `n_token_capacity` or a token id outside [0, n_vocab)."""
     with open(path, "rb") as f:
         data = f.read()
     r = StateReader(data)
@@ -113,5 +118,9 @@ def load_file(path: str | os.PathLike, n_token_capacity: int) -> tuple[bytes, li
     n_tokens = r.u32("token count")
     if n_tokens > n_token_capacity:
         raise StateError(f"session file holds {n_tokens} tokens, more than the capacity {n_token_capacity}")
-    tokens = r.array("<i4", n_tokens, "tokens").tolist()
-    return bytes(r.data[r.off :]), tokens
+    tokens = r.array("<i4", n_tokens, "tokens")  # (n_tokens,)
+    bad = np.flatnonzero((tokens < 0) | (tokens >= n_vocab))
+    if bad.size:
+        raise StateError(f"session file token {int(bad[0])} = {int(tokens[bad[0]])} is outside the vocab "
+                         f"[0, {n_vocab})")
+    return bytes(r.data[r.off :]), tokens.tolist()

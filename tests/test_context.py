@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from llamactx import Batch, Context, ContextParams, ContextParamsError, DecodeError
+from llamactx import Batch, Context, ContextParams, ContextParamsError, DecodeError, DecodeStatus
 
 PROMPTS = [
     "The capital of France is",
@@ -302,3 +302,17 @@ def test_a_sequence_in_scattered_cells_gives_the_bits_it_gives_alone(smollm, pro
     ctx.memory.seq_rm(0)  # cells 0-4 free
     assert ctx.decode(seq_batch([(2, toks[3:], 3)])) == 0  # positions 3-7 in cells 0-4, 8 in cell 8
     np.testing.assert_array_equal(ctx.get_logits_ith(-1), alone(smollm, toks))
+
+
+def test_kv_split_gives_each_sequence_at_most_n_ctx_seq_cells(smollm):
+    # kv_unified=False: as llama.cpp's per-sequence streams, a sequence stops at n_ctx_seq cells even with cells free
+    ctx = Context(smollm, ContextParams(n_ctx=512, n_seq_max=2))
+    assert (ctx.params.n_ctx, ctx.params.n_ctx_seq) == (512, 256)
+    assert ctx.decode(seq_batch([(0, [42] * 250, 0)])) == 0
+    assert (ctx.memory.room(0), ctx.memory.room(1)) == (6, 256)
+    assert ctx.memory.can_fit(6, 0) and not ctx.memory.can_fit(7, 0)
+    before = memory_image(ctx)
+    assert ctx.decode(seq_batch([(0, [42] * 7, 250)])) == DecodeStatus.NO_SLOT
+    assert_same_memory(before, memory_image(ctx))
+    assert ctx.decode(seq_batch([(0, [42] * 6, 250), (1, [42] * 8, 0)])) == 0
+    assert ctx.memory.seq_pos_max(0) == 255 and ctx.memory.room(0) == 0

@@ -7,7 +7,8 @@ import struct
 import numpy as np
 import pytest
 
-from llamactx import Batch, Context, ContextParams, StateError
+from llamactx import Batch, Context, ContextParams, DecodeError, StateError
+from llamactx.state_io import StateReader
 from tests.test_context import assert_same_memory, memory_image
 
 
@@ -107,3 +108,74 @@ def test_sequence_state_needs_free_cells(smollm, tokens):
     with pytest.raises(StateError, match="needs 9 cells, only 6 are free"):
         full.state_seq_set_data(blob, 1)
     assert_same_memory(before, memory_image(full))
+
+
+# -- hostile state (issue 12) -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad, index", [(49152, 2), (-1, 0), (2**31 - 1, 8)])
+def test_session_file_token_ids_are_checked(smollm, tokens, tmp_path, bad, index):
+    # the token ids came back unchecked, to be decoded or detokenized later
+    src = decoded(smollm, tokens)
+    path = tmp_path / "session.bin"
+    src.state_save_file(path, [bad if i == index else t for i, t in enumerate(tokens)])
+    victim = decoded(smollm, tokens[:3])
+    before = memory_image(victim)
+    with pytest.raises(StateError, match=rf"session file token {index} = {bad} is outside the vocab \[0, 49152\)"):
+        victim.state_load_file(path)
+    assert_same_memory(before, memory_image(victim))
+
+
+def test_output_ids_below_minus_one_rejected(smollm, tokens):
+    blob = bytearray(decoded(smollm, tokens).state_get_data())
+    n_ids = len(tokens)
+    # outputs: u32 n_ids, i32 ids[n_ids], u32 n_logits (1), f32 logits[n_vocab], u32 n_embd (0)
+    at = len(blob) - 4 - 49152 * 4 - 4 - 4 * n_ids
+    assert struct.unpack_from("<I", blob, at - 4)[0] == n_ids
+    blob[at : at + 4] = struct.pack("<i", -7)
+    victim = decoded(smollm, tokens[:3])
+    before = memory_image(victim)
+    with pytest.raises(StateError, match="state output id -7 is neither -1 nor a row index"):
+        victim.state_set_data(bytes(blob))
+    assert_same_memory(before, memory_image(victim))
+
+
+def test_state_over_n_ctx_seq_rejected(smollm):
+    # kv_unified=False with 2 sequences in 512 cells: each may hold 256 (llama.cpp's per-sequence streams)
+    unified = decoded(smollm, [42] * 300, n_ctx=512)
+    split = Context(smollm, ContextParams(n_ctx=512, n_seq_max=2))
+    assert (split.params.n_ctx, split.params.n_ctx_seq) == (512, 256)
+    with pytest.raises(StateError, match="state gives seq_id 0 300 cells, more than this context's n_ctx_seq = 256"):
+        split.state_set_data(unified.state_get_data())
+    with pytest.raises(StateError, match="sequence state holds 300 cells, more than this context's n_ctx_seq = 256"):
+        split.state_seq_set_data(unified.state_seq_get_data(0), 1)
+    assert split.memory.used == 0
+
+
+def test_state_of_an_empty_context_round_trips(smollm):
+    # found by tests/fuzz/fuzz_state.py: zero cells made the K/V reshape fail with a bare ValueError
+    empty = Context(smollm, ContextParams(n_ctx=256, n_seq_max=2))
+    dst = decoded(smollm, [42] * 5, n_seq_max=2)
+    dst.state_set_data(empty.state_get_data())
+    assert dst.memory.used == 0
+    dst.state_seq_set_data(empty.state_seq_get_data(1), 0)
+    assert dst.memory.used == 0
+
+
+def test_a_state_at_the_last_position_cannot_be_continued_past_int32(smollm, tokens):
+    # a blob whose sequence ends at 2^31 - 1 loads; the next decode used to raise numpy's OverflowError
+    blob = bytearray(decoded(smollm, tokens).state_get_data())
+    r = StateReader(bytes(blob))
+    for what, n in (("magic", 8), ("version", 5)):
+        r.take(n, what)
+    for what in ("arch", "fingerprint", "type_k", "type_v"):
+        r.string(what)
+    r.take(20, "dimensions")
+    last = r.off + 4 * (len(tokens) - 1)
+    blob[last : last + 4] = struct.pack("<i", 2**31 - 1)
+    ctx = Context(smollm, ContextParams(n_ctx=256))
+    ctx.state_set_data(bytes(blob))
+    before = memory_image(ctx)
+    with pytest.raises(DecodeError, match="seq_id 0 would continue at position 2147483648, past the largest"):
+        ctx.decode(Batch.get_one([42]))
+    assert_same_memory(before, memory_image(ctx))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from llamactx.memory.base import Memory, MemoryOpError
-from llamactx.memory.kv_cache import KVCache
+from llamactx.memory.kv_cache import KVCache, KVCacheAllocError
 from llamactx.memory.kv_cells import KVCells
 
-__all__ = ["KVCache", "KVCells", "Memory", "MemoryOpError"]
+__all__ = ["KVCache", "KVCacheAllocError", "KVCells", "Memory", "MemoryOpError"]

@@ -8,10 +8,15 @@ The cache owns placement, as `llama_kv_cache::prepare` / `apply_ubatch` do: `pre
 every ubatch of a decode before anything is computed, `apply(ubatch, slot)` occupies them and hands the forward a
 `KVView` (the cells it may attend to and where its K/V go), and `rollback(placement)` undoes a decode that failed.
 Nothing outside memory/ reads or writes the cells.
+
+With `kv_unified=False` llama.cpp gives each sequence its own stream of `n_ctx_seq` cells. Here all sequences share
+one pool (so `seq_cp` shares a prefix instead of copying it), and `n_ctx_seq` is enforced as a per-sequence limit:
+no placement, `seq_cp` or state load gives a sequence more than `n_ctx_seq` cells.
 """
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,12 +25,14 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from llamactx.batch import UBatch
+from llamactx.errors import LlamactxError
 from llamactx.ggml.quants_cpu import quantize_q4_0, quantize_q8_0
 from llamactx.gguf.quants import block_format, dequantize
 from llamactx.memory.base import Memory, MemoryOpError
 from llamactx.memory.kv_cells import CellsSnapshot, KVCells
 from llamactx.state_io import StateError, StateReader, pack_str
 
+POS_MAX = int(np.iinfo(np.int32).max)  # llama_pos is int32_t
 KV_GGML_TYPES = {"f32": T.F32, "f16": T.F16, "q8_0": T.Q8_0, "q4_0": T.Q4_0}
 _QUANTIZE = {"q8_0": quantize_q8_0, "q4_0": quantize_q4_0}
 
@@ -33,17 +40,20 @@ _QUANTIZE = {"q8_0": quantize_q8_0, "q4_0": quantize_q4_0}
 RopeShift = Callable[[np.ndarray, np.ndarray, int], np.ndarray]
 
 
+class KVCacheAllocError(LlamactxError, MemoryError):
+    """The K/V arrays of the requested size cannot be allocated; the message gives the size and what to change."""
+
+
 def kv_row_nbytes(type_name: str, n: int) -> int:
     fmt = block_format(KV_GGML_TYPES[type_name])
     return n // fmt.block_size * fmt.type_size
 
 
-def _alloc(type_name: str, n_layer: int, size: int, n: int) -> np.ndarray:
-    if type_name == "f32":
-        return np.zeros((n_layer, size, n), np.float32)
-    if type_name == "f16":
-        return np.zeros((n_layer, size, n), np.float16)
-    return np.zeros((n_layer, size, kv_row_nbytes(type_name, n)), np.uint8)
+def _alloc_shape(type_name: str, n_layer: int, size: int, n: int) -> tuple[tuple[int, int, int], np.dtype]:
+    """Shape and dtype of the storage of `size` cells of `n` values per layer."""
+    if type_name in _QUANTIZE:
+        return (n_layer, size, kv_row_nbytes(type_name, n)), np.dtype(np.uint8)
+    return (n_layer, size, n), np.dtype(np.float32 if type_name == "f32" else np.float16)
 
 
 def _encode(type_name: str, x: np.ndarray) -> np.ndarray:
@@ -122,7 +132,10 @@ class KVCache(Memory):
     """Keys and values of `size` cells for `n_layer` layers, shared by up to `n_seq_max` sequences."""
 
     def __init__(self, n_layer: int, size: int, n_seq_max: int, n_embd_k_gqa: int, n_embd_v_gqa: int,
-                 type_k: str = "f16", type_v: str = "f16", can_shift: bool = True):
+                 type_k: str = "f16", type_v: str = "f16", can_shift: bool = True, n_ctx_seq: int | None = None):
+        """`n_ctx_seq`: the most cells one sequence may hold (llama.cpp's per-sequence stream with kv_unified=False);
+        None = `size` (unified: any sequence may use every cell). Raises KVCacheAllocError (a MemoryError) naming
+        the sizes when the K/V arrays cannot be allocated."""
         for name, t, n in (("type_k", type_k, n_embd_k_gqa), ("type_v", type_v, n_embd_v_gqa)):
             if t not in KV_GGML_TYPES:
                 raise ValueError(f"{name} = {t!r} is not one of {', '.join(KV_GGML_TYPES)}")
@@ -136,20 +149,30 @@ class KVCache(Memory):
         self.type_k = type_k
         self.type_v = type_v
         self._can_shift = can_shift
-        self.cells = KVCells(size, n_seq_max)
-        self.k = _alloc(type_k, n_layer, size, n_embd_k_gqa)  # (n_layer, size, k row)
-        self.v = _alloc(type_v, n_layer, size, n_embd_v_gqa)  # (n_layer, size, v row)
+        self.n_ctx_seq = size if n_ctx_seq is None else min(n_ctx_seq, size)
+        (k_shape, k_dtype), (v_shape, v_dtype) = (_alloc_shape(type_k, n_layer, size, n_embd_k_gqa),
+                                                  _alloc_shape(type_v, n_layer, size, n_embd_v_gqa))
+        try:
+            self.cells = KVCells(size, n_seq_max)
+            self.k = np.zeros(k_shape, k_dtype)  # (n_layer, size, k row)
+            self.v = np.zeros(v_shape, v_dtype)  # (n_layer, size, v row)
+        except MemoryError:
+            nbytes = math.prod(k_shape) * k_dtype.itemsize + math.prod(v_shape) * v_dtype.itemsize
+            raise KVCacheAllocError(f"KV cache: {n_layer} layers x {size} cells of {type_k} K / {type_v} V = "
+                                    f"{nbytes / 2**30:.1f} GiB could not be allocated; use a smaller n_ctx") from None
 
     # -- placement (llama_kv_cache::prepare / apply_ubatch) -----------------------------------------------------
 
     def room(self, seq_id: int) -> int:
-        """How many new tokens of `seq_id` would find cells now: the free cells (all sequences share them)."""
+        """How many new tokens of `seq_id` would find cells now: the free cells (all sequences share them), up to
+        what the sequence may still take of its `n_ctx_seq`."""
         self.check_seq(seq_id)
-        return self.cells.n_free
+        return max(0, min(self.cells.n_free, self.n_ctx_seq - self.cells.n_seq(seq_id)))
 
     def prepare(self, ubatches: Sequence[UBatch]) -> Placement | None:
-        """Find cells for every ubatch before computing any; None when they do not all fit. Memory is left as
-        it was (the placement is simulated on the cells, then undone)."""
+        """Find cells for every ubatch before computing any; None when they do not all fit, or would give a
+        sequence more than `n_ctx_seq` cells. Memory is left as it was (the placement is simulated on the cells,
+        then undone)."""
         before = self.cells.snapshot()
         slots = []
         try:
@@ -159,9 +182,18 @@ class KVCache(Memory):
                     return None
                 self.cells.apply(idx, ub.pos, ub.seq_ids)
                 slots.append(idx)
+            if self._seq_over_limit(self.cells.seq) is not None:
+                return None
             return Placement(tuple(slots), before)
         finally:
             self.cells.restore(before)
+
+    def _seq_over_limit(self, seq: np.ndarray) -> int | None:
+        """The first sequence of the sets `seq` (n_cells, n_seq_max) that holds more than n_ctx_seq cells, or None."""
+        if self.n_ctx_seq >= self.size:
+            return None
+        over = np.flatnonzero(seq.sum(axis=0) > self.n_ctx_seq)
+        return int(over[0]) if over.size else None
 
     def apply(self, ub: UBatch, slot: np.ndarray) -> KVView:
         """Occupy the cells `prepare` chose for `ub` and return the view its forward attends through."""
@@ -199,10 +231,17 @@ class KVCache(Memory):
         return True
 
     def seq_cp(self, seq_id_src: int, seq_id_dst: int, p0: int = -1, p1: int = -1) -> None:
+        """Share positions [p0, p1) of the source with the destination; MemoryOpError (memory unchanged) if that
+        would give the destination more than n_ctx_seq cells."""
         self.check_seq(seq_id_src)
         self.check_seq(seq_id_dst)
-        if seq_id_src != seq_id_dst:
-            self.cells.cp(seq_id_src, seq_id_dst, p0, p1)
+        if seq_id_src == seq_id_dst:
+            return
+        n_dst = int(np.count_nonzero(self.cells.seq[:, seq_id_dst] | self.cells.range_mask(seq_id_src, p0, p1)))
+        if n_dst > self.n_ctx_seq:
+            raise MemoryOpError(f"seq_cp: seq_id {seq_id_dst} would hold {n_dst} cells, more than n_ctx_seq = "
+                                f"{self.n_ctx_seq}")
+        self.cells.cp(seq_id_src, seq_id_dst, p0, p1)
 
     def seq_keep(self, seq_id: int) -> None:
         self.check_seq(seq_id)
@@ -213,9 +252,14 @@ class KVCache(Memory):
         their positions (llama.cpp would move them too)."""
         self.check_seq(seq_id)
         self._check_shift("seq_add")
-        if delta != 0 and not (p0 >= 0 and p0 == p1):
-            self._unshare(seq_id, p0, p1)
-            self.cells.add(seq_id, p0, p1, delta)
+        if delta == 0 or (p0 >= 0 and p0 == p1):
+            return
+        moved = self.cells.pos[self.cells.range_mask(seq_id, p0, p1)]
+        if moved.size and int(moved.max()) + delta > POS_MAX:
+            raise MemoryOpError(f"seq_add: position {int(moved.max())} + {delta} is past the largest position "
+                                f"{POS_MAX}")
+        self._unshare(seq_id, p0, p1)
+        self.cells.add(seq_id, p0, p1, max(delta, -POS_MAX - 1))  # further down frees the same cells
 
     def seq_div(self, seq_id: int, p0: int, p1: int, d: int) -> None:
         self.check_seq(seq_id)
@@ -286,21 +330,19 @@ class KVCache(Memory):
                              f"{self.n_layer}x{self.n_embd_k_gqa}/{self.n_embd_v_gqa}")
         if n_cells > self.size:
             raise StateError(f"state holds {n_cells} cells, more than this context's n_ctx = {self.size}")
-        pos = r.array("<i4", n_cells, "positions").astype(np.int32)
-        if (pos < 0).any():
-            raise StateError(f"state has a negative position {int(pos.min())}")
+        pos = _read_positions(r, n_cells)
         seq = self._read_seq_sets(r, n_seq_bits, n_cells) if whole else None
-        if not whole and len(np.unique(pos)) != pos.size:
-            raise StateError("sequence state has duplicate positions")
-        k = r.array(self.k.dtype, n_layer * n_cells * self.k.shape[2], "K rows").reshape(n_layer, n_cells, -1)
-        v = r.array(self.v.dtype, n_layer * n_cells * self.v.shape[2], "V rows").reshape(n_layer, n_cells, -1)
+        k_row, v_row = self.k.shape[2], self.v.shape[2]
+        k = r.array(self.k.dtype, n_layer * n_cells * k_row, "K rows").reshape(n_layer, n_cells, k_row)
+        v = r.array(self.v.dtype, n_layer * n_cells * v_row, "V rows").reshape(n_layer, n_cells, v_row)
         return KVState(pos, seq, k, v)
 
     def _read_seq_sets(self, r: StateReader, n_seq_bits: int, n_cells: int) -> np.ndarray:
         if n_seq_bits < 1 or n_seq_bits > 256:
             raise StateError(f"state n_seq_max {n_seq_bits} is outside [1, 256]")
-        packed = r.array(np.uint8, n_cells * ((n_seq_bits + 7) // 8), "sequence sets")
-        bits = np.unpackbits(packed.reshape(n_cells, -1), axis=1)[:, :n_seq_bits].astype(bool)
+        n_bytes = (n_seq_bits + 7) // 8
+        packed = r.array(np.uint8, n_cells * n_bytes, "sequence sets").reshape(n_cells, n_bytes)
+        bits = np.unpackbits(packed, axis=1)[:, :n_seq_bits].astype(bool)  # (n_cells, n_seq_bits)
         if bits[:, self.n_seq_max :].any():
             raise StateError(f"state uses seq_id {int(np.flatnonzero(bits.any(0))[-1])}, this context has "
                              f"n_seq_max = {self.n_seq_max}")
@@ -311,10 +353,18 @@ class KVCache(Memory):
         return seq
 
     def state_check_fits(self, state: KVState, dest_seq_id: int | None) -> None:
-        """Raise StateError if `state` cannot be loaded (a sequence state needs its cells free or its own)."""
+        """Raise StateError if `state` cannot be loaded: a sequence would hold more than n_ctx_seq cells, or a
+        sequence state does not find its cells free (or its own)."""
         if dest_seq_id is None:
+            over = self._seq_over_limit(state.seq)
+            if over is not None:
+                raise StateError(f"state gives seq_id {over} {int(state.seq[:, over].sum())} cells, more than this "
+                                 f"context's n_ctx_seq = {self.n_ctx_seq}")
             return
         self.check_seq(dest_seq_id)
+        if state.pos.size > self.n_ctx_seq:
+            raise StateError(f"sequence state holds {state.pos.size} cells, more than this context's n_ctx_seq = "
+                             f"{self.n_ctx_seq}")
         available = self.cells.n_free + self.cells.n_only(dest_seq_id)
         if state.pos.size > available:
             raise StateError(f"sequence state needs {state.pos.size} cells, only {available} are free for "
@@ -334,3 +384,17 @@ class KVCache(Memory):
             self.cells.apply(idx, state.pos, [(dest_seq_id,)] * n)
         self.k[:, idx] = state.k
         self.v[:, idx] = state.v
+
+
+def _read_positions(r: StateReader, n_cells: int) -> np.ndarray:
+    """The cells' positions: >= 0 and in the order `state_write` writes them (by position). Duplicates (seq_div's
+    grouped positions) and gaps (seq_rm of a middle range) are states the cache reaches itself, so they load."""
+    pos = r.array("<i4", n_cells, "positions").astype(np.int32)  # (n_cells,)
+    if (pos < 0).any():
+        raise StateError(f"state has a negative position {int(pos.min())}")
+    back = np.flatnonzero(np.diff(pos) < 0)
+    if back.size:
+        i = int(back[0]) + 1
+        raise StateError(f"state cell {i} has position {int(pos[i])} after {int(pos[i - 1])}: cells must be in "
+                         f"position order, as state_write writes them")
+    return pos

@@ -47,6 +47,10 @@ class KVCells:
     def nbytes(self) -> int:
         return self.pos.nbytes + self.seq.nbytes + self.shift.nbytes
 
+    def n_seq(self, seq_id: int) -> int:
+        """Number of cells that hold `seq_id` (shared or not)."""
+        return int(np.count_nonzero(self.seq[:, seq_id]))
+
     def n_only(self, seq_id: int) -> int:
         """Number of cells that hold `seq_id` and no other sequence (what removing it would free)."""
         return int(np.count_nonzero(self.seq[:, seq_id] & (self.seq.sum(axis=1) == 1)))

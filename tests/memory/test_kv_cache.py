@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from llamactx.batch import Batch, BatchAllocator
-from llamactx.memory import KVCache, MemoryOpError
+from llamactx.memory import KVCache, KVCacheAllocError, MemoryOpError
 from llamactx.state_io import StateError, StateReader
 
 N_EMBD = 64
@@ -158,3 +158,108 @@ def test_shifting_a_shared_prefix_copies_it_first():
     full.seq_cp(0, 1)
     with pytest.raises(MemoryOpError, match="only 0 are free"):
         full.seq_add(0, 2, -1, -2)
+
+
+# -- hostile input (issue 12) ---------------------------------------------------------------------------------------
+
+
+def snapshot(kv: KVCache) -> tuple:
+    return kv.cells.pos.copy(), kv.cells.seq.copy(), kv.k.copy(), kv.v.copy()
+
+
+def assert_unchanged(kv: KVCache, before: tuple) -> None:
+    for a, b in zip(before, snapshot(kv), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_sequence_cannot_take_more_than_n_ctx_seq_cells():
+    # kv_unified=False: llama.cpp gives each sequence a stream of n_ctx_seq cells; one sequence could take them all
+    kv = KVCache(2, 16, 2, N_EMBD, N_EMBD, n_ctx_seq=8)
+    assert decode_stub(kv, [(0, 6)])
+    assert (kv.room(0), kv.room(1)) == (2, 8)
+    assert kv.can_fit(2, 0) and not kv.can_fit(3, 0) and kv.can_fit(8, 1)
+    before = snapshot(kv)
+    assert not decode_stub(kv, [(0, 3)])  # decode returns 1 (no slot): memory unchanged
+    assert not decode_stub(kv, [(1, 2), (0, 3)])
+    assert_unchanged(kv, before)
+    assert decode_stub(kv, [(0, 2), (1, 8)])
+    assert (kv.room(0), kv.room(1)) == (0, 0) and kv.used == 16
+
+
+def test_seq_cp_cannot_push_a_sequence_over_n_ctx_seq():
+    kv = KVCache(2, 16, 3, N_EMBD, N_EMBD, n_ctx_seq=8)
+    assert decode_stub(kv, [(0, 6), (1, 4)])
+    kv.seq_cp(0, 2)  # 6 shared cells: fine
+    before = snapshot(kv)
+    with pytest.raises(MemoryOpError, match="seq_cp: seq_id 1 would hold 10 cells, more than n_ctx_seq = 8"):
+        kv.seq_cp(0, 1)
+    assert_unchanged(kv, before)
+    kv.seq_cp(0, 1, 0, 4)  # four of them still fit
+    assert kv.cells.n_seq(1) == 8
+
+
+def test_states_over_n_ctx_seq_rejected():
+    src = cache(size=16)
+    assert decode_stub(src, [(0, 9)])
+    dst = KVCache(2, 16, 4, N_EMBD, N_EMBD, n_ctx_seq=8)
+    whole = dst.state_read(StateReader(src.state_write(None)), whole=True)
+    with pytest.raises(StateError, match="state gives seq_id 0 9 cells, more than this context's n_ctx_seq = 8"):
+        dst.state_check_fits(whole, None)
+    one = dst.state_read(StateReader(src.state_write(0)), whole=False)
+    with pytest.raises(StateError, match="sequence state holds 9 cells, more than this context's n_ctx_seq = 8"):
+        dst.state_check_fits(one, 1)
+
+
+def positions_offset(blob: bytes) -> int:
+    """Where the i32 positions start in a KV section."""
+    r = StateReader(blob)
+    r.string("type_k"), r.string("type_v"), r.take(20, "dimensions")
+    return r.off
+
+
+def test_positions_out_of_the_written_order_rejected():
+    src = cache()
+    assert decode_stub(src, [(0, 4)])
+    for seq_id, whole in ((None, True), (0, False)):
+        blob = bytearray(src.state_write(seq_id))
+        at = positions_offset(blob)
+        blob[at + 4 : at + 8] = (7).to_bytes(4, "little")  # positions 0 7 2 3
+        with pytest.raises(StateError, match="state cell 2 has position 2 after 7: cells must be in position order"):
+            cache().state_read(StateReader(bytes(blob)), whole=whole)
+
+
+def test_duplicate_and_gapped_positions_are_states_the_cache_reaches_itself():
+    # seq_div groups positions (self-extend) and seq_rm of a middle range leaves a gap: both round-trip
+    src = cache()
+    assert decode_stub(src, [(0, 6), (1, 6)])
+    src.seq_div(0, 0, -1, 2)  # sequence 0: 0 0 1 1 2 2
+    src.seq_rm(1, 2, 4)  # sequence 1: 0 1 4 5
+    for seq_id, whole, dest in ((None, True, None), (0, False, 2), (1, False, 3)):
+        dst = cache()
+        state = dst.state_read(StateReader(src.state_write(seq_id)), whole=whole)
+        dst.state_check_fits(state, dest)
+        dst.state_apply(state, dest)
+        for s_src, s_dst in ((0, 0), (1, 1)) if whole else ((seq_id, dest),):
+            assert (dst.cells.pos[dst.cells.seq_cells(s_dst)].tolist()
+                    == src.cells.pos[src.cells.seq_cells(s_src)].tolist())
+
+
+def test_seq_add_keeps_positions_inside_int32():
+    # positions are int32 (llama_pos): a shift past 2^31 - 1 wrapped around, one below -2^31 raised OverflowError
+    kv = cache()
+    assert decode_stub(kv, [(0, 4)])
+    before = snapshot(kv)
+    with pytest.raises(MemoryOpError, match=r"seq_add: position 3 \+ 2147483645 is past the largest position "
+                                            r"2147483647"):
+        kv.seq_add(0, 0, -1, 2**31 - 3)
+    assert_unchanged(kv, before)
+    kv.seq_add(0, 2, -1, -(2**40))  # far below 0: those cells are freed, as with any shift below 0
+    assert kv.cells.pos[kv.cells.seq_cells(0)].tolist() == [0, 1]
+
+
+def test_a_cache_too_big_to_allocate_says_how_big():
+    # 2^49 bytes: more than any 64-bit process can map, whatever the overcommit policy
+    with pytest.raises(KVCacheAllocError, match=r"1 layers x 1099511627776 cells of f32 K / f32 V = 1048576.0 GiB "
+                                                r"could not be allocated; use a smaller n_ctx") as err:
+        KVCache(1, 2**40, 1, 128, 128, "f32", "f32")
+    assert isinstance(err.value, MemoryError)
