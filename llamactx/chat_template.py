@@ -313,6 +313,8 @@ class ChatTemplate:
             raise ChatTemplateError(
                 f"chat template {self.name!r}: syntax error on line {e.lineno}: {e.message}"
             ) from e
+        except (RecursionError, MemoryError) as e:  # jinja2's parser recurses once per nesting level
+            raise ChatTemplateError(f"chat template {self.name!r}: nested too deeply to compile") from e
 
     @classmethod
     def from_model(cls, model: ChatModel, name: str | None = None) -> ChatTemplate:
