@@ -324,11 +324,11 @@ def run_quantize(args) -> int:
     if out_path.exists() and os.path.samefile(in_path, out_path):
         raise CommandError(f"quantize: input and output files are the same: '{inp}'")
     ftype = FILE_TYPES[type_name][0]
-    print(f"llamactx quantize: quantizing '{in_path}' to '{out_path}' as {type_name}", file=sys.stderr)
     with GGUFFile(in_path) as gguf:
         if "general.architecture" not in gguf.meta:
             raise CommandError(f"quantize: '{inp}' has no general.architecture: not a model file")
         plans = plan(gguf, opts)
+        print(f"llamactx quantize: quantizing '{in_path}' to '{out_path}' as {type_name}", file=sys.stderr)
         for note in sorted({f"{p.name}: {p.note}" for p in plans if p.note}):
             print(f"llamactx quantize: {note}; as llama-quantize --output-tensor-type q8_0", file=sys.stderr)
         size_in = sum(gguf.tensors[p.name].nbytes for p in plans)
