@@ -11,7 +11,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from tests.fuzz.harness import instrumented, main, scratch_file, write_input
+from tests.fuzz.harness import input_file, instrumented, main, scratch_file
 from tests.gguf.tiny_model import write_tiny_llama
 
 with instrumented():
@@ -57,17 +57,17 @@ def exercise(model: Model) -> None:
 
 
 def test_one_input(data: bytes) -> None:
-    path = write_input(INPUT, data)
-    try:
-        with GGUFFile(path) as f:
-            for name in f.tensors:
-                f.tensor_data(name)[:64].sum()
-    except GGUFError:
-        return
-    try:
-        model = Model.load(path)
-    except LlamactxError:
-        return
+    with input_file(INPUT, data) as path:
+        try:
+            with GGUFFile(path) as f:
+                for name in f.tensors:
+                    f.tensor_data(name)[:64].sum()
+        except GGUFError:
+            return
+        try:
+            model = Model.load(path)
+        except LlamactxError:
+            return
     try:
         exercise(model)
     except LlamactxError:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.fuzz.harness import instrumented, main, scratch_file, write_input
+from tests.fuzz.harness import input_file, instrumented, main, scratch_file
 from tests.gguf.tiny_model import write_tiny_llama
 
 with instrumented():
@@ -25,25 +25,24 @@ INPUT = scratch_file("state")
 
 
 def _setup() -> tuple[Context, bytes, dict[str, bytes]]:
-    tmp = Path(tempfile.mkdtemp(prefix="llamactx-fuzz-state-"))
-    model = Model.load(write_tiny_llama(tmp / "tiny.gguf", n_embd=32, n_ff=32, n_layer=2, n_head=2, n_head_kv=1))
-    ctx = Context(model, ContextParams(n_ctx=256, n_seq_max=2, n_batch=64, n_threads=1, n_threads_batch=1))
-    batch = Batch(12, n_seq_max=2)
-    for i, t in enumerate([1, 259, 260, 261, 262, 70, 71]):
-        batch.add(t, i, (0,), i == 6)
-    for i, t in enumerate([1, 100, 101, 102, 103]):
-        batch.add(t, i, (1,), i == 4)
-    if ctx.decode(batch) != 0:
-        raise RuntimeError("the fuzz context could not decode its seed state")
-    ctx.memory.seq_rm(1, 1, 2)  # a gap, as a real state may have
-    blob = ctx.state_get_data()
-    seqs = {"whole": blob, "seq": ctx.state_seq_get_data(1)}
-    for kind, seq_id in (("whole", None), ("seq", 1)):
-        path = tmp / f"{kind}.session"
-        tokens = [1, 259, 260] if seq_id is None else [1, 101, 102]
-        ctx.state_save_file(path, tokens) if seq_id is None else ctx.state_seq_save_file(path, seq_id, tokens)
-        seqs[f"{kind}-file"] = path.read_bytes()
-    seeds = {f"{k}.bin": bytes([KINDS.index(k)]) + data for k, data in seqs.items()}
+    with tempfile.TemporaryDirectory() as name:  # the model stays mapped once its file is gone
+        tmp = Path(name)
+        model = Model.load(write_tiny_llama(tmp / "tiny.gguf", n_embd=32, n_ff=32, n_layer=2, n_head=2, n_head_kv=1))
+        ctx = Context(model, ContextParams(n_ctx=256, n_seq_max=2, n_batch=64, n_threads=1, n_threads_batch=1))
+        batch = Batch(12, n_seq_max=2)
+        for i, t in enumerate([1, 259, 260, 261, 262, 70, 71]):
+            batch.add(t, i, (0,), i == 6)
+        for i, t in enumerate([1, 100, 101, 102, 103]):
+            batch.add(t, i, (1,), i == 4)
+        if ctx.decode(batch) != 0:
+            raise RuntimeError("the fuzz context could not decode its seed state")
+        ctx.memory.seq_rm(1, 1, 2)  # a gap, as a real state may have
+        blob = ctx.state_get_data()
+        blobs = {"whole": blob, "seq": ctx.state_seq_get_data(1)}
+        ctx.state_save_file(tmp / "whole.session", [1, 259, 260])
+        ctx.state_seq_save_file(tmp / "seq.session", 1, [1, 101, 102])
+        blobs.update({f"{kind}-file": (tmp / f"{kind}.session").read_bytes() for kind in ("whole", "seq")})
+    seeds = {f"{kind}.bin": bytes([KINDS.index(kind)]) + data for kind, data in blobs.items()}
     return ctx, blob, seeds
 
 
@@ -67,10 +66,12 @@ def load(kind: str, payload: bytes) -> None:
         CTX.state_set_data(payload)
     elif kind == "seq":
         CTX.state_seq_set_data(payload, 1)
-    elif kind == "whole-file":
-        CTX.state_load_file(write_input(INPUT, payload))
     else:
-        CTX.state_seq_load_file(write_input(INPUT, payload), 1)
+        with input_file(INPUT, payload) as path:
+            if kind == "whole-file":
+                CTX.state_load_file(path)
+            else:
+                CTX.state_seq_load_file(path, 1)
 
 
 def test_one_input(data: bytes) -> None:

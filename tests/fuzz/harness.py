@@ -22,7 +22,8 @@ import resource
 import sys
 import tempfile
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import atheris
@@ -55,16 +56,19 @@ def cap_address_space() -> None:
 
 
 def scratch_file(name: str) -> Path:
-    """A path for a target to write its input to (in RAM where /dev/shm exists)."""
+    """A path for a target to write its inputs to (in RAM where /dev/shm exists)."""
     root = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
     return root / f"llamactx-fuzz-{os.getpid()}-{name}"
 
 
-def write_input(path: Path, data: bytes) -> Path:
-    """Write `data` to a new file at `path`: unlinked first, so a map of the previous input stays valid."""
-    path.unlink(missing_ok=True)
+@contextmanager
+def input_file(path: Path, data: bytes) -> Iterator[Path]:
+    """`data` as the file at `path` while the block runs. A map of it (GGUFFile) stays valid after the unlink."""
     path.write_bytes(data)
-    return path
+    try:
+        yield path
+    finally:
+        path.unlink(missing_ok=True)
 
 
 def _crash_on_exception(test_one_input: Callable[[bytes], None], prefix: str) -> Callable[[bytes], None]:
@@ -86,16 +90,16 @@ def _crash_on_exception(test_one_input: Callable[[bytes], None], prefix: str) ->
 
 
 def main(test_one_input: Callable[[bytes], None], seeds: dict[str, bytes], argv: list[str] | None = None) -> None:
-    """Run libFuzzer on `test_one_input`. Without a corpus directory or input file in `argv`, a fresh corpus of
-    `seeds` is used. Defaults: -timeout=1, -rss_limit_mb = current RSS + 1 GiB, -print_final_stats=1."""
+    """Run libFuzzer on `test_one_input`. The corpus is the directories in `argv` (the first one, if empty, gets
+    `seeds`), or a temporary one of `seeds`; a file in `argv` is one input to run again. Defaults: -timeout=1,
+    -rss_limit_mb = current RSS + 1 GiB, -print_final_stats=1."""
     args = list(sys.argv if argv is None else argv)
     flags = [a for a in args[1:] if a.startswith("-")]
-    paths = [a for a in args[1:] if not a.startswith("-")]
-    if not paths:
-        corpus = Path(tempfile.mkdtemp(prefix="llamactx-fuzz-corpus-"))
+    paths = [a for a in args[1:] if not a.startswith("-")] or [tempfile.mkdtemp(prefix="llamactx-fuzz-corpus-")]
+    corpus = Path(paths[0])
+    if corpus.is_dir() and not any(corpus.iterdir()):
         for name, data in seeds.items():
             (corpus / name).write_bytes(data)
-        paths = [str(corpus)]
     defaults = {"-timeout": "1", "-rss_limit_mb": str(_status_kb("VmRSS") // 1024 + 1024), "-print_final_stats": "1"}
     given = {f.split("=", 1)[0] for f in flags}
     flags += [f"{k}={v}" for k, v in defaults.items() if k not in given]
