@@ -132,8 +132,8 @@ class _GenerationTag(Extension):
 
 # A template from a model file is untrusted code: its rendering is bounded in steps (lines of the compiled
 # template executed), time and output, so a nested loop or a runaway macro ends with a ChatTemplateError.
-MAX_RENDER_STEPS = 2_000_000
-MAX_RENDER_SECONDS = 2.0
+MAX_RENDER_STEPS = 1_000_000
+MAX_RENDER_SECONDS = 0.5
 MIN_OUTPUT_CHARS = 1 << 20  # plus 4x the messages' own text
 MAX_EXPONENT = 4096
 

@@ -65,15 +65,16 @@ class PrefixCache:
         prompt = seq.tokens
         limit = len(prompt) - 1
         slot = self._choose(prompt, id_slot)
-        n_keep = min(common_prefix(prompt, slot.tokens), limit) if cache_prompt else 0
+        n_keep = self._reusable(prompt, slot.tokens, limit) if cache_prompt else 0
         donor, n_shared = self._donor(prompt, slot, limit) if cache_prompt else (None, 0)
         mem = self.memory
         if donor is not None and n_shared >= max(n_keep + 1, MIN_SHARED):
             mem.seq_rm(slot.seq_id)
             mem.seq_cp(donor.seq_id, slot.seq_id, 0, n_shared)
             n_keep = n_shared
-        else:
-            mem.seq_rm(slot.seq_id, n_keep, -1)
+        elif not mem.seq_rm(slot.seq_id, n_keep, -1):  # a memory that cannot drop only a suffix: start over
+            mem.seq_rm(slot.seq_id)
+            n_keep = 0
         slot.tokens = []
         slot.holder = seq
         seq.seq_id = slot.seq_id
@@ -96,10 +97,18 @@ class PrefixCache:
         for other in self.slots:
             if other is slot:
                 continue
-            n = min(common_prefix(prompt, other.held), limit)
+            n = self._reusable(prompt, other.held, limit)
             if n > n_best:
                 best, n_best = other, n
         return best, n_best
+
+    def _reusable(self, prompt: Seq[int], held: Seq[int], limit: int) -> int:
+        """How much of `held` a request for `prompt` can reuse: the common prefix (at most `limit`), or, for a
+        memory without partial prefixes (a recurrent state), all of `held` or nothing."""
+        n = min(common_prefix(prompt, held), limit)
+        if not self.memory.partial_prefix and n < len(held):
+            return 0
+        return n
 
     def release(self, seq: Sequence, keep: bool = True) -> None:
         """`seq` leaves its slot; with `keep`, what it decoded stays in memory as the slot's idle cache."""

@@ -27,6 +27,10 @@ class Memory(ABC):
     """Per-sequence memory of a context. Sequence operations never touch the model's weights."""
 
     n_seq_max: int
+    # Whether a sequence's first n positions can be kept (seq_rm of the rest) or shared (seq_cp of [0, n)) without
+    # the others: True for KV caches; False for a recurrent state, which only exists for the whole sequence. The
+    # engine's prompt cache reuses only whole cached sequences when it is False.
+    partial_prefix: bool = True
 
     def check_seq(self, seq_id: int, allow_all: bool = False) -> None:
         """Raise MemoryOpError unless 0 <= seq_id < n_seq_max (or seq_id = -1, "every sequence", with allow_all)."""
