@@ -8,10 +8,13 @@ its own resolved copy (`ctx.params`); changing the caller's object afterwards ch
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+
+import numpy as np
 
 from llamactx.errors import LlamactxError
 from llamactx.hparams import HParams
@@ -129,6 +132,51 @@ def _check_int(name: str, value: object, lo: int, hi: int) -> None:
         raise ContextParamsError(f"{name} = {value} is outside [{lo}, {hi}]")
 
 
+def _yarn_attn_factor(attn_factor: float, ext_factor: float, freq_scale: float, log_mul: float,
+                      rope_attn_factor: float) -> float:
+    """llama_context's YaRN magnitude correction, in float32 with libm's logf and fmaf as GCC compiles it:
+    get_mscale(factor) (or its log-multiplier ratio), divided by the 1 + 0.1 ln(factor) that ggml's rope_yarn
+    multiplies back in, times the model's rope attn_factor."""
+    if ext_factor != 0.0:
+        libm = _libm()
+        factor = libm.f32(1.0 / libm.f32(freq_scale))
+
+        def mscale(m: float) -> float:
+            return 1.0 if factor <= 1.0 else libm.fmaf(libm.f32(0.1 * m), libm.logf(factor), 1.0)
+
+        attn_factor = libm.f32(mscale(1.0) / mscale(log_mul)) if log_mul != 0.0 else mscale(1.0)
+        attn_factor = libm.f32(attn_factor * libm.f32(1.0 / libm.fmaf(0.1, libm.logf(factor), 1.0)))
+    return float(np.float32(attn_factor) * np.float32(rope_attn_factor))
+
+
+class _Libm:
+    """logf / fmaf from the C library (the functions llama.cpp calls), and float32 rounding."""
+
+    def __init__(self):
+        import ctypes
+        import ctypes.util
+
+        lib = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+        self._logf, self._fmaf = lib.logf, lib.fmaf
+        self._logf.restype, self._logf.argtypes = ctypes.c_float, [ctypes.c_float]
+        self._fmaf.restype, self._fmaf.argtypes = ctypes.c_float, [ctypes.c_float] * 3
+
+    @staticmethod
+    def f32(x: float) -> float:
+        return float(np.float32(x))
+
+    def logf(self, x: float) -> float:
+        return float(self._logf(x))
+
+    def fmaf(self, a: float, b: float, c: float) -> float:
+        return float(self._fmaf(a, b, c))
+
+
+@functools.lru_cache(maxsize=1)
+def _libm() -> _Libm:
+    return _Libm()
+
+
 def _pad(n: int, multiple: int) -> int:
     return (n + multiple - 1) // multiple * multiple
 
@@ -146,8 +194,14 @@ def _resolve(p: ContextParams, hp: HParams, flash: str) -> ResolvedParams:
     n_batch = min(n_ctx, p.n_batch) if causal else p.n_batch
     n_ubatch = min(n_batch, p.n_ubatch or n_batch)
     scaling = hp.rope_scaling_type if p.rope_scaling_type == "unspecified" else p.rope_scaling_type
-    if scaling not in ("none", "linear"):
-        raise ContextParamsError(f"rope_scaling_type = {scaling!r} is not supported yet (supported: none, linear)")
+    if scaling not in ("none", "linear", "yarn"):
+        raise ContextParamsError(f"rope_scaling_type = {scaling!r} is not supported (supported: none, linear, yarn)")
+    freq_scale = 1.0 if scaling == "none" else (p.rope_freq_scale or hp.rope_freq_scale)
+    ext_factor = p.yarn_ext_factor if p.yarn_ext_factor >= 0 else hp.yarn_ext_factor
+    if ext_factor < 0:  # not set: on exactly for YaRN
+        ext_factor = 1.0 if scaling == "yarn" else 0.0
+    attn_factor = _yarn_attn_factor(p.yarn_attn_factor if p.yarn_attn_factor >= 0 else hp.yarn_attn_factor,
+                                    ext_factor, freq_scale, hp.rope_yarn_log_mul, hp.rope_attn_factor)
     # A quantized V cache needs flash attention in llama.cpp; "auto" picks it exactly then (see attention ops).
     flash_attn = flash == "enabled" or (flash == "auto" and p.type_v not in ("f16", "f32"))
     if flash == "disabled" and p.type_v not in ("f16", "f32"):
@@ -161,11 +215,11 @@ def _resolve(p: ContextParams, hp: HParams, flash: str) -> ResolvedParams:
         n_threads=p.n_threads,
         n_threads_batch=p.n_threads_batch,
         rope_freq_base=p.rope_freq_base or hp.rope_freq_base,
-        rope_freq_scale=p.rope_freq_scale or hp.rope_freq_scale,
-        yarn_ext_factor=0.0 if p.yarn_ext_factor < 0 else p.yarn_ext_factor,
-        yarn_attn_factor=1.0 if p.yarn_attn_factor < 0 else p.yarn_attn_factor,
-        yarn_beta_fast=32.0 if p.yarn_beta_fast < 0 else p.yarn_beta_fast,
-        yarn_beta_slow=1.0 if p.yarn_beta_slow < 0 else p.yarn_beta_slow,
+        rope_freq_scale=freq_scale,
+        yarn_ext_factor=ext_factor,
+        yarn_attn_factor=attn_factor,
+        yarn_beta_fast=p.yarn_beta_fast if p.yarn_beta_fast >= 0 else hp.yarn_beta_fast,
+        yarn_beta_slow=p.yarn_beta_slow if p.yarn_beta_slow >= 0 else hp.yarn_beta_slow,
         n_ctx_orig_yarn=p.yarn_orig_ctx or hp.n_ctx_orig_yarn,
         rope_scaling_type=scaling,
         pooling_type="none" if p.pooling_type == "unspecified" else p.pooling_type,

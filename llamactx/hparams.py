@@ -17,7 +17,7 @@ SUPPORTED_ARCHS = ("llama", "gemma3")
 # llama_rope_type (include/llama.h): NORM rotates adjacent pairs, NEOX rotates the two halves of each head.
 ROPE_TYPE_NORM = 0
 ROPE_TYPE_NEOX = 2
-ROPE_TYPES = {"llama": ROPE_TYPE_NORM, "gemma3": ROPE_TYPE_NEOX}
+ROPE_TYPES = {"llama": ROPE_TYPE_NORM, "gemma3": ROPE_TYPE_NEOX, "qwen2": ROPE_TYPE_NEOX, "qwen3": ROPE_TYPE_NEOX}
 ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")  # llama_rope_scaling_type_from_string
 
 LLAMA_MAX_LAYERS = 512  # src/llama-hparams.h: load_hparams asserts 0 < n_layer <= LLAMA_MAX_LAYERS
@@ -53,6 +53,12 @@ class HParams:
     rope_freq_scale: float  # rope_freq_scale_train (1 / rope.scaling.factor)
     rope_scaling_type: str  # "none" | "linear" | "yarn" | "longrope"
     n_ctx_orig_yarn: int
+    rope_attn_factor: float  # rope.scaling.attn_factor (1.0)
+    rope_yarn_log_mul: float  # rope.scaling.yarn_log_multiplier (0.0; deepseek2-style models)
+    yarn_ext_factor: float  # llama_hparams defaults: -1 (not set), 1, 32, 1
+    yarn_attn_factor: float
+    yarn_beta_fast: float
+    yarn_beta_slow: float
     f_norm_rms_eps: float
     n_swa: int  # sliding window size; 0 = no sliding window
     swa_layers: tuple[bool, ...]  # is_swa(il) for each layer
@@ -207,6 +213,12 @@ def load_hparams(meta: dict[str, object], n_params: int = 0) -> HParams:
         rope_freq_scale=1.0 if scale_factor == 0.0 else 1.0 / scale_factor,
         rope_scaling_type=scaling_type,
         n_ctx_orig_yarn=m.count("rope.scaling.original_context_length", n_ctx_train, lo=0),
+        rope_attn_factor=m.real("rope.scaling.attn_factor", 1.0),
+        rope_yarn_log_mul=m.real("rope.scaling.yarn_log_multiplier", 0.0, zero_ok=True),
+        yarn_ext_factor=-1.0,
+        yarn_attn_factor=1.0,
+        yarn_beta_fast=32.0,
+        yarn_beta_slow=1.0,
         f_norm_rms_eps=m.real("attention.layer_norm_rms_epsilon"),
         n_swa=n_swa,
         swa_layers=_swa_pattern(m, n_layer, n_swa),
