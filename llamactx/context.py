@@ -68,7 +68,7 @@ class Context:
                               p.type_k, p.type_v, can_shift=True, n_ctx_seq=p.n_ctx_seq)
         self.ops = ops if ops is not None else _fast_ops(model)
         self._arch = arch_module(model.arch)
-        self._rope = rope_config(hp, p)
+        self._rope = rope_config(hp, p, model.tensors.get("rope_freqs.weight"))
         self._balloc = BatchAllocator(hp.n_vocab, hp.n_embd, p.n_seq_max, p.n_batch)
         self._lock = threading.Lock()
         self._closed = False

@@ -8,7 +8,6 @@ its own resolved copy (`ctx.params`); changing the caller's object afterwards ch
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import os
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from llamactx.errors import LlamactxError
+from llamactx.ggml.libm import libm as ggml_libm
 from llamactx.hparams import HParams
 
 LLAMA_MAX_SEQ = 256
@@ -138,7 +138,7 @@ def _yarn_attn_factor(attn_factor: float, ext_factor: float, freq_scale: float, 
     get_mscale(factor) (or its log-multiplier ratio), divided by the 1 + 0.1 ln(factor) that ggml's rope_yarn
     multiplies back in, times the model's rope attn_factor."""
     if ext_factor != 0.0:
-        libm = _libm()
+        libm = ggml_libm()
         factor = libm.f32(1.0 / libm.f32(freq_scale))
 
         def mscale(m: float) -> float:
@@ -147,34 +147,6 @@ def _yarn_attn_factor(attn_factor: float, ext_factor: float, freq_scale: float, 
         attn_factor = libm.f32(mscale(1.0) / mscale(log_mul)) if log_mul != 0.0 else mscale(1.0)
         attn_factor = libm.f32(attn_factor * libm.f32(1.0 / libm.fmaf(0.1, libm.logf(factor), 1.0)))
     return float(np.float32(attn_factor) * np.float32(rope_attn_factor))
-
-
-class _Libm:
-    """logf / fmaf from the C library (the functions llama.cpp calls), and float32 rounding."""
-
-    def __init__(self):
-        import ctypes
-        import ctypes.util
-
-        lib = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
-        self._logf, self._fmaf = lib.logf, lib.fmaf
-        self._logf.restype, self._logf.argtypes = ctypes.c_float, [ctypes.c_float]
-        self._fmaf.restype, self._fmaf.argtypes = ctypes.c_float, [ctypes.c_float] * 3
-
-    @staticmethod
-    def f32(x: float) -> float:
-        return float(np.float32(x))
-
-    def logf(self, x: float) -> float:
-        return float(self._logf(x))
-
-    def fmaf(self, a: float, b: float, c: float) -> float:
-        return float(self._fmaf(a, b, c))
-
-
-@functools.lru_cache(maxsize=1)
-def _libm() -> _Libm:
-    return _Libm()
 
 
 def _pad(n: int, multiple: int) -> int:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from llamactx.errors import LlamactxError
 
-SUPPORTED_ARCHS = ("llama", "gemma3")
+SUPPORTED_ARCHS = ("llama", "gemma3", "qwen2", "qwen3")
 
 # llama_rope_type (include/llama.h): NORM rotates adjacent pairs, NEOX rotates the two halves of each head.
 ROPE_TYPE_NORM = 0

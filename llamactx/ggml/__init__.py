@@ -8,6 +8,7 @@
     quants_cpu.py   the activation / KV-cache quantizers (`from_float`) as built for x86
     inputs.py       RopeParams, VisibleCells: the plain-data inputs the graph builds (numpy only)
     intrinsics.py   the scalar LLVM intrinsics the numba code shares (fma, f16 <-> f32, bit casts)
+    libm.py         libm's logf / fmaf for the scalars computed outside kernels (YaRN factors)
     kernels/        the fast numba kernels (FastOps, the default ops): the same bits, much faster
 
 Nothing here is imported by `import llamactx`; the kernels compile (or load numba's cache) on first use.

@@ -21,6 +21,7 @@ class RopeParams:
     beta_fast: float = 32.0
     beta_slow: float = 1.0
     n_ctx_orig: int = 0
+    freq_factors: np.ndarray | None = None  # (n_rot/2,) float32: rope_freqs.weight (Llama 3), divides theta
 
 
 @dataclass(frozen=True, slots=True)

@@ -101,10 +101,8 @@ class ReferenceOps:
     @staticmethod
     def rope_cache(pos: np.ndarray, rp: RopeParams) -> tuple[np.ndarray, np.ndarray]:
         """cos/sin of every (position, pair) as ggml_rope_cache_init: theta multiplied by theta_scale one pair at a
-        time in float32, libm cosf / sinf. -> two (n, n_rot/2) float32 arrays"""
-        if rp.ext_factor != 0.0:
-            raise NotImplementedError("YaRN (ext_factor != 0) is not implemented")
-        return ggml_vec.rope_cache(pos, rp.n_rot, rp.freq_base, rp.freq_scale, rp.attn_factor)
+        time in float32, frequency factors and YaRN as rope_yarn, libm cosf / sinf. -> two (n, n_rot/2) float32"""
+        return ggml_vec.rope_cache(pos, rp)
 
     def rope(self, x: np.ndarray, pos: np.ndarray, rp: RopeParams) -> np.ndarray:
         """ggml_rope_ext on (n, n_head, head_dim) float32. NORM rotates adjacent pairs (x[2i], x[2i+1]); NEOX

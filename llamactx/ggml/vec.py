@@ -20,6 +20,7 @@ import numba
 import numpy as np
 
 from llamactx.ggml.intrinsics import fma32, pow2_f64
+from llamactx.ggml.libm import libm
 
 _F32 = np.float32
 
@@ -204,13 +205,21 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
 
 
 @numba.njit(cache=True)
-def _rope_cache(pos, n_half, theta_scale, freq_scale, mscale, cos, sin):  # pragma: no cover - compiled
+def _rope_cache(pos, n_half, theta_scale, freq_scale, mscale, freq_factors, corr0, corr1, ext_factor, yarn_mscale,
+                cos, sin):  # pragma: no cover - compiled
     for t in range(pos.shape[0]):
         theta = _F32(pos[t])
         for i in range(n_half):
-            th = freq_scale * theta
-            cos[t, i] = math.cos(th) * mscale
-            sin[t, i] = math.sin(th) * mscale
+            theta_extrap = theta / freq_factors[i]
+            th = freq_scale * theta_extrap  # theta_interp
+            ms = mscale
+            if ext_factor != 0.0:  # rope_yarn: ramp between interpolation and extrapolation
+                y = (_F32(i) - corr0) / max(_F32(0.001), corr1 - corr0)
+                ramp_mix = (_F32(1.0) - min(_F32(1.0), max(_F32(0.0), y))) * ext_factor
+                th = fma32(th, _F32(1.0) - ramp_mix, theta_extrap * ramp_mix)
+                ms = mscale * yarn_mscale
+            cos[t, i] = math.cos(th) * ms
+            sin[t, i] = math.sin(th) * ms
             theta = theta * theta_scale
 
 
@@ -219,25 +228,38 @@ def _powf(a, b):  # pragma: no cover - compiled
     return math.pow(a, b)
 
 
-def rope_cache(
-    pos: np.ndarray, n_rot: int, freq_base: float, freq_scale: float, attn_factor: float
-) -> tuple[np.ndarray, np.ndarray]:
-    """`ggml_rope_cache_init` without YaRN: theta_scale = powf(base, -2/n_rot); theta starts at the position
-    and is multiplied by theta_scale pair by pair in float; cosf/sinf from libm, times attn_factor.
-    -> cos, sin: (n, n_rot/2) float32"""
-    theta_scale = _powf(_F32(freq_base), _F32(-2.0) / _F32(n_rot))
-    cos = np.empty((len(pos), n_rot // 2), np.float32)  # (n, n_rot/2)
+def rope_cache(pos: np.ndarray, rp) -> tuple[np.ndarray, np.ndarray]:
+    """`ggml_rope_cache_init` + `rope_yarn` for one layer's RopeParams: theta_scale = powf(base, -2/n_rot); theta
+    starts at the position and is multiplied by theta_scale pair by pair in float, divided by the pair's frequency
+    factor (Llama 3's rope_freqs); with YaRN (ext_factor != 0) mixed between interpolation and extrapolation by
+    the ramp over ggml_rope_yarn_corr_dims, magnitude times 1 + 0.1 logf(1/freq_scale); cosf/sinf from libm,
+    times attn_factor. -> cos, sin: (n, n_rot/2) float32"""
+    n_half = rp.n_rot // 2
+    theta_scale = _powf(_F32(rp.freq_base), _F32(-2.0) / _F32(rp.n_rot))
+    ff = np.ones(n_half, np.float32) if rp.freq_factors is None else np.asarray(rp.freq_factors, np.float32)
+    corr0, corr1, yarn_mscale = 0.0, 0.0, 1.0
+    if rp.ext_factor != 0.0:
+        corr0, corr1 = yarn_corr_dims(rp.n_rot, rp.n_ctx_orig, rp.freq_base, rp.beta_fast, rp.beta_slow)
+        yarn_mscale = libm().fmaf(0.1, libm().logf(float(_F32(1.0) / _F32(rp.freq_scale))), 1.0)
+    cos = np.empty((len(pos), n_half), np.float32)  # (n, n_rot/2)
     sin = np.empty_like(cos)
-    _rope_cache(
-        np.ascontiguousarray(pos, np.int64),
-        n_rot // 2,
-        _F32(theta_scale),
-        _F32(freq_scale),
-        _F32(attn_factor),
-        cos,
-        sin,
-    )
+    _rope_cache(np.ascontiguousarray(pos, np.int64), n_half, _F32(theta_scale), _F32(rp.freq_scale),
+                _F32(rp.attn_factor), ff, _F32(corr0), _F32(corr1), _F32(rp.ext_factor), _F32(yarn_mscale), cos, sin)
     return cos, sin
+
+
+def yarn_corr_dims(n_dims: int, n_ctx_orig: int, freq_base: float, beta_fast: float,
+                   beta_slow: float) -> tuple[float, float]:
+    """ggml_rope_yarn_corr_dims in float32 with libm's logf: the first and last pair the YaRN ramp mixes over."""
+    f32 = np.float32
+
+    def corr_dim(n_rot: float) -> float:
+        x = f32(n_ctx_orig) / (f32(n_rot) * f32(2) * f32(math.pi))
+        return float(f32(n_dims) * f32(libm().logf(float(x))) / (f32(2) * f32(libm().logf(float(f32(freq_base))))))
+
+    start = math.floor(corr_dim(beta_fast))
+    end = math.ceil(corr_dim(beta_slow))
+    return float(max(0, start)), float(min(n_dims - 1, end))
 
 
 @numba.njit(parallel=True, cache=True)

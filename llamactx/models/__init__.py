@@ -7,7 +7,7 @@ from types import ModuleType
 from llamactx.hparams import HParams
 from llamactx.models import gemma3, llama
 
-ARCHITECTURES: dict[str, ModuleType] = {"llama": llama, "gemma3": gemma3}
+ARCHITECTURES: dict[str, ModuleType] = {"llama": llama, "qwen2": llama, "qwen3": llama, "gemma3": gemma3}
 
 
 def arch_module(arch: str) -> ModuleType:

@@ -38,9 +38,10 @@ class RopeConfig:
         return self.swa if is_swa else self.full
 
 
-def rope_config(hp, cparams) -> RopeConfig:
-    """RoPE parameters of full and sliding-window layers (llama_model::get_rope_freq_base / _scale)."""
-    common = dict(n_rot=hp.n_rot, mode=hp.rope_type, ext_factor=cparams.yarn_ext_factor,
+def rope_config(hp, cparams, freq_factors: np.ndarray | None = None) -> RopeConfig:
+    """RoPE parameters of full and sliding-window layers (llama_model::get_rope_freq_base / _scale); freq_factors:
+    the model's rope_freqs.weight (n_rot/2,), if any (build_rope_factors)."""
+    common = dict(n_rot=hp.n_rot, mode=hp.rope_type, ext_factor=cparams.yarn_ext_factor, freq_factors=freq_factors,
                   attn_factor=cparams.yarn_attn_factor, beta_fast=cparams.yarn_beta_fast,
                   beta_slow=cparams.yarn_beta_slow, n_ctx_orig=cparams.n_ctx_orig_yarn)
     full = RopeParams(freq_base=cparams.rope_freq_base, freq_scale=cparams.rope_freq_scale, **common)

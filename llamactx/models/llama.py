@@ -1,4 +1,6 @@
-"""The `llama` architecture (SmolLM2, Llama 2/3, Mistral and llama-style variants): src/models/llama.cpp."""
+"""The `llama` architecture (SmolLM2, Llama 2/3, Mistral and llama-style variants): src/models/llama.cpp, and the
+two Qwen variants that differ from it only in optional tensors: `qwen2` (q/k/v biases, src/models/qwen2.cpp) and
+`qwen3` (RMS-normed q and k per head before RoPE, src/models/qwen3.cpp); both rotate NEOX-style (hparams)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,9 @@ def tensor_shapes(hp: HParams) -> dict[str, tuple[tuple[int, ...], bool]]:
         "token_embd.weight": ((hp.n_embd, hp.n_vocab), True),
         "output_norm.weight": ((hp.n_embd,), True),
         "output.weight": ((hp.n_embd, hp.n_vocab), False),
+        "rope_freqs.weight": ((hp.n_rot // 2,), False),  # Llama 3.1's frequency factors
     }
+    qk_norm = hp.arch == "qwen3"
     n_q = hp.n_embd_head_k * hp.n_head
     for il in range(hp.n_layer):
         b = f"blk.{il}."
@@ -31,6 +35,8 @@ def tensor_shapes(hp: HParams) -> dict[str, tuple[tuple[int, ...], bool]]:
             b + "attn_k.bias": ((hp.n_embd_k_gqa,), False),
             b + "attn_v.bias": ((hp.n_embd_v_gqa,), False),
             b + "attn_output.bias": ((hp.n_embd,), False),
+            b + "attn_q_norm.weight": ((hp.n_embd_head_k,), qk_norm),
+            b + "attn_k_norm.weight": ((hp.n_embd_head_k,), qk_norm),
             b + "ffn_norm.weight": ((hp.n_embd,), True),
             b + "ffn_gate.weight": ((hp.n_embd, hp.n_ff), True),
             b + "ffn_up.weight": ((hp.n_embd, hp.n_ff), True),
@@ -71,6 +77,9 @@ def forward(model, ops, token: np.ndarray | None, embd: np.ndarray | None, pos: 
         q = q.reshape(n, hp.n_head, hp.n_embd_head_k)
         k = k.reshape(n, hp.n_head_kv, hp.n_embd_head_k)
         v = v.reshape(n, hp.n_head_kv, hp.n_embd_head_v)
+        if b + "attn_q_norm.weight" in model.tensors:  # qwen3
+            q = ops.rms_norm(q, model.tensors[b + "attn_q_norm.weight"], hp.f_norm_rms_eps)
+            k = ops.rms_norm(k, model.tensors[b + "attn_k_norm.weight"], hp.f_norm_rms_eps)
         rp = rope.for_layer(False)
         q = ops.rope(q, pos, rp)
         k = ops.rope(k, pos, rp)
