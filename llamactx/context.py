@@ -1,6 +1,7 @@
 """Context: one stateful session over a shared, read-only model (`llama_context`, src/llama-context.*).
 
-A context owns its resolved parameters, its memory (the KV cache), the compute ops and its output buffers.
+A context owns its resolved parameters, its memory (the KV cache), the compute ops, its output buffers and the
+LoRA adapters applied to its forward passes (`set_adapters_lora`; the model and the adapters stay shared, read-only).
 `decode(batch)` validates the batch, splits it into ubatches, places each in the KV cache, runs the architecture's
 forward pass and keeps the outputs the batch asked for. Any failure leaves the memory as it was.
 """
@@ -17,6 +18,7 @@ import numpy as np
 
 from llamactx.batch import AllocatedBatch, Batch, BatchAllocator, DecodeError, UBatch
 from llamactx.cparams import ContextParams, ResolvedParams
+from llamactx.lora import AdaptedModel, LoraAdapter, LoraError
 from llamactx.memory.kv_cache import KVCache, Placement
 from llamactx.model import Model
 from llamactx.models import arch_module
@@ -69,6 +71,8 @@ class Context:
         self.ops = ops if ops is not None else _fast_ops(model)
         self._arch = arch_module(model.arch)
         self._rope = rope_config(hp, p, model.tensors.get("rope_freqs.weight"))
+        self._loras: tuple[tuple[LoraAdapter, float], ...] = ()  # (adapter, user scale), in the order set
+        self._forward_model = model  # the model, or an AdaptedModel while adapters are set
         self._balloc = BatchAllocator(hp.n_vocab, hp.n_embd, p.n_seq_max, p.n_batch)
         self._lock = threading.Lock()
         self._closed = False
@@ -146,7 +150,7 @@ class Context:
         return logits, embd
 
     def _forward(self, ub: UBatch, attn, out_ids: np.ndarray, want_logits: bool):
-        return self._arch.forward(self.model, self.ops, ub.token, ub.embd, ub.pos, attn, self._rope, out_ids,
+        return self._arch.forward(self._forward_model, self.ops, ub.token, ub.embd, ub.pos, attn, self._rope, out_ids,
                                   want_logits)
 
     def _rope_shift(self, rows: np.ndarray, shift: np.ndarray, il: int) -> np.ndarray:
@@ -162,6 +166,52 @@ class Context:
     def _aborted(self) -> bool:
         cb = self.params.abort_callback
         return bool(cb is not None and cb())
+
+    # -- LoRA adapters --------------------------------------------------------------------------------------------
+
+    def set_adapters_lora(self, adapters, scales) -> None:
+        """Apply exactly these adapters at these scales to the next decodes (llama_set_adapters_lora): adapters
+        with scale 0 are dropped; an empty list removes all. Other contexts of the model are not affected. Raises
+        LoraError (nothing changed) for an adapter of another model, a repeated adapter, or a scale that is not a
+        finite number."""
+        adapters, scales = list(adapters), [float(s) for s in scales]
+        if len(adapters) != len(scales):
+            raise LoraError(f"set_adapters_lora: {len(adapters)} adapters but {len(scales)} scales")
+        for adapter, scale in zip(adapters, scales, strict=True):
+            if adapter.model is not self.model:
+                raise LoraError(f"adapter {adapter.path.name!r} was loaded for {adapter.model!r}, not this "
+                                f"context's {self.model!r}")
+            if not np.isfinite(scale):
+                raise LoraError(f"adapter {adapter.path.name!r}: scale {scale} is not a finite number")
+        if len(set(map(id, adapters))) != len(adapters):
+            raise LoraError("set_adapters_lora: an adapter is given twice")
+        loras = tuple((a, s) for a, s in zip(adapters, scales, strict=True) if s != 0.0)
+        with self._lock:
+            self._loras = loras
+            self._forward_model = AdaptedModel(self.model, loras) if loras else self.model
+
+    def set_adapter_lora(self, adapter: LoraAdapter, scale: float = 1.0) -> None:
+        """Add `adapter` at `scale`, or change its scale (llama.cpp's older llama_set_adapter_lora)."""
+        current = dict((id(a), (a, s)) for a, s in self._loras)
+        current[id(adapter)] = (adapter, scale)
+        self.set_adapters_lora([a for a, _ in current.values()], [s for _, s in current.values()])
+
+    def rm_adapter_lora(self, adapter: LoraAdapter) -> bool:
+        """Stop applying `adapter` (llama_rm_adapter_lora); False if it was not applied."""
+        rest = [(a, s) for a, s in self._loras if a is not adapter]
+        if len(rest) == len(self._loras):
+            return False
+        self.set_adapters_lora([a for a, _ in rest], [s for _, s in rest])
+        return True
+
+    def clear_adapter_lora(self) -> None:
+        """Remove every adapter from this context (llama_clear_adapter_lora)."""
+        self.set_adapters_lora([], [])
+
+    @property
+    def adapters_lora(self) -> tuple[tuple[LoraAdapter, float], ...]:
+        """The (adapter, scale) pairs applied, in the order they were set."""
+        return self._loras
 
     # -- outputs ------------------------------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from llamactx.ggml.vecdot import EXACT_TYPES, FLOAT_TYPES, matmul_exact, matmul_
 from llamactx.ggml.vecdot_k import is_exact_k, matmul_k
 from llamactx.gguf.quants import dequantize
 from llamactx.hparams import ROPE_TYPE_NEOX
+from llamactx.lora import AdaptedWeight, is_adapted, lora_matmuls
 
 
 class ReferenceOps:
@@ -48,7 +49,10 @@ class ReferenceOps:
         (Q8_0 / Q8_1 / Q8_K, or f16), as ggml-cpu does before its dot products. The 32-block types, F32 / F16
         (llamactx.ggml.vecdot) and Q4_K / Q6_K (llamactx.ggml.vecdot_k) follow the x86 kernel llama.cpp runs for this
         shape bit for bit; the others multiply in float64 and round, so a row's result never depends on the
-        other rows of the batch. (n, ne0) -> (n, ne1)"""
+        other rows of the batch. A weight with a context's LoRA adapters is an `AdaptedWeight` (llamactx.lora).
+        (n, ne0) -> (n, ne1)"""
+        if isinstance(weight, AdaptedWeight):
+            return lora_matmuls(self, x, [weight])[0]
         if x.shape[0] == 0:  # an ubatch without outputs reaches the last FFN with no rows
             return np.zeros((0, weight.n_rows), np.float32)
         if weight.ggml_type in EXACT_TYPES:
@@ -64,6 +68,8 @@ class ReferenceOps:
     def matmuls(self, x: np.ndarray, weights) -> list[np.ndarray]:
         """`matmul` of one input with several weights (Q, K, V; gate, up): separate ggml_mul_mat calls in
         llama.cpp, so a backend may run them as one as long as every output keeps its bits. -> [(n, ne1_i)]"""
+        if is_adapted(weights):
+            return lora_matmuls(self, x, weights)
         return [self.matmul(x, w) for w in weights]
 
     @staticmethod

@@ -17,6 +17,7 @@ from llamactx.ggml.kernels.repack import can_pack, pack_weight, pack_weights
 from llamactx.ggml.ops import ReferenceOps
 from llamactx.ggml.vecdot import EXACT_TYPES
 from llamactx.ggml.vecdot_k import is_exact_k
+from llamactx.lora import AdaptedWeight, is_adapted, lora_matmuls
 
 _Q8_0 = int(T.Q8_0)
 _KERNEL_EXACT = frozenset(int(t) for t in EXACT_TYPES)  # 32-block types: bit-identical to ggml in the kernels
@@ -44,6 +45,8 @@ class FastOps(ReferenceOps):
     def matmul(self, x: np.ndarray, weight) -> np.ndarray:
         # The kernels reproduce ggml's vec_dot, and for the K-quants llama.cpp repacks or tiles (vecdot_k) its
         # order too; the other weights (F32/F16, Q5_K, Q4_K with ne1 % 8 != 0) stay on the reference.
+        if isinstance(weight, AdaptedWeight):  # LoRA: the base product on the kernels, then the adapters'
+            return lora_matmuls(self, x, [weight])[0]
         order = self._kernel_order(weight)
         if x.shape[0] == 0 or order is None:
             return super().matmul(x, weight)
@@ -52,6 +55,8 @@ class FastOps(ReferenceOps):
     def matmuls(self, x: np.ndarray, weights) -> list[np.ndarray]:
         # weights of one kernel type run as one matrix (rows stacked): one activation quantization and one thread
         # launch; every output row is computed as in its own matmul, so the bits do not change
+        if is_adapted(weights):
+            return lora_matmuls(self, x, weights)
         kinds = {self._kernel_order(w) for w in weights}
         types = {(w.ggml_type, w.shape[0]) for w in weights}
         if x.shape[0] == 0 or len(types) != 1 or len(kinds) != 1 or None in kinds:

@@ -1,0 +1,180 @@
+"""LoRA adapters (llamactx.lora, Context.set_adapters_lora) against llama.cpp: the adapters of tests/data/lora/
+(make_lora_adapter.py) on SmolLM2, logits of every prompt position from llama-cpp-python 0.3.36
+(make_lora_reference.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+from llamactx.batch import Batch
+from llamactx.context import Context
+from llamactx.cparams import ContextParams
+from llamactx.ggml.ops import ReferenceOps
+from llamactx.lora import LoraAdapter, LoraError
+
+DATA = Path(__file__).parent / "data" / "lora"
+REF = json.loads((DATA / "reference.json").read_text())
+CASES = {c["name"]: c for c in REF["cases"]}
+
+
+def decode_all(model, tokens, adapters=(), ops=None) -> np.ndarray:
+    """Logits of every position of `tokens` as one batch, with (adapter, scale) pairs set. (n, n_vocab)"""
+    ctx = Context(model, ContextParams(n_ctx=256, n_batch=256, flash_attn=False), ops=ops)
+    ctx.set_adapters_lora([a for a, _ in adapters], [s for _, s in adapters])
+    return decode(ctx, tokens)
+
+
+def decode(ctx, tokens) -> np.ndarray:
+    batch = Batch(len(tokens))
+    for i, t in enumerate(tokens):
+        batch.add(t, i, (0,), True)
+    assert ctx.decode(batch) == 0
+    return np.array(ctx.get_logits())
+
+
+@pytest.fixture(scope="module")
+def adapters(smollm):
+    return {name: LoraAdapter.load(smollm, DATA / name) for name in ("smollm2-lora.gguf", "smollm2-lora-b.gguf")}
+
+
+@pytest.fixture(scope="module")
+def base_logits(smollm):
+    return decode_all(smollm, CASES["a_1"]["tokens"])
+
+
+def _sha(a: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(a, np.float32).tobytes()).hexdigest()
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_lora_logits_equal_llama_cpp(smollm, adapters, base_logits, name):
+    """Every position's logits bit for bit (sha256 of the whole array; the last row compared in full)."""
+    case = CASES[name]
+    assert smollm.vocab.tokenize(REF["prompt"], add_special=True, parse_special=True) == case["tokens"]
+    logits = decode_all(smollm, case["tokens"], [(adapters[f], s) for f, s in case["adapters"]])
+    np.testing.assert_array_equal(logits[-1], np.load(DATA / "reference.npz")[name])
+    assert logits.argmax(axis=1).tolist() == case["argmax"]
+    assert _sha(logits) == case["sha256"]
+    assert not np.array_equal(logits, base_logits)  # the adapter does change the logits
+
+
+def test_reference_ops_give_the_same_bits(smollm, adapters):
+    case = CASES["a_1_b_0.75"]
+    logits = decode_all(smollm, case["tokens"], [(adapters[f], s) for f, s in case["adapters"]], ReferenceOps())
+    assert _sha(logits) == case["sha256"]
+
+
+def test_adapters_are_per_context(smollm, adapters, base_logits):
+    tokens = CASES["a_1"]["tokens"]
+    a = adapters["smollm2-lora.gguf"]
+    with Context(smollm, ContextParams(n_ctx=256, flash_attn=False)) as ctx1, \
+            Context(smollm, ContextParams(n_ctx=256, flash_attn=False)) as ctx2:
+        ctx1.set_adapter_lora(a, 0.5)
+        assert ctx1.adapters_lora == ((a, 0.5),) and ctx2.adapters_lora == ()
+        assert _sha(decode(ctx1, tokens)) == CASES["a_0.5"]["sha256"]
+        np.testing.assert_array_equal(decode(ctx2, tokens), base_logits)  # the other context is unchanged
+        ctx1.memory.clear()
+        ctx1.set_adapter_lora(a, 1.0)  # a new scale for the same adapter
+        assert _sha(decode(ctx1, tokens)) == CASES["a_1"]["sha256"]
+        assert ctx1.rm_adapter_lora(a) and not ctx1.rm_adapter_lora(a)
+        ctx1.memory.clear()
+        np.testing.assert_array_equal(decode(ctx1, tokens), base_logits)
+        ctx1.set_adapters_lora([a, adapters["smollm2-lora-b.gguf"]], [0.0, 0.0])  # scale 0: not applied
+        assert ctx1.adapters_lora == ()
+        ctx1.set_adapter_lora(a)
+        ctx1.clear_adapter_lora()
+        assert ctx1.adapters_lora == ()
+
+
+def test_adapter_and_model_stay_read_only(smollm, adapters):
+    for lw in adapters["smollm2-lora.gguf"].weights.values():
+        assert not lw.a.data.flags.writeable and not lw.b.data.flags.writeable
+    assert not smollm.weight("blk.0.attn_q.weight").data.flags.writeable
+    assert set(adapters["smollm2-lora.gguf"].weights) == {  # the _norm.weight tensor is skipped, as llama.cpp
+        "blk.0.attn_q.weight", "blk.0.attn_v.weight", "blk.0.ffn_up.weight", "blk.1.attn_q.weight",
+        "blk.1.ffn_up.weight", "blk.2.attn_v.weight", "blk.2.ffn_down.weight", "blk.29.attn_output.weight"}
+    assert adapters["smollm2-lora.gguf"].alpha == 16.0 and adapters["smollm2-lora-b.gguf"].alpha == 0.0
+
+
+def test_set_adapters_rejects_bad_input_and_changes_nothing(smollm, gemma, adapters):
+    a = adapters["smollm2-lora.gguf"]
+    with Context(smollm, ContextParams(n_ctx=64)) as ctx:
+        ctx.set_adapter_lora(a, 0.5)
+        for args, match in ((([a], [1.0, 2.0]), "2 scales"), (([a, a], [1.0, 1.0]), "twice"),
+                            (([a], [float("nan")]), "finite")):
+            with pytest.raises(LoraError, match=match):
+                ctx.set_adapters_lora(*args)
+        assert ctx.adapters_lora == ((a, 0.5),)
+    with Context(gemma, ContextParams(n_ctx=64)) as ctx, pytest.raises(LoraError, match="loaded for"):
+        ctx.set_adapter_lora(a)
+
+
+# -- bad adapter files --------------------------------------------------------------------------------------------
+
+
+def _write(path: Path, arch="llama", kv=None, tensors=None) -> Path:
+    w = gguf.GGUFWriter(str(path), arch)
+    kv = {"general.type": "adapter", "adapter.type": "lora", "adapter.lora.alpha": 8.0} if kv is None else kv
+    for key, value in kv.items():
+        if key == "general.architecture":
+            continue
+        (w.add_float32 if isinstance(value, float) else w.add_string)(key, value)
+    rng = np.random.default_rng(0)
+    if tensors is None:
+        tensors = {"blk.0.attn_q.weight.lora_a": (4, 576), "blk.0.attn_q.weight.lora_b": (576, 4)}
+    for name, shape in tensors.items():
+        dtype = np.float32
+        if isinstance(shape, tuple) and shape and isinstance(shape[0], type):
+            dtype, shape = shape[0], shape[1:]
+        w.add_tensor(name, rng.standard_normal(shape).astype(dtype))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+_GOOD_KV = {"general.type": "adapter", "adapter.type": "lora", "adapter.lora.alpha": 8.0}
+BAD = {
+    "model_file": (dict(kv={"general.type": "model"}), r"'general.type' is 'model', expected 'adapter'"),
+    "no_type": (dict(kv={"adapter.type": "lora"}), r"'general.type' is None"),
+    "arch": (dict(arch="gemma3"), r"'general.architecture' is 'gemma3' but the model's is 'llama'"),
+    "adapter_type": (dict(kv={**_GOOD_KV, "adapter.type": "control_vector"}), r"'adapter.type' is 'control_vector'"),
+    "alpha_type": (dict(kv={**_GOOD_KV, "adapter.lora.alpha": "16"}), r"'adapter.lora.alpha' has type STRING"),
+    "missing_b": (dict(tensors={"blk.0.attn_q.weight.lora_a": (4, 576)}),
+                  r"pair for 'blk.0.attn_q.weight' is missing one component \('blk.0.attn_q.weight.lora_b'\)"),
+    "suffix": (dict(tensors={"blk.0.attn_q.weight.delta": (4, 576)}), r"'blk.0.attn_q.weight.delta' has an unexp"),
+    "not_in_model": (dict(tensors={"blk.99.attn_q.weight.lora_a": (4, 576), "blk.99.attn_q.weight.lora_b": (576, 4)}),
+                     r"'blk.99.attn_q.weight' does not exist in the base model"),
+    "shape": (dict(tensors={"blk.0.attn_v.weight.lora_a": (4, 576), "blk.0.attn_v.weight.lora_b": (576, 4)}),
+              r"'blk.0.attn_v.weight' is \[576, 192\] in the model but its LoRA pair is a \[576, 4\], b \[4, 576\]"),
+    "rank": (dict(tensors={"blk.0.attn_q.weight.lora_a": (4, 576), "blk.0.attn_q.weight.lora_b": (576, 8)}),
+             r"different ranks"),
+    "dtype": (dict(tensors={"blk.0.attn_q.weight.lora_a": (np.float64, 4, 576),
+                            "blk.0.attn_q.weight.lora_b": (576, 4)}), r"'blk.0.attn_q.weight.lora_a' is F64"),
+    "vector": (dict(tensors={"blk.0.attn_q.weight.lora_a": (576,), "blk.0.attn_q.weight.lora_b": (576, 4)}),
+               r"'blk.0.attn_q.weight.lora_a' is F32 with 1 dimensions"),
+    "token_embd": (dict(tensors={"token_embd.weight.lora_a": (49152, 4), "token_embd.weight.lora_b": (576, 4)}),
+                   r"'token_embd.weight' is not supported"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_adapters_are_rejected(smollm, tmp_path, case):
+    kwargs, match = BAD[case]
+    path = _write(tmp_path / f"{case}.gguf", **kwargs)
+    with pytest.raises(LoraError, match=match):
+        LoraAdapter.load(smollm, path)
+
+
+def test_a_good_hand_written_adapter_loads(smollm, tmp_path):
+    adapter = LoraAdapter.load(smollm, _write(tmp_path / "ok.gguf"))
+    lw = adapter.weights["blk.0.attn_q.weight"]
+    assert lw.rank == 4 and lw.get_scale(adapter.alpha, 1.0) == np.float32(2.0)
+    assert adapter.meta["adapter.type"] == "lora"
