@@ -47,7 +47,9 @@ def _cached(results: dict, key: tuple, compute):
 
 
 def all_logits(model, tokens, ops=None, **params) -> np.ndarray:
-    """Logits of every position of `tokens` decoded as one batch. (n, n_vocab)"""
+    """Logits of every position of `tokens` decoded as one batch, flash attention off as the references were
+    made unless `params` say otherwise (tests/test_flash_attn.py checks it on). (n, n_vocab)"""
+    params.setdefault("flash_attn", "disabled")
     ctx = Context(model, ContextParams(n_ctx=1024, n_batch=1024, n_ubatch=512, **params), ops=ops)
     batch = Batch(len(tokens))
     for i, t in enumerate(tokens):
@@ -60,7 +62,7 @@ def last_logit_deltas(model, ref, key, ops=None):
     """(our argmax, llama.cpp's top-1, mean |dlogit|, max |dlogit|) for each reference prompt."""
     rows = []
     for i, case in enumerate(ref["prompts"]):
-        ctx = Context(model, ContextParams(n_ctx=512), ops=ops)
+        ctx = Context(model, ContextParams(n_ctx=512, flash_attn="disabled"), ops=ops)
         assert ctx.decode(Batch.get_one(case["tokens"])) == 0
         ours = ctx.get_logits_ith(-1)
         delta = np.abs(ours - reference_logits(key, i))

@@ -69,7 +69,7 @@ def _as_f32_impl(x):
 
 
 @numba.njit(parallel=True, cache=True)
-def _kv_to_f32(k, v, n_head_kv, kt, vf):  # pragma: no cover - compiled
+def kv_to_f32(k, v, n_head_kv, kt, vf):  # pragma: no cover - compiled
     """The first kt.shape[2] cells of k (n_kv, n_head_kv * d_k) and v as float32 (exact): kt (n_head_kv, d_k,
     cells), K transposed so that the score loops run over contiguous cells; vf (n_head_kv, cells, d_v)."""
     d_k = kt.shape[1]
@@ -88,7 +88,7 @@ def _kv_to_f32(k, v, n_head_kv, kt, vf):  # pragma: no cover - compiled
 @numba.njit(parallel=True, cache=True)
 def _attention(q, k, v, n_head_kv, cells, n_cells, scale, mask_add, single, out, kt, vf, n_ch):  # pragma: no cover
     """q (n, n_head, d_k) float32 (not yet rounded); k (n_kv, n_head_kv * d_k) and v (n_kv, n_head_kv * d_v):
-    float32 holding f16 values, or the f16 cache itself as uint16 bits (read in place). kt, vf: `_kv_to_f32`
+    float32 holding f16 values, or the f16 cache itself as uint16 bits (read in place). kt, vf: `kv_to_f32`
     of the first kt.shape[2] cells (kt.shape[2] == 0: none); a token whose visible cells are consecutive and
     among those reads them there, with the same arithmetic in the same order, vectorized over cells."""
     n, n_head, d_k = q.shape
@@ -240,7 +240,7 @@ def attention_f16_cells(
     kt = np.empty((n_head_kv, d_k, n_conv), np.float32)
     vf = np.empty((n_head_kv, n_conv, d_v), np.float32)
     if n_conv:
-        _kv_to_f32(k, v, n_head_kv, kt, vf)
+        kv_to_f32(k, v, n_head_kv, kt, vf)
     _attention(
         np.ascontiguousarray(q, np.float32),
         k,

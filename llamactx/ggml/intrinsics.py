@@ -39,6 +39,18 @@ def round_f16(typingctx, x):
 
 
 @intrinsic
+def round_f16_f64(typingctx, x):
+    """float64 -> nearest IEEE half in one rounding (ties to even) -> float32: for an f16 result computed exactly
+    in double (AVX512-FP16's `vfmadd...ph`: a*b + c of halves, one rounding)."""
+    sig = types.float32(types.float64)
+
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.fptrunc(args[0], ir.HalfType()), _F32)
+
+    return sig, codegen
+
+
+@intrinsic
 def f16_to_f32(typingctx, h):
     """The IEEE half with bits `h` (uint16, e.g. an element of an f16 array viewed as uint16) as float32: exact
     (`vcvtph2ps`, GGML_FP16_TO_FP32)."""

@@ -14,6 +14,7 @@ from gguf import GGMLQuantizationType as T
 
 from llamactx.ggml import vec as ggml_vec
 from llamactx.ggml.attention import attention_f16, attention_f16_cells
+from llamactx.ggml.flash_attn import flash_attn_f16_cells
 from llamactx.ggml.inputs import RopeParams, VisibleCells
 from llamactx.ggml.quants_cpu import fake_quant, vec_dot_type
 from llamactx.ggml.vecdot import EXACT_TYPES, FLOAT_TYPES, matmul_exact, matmul_float
@@ -30,7 +31,9 @@ class ReferenceOps:
 
     def __init__(self, ggml_single_row: bool = False) -> None:
         """ggml_single_row: compute a matmul (F32 / F16 weights) or an attention with one row through ggml's
-        single-row kernel (ggml_vec_dot_f32 / _f16), as llama.cpp does in single-token decode. By default one row
+        single-row kernel (ggml_vec_dot_f32 / _f16), as llama.cpp does in single-token decode, and pick flash
+        attention's kernel from the ubatch's shape as ggml does (fewer than 64 tokens: the f16-accumulating one,
+        one token over 512+ cells: split over the threads). By default one row
         is computed in the same order as several, so a token's result does not depend on its ubatch (prompt
         caching and batched decode stay bit-reproducible). K-quant matmuls always take llama.cpp's kernel, which
         depends on the row count (llamactx.ggml.vecdot_k)."""
@@ -119,11 +122,16 @@ class ReferenceOps:
     # -- attention ----------------------------------------------------------------------------------------------
 
     def attention_kv(self, q: np.ndarray, kv, il: int, mask: np.ndarray, vis: VisibleCells, kq_scale: float,
-                     flash: bool) -> np.ndarray:
+                     flash: bool, n_threads: int = 1) -> np.ndarray:
         """`attention` over cells [0, kv.n_kv) of layer `il`, through the memory's view of the KV cache
         (llamactx.memory.KVView): the cache is decoded to f32 first. vis: the cells `mask` leaves visible, in
-        the order the sums run (by position). q: (n, n_head, d_k) -> (n, n_head * d_v)"""
+        the order the sums run (by position). Flash attention over an f16 cache follows ggml's kernels bit for
+        bit (llamactx.ggml.flash_attn; n_threads: the graph's threads, which split a single token's cells).
+        q: (n, n_head, d_k) -> (n, n_head * d_v)"""
         n_head_kv = kv.n_embd_k_gqa // q.shape[-1]
+        if flash and kv.type_k == "f16" and kv.type_v == "f16":
+            return flash_attn_f16_cells(q, kv.k_stored(il), kv.v_stored(il), n_head_kv, vis, kq_scale, kv.kv_size,
+                                        n_threads, self.ggml_single_row)
         if kv.type_k == "f16" and not flash and q.shape[-1] % 16 == 0:
             return attention_f16_cells(q, kv.k_rows(il), kv.v_rows(il), n_head_kv, vis, kq_scale,
                                        self.ggml_single_row)
@@ -151,6 +159,12 @@ class ReferenceOps:
         token's result does not depend on the other tokens and cells. -> (n, n_head * d_v)"""
         if k_type == "f16" and not flash and q.shape[-1] % 16 == 0:
             return attention_f16(q, k, v, mask, kq_scale, self.ggml_single_row)
+        if k_type == "f16" and flash:  # k, v hold f16 values: ggml's flash_attn_ext over them as a cache
+            n_kv, n_head_kv = k.shape[:2]
+            k16 = k.astype(np.float16).reshape(n_kv, -1)  # (n_kv, n_head_kv * d_k)
+            v16 = v.astype(np.float16).reshape(n_kv, -1)  # (n_kv, n_head_kv * d_v)
+            return flash_attn_f16_cells(q, k16, v16, n_head_kv, VisibleCells.from_mask(mask), kq_scale, n_kv, 1,
+                                        self.ggml_single_row)
         n, n_head, _ = q.shape
         n_head_kv = k.shape[1]
         qc = self.activations_for(q.reshape(n * n_head, -1), _KV_TYPE_IDS[k_type]).reshape(q.shape)

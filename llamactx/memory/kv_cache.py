@@ -82,12 +82,13 @@ class KVView:
     """What one ubatch's forward sees of the cache (the inputs of llm_graph_input_attn_kv): cells [0, n_kv) with
     their positions and sequences, and the store of the ubatch's own K/V into its cells `idx`."""
 
-    __slots__ = ("_cache", "idx", "n_kv", "cell_pos", "_cell_seq", "type_k", "type_v", "n_embd_k_gqa")
+    __slots__ = ("_cache", "idx", "n_kv", "kv_size", "cell_pos", "_cell_seq", "type_k", "type_v", "n_embd_k_gqa")
 
     def __init__(self, cache: KVCache, idx: np.ndarray, n_kv: int, cell_pos: np.ndarray, cell_seq: np.ndarray):
         self._cache = cache
         self.idx = idx  # (n_tokens,) the ubatch's cells
         self.n_kv = n_kv
+        self.kv_size = cache.size  # the cache's cells (n_kv is at most this)
         self.cell_pos = cell_pos  # (n_kv,) int32, -1 = empty; a copy
         self._cell_seq = cell_seq  # (n_kv, n_seq_max) bool; a copy
         self.type_k, self.type_v, self.n_embd_k_gqa = cache.type_k, cache.type_v, cache.n_embd_k_gqa

@@ -69,6 +69,9 @@ class KVAttention:
     def __init__(self, hp, cparams, ops, view, ub):
         self.hp, self.ops, self.view = hp, ops, view
         self.flash = cparams.flash_attn
+        # the threads ggml runs this ubatch's graph on (llama_context::graph_compute); flash attention splits a
+        # single token's cells over them
+        self.n_threads = cparams.n_threads if len(ub.pos) == 1 else cparams.n_threads_batch
         has_seq = view.has_seq(ub.seq_id0)  # (n_tokens, n_kv)
         self.mask = visibility_mask(view.cell_pos, has_seq, ub.pos, cparams.causal_attn, 0)
         self.mask_swa = (visibility_mask(view.cell_pos, has_seq, ub.pos, cparams.causal_attn, hp.n_swa)
@@ -80,8 +83,10 @@ class KVAttention:
         n = q.shape[0]
         self.view.store(il, k.reshape(n, -1), v.reshape(n, -1))
         if self.hp.is_swa(il):
-            return self.ops.attention_kv(q, self.view, il, self.mask_swa, self.vis_swa, kq_scale, self.flash)
-        return self.ops.attention_kv(q, self.view, il, self.mask, self.vis, kq_scale, self.flash)
+            return self.ops.attention_kv(q, self.view, il, self.mask_swa, self.vis_swa, kq_scale, self.flash,
+                                         n_threads=self.n_threads)
+        return self.ops.attention_kv(q, self.view, il, self.mask, self.vis, kq_scale, self.flash,
+                                     n_threads=self.n_threads)
 
 
 class BatchAttention:

@@ -94,7 +94,8 @@ def test_context_shift_goes_past_a_full_context(capsys):
 
 
 def test_n_probs_lists_llama_cpp_probabilities(smollm, smollm_ref, capsys):
-    assert main(["run", "-p", "The capital of France is", "-n", "2", "--temp", "0", "--n-probs", "3"]) == 0
+    prompt = "The capital of France is"
+    assert main(["run", "-p", prompt, "-n", "2", "--temp", "0", "--n-probs", "3", "-fa", "off"]) == 0
     out = capsys.readouterr().out
     text, listing = out.split("\n\nprobabilities: each token, then the 3 most likely at its position\n")
     lines = listing.splitlines()

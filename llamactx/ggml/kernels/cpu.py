@@ -20,7 +20,7 @@ PATH_VNNI = "vnni"
 PATH_PORTABLE = "portable"
 NO_VNNI_ENV = "LLAMACTX_NO_VNNI"
 
-_REPORTED = ("avx2", "f16c", "fma", "avx512f", "avx512bw", "avx512vl", "avx512vnni", "avxvnni")
+_REPORTED = ("avx2", "f16c", "fma", "avx512f", "avx512bw", "avx512vl", "avx512vnni", "avxvnni", "avx512fp16")
 
 
 @functools.lru_cache(maxsize=1)

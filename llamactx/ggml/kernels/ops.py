@@ -74,10 +74,10 @@ class FastOps(ReferenceOps):
             return False
         return True if can_pack(weight.ggml_type) and is_exact_k(weight) else None
 
-    def attention_kv(self, q, kv, il, mask, vis, kq_scale, flash):
+    def attention_kv(self, q, kv, il, mask, vis, kq_scale, flash, n_threads=1):
         # an f16 cache without flash attention is read in place: no f32 copy of the layer's cache per step
         if kv.type_k != "f16" or kv.type_v != "f16" or flash or q.shape[-1] % 16:
-            return super().attention_kv(q, kv, il, mask, vis, kq_scale, flash)
+            return super().attention_kv(q, kv, il, mask, vis, kq_scale, flash, n_threads)
         n_head_kv = kv.n_embd_k_gqa // q.shape[-1]
         return attention_f16_cells(q, kv.k_stored(il), kv.v_stored(il), n_head_kv, vis, kq_scale,
                                    self.ggml_single_row)

@@ -1,0 +1,73 @@
+"""Flash attention (llama.cpp's CPU default) reproduces ggml-cpu's flash_attn_ext bit for bit: each of its three
+kernels (tiled, one chunk with an f16 accumulator, cells split over threads) against llama.cpp's logits
+(tests/data/flash_attn, made by make_flash_attn_reference.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llamactx import Batch, Context, ContextParams
+from llamactx.ggml.kernels.ops import FastOps
+
+DATA = Path(__file__).parent / "data" / "flash_attn"
+REF = json.loads((DATA / "reference.json").read_text())
+
+
+def last_row(model, tokens, n_prompt: int, then: int, flash="enabled", ggml_shapes=True) -> np.ndarray:
+    """Decode as llama-cpp-python's eval did: the prompt in ubatches of 512, then single tokens; last output.
+    ggml_shapes: the ops pick flash attention's kernel from the ubatch's shape as ggml does."""
+    ops = FastOps(model)
+    ops.ggml_single_row = ggml_shapes
+    ctx = Context(model, ContextParams(n_ctx=1024, n_batch=512, n_ubatch=512, n_threads=2, flash_attn=flash),
+                  ops=ops)
+    for a in range(0, n_prompt, 512):
+        chunk = tokens[a:min(a + 512, n_prompt)]
+        batch = Batch(len(chunk))
+        for i, t in enumerate(chunk):
+            batch.add(t, a + i, [0], logits=i == len(chunk) - 1)
+        assert ctx.decode(batch) == 0
+    for i, t in enumerate(tokens[n_prompt:n_prompt + then]):
+        batch = Batch(1)
+        batch.add(t, n_prompt + i, [0], logits=True)
+        assert ctx.decode(batch) == 0
+    return ctx.get_logits()[-1].copy()
+
+
+def cases():
+    for name, m in REF["models"].items():
+        for case in m["cases"]:
+            yield pytest.param(name, case, id=f"{name}-{case}")
+
+
+@pytest.mark.parametrize("name,case", list(cases()))
+def test_flash_attention_bit_identical_to_llama_cpp(request, name, case):
+    model = request.getfixturevalue({"smollm2": "smollm", "gemma3": "gemma"}[name])
+    c = REF["cases"][case]
+    got = last_row(model, REF["models"][name]["tokens"], c["n_prompt"], c["then"])
+    with np.load(DATA / f"{name}.npz") as npz:
+        want = npz[case]
+    np.testing.assert_array_equal(got, want)
+
+
+def test_flash_attention_differs_from_the_non_flash_path(smollm):
+    """The two paths really are different arithmetic (f32 P*V, unrounded q in the tiled kernel), so the test
+    above could fail: with flash attention off the same case gives other logits."""
+    c = REF["cases"]["tiled"]
+    off = last_row(smollm, REF["models"]["smollm2"]["tokens"], c["n_prompt"], c["then"], flash="disabled")
+    with np.load(DATA / "smollm2.npz") as npz:
+        assert not np.array_equal(off, npz["tiled"])
+
+
+def test_by_default_a_token_gets_the_tiled_kernels_bits_whatever_its_ubatch(smollm):
+    """Without ggml_shapes every token takes the tiled kernel's arithmetic: a prompt of 100 tokens decoded as
+    100 single tokens ends on llama.cpp's tiled-kernel row bit for bit (batch invariance), and the prompt itself
+    is llama.cpp's."""
+    tokens = REF["models"]["smollm2"]["tokens"]
+    with np.load(DATA / "smollm2.npz") as npz:
+        want = npz["tiled"]
+    np.testing.assert_array_equal(last_row(smollm, tokens, 100, 0, ggml_shapes=False), want)
+    np.testing.assert_array_equal(last_row(smollm, tokens, 1, 99, ggml_shapes=False), want)
