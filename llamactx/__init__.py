@@ -14,6 +14,7 @@ from llamactx.context import Context, DecodeStatus
 from llamactx.cparams import ContextParams, ContextParamsError
 from llamactx.errors import LlamactxError
 from llamactx.gguf.reader import GGUFError
+from llamactx.lora import LoraAdapter, LoraError
 from llamactx.memory.base import Memory
 from llamactx.model import Model, ModelLoadError
 from llamactx.state_io import StateError
@@ -44,6 +45,8 @@ __all__ = [
     "LlamaGrammar",
     "LlamaState",
     "LlamactxError",
+    "LoraAdapter",
+    "LoraError",
     "Memory",
     "LogitsProcessorList",
     "Model",

@@ -25,8 +25,9 @@ class EmbeddingError(LlamactxError, ValueError):
 class Embedder:
     """Embeddings of token lists with one `n_ctx`-token context (created on first use)."""
 
-    def __init__(self, model: Model, n_ctx: int = 2048, **context_params):
+    def __init__(self, model: Model, n_ctx: int = 2048, lora=(), **context_params):
         self.model = model
+        self.lora = tuple(lora)  # (LoraAdapter, scale) pairs applied to the context
         self.n_ctx = n_ctx
         self._params = dict(context_params)
         self._ctx: Context | None = None
@@ -58,4 +59,6 @@ class Embedder:
                                    **self._params)
             self._ctx = Context(self.model, params)
             self.n_ctx = self._ctx.params.n_ctx
+        if self._ctx.adapters_lora != self.lora:  # the adapters may have changed since (the server's)
+            self._ctx.set_adapters_lora([a for a, _ in self.lora], [s for _, s in self.lora])
         return self._ctx

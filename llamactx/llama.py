@@ -27,6 +27,7 @@ from llamactx.chat_template import ChatTemplate
 from llamactx.embedded import resolve_model_path
 from llamactx.embedding import Embedder
 from llamactx.engine import Engine, GenerationError
+from llamactx.lora import load_adapters
 from llamactx.model import Model
 from llamactx.sampling.rng import LLAMA_DEFAULT_SEED
 from llamactx.sampling.samplers import SamplerBase
@@ -109,18 +110,22 @@ class _ProcessorSampler(SamplerBase):
 
 class Llama:
     """A model and a one-slot engine, with llama-cpp-python's API. `model_path` may also be an embedded model
-    name ("smollm2", "gemma3"). GPU and memory-mapping options are accepted and have no effect here."""
+    name ("smollm2", "gemma3"). `lora_path` / `lora_scale`: a LoRA adapter in llama.cpp's GGUF format
+    (llamactx.lora); `lora_base` is accepted and ignored (the adapter applies to this model's own weights, as
+    llama-cpp-python does since its GGUF adapters). GPU and memory-mapping options have no effect here."""
 
     def __init__(self, model_path: str, *, seed: int = LLAMA_DEFAULT_SEED, n_ctx: int = 512, n_batch: int = 512,
                  n_ubatch: int = 512, n_threads: int | None = None, n_threads_batch: int | None = None,
                  embedding: bool = False, flash_attn: bool = False, chat_format: str | None = None,
                  type_k: str | None = None, type_v: str | None = None, vocab_only: bool = False,
-                 verbose: bool = True, **ignored: Any):
+                 lora_path: str | None = None, lora_scale: float = 1.0, verbose: bool = True, **ignored: Any):
         self.model_path = str(model_path)
         self.verbose = verbose
         self._model = Model.load(resolve_model_path(model_path), vocab_only=vocab_only)
         self.metadata = {k: str(v) for k, v in self._model.meta.items() if isinstance(v, (str, int, float, bool))}
         self._engine: Engine | None = None
+        self.lora_path, self.lora_scale = lora_path, lora_scale
+        lora = load_adapters(self._model, [(lora_path, lora_scale)] if lora_path and not vocab_only else [])
         if not vocab_only:
             params = dict(n_batch=n_batch, n_ubatch=n_ubatch, flash_attn=flash_attn,
                           n_threads=n_threads or 2, n_threads_batch=n_threads_batch or n_threads or 2)
@@ -128,8 +133,8 @@ class Llama:
                 params["type_k"] = type_k
             if type_v:
                 params["type_v"] = type_v
-            self._engine = Engine(self._model, n_slots=1, n_ctx=n_ctx, **params)
-        self._embedder = Embedder(self._model, n_ctx=max(n_ctx, 512)) if embedding else None
+            self._engine = Engine(self._model, n_slots=1, n_ctx=n_ctx, lora=lora, **params)
+        self._embedder = Embedder(self._model, n_ctx=max(n_ctx, 512), lora=lora) if embedding else None
         self._template = ChatTemplate.from_model(self._model) if chat_format is None else ChatTemplate(chat_format)
         self.set_seed(seed)
 

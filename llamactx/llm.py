@@ -23,6 +23,7 @@ from llamactx.chat_template import ChatTemplate
 from llamactx.embedded import resolve_model_path
 from llamactx.embedding import Embedder
 from llamactx.engine import Chunk, Completion, Engine, GenerationError, Limits
+from llamactx.lora import load_adapters
 from llamactx.model import Model
 from llamactx.sampling import SamplerChain, SamplingParams
 from llamactx.sampling.token_data import SamplingParamsError
@@ -32,13 +33,15 @@ _SAMPLING_FIELDS = set(SamplingParams.__dataclass_fields__)
 
 class LLM:
     """A model with one conversation. `model`: None (the embedded default), an embedded name ("smollm2",
-    "gemma3"), a GGUF path, or a loaded `Model` (shared, never copied). Other keyword arguments are
+    "gemma3"), a GGUF path, or a loaded `Model` (shared, never copied). `lora`: LoRA adapters, each a path or a
+    (path, scale) pair (`--lora` / `--lora-scaled`; llamactx.lora.load_adapters). Other keyword arguments are
     `ContextParams` fields (default n_ctx 4096)."""
 
-    def __init__(self, model: Model | str | Path | None = None, **context_params: Any):
+    def __init__(self, model: Model | str | Path | None = None, lora=(), **context_params: Any):
         self.model = model if isinstance(model, Model) else Model.load(resolve_model_path(model))
         n_ctx = context_params.pop("n_ctx", 4096)
-        self.engine = Engine(self.model, n_slots=1, n_ctx=n_ctx, **context_params)
+        self.lora = load_adapters(self.model, lora)
+        self.engine = Engine(self.model, n_slots=1, n_ctx=n_ctx, lora=self.lora, **context_params)
         self.ctx = self.engine.ctx
         self.result: Completion | None = None  # the last completion (also after a stream ends)
         self._template: ChatTemplate | None = None
@@ -113,7 +116,7 @@ class LLM:
         if isinstance(texts, str):
             texts = [texts]
         if self._embedder is None:
-            self._embedder = Embedder(self.model, n_ctx=self.ctx.params.n_ctx)
+            self._embedder = Embedder(self.model, n_ctx=self.ctx.params.n_ctx, lora=self.lora)
         return self._embedder.embed([self.tokenize(t, parse_special=False) for t in texts])
 
     def save_session(self, path: str | Path) -> int:

@@ -210,3 +210,14 @@ def lora_matmuls(ops, x: np.ndarray, weights) -> list[np.ndarray]:
 
 def is_adapted(weights) -> bool:
     return any(isinstance(w, AdaptedWeight) for w in weights)
+
+
+def load_adapters(model: Model, specs) -> tuple[tuple[LoraAdapter, float], ...]:
+    """(adapter, scale) pairs from `specs`: each a path, a LoraAdapter, or a (path or LoraAdapter, scale) pair
+    (common_init_from_params loads `--lora` / `--lora-scaled` so). Raises as `LoraAdapter.load`."""
+    pairs = []
+    for spec in specs:
+        source, scale = spec if isinstance(spec, (tuple, list)) else (spec, 1.0)
+        adapter = source if isinstance(source, LoraAdapter) else LoraAdapter.load(model, source)
+        pairs.append((adapter, float(scale)))
+    return tuple(pairs)

@@ -178,3 +178,72 @@ def test_a_good_hand_written_adapter_loads(smollm, tmp_path):
     lw = adapter.weights["blk.0.attn_q.weight"]
     assert lw.rank == 4 and lw.get_scale(adapter.alpha, 1.0) == np.float32(2.0)
     assert adapter.meta["adapter.type"] == "lora"
+
+
+# -- the API, the command line ------------------------------------------------------------------------------------
+
+GREEDY = REF["greedy"]  # llama-cpp-python's create_completion at temperature 0 with one adapter
+
+
+def test_llama_lora_path_greedy_equals_llama_cpp_python():
+    from llamactx import Llama
+
+    llm = Llama("smollm2", n_ctx=512, lora_path=str(DATA / GREEDY["adapter"]), lora_scale=GREEDY["scale"],
+                verbose=False)
+    out = llm(GREEDY["prompt"], max_tokens=GREEDY["max_tokens"], temperature=0.0)
+    assert out["choices"][0]["text"] == GREEDY["text"]
+    assert llm._engine.ctx.adapters_lora[0][1] == GREEDY["scale"]
+
+
+def test_lora_flags_parse_in_order_as_common_arg():
+    from llamactx.cli.commands import build_parser
+
+    args = build_parser().parse_args(["run", "-p", "x", "--lora", "a.gguf,b.gguf", "--lora-scaled", "c.gguf:0.5,d:-2",
+                                      "--lora-scaled", "e.gguf", "0.25", "--lora", "f.gguf"])
+    assert args.lora == [("a.gguf", 1.0), ("b.gguf", 1.0), ("c.gguf", 0.5), ("d", -2.0), ("e.gguf", 0.25),
+                         ("f.gguf", 1.0)]
+    for cmd in (["chat"], ["serve"], ["perplexity", "-f", "t.txt"], ["embedding", "-p", "x"]):
+        assert build_parser().parse_args([*cmd, "--lora-scaled", "a.gguf:0.5"]).lora == [("a.gguf", 0.5)]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--lora-scaled", "a.gguf"], "expected FNAME:SCALE"),
+    (["--lora-scaled", "a.gguf:x"], "scale 'x' is not a number"),
+    (["--lora-scaled", "a.gguf", "inf"], "not a finite number"),
+    (["--lora", "missing.gguf"], "missing.gguf"),
+])
+def test_bad_lora_flags_are_one_line_errors(argv, message, capsys):
+    from llamactx.cli import main
+
+    assert main(["run", "-p", "x", "-n", "1", *argv]) == 1
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_run_with_a_bad_adapter_names_the_problem(tmp_path, capsys):
+    from llamactx.cli import main
+
+    path = _write(tmp_path / "bad.gguf", arch="gemma3")
+    assert main(["run", "-p", "x", "-n", "1", "--lora", str(path)]) == 1
+    assert "'general.architecture' is 'gemma3' but the model's is 'llama'" in capsys.readouterr().err
+
+
+def test_run_with_lora_scaled_prints_llama_cpp_greedy_text(capsys):
+    from llamactx.cli import main
+
+    assert main(["run", "-p", GREEDY["prompt"], "-n", str(GREEDY["max_tokens"]), "--temp", "0",
+                 "--lora-scaled", f"{DATA / GREEDY['adapter']}:{GREEDY['scale']}"]) == 0
+    assert capsys.readouterr().out.rstrip("\n") == GREEDY["text"]
+
+
+def test_perplexity_with_lora_matches_llama_perplexity(capsys):
+    """llama-perplexity -c 128 -b 128 --chunks 3 --lora-scaled smollm2-lora.gguf:0.25 gives 22.8560 (without the
+    adapter, and here too, the tool differs from llama-perplexity by ~0.3%: test_cli.py allows 1%)."""
+    from llamactx.cli import main
+    from tests.conftest import DATA as ROOT_DATA
+
+    assert main(["perplexity", "-f", str(ROOT_DATA / "gpl3_head.txt"), "-c", "128", "--chunks", "3",
+                 "--lora-scaled", f"{DATA / 'smollm2-lora.gguf'}:0.25"]) == 0
+    out = capsys.readouterr().out
+    ppl = float(out.split("Final estimate: PPL = ")[1].split()[0])
+    assert abs(ppl / 22.8560 - 1) < 0.01, ppl

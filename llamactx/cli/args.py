@@ -7,6 +7,7 @@ line on stderr, exit status 1, never a traceback).
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 from pathlib import Path
@@ -152,6 +153,45 @@ def notice_ignored(args: argparse.Namespace) -> None:
             continue  # here it does something: the -sys notice says what
         if getattr(args, dest, None) not in (None, False):
             print(f"llamactx: {flag} ignored: {why}", file=sys.stderr)
+
+
+class _LoraAction(argparse.Action):
+    """--lora FNAME[,FNAME...] and --lora-scaled FNAME:SCALE[,...] (or FNAME SCALE, older llama.cpp's form) into
+    one list of (path, scale) in the order given, as common/arg.cpp fills `lora_adapters`."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        specs = list(getattr(namespace, self.dest) or [])
+        if option_string == "--lora":
+            specs += [(item, 1.0) for item in values.split(",") if item]
+        elif len(values) == 2 and ":" not in values[0]:
+            specs.append((values[0], _lora_scale(values[1], option_string)))
+        elif len(values) == 1:
+            for item in values[0].split(","):
+                path, sep, scale = item.rpartition(":")
+                if not sep or not path:
+                    raise CommandError(f"{option_string} {item!r}: expected FNAME:SCALE")
+                specs.append((path, _lora_scale(scale, option_string)))
+        else:
+            raise CommandError(f"{option_string}: expected FNAME:SCALE[,...] or FNAME SCALE, got {values}")
+        setattr(namespace, self.dest, specs)
+
+
+def _lora_scale(text: str, flag: str) -> float:
+    try:
+        scale = float(text)
+    except ValueError:
+        raise CommandError(f"{flag}: scale {text!r} is not a number") from None
+    if not math.isfinite(scale):
+        raise CommandError(f"{flag}: scale {text!r} is not a finite number")
+    return scale
+
+
+def add_lora(p: argparse.ArgumentParser) -> None:
+    """LoRA adapters (llama.cpp's GGUF LoRA files): args.lora = [(path, scale), ...]."""
+    p.add_argument("--lora", dest="lora", action=_LoraAction, default=[], metavar="FNAME",
+                   help="LoRA adapter at scale 1 (comma-separated or repeated for several)")
+    p.add_argument("--lora-scaled", dest="lora", action=_LoraAction, nargs="+", metavar="FNAME:SCALE",
+                   help="LoRA adapter with a scale: FNAME:SCALE[,...] (or FNAME SCALE); repeatable")
 
 
 def add_escape(p: argparse.ArgumentParser) -> None:

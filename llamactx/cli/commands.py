@@ -11,6 +11,7 @@
 
 `-m` takes a GGUF path or an embedded model name (smollm2, gemma3); omitted, the default model (SmolLM2).
 llama.cpp flags that do not apply here (-ngl, --mlock, --no-mmap, -no-cnv) are accepted with a one-line notice.
+run, chat, serve, perplexity and embedding take LoRA adapters: --lora FILE[,FILE...], --lora-scaled FILE:SCALE[,...].
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from llamactx.cli.args import (
     add_escape,
     add_generation,
     add_llama_cpp_flags,
+    add_lora,
     add_sampling,
     notice_ignored,
     process_escapes,
@@ -70,7 +72,7 @@ def _llm(args):
     _warm_up_notice()
     return LLM(_model(args), n_ctx=args.ctx_size, n_batch=args.batch_size, n_ubatch=args.ubatch_size,
                n_threads=args.threads, n_threads_batch=args.threads_batch or args.threads,
-               type_k=args.cache_type_k, type_v=args.cache_type_v, flash_attn=args.flash_attn)
+               type_k=args.cache_type_k, type_v=args.cache_type_v, flash_attn=args.flash_attn, lora=args.lora)
 
 
 def _sampling(args) -> dict:
@@ -203,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_sampling(p)
         add_generation(p)
         add_llama_cpp_flags(p, conversation=True)
+        add_lora(p)
 
     bench = sub.add_parser("bench", help="llama-bench: prompt processing (pp) and generation (tg) speed")
     bench.add_argument("-p", "--n-prompt", type=int, default=512)
@@ -219,6 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_common(ppl)
     add_context(ppl, n_ctx=512)
     add_llama_cpp_flags(ppl)
+    add_lora(ppl)
     ppl.set_defaults(func=cmd_perplexity)
 
     from llamactx.cli.embedding import add_parser as add_embedding
@@ -229,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_context(emb)
     add_escape(emb)
     add_llama_cpp_flags(emb)
+    add_lora(emb)
     emb.set_defaults(func=cmd_embedding)
     add_quantize(sub).set_defaults(func=cmd_quantize)
 

@@ -44,7 +44,10 @@ def run_embedding(model, text: str, args) -> int:
     for i, tokens in enumerate(inputs):
         if not tokens:
             raise CommandError(f"embedding: text {i} ({texts[i]!r}) has no tokens to embed")
-    embedder = Embedder(model, n_ctx=args.ctx_size, n_ubatch=args.ubatch_size, n_threads=args.threads,
+    from llamactx.lora import load_adapters
+
+    embedder = Embedder(model, n_ctx=args.ctx_size, lora=load_adapters(model, args.lora),
+                        n_ubatch=args.ubatch_size, n_threads=args.threads,
                         n_threads_batch=args.threads_batch or args.threads, type_k=args.cache_type_k,
                         type_v=args.cache_type_v, flash_attn=args.flash_attn)
     emb = embedder.embed(inputs)  # (n_texts, n_embd)

@@ -43,9 +43,9 @@ def chunk_nll(ctx: Context, chunk: list[int], n_batch: int) -> np.ndarray:
 
 
 def perplexity(model, text: str, n_ctx: int, n_batch: int, n_threads: int, n_chunks: int = -1, out=None,
-               flash_attn: str = "auto") -> tuple[float, float]:
+               flash_attn: str = "auto", lora=()) -> tuple[float, float]:
     """(PPL, its +/- uncertainty) of `text` with chunks of `n_ctx` tokens, printing llama-perplexity's lines to
-    `out` (default stdout)."""
+    `out` (default stdout). `lora`: (LoraAdapter, scale) pairs applied to the context."""
     out = out or sys.stdout
 
     vocab = model.vocab
@@ -64,6 +64,7 @@ def perplexity(model, text: str, n_ctx: int, n_batch: int, n_threads: int, n_chu
     ctx = Context(model, ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=min(512, n_batch),
                                        n_threads=n_threads, n_threads_batch=n_threads, kv_unified=True,
                                        flash_attn=flash_attn))
+    ctx.set_adapters_lora([a for a, _ in lora], [s for _, s in lora])
     print(f"perplexity: calculating perplexity over {n_chunk} chunks, n_ctx={n_ctx}, batch_size={n_batch}",
           file=out)
     nll_all = []
@@ -84,6 +85,9 @@ def perplexity(model, text: str, n_ctx: int, n_batch: int, n_threads: int, n_chu
 
 
 def run_perplexity(model, args) -> int:
+    from llamactx.lora import load_adapters
+
     text = read_text(args.file, "text file")
-    perplexity(model, text, args.ctx_size, args.batch_size, args.threads, args.chunks, flash_attn=args.flash_attn)
+    perplexity(model, text, args.ctx_size, args.batch_size, args.threads, args.chunks, flash_attn=args.flash_attn,
+               lora=load_adapters(model, args.lora))
     return 0

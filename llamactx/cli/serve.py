@@ -8,6 +8,8 @@ import logging
 import sys
 from pathlib import Path
 
+from llamactx.cli.args import add_lora
+
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server: many users, one model (llama-server)")
@@ -36,6 +38,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("-to", "--timeout", type=float, default=600.0, help="a request's deadline in seconds (600)")
     p.add_argument("--max-queue", type=int, default=64,
                    help="requests waiting beyond the slots before 503 (default 64)")
+    add_lora(p)
+    p.add_argument("--lora-init-without-apply", action="store_true",
+                   help="load the LoRA adapters at scale 0 (set scales later with POST /lora-adapters)")
     p.set_defaults(func=cmd_serve)
     return p
 
@@ -59,7 +64,8 @@ def config_from_args(args):
                         n_threads_batch=args.threads_batch, type_k=args.cache_type_k, type_v=args.cache_type_v,
                         api_keys=keys, cors_origins=origins, metrics=args.metrics, slots=args.slots,
                         webui=not args.no_webui, context_shift=args.context_shift,
-                        slot_save_path=args.slot_save_path, timeout=args.timeout, max_queue=args.max_queue)
+                        slot_save_path=args.slot_save_path, timeout=args.timeout, max_queue=args.max_queue,
+                        lora=[(path, 0.0 if args.lora_init_without_apply else scale) for path, scale in args.lora])
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -60,12 +60,13 @@ class Engine:
     `ContextParams` fields (n_batch, n_ubatch, n_threads, type_k...). The context's KV cells are one pool
     (kv_unified): each slot may use up to `n_ctx` tokens while memory lasts."""
 
-    def __init__(self, model: Model, n_slots: int = 1, n_ctx: int = 4096, **context_params):
+    def __init__(self, model: Model, n_slots: int = 1, n_ctx: int = 4096, lora=(), **context_params):
         if not 1 <= n_slots <= 256:
             raise EngineError(f"n_slots = {n_slots} is outside [1, 256]")
         self.model = model
         self.ctx = Context(model, ContextParams(n_ctx=n_ctx, n_seq_max=n_slots, kv_unified=True, **context_params))
         self.scheduler = Scheduler(self.ctx.memory, n_slots, self.ctx.params.n_batch)
+        self.set_adapters_lora(lora)
         self.stats = EngineStats()
 
     def warmup(self) -> None:
@@ -75,6 +76,18 @@ class Engine:
         ctx.decode(Batch.get_one([self.model.vocab.bos if self.model.vocab.bos >= 0 else 0] * 2))
         ctx.decode(Batch.get_one([0]))
         ctx.memory.clear(data=False)
+
+    def set_adapters_lora(self, adapters) -> None:
+        """The LoRA adapters ((LoraAdapter, scale) pairs) that every following step applies, to every slot
+        (llama-server's global adapter scales). A change forgets the idle slots' cached prompts, computed with
+        the old adapters (llama-server clears a slot's cache when its adapters change). Raises LoraError."""
+        before = self.ctx.adapters_lora
+        self.ctx.set_adapters_lora([a for a, _ in adapters], [s for _, s in adapters])
+        if self.ctx.adapters_lora != before:
+            cache = self.scheduler.cache
+            for slot in cache.slots:
+                if slot.holder is None and slot.tokens:
+                    cache.clear_slot(slot.seq_id)
 
     @property
     def n_slots(self) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import math
 import threading
 import time
 from contextlib import asynccontextmanager
@@ -63,6 +64,7 @@ class ServerConfig:
     timeout: float = 600.0  # --timeout: a request's deadline in seconds
     max_queue: int = 64  # --max-queue: requests waiting beyond the slots
     max_body_bytes: int = 8 << 20
+    lora: list[tuple[str, float]] = field(default_factory=list)  # --lora / --lora-scaled: (path, scale)
     url: str = ""  # where it listens, for the start-up message
 
 
@@ -75,6 +77,8 @@ class ServerState:
         self.load_error: str | None = None
         self.model = self.engine = self.worker = self.template = None
         self.embedder = None
+        self.loras: list = []  # the LoraAdapters of --lora / --lora-scaled; their index is the API's id
+        self.lora_scales: list[float] = []  # the scales every request gets (POST /lora-adapters)
         self.alias = config.alias or "llamactx"
         self.t_start = time.time()
 
@@ -83,6 +87,7 @@ class ServerState:
         from llamactx.embedded import resolve_model_path
         from llamactx.embedding import Embedder
         from llamactx.engine import Engine
+        from llamactx.lora import load_adapters
         from llamactx.model import Model
         from llamactx.server.worker import EngineWorker
 
@@ -91,13 +96,15 @@ class ServerState:
             path = resolve_model_path(c.model)
             self.model = Model.load(path)
             self.alias = c.alias or Path(path).name
-            self.engine = Engine(self.model, n_slots=c.n_slots, n_ctx=c.n_ctx, n_batch=c.n_batch,
+            lora = load_adapters(self.model, c.lora)
+            self.loras, self.lora_scales = [a for a, _ in lora], [s for _, s in lora]
+            self.engine = Engine(self.model, n_slots=c.n_slots, n_ctx=c.n_ctx, n_batch=c.n_batch, lora=lora,
                                  n_ubatch=c.n_ubatch, n_threads=c.n_threads,
                                  n_threads_batch=c.n_threads_batch or c.n_threads, type_k=c.type_k, type_v=c.type_v)
             self.template = ChatTemplate.from_model(self.model, name=self.alias)
             if self.template.is_fallback:
                 log.info(self.template.message)
-            self.embedder = Embedder(self.model, n_ctx=min(c.n_ctx, 8192), n_threads=c.n_threads,
+            self.embedder = Embedder(self.model, n_ctx=min(c.n_ctx, 8192), lora=lora, n_threads=c.n_threads,
                                      n_threads_batch=c.n_threads_batch or c.n_threads)
             self.engine.warmup()
             self.worker = EngineWorker(self.engine, c.n_slots + c.max_queue, c.timeout)
@@ -117,6 +124,37 @@ class ServerState:
 
     def n_ctx_slot(self) -> int:
         return self.engine.n_ctx_slot
+
+    def lora_scales_from(self, entries, field: str) -> list[float]:
+        """llama-server's parse_lora_request + construct_lora_list: [{"id", "scale"}, ...] -> a scale for every
+        adapter, 0 for those not listed. ProtocolError (400) for an unknown id or a scale that is not a number."""
+        if not isinstance(entries, list):
+            raise P.ProtocolError(f"{field} must be an array of objects with 'id' and 'scale' fields")
+        scales = [0.0] * len(self.loras)
+        for i, entry in enumerate(entries):
+            lora_id = entry.get("id") if isinstance(entry, dict) else None
+            scale = entry.get("scale", 0.0) if isinstance(entry, dict) else None
+            if not isinstance(lora_id, int) or isinstance(lora_id, bool) or not 0 <= lora_id < len(self.loras):
+                raise P.ProtocolError(f"{field}[{i}].id = {lora_id!r} is not an adapter id in [0, "
+                                      f"{len(self.loras)})")
+            if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not math.isfinite(scale):
+                raise P.ProtocolError(f"{field}[{i}].scale = {scale!r} is not a finite number")
+            scales[lora_id] = float(scale)
+        return scales
+
+    def set_lora_scales(self, engine, scales: list[float]) -> None:
+        """On the engine thread: every following step (and embedding) uses these scales."""
+        pairs = list(zip(self.loras, scales, strict=True))
+        engine.set_adapters_lora(pairs)
+        self.embedder.lora = tuple((a, s) for a, s in pairs if s != 0.0)
+        self.lora_scales = scales
+
+    def check_request_lora(self, body: dict) -> None:
+        """A request's own "lora" field: accepted when it asks for the scales in effect; per-request scales
+        are not supported (one context serves every slot), so a different set is a 400."""
+        if "lora" in body and self.lora_scales_from(body["lora"], "lora") != self.lora_scales:
+            raise P.ProtocolError("lora: per-request adapter scales are not supported by this server; set them "
+                                  "for every request with POST /lora-adapters")
 
 
 def create_app(config: ServerConfig, load_in_background: bool = True) -> Starlette:
@@ -267,7 +305,9 @@ def _routes(state: ServerState) -> list:
 
     async def _completion(request, renderer_cls):
         state.check_ready()
-        req = P.validate(P.CompletionRequest, await _json(request))
+        body = await _json(request)
+        state.check_request_lora(body)
+        req = P.validate(P.CompletionRequest, body)
         if req.suffix:
             raise P.ProtocolError("suffix: infill is not supported by this server", 400)
         prompts, text = await asyncio.to_thread(_prompts, state, req.prompt, req.n_keep)
@@ -278,7 +318,9 @@ def _routes(state: ServerState) -> list:
 
     async def chat_completions(request):
         state.check_ready()
-        req = P.validate(P.ChatCompletionRequest, await _json(request))
+        body = await _json(request)
+        state.check_request_lora(body)
+        req = P.validate(P.ChatCompletionRequest, body)
         prompt_text, fns = await asyncio.to_thread(_render_chat, state, req)
         tokens = await asyncio.to_thread(state.model.vocab.tokenize, prompt_text, True, True)
         tokens = _fit_prompt(state, tokens, req.n_keep)
@@ -363,6 +405,25 @@ def _routes(state: ServerState) -> list:
             raise P.ProtocolError(f"action: {action!r} is not one of save, restore, erase")
         return JSONResponse(await asyncio.wrap_future(state.worker.call(fn)))
 
+    async def lora_adapters_get(request):
+        state.check_ready()
+        return JSONResponse([{"id": i, "path": str(a.path), "scale": s,
+                              "task_name": a.meta.get("adapter.lora.task_name", ""),
+                              "prompt_prefix": a.meta.get("adapter.lora.prompt_prefix", "")}
+                             for i, (a, s) in enumerate(zip(state.loras, state.lora_scales, strict=True))])
+
+    async def lora_adapters_post(request):
+        state.check_ready()
+        try:
+            body = P.parse_json(b'{"body": ' + await request.body() + b"}")["body"]  # any JSON value
+        except P.ProtocolError:
+            raise P.ProtocolError("request body is not valid JSON") from None
+        if not isinstance(body, list):
+            raise P.ProtocolError("Request body must be an array")
+        scales = state.lora_scales_from(body, "body")
+        await asyncio.wrap_future(state.worker.call(lambda engine: state.set_lora_scales(engine, scales)))
+        return JSONResponse({"success": True})
+
     async def metrics(request):
         state.check_ready()
         if not cfg.metrics:
@@ -390,6 +451,8 @@ def _routes(state: ServerState) -> list:
         Route("/tokenize", tokenize, methods=["POST"]), Route("/detokenize", detokenize, methods=["POST"]),
         Route("/apply-template", apply_template, methods=["POST"]),
         Route("/slots", slots_get), Route("/slots/{id_slot}", slots_post, methods=["POST"]),
+        Route("/lora-adapters", lora_adapters_get),
+        Route("/lora-adapters", lora_adapters_post, methods=["POST"]),
         Route("/metrics", metrics), Route("/", index),
     ]
     if cfg.webui:

@@ -6,7 +6,8 @@ and for two adapters at once the C API's llama_adapter_lora_init + llama_set_ada
 Usage: $LLAMACPP/venv/bin/python tests/data/lora/make_lora_reference.py SMOLLM2_GGUF
 (the path `.venv/bin/python -c "from llamactx.embedded import smollm2_path; print(smollm2_path())"` prints)
 Writes reference.json (per case: adapters and scales, tokens, each position's argmax, sha256 of the (n, n_vocab)
-float32 logits) and reference.npz (per case: the last position's logits, float32 (n_vocab,)).
+float32 logits; `greedy`: llama-cpp-python's create_completion text at temperature 0 with one adapter) and
+reference.npz (per case: the last position's logits, float32 (n_vocab,)).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ CASES = [  # name, [(adapter file, scale)]
     ("a_0.5", [("smollm2-lora.gguf", 0.5)]),
     ("a_1_b_0.75", [("smollm2-lora.gguf", 1.0), ("smollm2-lora-b.gguf", 0.75)]),
 ]
+
+GREEDY = {"adapter": "smollm2-lora.gguf", "scale": 0.25, "prompt": "The capital of France is", "max_tokens": 12}
 
 
 def case_logits(model_path: str, adapters: list[tuple[str, float]]) -> tuple[list[int], np.ndarray]:
@@ -62,6 +65,11 @@ def main() -> None:
                              "sha256": hashlib.sha256(logits.tobytes()).hexdigest()})
         arrays[name] = logits[-1]
         print(name, toks, logits.argmax(axis=1).tolist())
+    llm = Llama(model_path=model_path, n_ctx=2048, n_batch=512, n_threads=2, verbose=False, seed=0,
+                flash_attn=False, lora_path=str(HERE / GREEDY["adapter"]), lora_scale=GREEDY["scale"])
+    out["greedy"] = {**GREEDY, "text": llm.create_completion(GREEDY["prompt"], max_tokens=GREEDY["max_tokens"],
+                                                           temperature=0.0)["choices"][0]["text"]}
+    print(out["greedy"])
     (HERE / "reference.json").write_text(json.dumps(out, indent=1))
     np.savez_compressed(HERE / "reference.npz", **arrays)
 
