@@ -7,6 +7,8 @@ adapted weight `<name>.lora_a` with ggml shape (n_in, rank) and `<name>.lora_b` 
   (16 = a tinyBLAS-sized k for B), F32 and F16 tensors, and one `_norm.weight` tensor that llama.cpp skips.
 - smollm2-lora-b.gguf: no alpha (scale = the user's scale), rank 4, F16, on weights the first one leaves alone
   (attn_k, ffn_gate), for two adapters on one context.
+- gemma3-lora.gguf: for Gemma-3-270M (architecture "gemma3"), alpha 8, on Q5_0 / Q8_0 / Q6_K / Q4_K base weights
+  of a sliding-window and a global layer.
 
 Random values from fixed seeds; each file is well under 1 MB. Usage (repository root, the project's venv):
     .venv/bin/python tests/data/lora/make_lora_adapter.py
@@ -22,6 +24,7 @@ import numpy as np
 
 OUT = Path(__file__).parent
 N_EMBD, N_FF, N_EMBD_KV = 576, 1536, 192  # SmolLM2-135M: n_embd, n_ff, n_embd_k_gqa
+G_EMBD, G_FF, G_KV, G_Q = 640, 2048, 256, 1024  # Gemma-3-270M: n_embd, n_ff, n_embd_k_gqa, n_head * head_dim
 
 # (weight, n_in, n_out, rank, type)
 ADAPTER_A = [
@@ -38,11 +41,18 @@ ADAPTER_B = [
     ("blk.3.attn_k.weight", N_EMBD, N_EMBD_KV, 4, np.float16),
     ("blk.3.ffn_gate.weight", N_EMBD, N_FF, 4, np.float16),
 ]
+ADAPTER_GEMMA = [
+    ("blk.0.attn_q.weight", G_EMBD, G_Q, 8, np.float32),
+    ("blk.0.attn_v.weight", G_EMBD, G_KV, 4, np.float16),
+    ("blk.0.ffn_down.weight", G_FF, G_EMBD, 8, np.float16),
+    ("blk.1.ffn_up.weight", G_EMBD, G_FF, 16, np.float32),
+    ("blk.5.attn_output.weight", G_Q, G_EMBD, 8, np.float32),
+]
 
 
-def write(path: Path, pairs, alpha: float | None, seed: int, norm: bool) -> None:
+def write(path: Path, pairs, alpha: float | None, seed: int, norm: bool, arch: str = "llama") -> None:
     rng = np.random.default_rng(seed)
-    w = gguf.GGUFWriter(str(path), "llama")
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_type(gguf.GGUFType.ADAPTER)
     w.add_string(gguf.Keys.Adapter.TYPE, "lora")
     if alpha is not None:
@@ -64,3 +74,4 @@ def write(path: Path, pairs, alpha: float | None, seed: int, norm: bool) -> None
 if __name__ == "__main__":
     write(OUT / "smollm2-lora.gguf", ADAPTER_A, alpha=16.0, seed=13, norm=True)
     write(OUT / "smollm2-lora-b.gguf", ADAPTER_B, alpha=None, seed=14, norm=False)
+    write(OUT / "gemma3-lora.gguf", ADAPTER_GEMMA, alpha=8.0, seed=15, norm=False, arch="gemma3")
