@@ -19,9 +19,11 @@ import numpy as np
 from llamactx.batch import AllocatedBatch, Batch, BatchAllocator, DecodeError, UBatch
 from llamactx.cparams import ContextParams, ResolvedParams
 from llamactx.lora import AdaptedModel, LoraAdapter, LoraError
-from llamactx.memory.kv_cache import KVCache, Placement
+from llamactx.memory.base import Memory
+from llamactx.memory.kv_cache import KVCache
+from llamactx.memory.recurrent import RecurrentMemory, RecurrentView
 from llamactx.model import Model
-from llamactx.models import arch_module
+from llamactx.models import arch_module, memory_type
 from llamactx.models.graph import BatchAttention, KVAttention, rope_config
 
 
@@ -66,8 +68,7 @@ class Context:
         self.params: ResolvedParams = params.resolve(model.hparams)
         hp = model.hparams
         p = self.params
-        self.memory = KVCache(hp.n_layer, p.n_ctx, p.n_seq_max, hp.n_embd_k_gqa, hp.n_embd_v_gqa,
-                              p.type_k, p.type_v, can_shift=True, n_ctx_seq=p.n_ctx_seq)
+        self.memory = create_memory(hp, p)
         self.ops = ops if ops is not None else _fast_ops(model)
         self._arch = arch_module(model.arch)
         self._rope = rope_config(hp, p, model.tensors.get("rope_freqs.weight"))
@@ -99,7 +100,7 @@ class Context:
                 raise DecodeError(broken)
             self._set_threads(alloc.n_tokens)
             mem.update(self._rope_shift)
-            ubatches = alloc.split_simple(self.params.n_ubatch)
+            ubatches = mem.split(alloc, self.params.n_ubatch)
             placement = mem.prepare(ubatches)
             if placement is None:
                 return DecodeStatus.NO_SLOT
@@ -123,6 +124,8 @@ class Context:
             t0 = time.perf_counter()
             alloc = self._balloc.init(batch, lambda s: -1, True)
             self._set_threads(alloc.n_tokens)
+            if memory_type(self.model.arch) != "kv":
+                raise DecodeError(f"encode: {self.model.arch} keeps a recurrent state; use decode")
             if alloc.n_tokens > self.params.n_ubatch:
                 raise DecodeError(f"encode: {alloc.n_tokens} tokens exceed n_ubatch = {self.params.n_ubatch}")
             if self._aborted():
@@ -134,20 +137,26 @@ class Context:
             self._count(alloc.n_tokens, time.perf_counter() - t0)
             return DecodeStatus.OK
 
-    def _run(self, ubatches: list[UBatch], placement: Placement):
+    def _run(self, ubatches: list[UBatch], placement):
         """Each ubatch in order: occupy its cells, run the forward through the memory's view. None if aborted."""
         logits_parts, embd_parts = [], []
         for ub, slot in zip(ubatches, placement.slots, strict=True):
             if self._aborted():
                 return None
             view = self.memory.apply(ub, slot)
-            attn = KVAttention(self.model.hparams, self.params, self.ops, view, ub)
-            res = self._forward(ub, attn, np.flatnonzero(ub.output), want_logits=True)
+            res = self._forward(ub, self._memory_input(view, ub), np.flatnonzero(ub.output), want_logits=True)
             logits_parts.append(res.logits)
             embd_parts.append(res.embd)
         logits = np.concatenate(logits_parts)
         embd = np.concatenate(embd_parts) if self.params.embeddings else None
         return logits, embd
+
+    def _memory_input(self, view, ub: UBatch):
+        """What the forward reads the memory through: attention over the KV view, or the recurrent view itself
+        (llm_graph_input_attn_kv / llm_graph_input_rs)."""
+        if isinstance(view, RecurrentView):
+            return view
+        return KVAttention(self.model.hparams, self.params, self.ops, view, ub)
 
     def _forward(self, ub: UBatch, attn, out_ids: np.ndarray, want_logits: bool):
         return self._arch.forward(self._forward_model, self.ops, ub.token, ub.embd, ub.pos, attn, self._rope, out_ids,
@@ -363,10 +372,16 @@ class Context:
         self._perf = Perf(t_start_ms=time.time() * 1000)
 
     def memory_breakdown(self) -> dict[str, int]:
-        """Bytes this context holds beyond the shared weights: KV arrays and cells, output buffers."""
-        kv = self.memory.memory_breakdown()
-        return {"kv": kv["k"] + kv["v"], "kv_cells": kv["cells"],
-                "outputs": self._logits.nbytes + self._embd.nbytes + self._output_ids.nbytes}
+        """Bytes this context holds beyond the shared weights: KV arrays and cells, recurrent states (rs), output
+        buffers."""
+        mem = self.memory.memory_breakdown()
+        out = {}
+        if "k" in mem:
+            out.update(kv=mem["k"] + mem["v"], kv_cells=mem["cells"])
+        if "r" in mem:
+            out["rs"] = mem["r"] + mem["s"]
+        out["outputs"] = self._logits.nbytes + self._embd.nbytes + self._output_ids.nbytes
+        return out
 
     def _check_open(self) -> None:
         if self._closed:
@@ -384,6 +399,16 @@ class Context:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def create_memory(hp, p: ResolvedParams) -> Memory:
+    """The memory the architecture needs (llama_model::create_memory): a KV cache, or for a recurrent model
+    (mamba2) one state per sequence."""
+    kind = memory_type(hp.arch)
+    if kind == "recurrent":
+        return RecurrentMemory(range(hp.n_layer), p.n_seq_max, hp.n_embd_r, hp.n_embd_s)
+    return KVCache(hp.n_layer, p.n_ctx, p.n_seq_max, hp.n_embd_k_gqa, hp.n_embd_v_gqa, p.type_k, p.type_v,
+                   can_shift=True, n_ctx_seq=p.n_ctx_seq)
 
 
 def _readonly(a: np.ndarray) -> np.ndarray:

@@ -12,12 +12,15 @@ from dataclasses import dataclass
 
 from llamactx.errors import LlamactxError
 
-SUPPORTED_ARCHS = ("llama", "gemma3", "qwen2", "qwen3")
+SUPPORTED_ARCHS = ("llama", "gemma3", "qwen2", "qwen3", "mamba2")
+RECURRENT_ARCHS = ("mamba2",)  # llm_arch_is_recurrent: recurrent memory only
+HYBRID_ARCHS = ("lfm2",)  # llm_arch_is_hybrid: a KV cache for attention layers + recurrent memory for the rest
 
 # llama_rope_type (include/llama.h): NORM rotates adjacent pairs, NEOX rotates the two halves of each head.
 ROPE_TYPE_NORM = 0
 ROPE_TYPE_NEOX = 2
-ROPE_TYPES = {"llama": ROPE_TYPE_NORM, "gemma3": ROPE_TYPE_NEOX, "qwen2": ROPE_TYPE_NEOX, "qwen3": ROPE_TYPE_NEOX}
+ROPE_TYPES = {"llama": ROPE_TYPE_NORM, "gemma3": ROPE_TYPE_NEOX, "qwen2": ROPE_TYPE_NEOX, "qwen3": ROPE_TYPE_NEOX,
+              "mamba2": ROPE_TYPE_NORM, "lfm2": ROPE_TYPE_NEOX}  # mamba2 has no RoPE (LLAMA_ROPE_TYPE_NONE)
 ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")  # llama_rope_scaling_type_from_string
 
 LLAMA_MAX_LAYERS = 512  # src/llama-hparams.h: load_hparams asserts 0 < n_layer <= LLAMA_MAX_LAYERS
@@ -68,6 +71,30 @@ class HParams:
     f_final_logit_softcapping: float  # 0 = none
     embd_scale: float  # input embeddings are multiplied by this (gemma3: sqrt(n_embd))
     size_label: str  # "135M", from general.size_label or the parameter count
+    # recurrent layers (llama_hparams ssm_* / n_shortconv_l_cache); zero for attention-only models
+    ssm_d_conv: int = 0
+    ssm_d_inner: int = 0
+    ssm_d_state: int = 0
+    ssm_dt_rank: int = 0  # mamba2: the number of SSM heads
+    ssm_n_group: int = 0
+    n_shortconv_l_cache: int = 0  # lfm2: the short convolution's kernel length
+    recurrent_layers: tuple[bool, ...] = ()  # is_recr(il) for each layer; () = none
+
+    def is_recr(self, il: int) -> bool:
+        """Whether layer `il` keeps a recurrent state instead of K/V (llama_hparams::is_recr)."""
+        return bool(self.recurrent_layers) and self.recurrent_layers[il]
+
+    @property
+    def n_embd_r(self) -> int:
+        """Floats of a layer's rolling (conv) state per sequence (llama_hparams::n_embd_r)."""
+        if self.n_shortconv_l_cache:
+            return self.n_embd * (self.n_shortconv_l_cache - 1)
+        return max(self.ssm_d_conv - 1, 0) * (self.ssm_d_inner + 2 * self.ssm_n_group * self.ssm_d_state)
+
+    @property
+    def n_embd_s(self) -> int:
+        """Floats of a layer's SSM state per sequence (llama_hparams::n_embd_s)."""
+        return self.ssm_d_state * self.ssm_d_inner
 
     @property
     def n_embd_k_gqa(self) -> int:
@@ -170,19 +197,23 @@ def load_hparams(meta: dict[str, object], n_params: int = 0) -> HParams:
     m = _Meta(meta, arch)
     n_embd = m.count("embedding_length")
     n_layer = m.count("block_count", hi=LLAMA_MAX_LAYERS)
-    n_head = m.count("attention.head_count")
-    n_head_kv = m.count("attention.head_count_kv", n_head)
-    if n_head % n_head_kv:
-        raise HParamsError(f"'{arch}.attention.head_count' = {n_head} is not a multiple of head_count_kv = {n_head_kv}")
-    n_embd_head_k = m.count("attention.key_length", n_embd // n_head)
-    n_embd_head_v = m.count("attention.value_length", n_embd // n_head)
-    if n_embd_head_v != n_embd_head_k:  # llm_build_llama / gemma3 assert n_embd_head_k == n_embd_head_v
-        raise HParamsError(f"'{arch}.attention.value_length' = {n_embd_head_v} differs from key_length = "
-                           f"{n_embd_head_k}; {arch} needs them equal")
-    n_rot = m.count("rope.dimension_count", n_embd_head_k, hi=n_embd_head_k)
-    if n_rot % 2 or (arch == "llama" and n_rot != n_embd_head_k):
-        raise HParamsError(f"'{arch}.rope.dimension_count' = {n_rot}: expected an even number"
-                           + (f" equal to the head size {n_embd_head_k}" if arch == "llama" else ""))
+    if arch in RECURRENT_ARCHS:  # no attention: llama.cpp leaves the head counts at 0
+        n_head = n_head_kv = n_embd_head_k = n_embd_head_v = n_rot = 0
+        recurrent_layers = (True,) * n_layer
+    else:
+        n_head, n_head_kv, recurrent_layers = _head_counts(m, n_layer)
+        if n_head % n_head_kv:
+            raise HParamsError(f"'{arch}.attention.head_count' = {n_head} is not a multiple of head_count_kv = "
+                               f"{n_head_kv}")
+        n_embd_head_k = m.count("attention.key_length", n_embd // n_head)
+        n_embd_head_v = m.count("attention.value_length", n_embd // n_head)
+        if n_embd_head_v != n_embd_head_k:  # llm_build_llama / gemma3 assert n_embd_head_k == n_embd_head_v
+            raise HParamsError(f"'{arch}.attention.value_length' = {n_embd_head_v} differs from key_length = "
+                               f"{n_embd_head_k}; {arch} needs them equal")
+        n_rot = m.count("rope.dimension_count", n_embd_head_k, hi=n_embd_head_k)
+        if n_rot % 2 or (arch == "llama" and n_rot != n_embd_head_k):
+            raise HParamsError(f"'{arch}.rope.dimension_count' = {n_rot}: expected an even number"
+                               + (f" equal to the head size {n_embd_head_k}" if arch == "llama" else ""))
     tokens = meta.get("tokenizer.ggml.tokens")
     n_vocab = m.count("vocab_size", len(tokens) if isinstance(tokens, list) else None)
     n_ctx_train = m.count("context_length")
@@ -206,7 +237,8 @@ def load_hparams(meta: dict[str, object], n_params: int = 0) -> HParams:
         n_head_kv=n_head_kv,
         n_embd_head_k=n_embd_head_k,
         n_embd_head_v=n_embd_head_v,
-        n_ff=m.count("feed_forward_length"),
+        n_ff=m.count("feed_forward_length", 0 if arch in RECURRENT_ARCHS else None,
+                     lo=0 if arch in RECURRENT_ARCHS else 1),
         n_rot=n_rot,
         rope_type=ROPE_TYPES[arch],
         rope_freq_base=m.real("rope.freq_base", 10000.0),
@@ -229,4 +261,40 @@ def load_hparams(meta: dict[str, object], n_params: int = 0) -> HParams:
         f_final_logit_softcapping=m.real("final_logit_softcapping", 0.0, zero_ok=True) if is_gemma else 0.0,
         embd_scale=math.sqrt(n_embd) if is_gemma else 1.0,
         size_label=_size_label(meta, n_params),
+        recurrent_layers=recurrent_layers if any(recurrent_layers) else (),
+        **_recurrent_hparams(m, arch),
     )
+
+
+def _head_counts(m: _Meta, n_layer: int) -> tuple[int, int, tuple[bool, ...]]:
+    """n_head, n_head_kv and the recurrent layers. `head_count_kv` may hold one value per layer (lfm2: 0 marks a
+    short-convolution layer, llama_model_lfm2::load_arch_hparams); the attention layers must then agree."""
+    n_head = m.count("attention.head_count")
+    key = f"{m.arch}.attention.head_count_kv"
+    value = m.meta.get(key)
+    if getattr(value, "dtype", None) is None or m.arch not in HYBRID_ARCHS:
+        return n_head, m.count("attention.head_count_kv", n_head), (False,) * n_layer
+    per_layer = [int(v) for v in value]
+    kv = sorted(set(per_layer) - {0})
+    if len(per_layer) != n_layer or len(kv) != 1 or kv[0] > n_head:
+        raise HParamsError(f"GGUF metadata key '{key}' = {per_layer}: expected {n_layer} values, 0 for recurrent "
+                           f"layers and one common value in [1, {n_head}] for attention layers")
+    return n_head, kv[0], tuple(v == 0 for v in per_layer)
+
+
+def _recurrent_hparams(m: _Meta, arch: str) -> dict[str, int]:
+    """The keys of mamba2 (ssm.*, llama_model_mamba2::load_arch_hparams) and lfm2 (shortconv.l_cache)."""
+    if arch == "mamba2":
+        hp = {"ssm_d_conv": m.count("ssm.conv_kernel", lo=2), "ssm_d_inner": m.count("ssm.inner_size"),
+              "ssm_d_state": m.count("ssm.state_size"), "ssm_dt_rank": m.count("ssm.time_step_rank"),
+              "ssm_n_group": m.count("ssm.group_count")}
+        checks = (("ssm.time_step_rank", hp["ssm_dt_rank"], "ssm.inner_size", hp["ssm_d_inner"]),
+                  ("ssm.group_count", hp["ssm_n_group"], "ssm.inner_size", hp["ssm_d_inner"]),
+                  ("ssm.group_count", hp["ssm_n_group"], "ssm.time_step_rank", hp["ssm_dt_rank"]))
+        for name, divisor, of_name, of in checks:  # build_mamba2_layer / ggml_ssm_scan assert these
+            if of % divisor:
+                raise HParamsError(f"'{arch}.{name}' = {divisor} does not divide '{arch}.{of_name}' = {of}")
+        return hp
+    if arch == "lfm2":
+        return {"n_shortconv_l_cache": m.count("shortconv.l_cache", lo=2)}
+    return {}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
+from llamactx.ggml import ssm as ggml_ssm
 from llamactx.ggml import vec as ggml_vec
 from llamactx.ggml.attention import attention_f16, attention_f16_cells
 from llamactx.ggml.flash_attn import flash_attn_f16_cells
@@ -104,6 +105,23 @@ class ReferenceOps:
         y = self._gelu[g16]
         y = np.where(gate <= -10.0, np.float32(0.0), np.where(gate >= 10.0, gate, y))
         return (y * up).astype(np.float32)
+
+    @staticmethod
+    def silu(x: np.ndarray) -> np.ndarray:
+        """ggml_silu (ggml_vec_silu_f32), llamactx.ggml.ssm.silu. (..., k) -> (..., k)"""
+        return ggml_ssm.silu(x)
+
+    # -- state-space ops (llamactx.ggml.ssm) ----------------------------------------------------------------------
+
+    @staticmethod
+    def ssm_conv(conv_x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+        """ggml_ssm_conv of one sequence: conv_x (n_ch, d_conv - 1 + n_t), weight (n_ch, d_conv) -> (n_t, n_ch)"""
+        return ggml_ssm.ssm_conv(conv_x, weight)
+
+    @staticmethod
+    def ssm_scan(state, x, dt, a, b, c) -> tuple[np.ndarray, np.ndarray]:
+        """ggml_ssm_scan (Mamba-2) of one sequence: -> y (n_t, n_head, head_dim), the final state"""
+        return ggml_ssm.ssm_scan(state, x, dt, a, b, c)
 
     # -- rope ---------------------------------------------------------------------------------------------------
 

@@ -6,8 +6,8 @@ implementation; recurrent or sliding-window memories would be others. Sequence i
 
 A decode asks its memory, in this order: `update` (pending work such as a K-shift), `prepare(ubatches)` (a
 placement for every ubatch, or None when they do not fit: decode returns 1), per ubatch `apply(ubatch, slot)`
-(the view the forward attends through), and on failure `rollback(placement)`. A scheduler asks `can_fit` /
-`room` first.
+(the view the forward attends through), and on failure `rollback(placement)`. The ubatches come from
+`split(batch, n_ubatch)`. A scheduler asks `can_fit` / `room` first.
 """
 
 from __future__ import annotations
@@ -49,6 +49,11 @@ class Memory(ABC):
         return None
 
     # -- placement ----------------------------------------------------------------------------------------------
+
+    def split(self, alloc, n_ubatch: int) -> list:
+        """Cut a validated batch into ubatches (the split of llama.cpp's `init_batch`): consecutive chunks of at
+        most n_ubatch tokens here; a recurrent memory also keeps each sequence set apart."""
+        return alloc.split_simple(n_ubatch)
 
     @abstractmethod
     def room(self, seq_id: int) -> int:

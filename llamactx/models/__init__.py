@@ -5,9 +5,10 @@ from __future__ import annotations
 from types import ModuleType
 
 from llamactx.hparams import HParams
-from llamactx.models import gemma3, llama
+from llamactx.models import gemma3, llama, mamba2
 
-ARCHITECTURES: dict[str, ModuleType] = {"llama": llama, "qwen2": llama, "qwen3": llama, "gemma3": gemma3}
+ARCHITECTURES: dict[str, ModuleType] = {"llama": llama, "qwen2": llama, "qwen3": llama, "gemma3": gemma3,
+                                        "mamba2": mamba2}
 
 
 def arch_module(arch: str) -> ModuleType:
@@ -19,3 +20,9 @@ def arch_module(arch: str) -> ModuleType:
 def expected_tensors(hp: HParams) -> dict[str, tuple[tuple[int, ...], bool]]:
     """Tensor name -> (ggml shape, required) for a model with these hparams."""
     return arch_module(hp.arch).tensor_shapes(hp)
+
+
+def memory_type(arch: str) -> str:
+    """The memory a context of this architecture needs (llama_model::create_memory): "kv" (llama_kv_cache),
+    "recurrent" (llama_memory_recurrent) or "hybrid" (llama_memory_hybrid)."""
+    return getattr(arch_module(arch), "MEMORY", "kv")

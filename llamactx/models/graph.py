@@ -21,6 +21,28 @@ class AttentionInput(Protocol):
         """q (n, n_head, d_k), k (n, n_head_kv, d_k), v (n, n_head_kv, d_v) float32 -> (n, n_head * d_v)"""
 
 
+class RecurrentInput(Protocol):
+    """The ubatch's view of the recurrent memory (llm_graph_input_rs; llamactx.memory.recurrent.RecurrentView):
+    its sequence sets (`sets[k].idx`: the ubatch rows of set k, in order) and, per layer and set, the state the
+    set continues and where its new state goes."""
+
+    sets: tuple
+
+    def conv_state(self, il: int, k: int) -> np.ndarray: ...  # (n_embd_r,) a copy
+    def ssm_state(self, il: int, k: int) -> np.ndarray: ...  # (n_embd_s,) a copy
+    def store_conv(self, il: int, k: int, r: np.ndarray) -> None: ...
+    def store_ssm(self, il: int, k: int, s: np.ndarray) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class HybridInput:
+    """The inputs of a hybrid model's forward (llm_graph_input_mem_hybrid): attention for its attention layers,
+    the recurrent view for the others."""
+
+    attn: AttentionInput
+    rs: RecurrentInput
+
+
 @dataclass(frozen=True, slots=True)
 class ForwardResult:
     logits: np.ndarray | None  # (n_outputs, n_vocab) float32
