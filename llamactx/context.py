@@ -20,11 +20,12 @@ from llamactx.batch import AllocatedBatch, Batch, BatchAllocator, DecodeError, U
 from llamactx.cparams import ContextParams, ResolvedParams
 from llamactx.lora import AdaptedModel, LoraAdapter, LoraError
 from llamactx.memory.base import Memory
+from llamactx.memory.hybrid import HybridMemory, HybridView
 from llamactx.memory.kv_cache import KVCache
 from llamactx.memory.recurrent import RecurrentMemory, RecurrentView
 from llamactx.model import Model
 from llamactx.models import arch_module, memory_type
-from llamactx.models.graph import BatchAttention, KVAttention, rope_config
+from llamactx.models.graph import BatchAttention, HybridInput, KVAttention, LayerMappedAttention, rope_config
 
 
 class DecodeStatus(IntEnum):
@@ -152,10 +153,13 @@ class Context:
         return logits, embd
 
     def _memory_input(self, view, ub: UBatch):
-        """What the forward reads the memory through: attention over the KV view, or the recurrent view itself
-        (llm_graph_input_attn_kv / llm_graph_input_rs)."""
+        """What the forward reads the memory through: attention over the KV view, the recurrent view itself, or
+        both (llm_graph_input_attn_kv / llm_graph_input_rs / llm_graph_input_mem_hybrid)."""
         if isinstance(view, RecurrentView):
             return view
+        if isinstance(view, HybridView):
+            attn = KVAttention(self.model.hparams, self.params, self.ops, view.kv, ub)
+            return HybridInput(LayerMappedAttention(attn, self.memory.attn_layers), view.rs)
         return KVAttention(self.model.hparams, self.params, self.ops, view, ub)
 
     def _forward(self, ub: UBatch, attn, out_ids: np.ndarray, want_logits: bool):
@@ -402,13 +406,19 @@ class Context:
 
 
 def create_memory(hp, p: ResolvedParams) -> Memory:
-    """The memory the architecture needs (llama_model::create_memory): a KV cache, or for a recurrent model
-    (mamba2) one state per sequence."""
+    """The memory the architecture needs (llama_model::create_memory): a KV cache; for a recurrent model (mamba2)
+    one state per sequence; for a hybrid (lfm2) a KV cache of the attention layers beside the recurrent states of
+    the others."""
     kind = memory_type(hp.arch)
+    recr = [il for il in range(hp.n_layer) if hp.is_recr(il)]
+    attn = [il for il in range(hp.n_layer) if not hp.is_recr(il)]
     if kind == "recurrent":
-        return RecurrentMemory(range(hp.n_layer), p.n_seq_max, hp.n_embd_r, hp.n_embd_s)
-    return KVCache(hp.n_layer, p.n_ctx, p.n_seq_max, hp.n_embd_k_gqa, hp.n_embd_v_gqa, p.type_k, p.type_v,
-                   can_shift=True, n_ctx_seq=p.n_ctx_seq)
+        return RecurrentMemory(recr, p.n_seq_max, hp.n_embd_r, hp.n_embd_s)
+    kv = KVCache(len(attn), p.n_ctx, p.n_seq_max, hp.n_embd_k_gqa, hp.n_embd_v_gqa, p.type_k, p.type_v,
+                 can_shift=True, n_ctx_seq=p.n_ctx_seq)
+    if kind == "hybrid":
+        return HybridMemory(kv, RecurrentMemory(recr, p.n_seq_max, hp.n_embd_r, hp.n_embd_s), attn)
+    return kv
 
 
 def _readonly(a: np.ndarray) -> np.ndarray:

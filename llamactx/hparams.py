@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from llamactx.errors import LlamactxError
 
-SUPPORTED_ARCHS = ("llama", "gemma3", "qwen2", "qwen3", "mamba2")
+SUPPORTED_ARCHS = ("llama", "gemma3", "qwen2", "qwen3", "mamba2", "lfm2")
 RECURRENT_ARCHS = ("mamba2",)  # llm_arch_is_recurrent: recurrent memory only
 HYBRID_ARCHS = ("lfm2",)  # llm_arch_is_hybrid: a KV cache for attention layers + recurrent memory for the rest
 

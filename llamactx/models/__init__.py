@@ -5,10 +5,10 @@ from __future__ import annotations
 from types import ModuleType
 
 from llamactx.hparams import HParams
-from llamactx.models import gemma3, llama, mamba2
+from llamactx.models import gemma3, lfm2, llama, mamba2
 
 ARCHITECTURES: dict[str, ModuleType] = {"llama": llama, "qwen2": llama, "qwen3": llama, "gemma3": gemma3,
-                                        "mamba2": mamba2}
+                                        "mamba2": mamba2, "lfm2": lfm2}
 
 
 def arch_module(arch: str) -> ModuleType:

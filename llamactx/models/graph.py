@@ -43,6 +43,18 @@ class HybridInput:
     rs: RecurrentInput
 
 
+class LayerMappedAttention:
+    """An attention input over a KV cache that holds only some layers (a hybrid model's attention layers, in
+    order): model layer `il` is cache layer `layers.index(il)`."""
+
+    def __init__(self, attn: AttentionInput, layers: tuple[int, ...]):
+        self.attn = attn
+        self.index = {il: i for i, il in enumerate(layers)}
+
+    def __call__(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, kq_scale: float) -> np.ndarray:
+        return self.attn(self.index[il], q, k, v, kq_scale)
+
+
 @dataclass(frozen=True, slots=True)
 class ForwardResult:
     logits: np.ndarray | None  # (n_outputs, n_vocab) float32

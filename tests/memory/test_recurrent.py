@@ -114,3 +114,22 @@ def test_state_blob_checked_before_anything_changes(tmp_path):
     other.state_set_data(blob)
     np.testing.assert_array_equal(other.memory.s, ctx.memory.s)
     assert ctx.memory_breakdown()["rs"] == ctx.memory.r.nbytes + ctx.memory.s.nbytes
+
+
+@pytest.mark.skipif("lfm2" not in ARCHITECTURES, reason="lfm2 not registered")
+def test_hybrid_asks_the_recurrent_half_first():
+    """llama_memory_hybrid::seq_rm: a removal the recurrent half refuses leaves the KV half untouched; one it
+    accepts (a middle range: nothing to do there) still removes the KV cells. Positions combine as the larger
+    minimum and the smaller maximum of the halves."""
+    model = Model.load(TINY / "tiny-lfm2.gguf")
+    ctx = Context(model, ContextParams(n_ctx=64, n_seq_max=2, n_threads=2))
+    mem = ctx.memory
+    ctx.decode(Batch.get_one(list(range(1, 11))))
+    assert not mem.seq_rm(0, 5, -1)
+    assert mem.kv.cells.n_seq(0) == 10 and mem.rs.seq_pos_max(0) == 9
+    assert mem.seq_rm(0, 3, 5)
+    assert mem.kv.cells.n_seq(0) == 8 and mem.kv.seq_pos_min(0) == 0
+    assert (mem.seq_pos_min(0), mem.seq_pos_max(0)) == (9, 9)
+    assert mem.kv.n_layer == 2 and mem.rs.layers == (0, 2)  # each half holds only its layers
+    mb = ctx.memory_breakdown()
+    assert mb["kv"] == mem.kv.k.nbytes + mem.kv.v.nbytes and mb["rs"] == mem.rs.r.nbytes + mem.rs.s.nbytes

@@ -1,5 +1,6 @@
 """Recurrent and hybrid architectures on tiny synthetic models against llama.cpp's logits (tests/data/tiny,
-REFERENCE.md): mamba2 (recurrent memory) and lfm2 (hybrid memory: short-convolution + attention layers)."""
+REFERENCE.md): mamba2 (recurrent memory; d_state 16 runs ggml_ssm_scan's scalar loop, mamba2-s128 its SIMD
+lanes as real Mamba-2 models do) and lfm2 (hybrid memory: short-convolution + attention layers)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from llamactx.ggml.ops import ReferenceOps
 from llamactx.models import ARCHITECTURES
 
 TINY = Path(__file__).parent.parent / "data" / "tiny"
-NAMES = [name for name in ("mamba2", "lfm2") if name in ARCHITECTURES]
+NAMES = [name for name in ("mamba2", "mamba2-s128", "lfm2") if name.split("-")[0] in ARCHITECTURES]
 
 
 @pytest.fixture(scope="module", params=NAMES)
@@ -57,8 +58,10 @@ def test_prompt_in_small_ubatches_bit_identical(tiny):
 @pytest.mark.parametrize("single_row", [True, False], ids=["ggml-single-row", "row-invariant"])
 def test_teacher_forced_greedy_identical(tiny, single_row):
     """64 greedy steps after the first prompt, one token per decode as llama.cpp ran them: bit-identical with
-    ggml's single-row kernels; the default computes one row like several (docs/numerics.md)."""
+    ggml's single-row kernels; the default computes one row like several (docs/numerics.md), within 1e-3 of
+    llama.cpp with F32 weights (mamba2), 1e-2 with F16 ones (lfm2: f16 rounding of the activations)."""
     name, model, ref, arrays = tiny
+    atol = 1e-3 if name.startswith("mamba2") else 1e-2
     ctx = new_ctx(model, ops=ReferenceOps(ggml_single_row=True) if single_row else None)
     toks = ref["prompts"][0]["tokens"]
     row = decode_all(ctx, toks)[-1]
@@ -66,7 +69,7 @@ def test_teacher_forced_greedy_identical(tiny, single_row):
         if single_row:
             np.testing.assert_array_equal(row, arrays["greedy"][step], err_msg=f"{name} step {step}")
         else:
-            np.testing.assert_allclose(row, arrays["greedy"][step], rtol=0, atol=1e-3, err_msg=f"{name} {step}")
+            np.testing.assert_allclose(row, arrays["greedy"][step], rtol=0, atol=atol, err_msg=f"{name} {step}")
         assert int(np.argmax(row)) == tok
         row = decode_all(ctx, [tok], pos0=len(toks) + step)[-1]
 
@@ -177,5 +180,5 @@ def test_info_names_the_memory_type(tiny, capsys):
     assert main(["info", "-m", str(TINY / f"tiny-{name}.gguf")]) == 0
     out = capsys.readouterr().out
     want = {"mamba2": "memory:         recurrent states (llama_memory_recurrent)",
-            "lfm2": "memory:         KV cache + recurrent states (llama_memory_hybrid)"}[name]
+            "lfm2": "memory:         KV cache + recurrent states (llama_memory_hybrid)"}[name.split("-")[0]]
     assert want in out

@@ -141,13 +141,14 @@ def transformer(name: str, arch: str, seed: int, kind: T, bias: bool = False, qk
     return write(w, path)
 
 
-def mamba2(seed: int = 5) -> Path:
+def mamba2(seed: int = 5, name: str = "mamba2", d_state: int = 16, n_group: int = 2) -> Path:
+    """d_state 16 runs ggml_ssm_scan's scalar loop; 128 (mamba2-s128, as real Mamba-2 models) its SIMD lanes."""
     v = smollm2_vocab()
-    path = OUT / "tiny-mamba2.gguf"
+    path = OUT / f"tiny-{name}.gguf"
     w = gguf.GGUFWriter(str(path), "mamba2")
-    w.add_name("tiny mamba2")
+    w.add_name(f"tiny {name}")
     wt = Weights(w, seed, T.F32)
-    n_layer, d_inner, d_state, n_group, head_dim, d_conv = 2, 128, 16, 2, 32, 4
+    n_layer, d_inner, head_dim, d_conv = 2, 128, 32, 4
     n_head = d_inner // head_dim  # = dt_rank
     common(w, wt, v, n_layer, 0)
     w.add_ssm_conv_kernel(d_conv)
@@ -214,6 +215,7 @@ MODELS = {
     "llama3": lambda: transformer("llama3", "llama", 3, T.F32, rope_freqs=True),
     "yarn": lambda: transformer("yarn", "llama", 4, T.F16, yarn=True),
     "mamba2": mamba2,
+    "mamba2-s128": lambda: mamba2(7, "mamba2-s128", d_state=128, n_group=1),
     "lfm2": lfm2,
 }
 

@@ -51,5 +51,5 @@ def reference(name: str) -> None:
 
 
 if __name__ == "__main__":
-    for name in sys.argv[1:] or ["qwen2", "qwen3", "llama3", "yarn", "mamba2", "lfm2"]:
+    for name in sys.argv[1:] or ["qwen2", "qwen3", "llama3", "yarn", "mamba2", "mamba2-s128", "lfm2"]:
         reference(name)

@@ -1,0 +1,123 @@
+"""The `lfm2` architecture (Liquid AI's LFM2): src/models/lfm2.cpp, the hybrid llamactx runs.
+
+Issue 11 asked for one hybrid architecture llama.cpp runs (granitehybrid, falcon-h1 or lfm2). LFM2 it is: its
+recurrent layers are a short causal convolution (ggml_ssm_conv only, no selective scan), so it needs the
+hybrid memory's two halves (a KV cache for the attention layers, a rolling conv state for the others) with the
+least new arithmetic; and its tiny synthetic model with llama.cpp's logits was already made
+(tests/data/tiny/tiny-lfm2.gguf; granitehybrid and falcon-h1 would add Mamba-2 layers plus their own
+multipliers and MoE to the same memory).
+
+A layer is `head_count_kv[il] == 0` ? short convolution : attention. Both are pre-normed (RMS) with a residual,
+then a SwiGLU FFN. Attention RMS-norms q and k per head, NEOX RoPE, 1/sqrt(head) scale. The short convolution
+projects to B | C | x, convolves B*x with the sequence's conv state (kernel l_cache, state l_cache - 1 tokens),
+gates the result with C and projects back. The final norm is `token_embd_norm` (llama.cpp's name for LFM2's
+output norm). The dense FFN only: LFM2-MoE (lfm2moe) and the sliding-window variant are not supported.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from llamactx.hparams import HParams
+from llamactx.models.graph import ForwardResult, HybridInput, RecurrentInput, RopeConfig
+from llamactx.models.llama import output_weight_name
+
+MEMORY = "hybrid"  # llama_model::create_memory: llama_memory_hybrid
+
+
+def tensor_shapes(hp: HParams) -> dict[str, tuple[tuple[int, ...], bool]]:
+    """llama_model_lfm2::load_arch_tensors (dense layers): name -> (ggml shape, required)."""
+    shapes: dict[str, tuple[tuple[int, ...], bool]] = {
+        "token_embd.weight": ((hp.n_embd, hp.n_vocab), True),
+        "token_embd_norm.weight": ((hp.n_embd,), True),
+        "output.weight": ((hp.n_embd, hp.n_vocab), False),
+    }
+    for il in range(hp.n_layer):
+        b = f"blk.{il}."
+        shapes.update({
+            b + "attn_norm.weight": ((hp.n_embd,), True),
+            b + "ffn_norm.weight": ((hp.n_embd,), True),
+            b + "ffn_gate.weight": ((hp.n_embd, hp.n_ff), True),
+            b + "ffn_up.weight": ((hp.n_embd, hp.n_ff), True),
+            b + "ffn_down.weight": ((hp.n_ff, hp.n_embd), True),
+        })
+        if hp.is_recr(il):
+            shapes.update({
+                b + "shortconv.conv.weight": ((hp.n_shortconv_l_cache, hp.n_embd), True),
+                b + "shortconv.in_proj.weight": ((hp.n_embd, 3 * hp.n_embd), True),
+                b + "shortconv.out_proj.weight": ((hp.n_embd, hp.n_embd), True),
+            })
+        else:
+            shapes.update({
+                b + "attn_q_norm.weight": ((hp.n_embd_head_k,), True),
+                b + "attn_k_norm.weight": ((hp.n_embd_head_k,), True),
+                b + "attn_q.weight": ((hp.n_embd, hp.n_embd), True),
+                b + "attn_k.weight": ((hp.n_embd, hp.n_embd_k_gqa), True),
+                b + "attn_v.weight": ((hp.n_embd, hp.n_embd_v_gqa), True),
+                b + "attn_output.weight": ((hp.n_embd, hp.n_embd), True),
+            })
+    return shapes
+
+
+def forward(model, ops, token: np.ndarray | None, embd: np.ndarray | None, pos: np.ndarray,
+            inp: HybridInput, rope: RopeConfig, out_ids: np.ndarray, want_logits: bool) -> ForwardResult:
+    """One ubatch through the network (llama_model_lfm2::graph<false>). inp: attention for the attention layers,
+    the recurrent view for the short-convolution layers."""
+    hp = model.hparams
+    w, t = model.weight, model.tensors
+    eps = hp.f_norm_rms_eps
+    x = ops.get_rows(w("token_embd.weight"), token) if token is not None else embd  # (n, n_embd)
+    for il in range(hp.n_layer):
+        b = f"blk.{il}."
+        cur = ops.rms_norm(x, t[b + "attn_norm.weight"], eps)  # (n, n_embd)
+        if hp.is_recr(il):
+            cur = shortconv_block(model, ops, inp.rs, cur, il)
+        else:
+            cur = attention_block(model, ops, inp.attn, cur, pos, rope, il)
+        if il == hp.n_layer - 1:
+            cur, x = cur[out_ids], x[out_ids]
+        x = x + cur
+        ffn = ops.rms_norm(x, t[b + "ffn_norm.weight"], eps)
+        gate, up = ops.matmuls(ffn, [w(b + "ffn_gate.weight"), w(b + "ffn_up.weight")])  # (n, n_ff) each
+        x = x + ops.matmul(ops.swiglu(gate, up), w(b + "ffn_down.weight"))  # (n, n_embd)
+    x = ops.rms_norm(x, t["token_embd_norm.weight"], eps)  # (n_out, n_embd)
+    logits = ops.matmul(x, w(output_weight_name(model))) if want_logits else None  # (n_out, n_vocab)
+    return ForwardResult(logits=logits, embd=x)
+
+
+def attention_block(model, ops, attn, cur: np.ndarray, pos: np.ndarray, rope: RopeConfig, il: int) -> np.ndarray:
+    hp = model.hparams
+    w, t = model.weight, model.tensors
+    b = f"blk.{il}."
+    n = cur.shape[0]
+    q, k, v = ops.matmuls(cur, [w(b + "attn_q.weight"), w(b + "attn_k.weight"), w(b + "attn_v.weight")])
+    q = q.reshape(n, hp.n_head, hp.n_embd_head_k)
+    k = k.reshape(n, hp.n_head_kv, hp.n_embd_head_k)
+    v = v.reshape(n, hp.n_head_kv, hp.n_embd_head_v)
+    rp = rope.for_layer(False)
+    q = ops.rope(ops.rms_norm(q, t[b + "attn_q_norm.weight"], hp.f_norm_rms_eps), pos, rp)
+    k = ops.rope(ops.rms_norm(k, t[b + "attn_k_norm.weight"], hp.f_norm_rms_eps), pos, rp)
+    cur = attn(il, q, k, v, 1.0 / math.sqrt(hp.n_embd_head_v))  # (n, n_head * n_embd_head_v)
+    return ops.matmul(cur, w(b + "attn_output.weight"))  # (n, n_embd)
+
+
+def shortconv_block(model, ops, rs: RecurrentInput, cur: np.ndarray, il: int) -> np.ndarray:
+    """build_shortconv_block (causal): (n, n_embd) -> (n, n_embd), updating the conv state of each sequence set."""
+    hp = model.hparams
+    w, t = model.weight, model.tensors
+    b = f"blk.{il}."
+    n, n_embd = cur.shape
+    d_conv = hp.n_shortconv_l_cache - 1
+    bcx = ops.matmul(cur, w(b + "shortconv.in_proj.weight"))  # (n, 3 * n_embd)
+    bx = bcx[:, :n_embd] * bcx[:, 2 * n_embd :]  # (n, n_embd): B * x
+    conv_w = t[b + "shortconv.conv.weight"]  # (n_embd, l_cache)
+    conv = np.empty((n, n_embd), np.float32)
+    for k, st in enumerate(rs.sets):
+        state = rs.conv_state(il, k).reshape(n_embd, d_conv)
+        conv_x = np.concatenate([state, bx[st.idx].T], axis=1)  # (n_embd, d_conv + n_t)
+        rs.store_conv(il, k, np.ascontiguousarray(conv_x[:, conv_x.shape[1] - d_conv :]))
+        conv[st.idx] = ops.ssm_conv(conv_x, conv_w)
+    y = bcx[:, n_embd : 2 * n_embd] * conv  # C * conv
+    return ops.matmul(y, w(b + "shortconv.out_proj.weight"))  # (n, n_embd)
