@@ -125,7 +125,7 @@ class Context:
             t0 = time.perf_counter()
             alloc = self._balloc.init(batch, lambda s: -1, True)
             self._set_threads(alloc.n_tokens)
-            if memory_type(self.model.arch) != "kv":
+            if memory_type(self.model.arch) in ("recurrent", "hybrid"):
                 raise DecodeError(f"encode: {self.model.arch} keeps a recurrent state; use decode")
             if alloc.n_tokens > self.params.n_ubatch:
                 raise DecodeError(f"encode: {alloc.n_tokens} tokens exceed n_ubatch = {self.params.n_ubatch}")

@@ -182,3 +182,12 @@ def test_info_names_the_memory_type(tiny, capsys):
     want = {"mamba2": "memory:         recurrent states (llama_memory_recurrent)",
             "lfm2": "memory:         KV cache + recurrent states (llama_memory_hybrid)"}[name.split("-")[0]]
     assert want in out
+
+
+def test_encode_is_refused(tiny):
+    """llama_encode runs without memory; a recurrent layer has nothing to run on without its state."""
+    from llamactx.batch import DecodeError
+
+    name, model, _, _ = tiny
+    with pytest.raises(DecodeError, match="recurrent state"):
+        new_ctx(model).encode(Batch.get_one([1, 2]))
