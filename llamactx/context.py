@@ -22,6 +22,7 @@ from llamactx.lora import AdaptedModel, LoraAdapter, LoraError
 from llamactx.memory.base import Memory
 from llamactx.memory.hybrid import HybridMemory, HybridView
 from llamactx.memory.kv_cache import KVCache
+from llamactx.memory.kv_cache_iswa import KVCacheISWA
 from llamactx.memory.recurrent import RecurrentMemory, RecurrentView
 from llamactx.model import Model
 from llamactx.models import arch_module, memory_type
@@ -376,14 +377,15 @@ class Context:
         self._perf = Perf(t_start_ms=time.time() * 1000)
 
     def memory_breakdown(self) -> dict[str, int]:
-        """Bytes this context holds beyond the shared weights: KV arrays and cells, recurrent states (rs), output
-        buffers."""
+        """Bytes this context holds beyond the shared weights: KV arrays and cells (per cache for iSWA: "base.k",
+        "swa.k", ...), recurrent states (rs), output buffers."""
         mem = self.memory.memory_breakdown()
-        out = {}
-        if "k" in mem:
-            out.update(kv=mem["k"] + mem["v"], kv_cells=mem["cells"])
-        if "r" in mem:
-            out["rs"] = mem["r"] + mem["s"]
+        rs = {name: n for name, n in mem.items() if name.rsplit(".", 1)[-1] in ("r", "s")}
+        cells = sum(n for name, n in mem.items() if name.rsplit(".", 1)[-1] == "cells")
+        kv = sum(mem.values()) - cells - sum(rs.values())
+        out = {"kv": kv, "kv_cells": cells} if kv or cells else {}
+        if rs:
+            out["rs"] = sum(rs.values())
         out["outputs"] = self._logits.nbytes + self._embd.nbytes + self._output_ids.nbytes
         return out
 
@@ -406,19 +408,38 @@ class Context:
 
 
 def create_memory(hp, p: ResolvedParams) -> Memory:
-    """The memory the architecture needs (llama_model::create_memory): a KV cache; for a recurrent model (mamba2)
-    one state per sequence; for a hybrid (lfm2) a KV cache of the attention layers beside the recurrent states of
-    the others."""
+    """The memory the architecture needs (llama_model::create_memory): a KV cache, an iSWA cache for a model with
+    sliding-window layers (unless swa_full); for a recurrent model (mamba2) one state per sequence; for a hybrid
+    (lfm2) a KV cache of the attention layers beside the recurrent states of the others."""
     kind = memory_type(hp.arch)
     recr = [il for il in range(hp.n_layer) if hp.is_recr(il)]
     attn = [il for il in range(hp.n_layer) if not hp.is_recr(il)]
     if kind == "recurrent":
         return RecurrentMemory(recr, p.n_seq_max, hp.n_embd_r, hp.n_embd_s)
+    if kind == "kv" and hp.n_swa > 0 and not p.swa_full and any(hp.swa_layers):
+        return KVCacheISWA(hp, p.n_ctx, p.n_seq_max, p.n_ubatch, p.type_k, p.type_v, n_ctx_seq=p.n_ctx_seq)
     kv = KVCache(len(attn), p.n_ctx, p.n_seq_max, hp.n_embd_k_gqa, hp.n_embd_v_gqa, p.type_k, p.type_v,
                  can_shift=True, n_ctx_seq=p.n_ctx_seq)
     if kind == "hybrid":
         return HybridMemory(kv, RecurrentMemory(recr, p.n_seq_max, hp.n_embd_r, hp.n_embd_s), attn)
     return kv
+
+
+def memory_description(hp, swa_full: bool = False) -> str:
+    """What `create_memory` gives a model, in llama.cpp's class names (`llamactx info`)."""
+    kind = memory_type(hp.arch)
+    if kind == "recurrent":
+        return "recurrent states (llama_memory_recurrent)"
+    if kind == "hybrid":
+        return "KV cache + recurrent states (llama_memory_hybrid)"
+    if hp.n_swa > 0 and any(hp.swa_layers):
+        n_swa_layers = sum(hp.swa_layers)
+        split = (f"{hp.n_layer - n_swa_layers} global layers, {n_swa_layers} sliding-window layers of "
+                 f"{hp.n_swa} tokens")
+        if swa_full:
+            return f"llama_kv_cache ({split}; swa_full: every layer keeps the whole context)"
+        return f"llama_kv_cache_iswa ({split}; swa_full keeps a full-size SWA cache)"
+    return f"llama_kv_cache ({hp.n_layer} layers)"
 
 
 def _readonly(a: np.ndarray) -> np.ndarray:

@@ -62,8 +62,13 @@ class ContextParams:
     type_v: str = "f16"
     embeddings: bool = False
     no_perf: bool = False
-    swa_full: bool = True
+    # llama_context_default_params() says true; llama.cpp's tools (common_params: llama-cli, llama-server,
+    # llama-perplexity) and llamactx use the small SWA cache (llama_kv_cache_iswa) unless asked
+    swa_full: bool = False
     kv_unified: bool = False
+    # llamactx only: attention sums follow the KV cells' absolute indices, as ggml's SIMD lanes do, instead of
+    # the cells' positions (docs/numerics.md)
+    kv_layout_exact: bool = False
     abort_callback: Callable[[], bool] | None = None
 
     def resolve(self, hparams: HParams) -> ResolvedParams:
@@ -122,6 +127,7 @@ class ResolvedParams:
     no_perf: bool
     swa_full: bool
     kv_unified: bool
+    kv_layout_exact: bool
     abort_callback: Callable[[], bool] | None
 
 
@@ -205,5 +211,6 @@ def _resolve(p: ContextParams, hp: HParams, flash: str) -> ResolvedParams:
         no_perf=p.no_perf,
         swa_full=p.swa_full,
         kv_unified=p.kv_unified,
+        kv_layout_exact=p.kv_layout_exact,
         abort_callback=p.abort_callback,
     )

@@ -21,7 +21,7 @@ from llamactx.ggml.quants_cpu import vec_dot_type
 from llamactx.gguf.quants import block_format, is_supported
 from llamactx.gguf.reader import GGUFFile, TensorInfo
 from llamactx.hparams import HParams, ModelLoadError, load_hparams
-from llamactx.models import expected_tensors, memory_type
+from llamactx.models import expected_tensors
 from llamactx.vocab import Vocab
 
 
@@ -74,10 +74,6 @@ VECTOR_TYPES = frozenset({int(GGMLQuantizationType.F32), int(GGMLQuantizationTyp
 
 
 # what a context of the model keeps between decodes (llama_model::create_memory), as `llamactx info` prints it
-MEMORY_NAMES = {"kv": "KV cache (llama_kv_cache)", "recurrent": "recurrent states (llama_memory_recurrent)",
-                "hybrid": "KV cache + recurrent states (llama_memory_hybrid)"}
-
-
 class Model:
     """A loaded GGUF model. Build with `Model.load(path)`; see `hparams`, `tensors`, `vocab`, `desc`."""
 
@@ -238,7 +234,6 @@ class Model:
         if hp.ssm_d_inner:
             lines.append(f"ssm:            d_inner {hp.ssm_d_inner}, d_state {hp.ssm_d_state}, "
                          f"n_head {hp.ssm_dt_rank}, n_group {hp.ssm_n_group}, d_conv {hp.ssm_d_conv}")
-        lines.append(f"memory:         {MEMORY_NAMES.get(memory_type(hp.arch), memory_type(hp.arch))}")
         return "\n".join(lines)
 
     def close(self) -> None:

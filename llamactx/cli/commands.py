@@ -166,9 +166,12 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    from llamactx.context import memory_description
     from llamactx.ggml.kernels import active_path, cpu_features
 
-    print(_model(args).card())
+    model = _model(args)
+    print(model.card())
+    print(f"memory:         {memory_description(model.hparams, getattr(args, 'swa_full', False))}")
     feats = cpu_features()
     print(f"kernels:        {active_path()} path (cpu {feats.get('cpu', '?')}, "
           f"avx512-vnni {'yes' if feats.get('vnni') else 'no'})")

@@ -65,7 +65,7 @@ class PrefixCache:
         prompt = seq.tokens
         limit = len(prompt) - 1
         slot = self._choose(prompt, id_slot)
-        n_keep = self._reusable(prompt, slot.tokens, limit) if cache_prompt else 0
+        n_keep = self._reusable(prompt, slot, slot.tokens, limit) if cache_prompt else 0
         donor, n_shared = self._donor(prompt, slot, limit) if cache_prompt else (None, 0)
         mem = self.memory
         if donor is not None and n_shared >= max(n_keep + 1, MIN_SHARED):
@@ -97,16 +97,20 @@ class PrefixCache:
         for other in self.slots:
             if other is slot:
                 continue
-            n = self._reusable(prompt, other.held, limit)
+            n = self._reusable(prompt, other, other.held, limit)
             if n > n_best:
                 best, n_best = other, n
         return best, n_best
 
-    def _reusable(self, prompt: Seq[int], held: Seq[int], limit: int) -> int:
-        """How much of `held` a request for `prompt` can reuse: the common prefix (at most `limit`), or, for a
-        memory without partial prefixes (a recurrent state), all of `held` or nothing."""
+    def _reusable(self, prompt: Seq[int], slot: Slot, held: Seq[int], limit: int) -> int:
+        """How much of `held` (what `slot` holds) a request for `prompt` can reuse: the common prefix (at most
+        `limit`), or, for a memory without partial prefixes (a recurrent state), all of `held` or nothing; and
+        nothing where the memory no longer holds what the next token would attend to (an iSWA cache whose
+        sliding window has moved past that prefix: llama-server reprocesses then too)."""
         n = min(common_prefix(prompt, held), limit)
         if not self.memory.partial_prefix and n < len(held):
+            return 0
+        if n and not self.memory.can_continue(slot.seq_id, n):
             return 0
         return n
 

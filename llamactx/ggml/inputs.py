@@ -26,12 +26,14 @@ class RopeParams:
 
 @dataclass(frozen=True, slots=True)
 class VisibleCells:
-    """Each token's visible KV cells in position order (the ranks the kernel's lanes follow), from a 0 / -inf mask.
+    """Each token's KV cells in the slots the attention kernel sums over: slot r is on lane r % 16 (r % 64 for one
+    row) and in softmax group r // 16; a slot with mask_add -inf adds an exact zero.
 
-    ggml sums attention over cells in cell order. For a sequence that fills the cache from cell 0 (every
-    llama.cpp reference run) cell order is position order, so ordering by position reproduces ggml; and it keeps
-    a token's result independent of where its cells sit among other sequences' (batch invariance: a request
-    decoded beside others, in reused cells, gives the bits it gives alone)."""
+    ggml sums attention over cells in cell order. `on_lanes` puts a cell on the slot of its position (or, layout
+    exact, of its cell index); `from_mask` on ranks in position order. For a sequence that fills the cache from
+    cell 0 (every llama.cpp reference run) all three are ggml's order; by position a token's result does not
+    depend on where its cells sit among other sequences' (a request decoded beside others, in reused cells, gives
+    the bits it gives alone). docs/numerics.md"""
 
     cells: np.ndarray  # (n, max visible) int64, padded with 0
     n_cells: np.ndarray  # (n,) int64
@@ -51,3 +53,37 @@ class VisibleCells:
         cells = np.ascontiguousarray(order[:, : max(int(n_cells.max(initial=0)), 1)], np.int64)  # (n, max visible)
         mask_add = np.ascontiguousarray(np.take_along_axis(mask, cells, axis=1), np.float32)  # (n, max visible)
         return cls(cells, n_cells, mask_add)
+
+    @classmethod
+    def on_lanes(cls, mask: np.ndarray, lane_index: np.ndarray) -> VisibleCells | None:
+        """Visible cells placed where ggml's lanes would put them: a cell of lane index i goes to slot
+        i - lo, lo being the token's smallest visible index rounded down to 64, so that a slot's lane (r % 16,
+        r % 64 for one row) and softmax group (r // 16) are the index's. Slots without a visible cell hold
+        -inf (an exact zero in every sum) and a neighbouring cell, so consecutive cells stay consecutive.
+        lane_index: (n_kv,) the cells' absolute indices (ggml's own order) or their positions (the same for a
+        sequence that fills the cache from cell 0, and independent of placement). None when two visible cells
+        of a token share an index (positions after seq_div)."""
+        visible = mask > -np.inf  # (n, n_kv)
+        n, n_kv = mask.shape
+        key = np.where(visible, lane_index[None, :].astype(np.int64), -1)  # (n, n_kv)
+        has = visible.any(axis=1)  # (n,)
+        lo = np.where(visible, key, np.iinfo(np.int64).max).min(axis=1, initial=np.iinfo(np.int64).max)
+        lo = np.where(has, lo // 64 * 64, 0)  # (n,)
+        hi = key.max(axis=1, initial=-1)  # (n,)
+        n_cells = np.where(has, hi - lo + 1, 0).astype(np.int64)  # (n,)
+        width = max(int(n_cells.max(initial=0)), 1)
+        t, c = np.nonzero(visible)
+        slot = key[t, c] - lo[t]
+        filled = np.zeros((n, width), np.int64)  # (n, width)
+        np.add.at(filled, (t, slot), 1)
+        if (filled > 1).any():
+            return None
+        cells = np.zeros((n, width), np.int64)  # (n, width)
+        mask_add = np.full((n, width), -np.inf, np.float32)  # (n, width)
+        cells[t, slot] = c
+        mask_add[t, slot] = mask[t, c]
+        first = np.argmax(filled > 0, axis=1)  # (n,) the first filled slot, the anchor of the fillers
+        anchor = cells[np.arange(n), first]
+        filler = np.clip(anchor[:, None] + (np.arange(width)[None, :] - first[:, None]), 0, max(n_kv - 1, 0))
+        cells = np.where(filled > 0, cells, filler)
+        return cls(np.ascontiguousarray(cells), n_cells, np.ascontiguousarray(mask_add))

@@ -90,6 +90,12 @@ class Memory(ABC):
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
         """Remove positions [p0, p1) of `seq_id` (all sequences when < 0). False if it cannot be done partially."""
 
+    def can_continue(self, seq_id: int, n_past: int) -> bool:
+        """Whether `seq_id` cut to positions [0, n_past) (seq_rm of the rest) would still hold everything a token
+        at `n_past` attends to. True for a KV cache; an iSWA cache may have dropped the start of that token's
+        window, and then the prefix must be reprocessed (llama-server checks `seq_pos_min` for this)."""
+        return True
+
     @abstractmethod
     def seq_cp(self, seq_id_src: int, seq_id_dst: int, p0: int = -1, p1: int = -1) -> None:
         """Make positions [p0, p1) of `seq_id_src` belong to `seq_id_dst` too (shared, not copied)."""

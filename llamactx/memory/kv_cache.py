@@ -97,26 +97,32 @@ class KVView:
         """(n_tokens, n_kv) bool: whether each cell holds each token's sequence `seq_id[t]`."""
         return self._cell_seq[:, seq_id].T
 
+    def views(self) -> tuple[KVView, KVView]:
+        """The views of the global and of the sliding-window layers: both this one (one cache holds every layer);
+        an iSWA memory hands out two."""
+        return self, self
+
     def store(self, il: int, k: np.ndarray, v: np.ndarray) -> None:
-        """Write the ubatch's keys (n, n_embd_k_gqa) and values (n, n_embd_v_gqa) of layer `il`."""
+        """Write the ubatch's keys (n, n_embd_k_gqa) and values (n, n_embd_v_gqa) of model layer `il`."""
         c = self._cache
-        c.k[il, self.idx] = _encode(c.type_k, k)
-        c.v[il, self.idx] = _encode(c.type_v, v)
+        i = c.layer_index[il]
+        c.k[i, self.idx] = _encode(c.type_k, k)
+        c.v[i, self.idx] = _encode(c.type_v, v)
 
     def k_rows(self, il: int) -> np.ndarray:
-        """Keys of cells [0, n_kv) of layer `il` as float32 (n_kv, n_embd_k_gqa)."""
-        return _decode(self.type_k, self._cache.k[il, : self.n_kv], self.n_embd_k_gqa)
+        """Keys of cells [0, n_kv) of model layer `il` as float32 (n_kv, n_embd_k_gqa)."""
+        return _decode(self.type_k, self.k_stored(il), self.n_embd_k_gqa)
 
     def v_rows(self, il: int) -> np.ndarray:
-        """Values of cells [0, n_kv) of layer `il` as float32 (n_kv, n_embd_v_gqa)."""
-        return _decode(self.type_v, self._cache.v[il, : self.n_kv], self._cache.n_embd_v_gqa)
+        """Values of cells [0, n_kv) of model layer `il` as float32 (n_kv, n_embd_v_gqa)."""
+        return _decode(self.type_v, self.v_stored(il), self._cache.n_embd_v_gqa)
 
     def k_stored(self, il: int) -> np.ndarray:
         """Keys of cells [0, n_kv) of layer `il` as stored (read in place by kernels that decode it themselves)."""
-        return self._cache.k[il, : self.n_kv]
+        return self._cache.k[self._cache.layer_index[il], : self.n_kv]
 
     def v_stored(self, il: int) -> np.ndarray:
-        return self._cache.v[il, : self.n_kv]
+        return self._cache.v[self._cache.layer_index[il], : self.n_kv]
 
 
 @dataclass(slots=True)
@@ -133,15 +139,21 @@ class KVCache(Memory):
     """Keys and values of `size` cells for `n_layer` layers, shared by up to `n_seq_max` sequences."""
 
     def __init__(self, n_layer: int, size: int, n_seq_max: int, n_embd_k_gqa: int, n_embd_v_gqa: int,
-                 type_k: str = "f16", type_v: str = "f16", can_shift: bool = True, n_ctx_seq: int | None = None):
+                 type_k: str = "f16", type_v: str = "f16", can_shift: bool = True, n_ctx_seq: int | None = None,
+                 layers: Sequence[int] | None = None):
         """`n_ctx_seq`: the most cells one sequence may hold (llama.cpp's per-sequence stream with kv_unified=False);
-        None = `size` (unified: any sequence may use every cell). Raises KVCacheAllocError (a MemoryError) naming
-        the sizes when the K/V arrays cannot be allocated."""
+        None = `size` (unified: any sequence may use every cell). `layers`: the model layers this cache holds,
+        in order (llama.cpp's layer filter; an iSWA memory splits them between two caches); None = 0..n_layer-1.
+        Raises KVCacheAllocError (a MemoryError) naming the sizes when the K/V arrays cannot be allocated."""
         for name, t, n in (("type_k", type_k, n_embd_k_gqa), ("type_v", type_v, n_embd_v_gqa)):
             if t not in KV_GGML_TYPES:
                 raise ValueError(f"{name} = {t!r} is not one of {', '.join(KV_GGML_TYPES)}")
             if n % block_format(KV_GGML_TYPES[t]).block_size:
                 raise ValueError(f"{name} = {t!r} needs a row width that is a multiple of its block size, got {n}")
+        self.layers = tuple(range(n_layer)) if layers is None else tuple(layers)
+        if len(self.layers) != n_layer:
+            raise ValueError(f"layers lists {len(self.layers)} layers, n_layer = {n_layer}")
+        self.layer_index = {il: i for i, il in enumerate(self.layers)}  # model layer -> row of k / v
         self.n_layer = n_layer
         self.size = size
         self.n_seq_max = n_seq_max
@@ -214,9 +226,9 @@ class KVCache(Memory):
         if shifted is None:
             return
         idx, shift = shifted
-        for il in range(self.n_layer):
-            rows = _decode(self.type_k, self.k[il, idx], self.n_embd_k_gqa)
-            self.k[il, idx] = _encode(self.type_k, rope_shift(rows, shift, il))
+        for i, il in enumerate(self.layers):
+            rows = _decode(self.type_k, self.k[i, idx], self.n_embd_k_gqa)
+            self.k[i, idx] = _encode(self.type_k, rope_shift(rows, shift, il))
 
     # -- Memory -----------------------------------------------------------------------------------------------
 

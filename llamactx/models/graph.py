@@ -98,29 +98,45 @@ def visibility_mask(cell_pos: np.ndarray, cell_has_seq: np.ndarray, tok_pos: np.
 class KVAttention:
     """Attention input for one ubatch over the KV cache, through the view the memory handed out for it: stores
     each layer's K/V into the ubatch's cells, then attends over cells [0, n_kv) with the causal / sequence /
-    sliding-window mask."""
+    sliding-window mask. An iSWA memory hands out one view for the global layers and one for the sliding-window
+    layers (`view.views()`)."""
 
     def __init__(self, hp, cparams, ops, view, ub):
-        self.hp, self.ops, self.view = hp, ops, view
+        self.hp, self.ops = hp, ops
         self.flash = cparams.flash_attn
         # the threads ggml runs this ubatch's graph on (llama_context::graph_compute); flash attention splits a
         # single token's cells over them
         self.n_threads = cparams.n_threads if len(ub.pos) == 1 else cparams.n_threads_batch
-        has_seq = view.has_seq(ub.seq_id0)  # (n_tokens, n_kv)
-        self.mask = visibility_mask(view.cell_pos, has_seq, ub.pos, cparams.causal_attn, 0)
-        self.mask_swa = (visibility_mask(view.cell_pos, has_seq, ub.pos, cparams.causal_attn, hp.n_swa)
-                         if hp.n_swa else self.mask)
-        self.vis = VisibleCells.from_mask(self.mask, view.cell_pos)  # once per ubatch, not per layer
-        self.vis_swa = VisibleCells.from_mask(self.mask_swa, view.cell_pos) if hp.n_swa else self.vis
+        self.view, self.view_swa = view.views()
+        exact = getattr(cparams, "kv_layout_exact", False)
+        has_seq = self.view.has_seq(ub.seq_id0)  # (n_tokens, n_kv)
+        self.mask = visibility_mask(self.view.cell_pos, has_seq, ub.pos, cparams.causal_attn, 0)
+        self.vis = _visible(self.mask, self.view.cell_pos, exact)  # once per ubatch, not per layer
+        self.mask_swa, self.vis_swa = self.mask, self.vis
+        if hp.n_swa:
+            if self.view_swa is not self.view:
+                has_seq = self.view_swa.has_seq(ub.seq_id0)
+            self.mask_swa = visibility_mask(self.view_swa.cell_pos, has_seq, ub.pos, cparams.causal_attn, hp.n_swa)
+            self.vis_swa = _visible(self.mask_swa, self.view_swa.cell_pos, exact)
 
     def __call__(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, kq_scale: float) -> np.ndarray:
         n = q.shape[0]
-        self.view.store(il, k.reshape(n, -1), v.reshape(n, -1))
         if self.hp.is_swa(il):
-            return self.ops.attention_kv(q, self.view, il, self.mask_swa, self.vis_swa, kq_scale, self.flash,
-                                         n_threads=self.n_threads)
-        return self.ops.attention_kv(q, self.view, il, self.mask, self.vis, kq_scale, self.flash,
-                                     n_threads=self.n_threads)
+            view, mask, vis = self.view_swa, self.mask_swa, self.vis_swa
+        else:
+            view, mask, vis = self.view, self.mask, self.vis
+        view.store(il, k.reshape(n, -1), v.reshape(n, -1))
+        return self.ops.attention_kv(q, view, il, mask, vis, kq_scale, self.flash, n_threads=self.n_threads)
+
+
+def _visible(mask: np.ndarray, cell_pos: np.ndarray, layout_exact: bool) -> VisibleCells:
+    """The order and lanes of the attention sums over the visible cells (docs/numerics.md): ggml's lanes follow
+    the absolute cell index; by default llamactx's follow the cell's position, which is the same for a sequence
+    that fills the cache from cell 0 and does not depend on where the cells sit (other sequences, reuse), and
+    falls back to ranks in position order where positions repeat (seq_div). `layout_exact` follows the cell
+    index as ggml does."""
+    lanes = VisibleCells.on_lanes(mask, np.arange(mask.shape[1]) if layout_exact else cell_pos)
+    return lanes if lanes is not None else VisibleCells.from_mask(mask, cell_pos)
 
 
 class BatchAttention:

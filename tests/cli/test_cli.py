@@ -67,6 +67,7 @@ def test_tokenize_and_info(capsys):
     assert main(["info", "-m", "gemma3"]) == 0
     out = capsys.readouterr().out
     assert "gemma3 270M Q4_K_M" in out and "kernels:" in out
+    assert "memory:         llama_kv_cache_iswa (3 global layers, 15 sliding-window layers of 512 tokens" in out
 
 
 GPL = str(DATA / "gpl3_head.txt")

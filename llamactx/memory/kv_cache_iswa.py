@@ -1,0 +1,329 @@
+"""The interleaved sliding-window KV cache (`llama_kv_cache_iswa`, src/llama-kv-cache-iswa.*).
+
+Two KV caches behind one `Memory`: the base cache holds the global layers (`!hparams.is_swa(il)`) for the whole
+context, the SWA cache holds the sliding-window layers and only what their window can still see. llama.cpp sizes
+the SWA cache `GGML_PAD(min(size_base, n_swa * n_seq_max + n_ubatch), 256)` cells (llama_kv_cache_iswa's
+constructor, with kv_unified; llamactx's cells are always one pool), so Gemma 3 at n_ctx 32768 keeps 1024 cells
+in 15 of its 18 layers instead of 32768.
+
+The SWA cache places tokens as llama.cpp's `llama_kv_cache::find_slot` / `apply_ubatch` do with n_swa > 0: the
+search starts at a moving head and wraps, and a cell can be taken when it is empty or when its only sequence's
+next token no longer sees it (`llama_hparams::is_masked_swa(n_swa, pos_cell, seq_pos_max + 1)`). Overwriting a
+cell of position p purges every position <= p of that sequence from the SWA cache, so each sequence holds a
+contiguous range there and `seq_pos_min` rises as the window slides. For one sequence the cells are therefore the
+very cells llama.cpp uses, which is what lets attention reproduce ggml's cell-indexed sums (docs/numerics.md).
+
+What the SWA cache no longer holds is gone: `seq_rm` still answers True (llama.cpp's llama_kv_cache::seq_rm
+always does), and a caller that keeps a prefix [0, n) must check `can_continue(seq_id, n)` (llama-server compares
+`seq_pos_min` with `n - n_swa`) and reprocess otherwise. K-shifts (`seq_add` / `seq_div`) need both caches to be
+the same size (`get_can_shift`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from llamactx.batch import UBatch
+from llamactx.memory.base import Memory, MemoryOpError
+from llamactx.memory.kv_cache import KVCache, KVView, Placement, RopeShift
+from llamactx.memory.kv_cells import CellsSnapshot
+from llamactx.state_io import StateReader
+
+SWA_PAD = 256  # the SWA cache is always padded to 256 cells (llama.cpp issue 17037)
+
+
+def swa_cache_size(n_ctx: int, n_swa: int, n_seq_max: int, n_ubatch: int) -> int:
+    """Cells of the SWA cache: GGML_PAD(min(n_ctx, n_swa * n_seq_max + n_ubatch), 256)."""
+    n = min(n_ctx, n_swa * n_seq_max + n_ubatch)
+    return (n + SWA_PAD - 1) // SWA_PAD * SWA_PAD
+
+
+@dataclass(frozen=True, slots=True)
+class SWAPlacement:
+    """A placement in the SWA cache: the cells of each ubatch, the cells and the head as they were."""
+
+    slots: tuple[np.ndarray, ...]
+    before: CellsSnapshot
+    head: int
+
+
+class SWAKVCache(KVCache):
+    """A KV cache for sliding-window layers whose cells are reused once out of every window (llama_kv_cache with
+    n_swa > 0, LLAMA_SWA_TYPE_STANDARD)."""
+
+    def __init__(self, *args, n_swa: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.n_swa = n_swa
+        self.head = 0  # where the next cell search starts (llama_kv_cache::v_heads)
+
+    # -- placement (find_slot / apply_ubatch with n_swa > 0) ----------------------------------------------------
+
+    def _usable(self) -> np.ndarray:
+        """(size,) bool: empty cells, and cells of one sequence that its next token would mask."""
+        c = self.cells
+        pos = c.pos  # (size,)
+        single = c.seq.sum(axis=1) == 1  # (size,)
+        owner = np.argmax(c.seq, axis=1)  # (size,) the sequence of a single-sequence cell
+        pos_max = np.where(c.seq, pos[:, None], -1).max(axis=0, initial=-1)  # (n_seq_max,)
+        masked = single & (pos_max[owner] + 1 - pos >= self.n_swa)
+        return (pos < 0) | masked
+
+    def find_slot(self, n_tokens: int) -> np.ndarray | None:
+        """The first `n_tokens` usable cells from the head on, wrapping (find_slot with cont = false); None when
+        fewer are usable."""
+        if n_tokens > self.size:
+            return None
+        head = self.head
+        if head > self.cells.used + 2 * n_tokens:  # enough unused cells before the head: fill from the start
+            head = 0
+        order = (head + np.arange(self.size)) % self.size  # (size,)
+        found = order[self._usable()[order]]
+        return found[:n_tokens] if found.size >= n_tokens else None
+
+    def place(self, idx: np.ndarray, ub: UBatch) -> None:
+        """Occupy cells `idx` with `ub` (llama_kv_cache::apply_ubatch): a sequence whose cell of position p is
+        overwritten loses every position <= p here, and the head moves past the last cell."""
+        c = self.cells
+        taken = idx[c.pos[idx] >= 0]
+        rm_max: dict[int, int] = {}
+        for cell in taken:
+            s = int(np.argmax(c.seq[cell]))
+            rm_max[s] = max(rm_max.get(s, -1), int(c.pos[cell]))
+        c.apply(idx, ub.pos, ub.seq_ids)
+        for s, p in rm_max.items():
+            p_min = c.seq_pos_min(s)
+            if 0 <= p_min <= p:
+                c.rm(s, p_min, p + 1)
+        self.head = int(idx[-1]) + 1
+
+    def prepare(self, ubatches: Sequence[UBatch]) -> SWAPlacement | None:
+        before = self.cells.snapshot()
+        head = self.head
+        slots = []
+        try:
+            for ub in ubatches:
+                idx = self.find_slot(ub.n_tokens)
+                if idx is None:
+                    return None
+                self.place(idx, ub)
+                slots.append(idx)
+            return SWAPlacement(tuple(slots), before, head)
+        finally:
+            self.cells.restore(before)
+            self.head = head
+
+    def apply(self, ub: UBatch, slot: np.ndarray) -> KVView:
+        self.place(slot, ub)
+        n_kv = self.cells.used_max_p1
+        return KVView(self, slot, n_kv, self.cells.pos[:n_kv].copy(), self.cells.seq[:n_kv].copy())
+
+    def rollback(self, placement: SWAPlacement) -> None:
+        self.cells.restore(placement.before)
+        self.head = placement.head
+
+    def room(self, seq_id: int) -> int:
+        """Cells a ubatch of `seq_id` could take now: empty and masked ones."""
+        self.check_seq(seq_id)
+        return int(np.count_nonzero(self._usable()))
+
+    # -- sequence operations move the head back to the first freed cell -----------------------------------------
+
+    def _freed_since(self, occupied: np.ndarray) -> int | None:
+        freed = np.flatnonzero(occupied & (self.cells.pos < 0))
+        return int(freed[0]) if freed.size else None
+
+    def clear(self, data: bool = True) -> None:
+        super().clear(data)
+        self.head = 0
+
+    def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
+        occupied = self.cells.pos >= 0
+        res = super().seq_rm(seq_id, p0, p1)
+        first = self._freed_since(occupied)
+        if first is not None and first < self.head:
+            self.head = first
+        return res
+
+    def seq_keep(self, seq_id: int) -> None:
+        occupied = self.cells.pos >= 0
+        super().seq_keep(seq_id)
+        first = self._freed_since(occupied)
+        if first is not None and first < self.head:
+            self.head = first
+
+    def seq_add(self, seq_id: int, p0: int, p1: int, delta: int) -> None:
+        occupied = self.cells.pos >= 0
+        super().seq_add(seq_id, p0, p1, delta)
+        if delta != 0 and not (p0 >= 0 and p0 == p1):
+            first = self._freed_since(occupied)
+            self.head = 0 if first is None else first
+
+    def state_apply(self, state, dest_seq_id: int | None) -> None:
+        super().state_apply(state, dest_seq_id)
+        if dest_seq_id is None:
+            self.head = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ISWAPlacement:
+    """Where each ubatch goes in both caches; `slots` pairs them per ubatch for `apply`."""
+
+    slots: tuple[tuple[np.ndarray, np.ndarray], ...]
+    base: Placement
+    swa: SWAPlacement
+
+
+class ISWAView:
+    """What one ubatch's forward sees: the base cache's view for the global layers, the SWA cache's for the
+    sliding-window layers (llm_graph_input_attn_kv_iswa)."""
+
+    __slots__ = ("base", "swa")
+
+    def __init__(self, base: KVView, swa: KVView):
+        self.base, self.swa = base, swa
+
+    def views(self) -> tuple[KVView, KVView]:
+        return self.base, self.swa
+
+
+class KVCacheISWA(Memory):
+    """A base KV cache for the global layers and a sliding-window one for the others (llama_kv_cache_iswa)."""
+
+    def __init__(self, hparams, n_ctx: int, n_seq_max: int, n_ubatch: int, type_k: str = "f16",
+                 type_v: str = "f16", n_ctx_seq: int | None = None):
+        """`n_ctx` cells in the base cache (per-sequence limit `n_ctx_seq`), `swa_cache_size(...)` in the SWA
+        cache. Raises KVCacheAllocError when the arrays cannot be allocated."""
+        hp = hparams
+        self.n_seq_max = n_seq_max
+        self.n_swa = hp.n_swa
+        layers_base = [il for il in range(hp.n_layer) if not hp.is_swa(il)]
+        layers_swa = [il for il in range(hp.n_layer) if hp.is_swa(il)]
+        size_swa = swa_cache_size(n_ctx, hp.n_swa, n_seq_max, n_ubatch)
+        common = dict(n_seq_max=n_seq_max, n_embd_k_gqa=hp.n_embd_k_gqa, n_embd_v_gqa=hp.n_embd_v_gqa,
+                      type_k=type_k, type_v=type_v)
+        self.base = KVCache(len(layers_base), n_ctx, n_ctx_seq=n_ctx_seq, layers=layers_base, **common)
+        self.swa = SWAKVCache(len(layers_swa), size_swa, layers=layers_swa, n_swa=hp.n_swa, **common)
+
+    @property
+    def size(self) -> int:
+        return self.base.size
+
+    @property
+    def used(self) -> int:
+        return self.base.used
+
+    # -- placement ----------------------------------------------------------------------------------------------
+
+    def room(self, seq_id: int) -> int:
+        """The base cache's room: the SWA cache is sized so that a ubatch finds cells once the window has
+        moved on, so it only bounds one ubatch (a decode that does not fit there returns NO_SLOT)."""
+        return self.base.room(seq_id)
+
+    def update(self, rope_shift: RopeShift) -> None:
+        self.base.update(rope_shift)
+        self.swa.update(rope_shift)
+
+    def prepare(self, ubatches: Sequence[UBatch]) -> ISWAPlacement | None:
+        base = self.base.prepare(ubatches)
+        if base is None:
+            return None
+        swa = self.swa.prepare(ubatches)
+        if swa is None:
+            return None
+        return ISWAPlacement(tuple(zip(base.slots, swa.slots, strict=True)), base, swa)
+
+    def apply(self, ub: UBatch, slot: tuple[np.ndarray, np.ndarray]) -> ISWAView:
+        return ISWAView(self.base.apply(ub, slot[0]), self.swa.apply(ub, slot[1]))
+
+    def rollback(self, placement: ISWAPlacement) -> None:
+        self.base.rollback(placement.base)
+        self.swa.rollback(placement.swa)
+
+    # -- sequences ----------------------------------------------------------------------------------------------
+
+    def clear(self, data: bool = True) -> None:
+        self.base.clear(data)
+        self.swa.clear(data)
+
+    def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
+        """Both caches; True as in llama.cpp even where the SWA cache no longer held the range (see
+        `can_continue`)."""
+        res = self.base.seq_rm(seq_id, p0, p1)
+        return self.swa.seq_rm(seq_id, p0, p1) and res
+
+    def can_continue(self, seq_id: int, n_past: int) -> bool:
+        """Whether `seq_id` cut to positions [0, n_past) would still hold everything a token at `n_past` attends
+        to: the SWA cache, which holds one contiguous range per sequence, must reach from that token's window
+        start (n_past - n_swa + 1) to n_past - 1 (llama-server's `pos_min` test before it reuses a slot's cache,
+        server-context.cpp). The base cache holds every position that was not removed."""
+        self.check_seq(seq_id)
+        if n_past <= 0:
+            return True
+        lo, hi = self.swa.seq_pos_min(seq_id), self.swa.seq_pos_max(seq_id)
+        return 0 <= lo <= max(0, n_past - self.n_swa + 1) and hi >= n_past - 1
+
+    def seq_cp(self, seq_id_src: int, seq_id_dst: int, p0: int = -1, p1: int = -1) -> None:
+        self.check_seq(seq_id_src)
+        self.check_seq(seq_id_dst)
+        self.base.seq_cp(seq_id_src, seq_id_dst, p0, p1)
+        self.swa.seq_cp(seq_id_src, seq_id_dst, p0, p1)
+
+    def seq_keep(self, seq_id: int) -> None:
+        self.base.seq_keep(seq_id)
+        self.swa.seq_keep(seq_id)
+
+    def _check_shift(self, op: str) -> None:
+        if not self.can_shift:
+            raise MemoryOpError(f"{op}: the SWA cache ({self.swa.size} cells) is smaller than the base cache "
+                                f"({self.base.size}), so positions cannot shift (can_shift is False; swa_full "
+                                f"keeps both the same size)")
+
+    def seq_add(self, seq_id: int, p0: int, p1: int, delta: int) -> None:
+        self.check_seq(seq_id)
+        self._check_shift("seq_add")
+        self.base.seq_add(seq_id, p0, p1, delta)
+        self.swa.seq_add(seq_id, p0, p1, delta)
+
+    def seq_div(self, seq_id: int, p0: int, p1: int, d: int) -> None:
+        self.check_seq(seq_id)
+        self._check_shift("seq_div")
+        self.base.seq_div(seq_id, p0, p1, d)
+        self.swa.seq_div(seq_id, p0, p1, d)
+
+    def seq_pos_min(self, seq_id: int) -> int:
+        """From the SWA cache, whose range is within the base cache's (llama_kv_cache_iswa::seq_pos_min)."""
+        return self.swa.seq_pos_min(seq_id)
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        return self.swa.seq_pos_max(seq_id)
+
+    @property
+    def can_shift(self) -> bool:
+        """llama_kv_cache_iswa::get_can_shift: both caches can shift and are the same size."""
+        return self.base.can_shift and self.swa.can_shift and self.base.size == self.swa.size
+
+    def memory_breakdown(self) -> dict[str, int]:
+        out = {}
+        for name, cache in (("base", self.base), ("swa", self.swa)):
+            out.update({f"{name}.{k}": v for k, v in cache.memory_breakdown().items()})
+        return out
+
+    # -- state: the base cache's section, then the SWA cache's (llama_kv_cache_iswa::state_write) ---------------
+
+    def state_write(self, seq_id: int | None) -> bytes:
+        return self.base.state_write(seq_id) + self.swa.state_write(seq_id)
+
+    def state_read(self, r: StateReader, whole: bool):
+        """Both sections, each checked against its cache (layer count, cells), before anything is loaded."""
+        return self.base.state_read(r, whole), self.swa.state_read(r, whole)
+
+    def state_check_fits(self, state, dest_seq_id: int | None) -> None:
+        self.base.state_check_fits(state[0], dest_seq_id)
+        self.swa.state_check_fits(state[1], dest_seq_id)
+
+    def state_apply(self, state, dest_seq_id: int | None) -> None:
+        self.base.state_apply(state[0], dest_seq_id)
+        self.swa.state_apply(state[1], dest_seq_id)
