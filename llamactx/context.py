@@ -417,7 +417,8 @@ def create_memory(hp, p: ResolvedParams) -> Memory:
     if kind == "recurrent":
         return RecurrentMemory(recr, p.n_seq_max, hp.n_embd_r, hp.n_embd_s)
     if kind == "kv" and hp.n_swa > 0 and not p.swa_full and any(hp.swa_layers):
-        return KVCacheISWA(hp, p.n_ctx, p.n_seq_max, p.n_ubatch, p.type_k, p.type_v, n_ctx_seq=p.n_ctx_seq)
+        return KVCacheISWA(hp, p.n_ctx, p.n_seq_max, p.n_ubatch, p.type_k, p.type_v, n_ctx_seq=p.n_ctx_seq,
+                           layout_exact=p.kv_layout_exact)
     kv = KVCache(len(attn), p.n_ctx, p.n_seq_max, hp.n_embd_k_gqa, hp.n_embd_v_gqa, p.type_k, p.type_v,
                  can_shift=True, n_ctx_seq=p.n_ctx_seq)
     if kind == "hybrid":

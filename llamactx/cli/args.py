@@ -86,6 +86,8 @@ def add_context(p: argparse.ArgumentParser, n_ctx: int = 4096) -> None:
     p.add_argument("-ub", "--ubatch-size", type=int, default=512, help="physical batch size (default 512)")
     p.add_argument("-ctk", "--cache-type-k", default="f16", help="K cache type: f32, f16, q8_0, q4_0")
     p.add_argument("-ctv", "--cache-type-v", default="f16", help="V cache type: f32, f16, q8_0, q4_0")
+    p.add_argument("--swa-full", action="store_true",
+                   help="full-size cache for sliding-window layers (default: llama_kv_cache_iswa's small one)")
 
 
 def add_sampling(p: argparse.ArgumentParser) -> None:

@@ -56,7 +56,8 @@ def run_bench(model, args) -> int:
     n_ctx = max(args.n_prompt, args.n_gen, 256)
     ctx = Context(model, ContextParams(n_ctx=n_ctx, n_batch=args.batch_size, n_ubatch=args.ubatch_size,
                                        n_threads=args.threads, n_threads_batch=args.threads_batch or args.threads,
-                                       type_k=args.cache_type_k, type_v=args.cache_type_v))
+                                       type_k=args.cache_type_k, type_v=args.cache_type_v,
+                                       swa_full=args.swa_full))
     rows = []
     for n_prompt, n_gen in ((args.n_prompt, 0), (0, args.n_gen)):
         if not (n_prompt or n_gen):

@@ -72,7 +72,8 @@ def _llm(args):
     _warm_up_notice()
     return LLM(_model(args), n_ctx=args.ctx_size, n_batch=args.batch_size, n_ubatch=args.ubatch_size,
                n_threads=args.threads, n_threads_batch=args.threads_batch or args.threads,
-               type_k=args.cache_type_k, type_v=args.cache_type_v, flash_attn=args.flash_attn, lora=args.lora)
+               type_k=args.cache_type_k, type_v=args.cache_type_v, flash_attn=args.flash_attn, lora=args.lora,
+               swa_full=args.swa_full)
 
 
 def _sampling(args) -> dict:
@@ -171,7 +172,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
     model = _model(args)
     print(model.card())
-    print(f"memory:         {memory_description(model.hparams, getattr(args, 'swa_full', False))}")
+    print(f"memory:         {memory_description(model.hparams, args.swa_full)}")
     feats = cpu_features()
     print(f"kernels:        {active_path()} path (cpu {feats.get('cpu', '?')}, "
           f"avx512-vnni {'yes' if feats.get('vnni') else 'no'})")
@@ -250,8 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
     tok.add_argument("-m", "--model", default=None, help="GGUF path or embedded model name (smollm2, gemma3)")
     tok.set_defaults(func=cmd_tokenize)
 
-    info = sub.add_parser("info", help="print the model card and the kernel path")
+    info = sub.add_parser("info", help="print the model card, its memory type and the kernel path")
     info.add_argument("-m", "--model", default=None, help="GGUF path or embedded model name (smollm2, gemma3)")
+    info.add_argument("--swa-full", action="store_true", help="the memory with a full-size SWA cache")
     info.set_defaults(func=cmd_info)
     return parser
 

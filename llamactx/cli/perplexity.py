@@ -43,7 +43,7 @@ def chunk_nll(ctx: Context, chunk: list[int], n_batch: int) -> np.ndarray:
 
 
 def perplexity(model, text: str, n_ctx: int, n_batch: int, n_threads: int, n_chunks: int = -1, out=None,
-               flash_attn: str = "auto", lora=()) -> tuple[float, float]:
+               flash_attn: str = "auto", lora=(), swa_full: bool = False) -> tuple[float, float]:
     """(PPL, its +/- uncertainty) of `text` with chunks of `n_ctx` tokens, printing llama-perplexity's lines to
     `out` (default stdout). `lora`: (LoraAdapter, scale) pairs applied to the context."""
     out = out or sys.stdout
@@ -63,7 +63,7 @@ def perplexity(model, text: str, n_ctx: int, n_batch: int, n_threads: int, n_chu
     n_batch = min(n_batch, n_ctx)
     ctx = Context(model, ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=min(512, n_batch),
                                        n_threads=n_threads, n_threads_batch=n_threads, kv_unified=True,
-                                       flash_attn=flash_attn))
+                                       flash_attn=flash_attn, swa_full=swa_full))
     ctx.set_adapters_lora([a for a, _ in lora], [s for _, s in lora])
     print(f"perplexity: calculating perplexity over {n_chunk} chunks, n_ctx={n_ctx}, batch_size={n_batch}",
           file=out)
@@ -89,5 +89,5 @@ def run_perplexity(model, args) -> int:
 
     text = read_text(args.file, "text file")
     perplexity(model, text, args.ctx_size, args.batch_size, args.threads, args.chunks, flash_attn=args.flash_attn,
-               lora=load_adapters(model, args.lora))
+               lora=load_adapters(model, args.lora), swa_full=args.swa_full)
     return 0

@@ -50,13 +50,35 @@ class SWAPlacement:
     head: int
 
 
+class RotatedKVView(KVView):
+    """A KVView whose cells [0, n_kv) are shown from cell `start` on, wrapping: a sequence whose cells wrap around
+    the end of the SWA cache is seen in consecutive cells, which the attention kernel reads vectorized. Only for
+    attention whose sums follow positions (they do not depend on where cells sit); K/V are stored in the real
+    cells, and read as a rotated copy."""
+
+    __slots__ = ("perm",)
+
+    def __init__(self, cache: KVCache, idx: np.ndarray, n_kv: int, start: int):
+        self.perm = (start + np.arange(n_kv)) % n_kv  # (n_kv,) the real cell of each cell shown
+        super().__init__(cache, idx, n_kv, cache.cells.pos[self.perm], cache.cells.seq[self.perm])
+
+    def k_stored(self, il: int) -> np.ndarray:
+        return self._cache.k[self._cache.layer_index[il]][self.perm]  # (n_kv, k row) a copy
+
+    def v_stored(self, il: int) -> np.ndarray:
+        return self._cache.v[self._cache.layer_index[il]][self.perm]
+
+
 class SWAKVCache(KVCache):
     """A KV cache for sliding-window layers whose cells are reused once out of every window (llama_kv_cache with
     n_swa > 0, LLAMA_SWA_TYPE_STANDARD)."""
 
-    def __init__(self, *args, n_swa: int, **kwargs):
+    def __init__(self, *args, n_swa: int, rotate: bool = False, **kwargs):
+        """`rotate`: hand a ubatch whose sequence wraps around the cache a `RotatedKVView` (attention that does not
+        follow absolute cell indices)."""
         super().__init__(*args, **kwargs)
         self.n_swa = n_swa
+        self.rotate = rotate
         self.head = 0  # where the next cell search starts (llama_kv_cache::v_heads)
 
     # -- placement (find_slot / apply_ubatch with n_swa > 0) ----------------------------------------------------
@@ -118,7 +140,17 @@ class SWAKVCache(KVCache):
     def apply(self, ub: UBatch, slot: np.ndarray) -> KVView:
         self.place(slot, ub)
         n_kv = self.cells.used_max_p1
+        start = self._wrap_start(int(ub.seq_id0[0]), n_kv) if self.rotate and ub.n_tokens >= 2 else 0
+        if start:
+            return RotatedKVView(self, slot, n_kv, start)
         return KVView(self, slot, n_kv, self.cells.pos[:n_kv].copy(), self.cells.seq[:n_kv].copy())
+
+    def _wrap_start(self, seq_id: int, n_kv: int) -> int:
+        """The cell of `seq_id`'s first position when its cells, in position order, wrap around (0 otherwise)."""
+        cells = self.cells.seq_cells(seq_id)  # (n,) in position order
+        if cells.size < 2 or (np.diff(cells) > 0).all():
+            return 0
+        return int(cells[0]) if cells[0] < n_kv else 0
 
     def rollback(self, placement: SWAPlacement) -> None:
         self.cells.restore(placement.before)
@@ -193,9 +225,10 @@ class KVCacheISWA(Memory):
     """A base KV cache for the global layers and a sliding-window one for the others (llama_kv_cache_iswa)."""
 
     def __init__(self, hparams, n_ctx: int, n_seq_max: int, n_ubatch: int, type_k: str = "f16",
-                 type_v: str = "f16", n_ctx_seq: int | None = None):
+                 type_v: str = "f16", n_ctx_seq: int | None = None, layout_exact: bool = False):
         """`n_ctx` cells in the base cache (per-sequence limit `n_ctx_seq`), `swa_cache_size(...)` in the SWA
-        cache. Raises KVCacheAllocError when the arrays cannot be allocated."""
+        cache. `layout_exact`: attention follows absolute cell indices (ContextParams.kv_layout_exact), so the
+        SWA cache's views are never rotated. Raises KVCacheAllocError when the arrays cannot be allocated."""
         hp = hparams
         self.n_seq_max = n_seq_max
         self.n_swa = hp.n_swa
@@ -205,7 +238,8 @@ class KVCacheISWA(Memory):
         common = dict(n_seq_max=n_seq_max, n_embd_k_gqa=hp.n_embd_k_gqa, n_embd_v_gqa=hp.n_embd_v_gqa,
                       type_k=type_k, type_v=type_v)
         self.base = KVCache(len(layers_base), n_ctx, n_ctx_seq=n_ctx_seq, layers=layers_base, **common)
-        self.swa = SWAKVCache(len(layers_swa), size_swa, layers=layers_swa, n_swa=hp.n_swa, **common)
+        self.swa = SWAKVCache(len(layers_swa), size_swa, layers=layers_swa, n_swa=hp.n_swa,
+                              rotate=not layout_exact, **common)
 
     @property
     def size(self) -> int:

@@ -12,7 +12,7 @@ import pytest
 
 from llamactx.batch import Batch, BatchAllocator
 from llamactx.memory import MemoryOpError
-from llamactx.memory.kv_cache_iswa import KVCacheISWA, swa_cache_size
+from llamactx.memory.kv_cache_iswa import KVCacheISWA, RotatedKVView, swa_cache_size
 from llamactx.state_io import StateError, StateReader
 
 N_EMBD = 16
@@ -30,9 +30,9 @@ def iswa(n_ctx: int = 2048, n_seq: int = 2, n_ubatch: int = 256, n_swa: int = 51
     return KVCacheISWA(hparams(n_swa=n_swa), n_ctx, n_seq, n_ubatch)
 
 
-def decode(mem: KVCacheISWA, runs, n_ubatch: int = 256) -> int:
+def decode(mem: KVCacheISWA, runs, n_ubatch: int = 256, views: list | None = None) -> int:
     """What Context.decode does with the memory, with a fake forward storing K = V = position: 0, or 1 (no
-    slot; memory unchanged). runs: (seq_ids, n_tokens) continuing each sequence."""
+    slot; memory unchanged). runs: (seq_ids, n_tokens) continuing each sequence; `views` collects the views."""
     batch = Batch(sum(n for _, n in runs), n_seq_max=mem.n_seq_max)
     for seq_ids, n in runs:
         p0 = mem.seq_pos_max(seq_ids[0]) + 1
@@ -45,6 +45,8 @@ def decode(mem: KVCacheISWA, runs, n_ubatch: int = 256) -> int:
         return 1
     for ub, slot in zip(ubs, placement.slots, strict=True):
         view = mem.apply(ub, slot)
+        if views is not None:
+            views.append(view)
         rows = np.repeat(ub.pos[:, None], N_EMBD, axis=1).astype(np.float32)  # (n, N_EMBD)
         for il in range(6):
             view.views()[hparams().is_swa(il)].store(il, rows, rows)
@@ -151,3 +153,25 @@ def test_memory_breakdown_shows_both_caches():
     mb = mem.memory_breakdown()
     assert set(mb) == {"base.k", "base.v", "base.cells", "swa.k", "swa.v", "swa.cells"}
     assert mb["base.k"] == 1 * 32768 * N_EMBD * 2 and mb["swa.k"] == 5 * 1024 * N_EMBD * 2
+
+
+@pytest.mark.parametrize("layout_exact", [False, True])
+def test_a_wrapped_sequence_is_shown_in_consecutive_cells(layout_exact):
+    """For attention that follows positions the SWA view starts at the sequence's first cell, so its cells are
+    consecutive; layout-exact attention sees the real cells."""
+    mem = KVCacheISWA(hparams(), 2048, 1, 512, layout_exact=layout_exact)  # 1024 SWA cells
+    decode(mem, [([0], 1000)])
+    views = []
+    decode(mem, [([0], 100)], views=views)  # cells 1000..1023, then 0..75
+    swa = views[0].views()[1]
+    assert isinstance(swa, RotatedKVView) != layout_exact
+    held = swa.cell_pos >= 0
+    if layout_exact:
+        assert swa.cell_pos[:76].tolist() == list(range(1024, 1100))
+    else:
+        assert swa.cell_pos[held].tolist() == list(range(76, 1100))  # consecutive cells, in position order
+    k = swa.k_stored(0).astype(np.float32)[:, 0]  # (n_kv,) K = position in the stub
+    assert (k[held] == swa.cell_pos[held]).all()
+    one = []
+    decode(mem, [([0], 1)], views=one)  # one token: the kernel reads cells one by one, no copy
+    assert not isinstance(one[0].views()[1], RotatedKVView)
