@@ -4,9 +4,13 @@ llama-server does ("forcing full prompt re-processing due to lack of cache data"
 
 from __future__ import annotations
 
-from llamactx.engine import Limits, Sequence
+import json
+from pathlib import Path
+
+from llamactx.engine import Engine, Limits, Sequence
 from llamactx.engine.prefix_cache import PrefixCache
 from llamactx.sampling import SamplerChain
+from tests.engine.test_engine import chain, run_all
 from tests.memory.test_kv_cache_iswa import decode, iswa
 
 
@@ -56,3 +60,21 @@ def test_the_same_prompt_again_decodes_only_its_last_token():
     seq = request(list(range(1400)))
     pc.acquire(seq, id_slot=0)
     assert seq.n_past == 1399 and mem.can_continue(0, 1399)
+
+
+def test_gemma_engine_reprocesses_a_prefix_the_window_has_left(gemma):
+    """The engine on Gemma 3's iSWA cache (768 SWA cells at n_ubatch 256): a request sharing only the first 100
+    tokens of an 800-token cached prompt is reprocessed from 0, and completes as it does in a fresh engine."""
+    ref = json.loads((Path(__file__).parents[1] / "data" / "gemma3-270m-q4_k_m" / "iswa.json").read_text())
+    long, short = ref["prompt"][:800], ref["prompt"][:100] + ref["prompt"][1000:1020]
+    engine = Engine(gemma, n_slots=1, n_ctx=1024, n_ubatch=256)
+    first = engine.add_request(long, chain(gemma), Limits(max_tokens=1))
+    run_all(engine, [first])
+    assert engine.ctx.memory.seq_pos_min(0) > 0  # the window has moved on
+    again = engine.add_request(short, chain(gemma), Limits(max_tokens=4))
+    run_all(engine, [again])
+    assert again.n_cached == 0
+    fresh = Engine(gemma, n_slots=1, n_ctx=1024, n_ubatch=256)
+    alone = fresh.add_request(short, chain(gemma), Limits(max_tokens=4))
+    run_all(fresh, [alone])
+    assert again.output == alone.output
