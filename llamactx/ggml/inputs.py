@@ -63,27 +63,31 @@ class VisibleCells:
         lane_index: (n_kv,) the cells' absolute indices (ggml's own order) or their positions (the same for a
         sequence that fills the cache from cell 0, and independent of placement). None when two visible cells
         of a token share an index (positions after seq_div)."""
-        visible = mask > -np.inf  # (n, n_kv)
         n, n_kv = mask.shape
-        key = np.where(visible, lane_index[None, :].astype(np.int64), -1)  # (n, n_kv)
-        has = visible.any(axis=1)  # (n,)
-        lo = np.where(visible, key, np.iinfo(np.int64).max).min(axis=1, initial=np.iinfo(np.int64).max)
-        lo = np.where(has, lo // 64 * 64, 0)  # (n,)
-        hi = key.max(axis=1, initial=-1)  # (n,)
+        visible = mask > -np.inf  # (n, n_kv)
+        t, c = np.nonzero(visible)  # (nnz,) each: token-major, the visible cells
+        counts = np.bincount(t, minlength=n)  # (n,)
+        has = counts > 0
+        key = lane_index.astype(np.int64)[c]  # (nnz,)
+        starts = (np.cumsum(counts) - counts)[has]
+        lo = np.zeros(n, np.int64)  # (n,) the first slot's index, a multiple of 64
+        hi = np.full(n, -1, np.int64)  # (n,)
+        if starts.size:
+            lo[has] = np.minimum.reduceat(key, starts) // 64 * 64
+            hi[has] = np.maximum.reduceat(key, starts)
         n_cells = np.where(has, hi - lo + 1, 0).astype(np.int64)  # (n,)
         width = max(int(n_cells.max(initial=0)), 1)
-        t, c = np.nonzero(visible)
-        slot = key[t, c] - lo[t]
-        filled = np.zeros((n, width), np.int64)  # (n, width)
-        np.add.at(filled, (t, slot), 1)
-        if (filled > 1).any():
+        slot = key - lo[t]  # (nnz,)
+        filled = np.zeros((n, width), bool)  # (n, width)
+        filled[t, slot] = True
+        if (np.count_nonzero(filled, axis=1) != counts).any():  # two visible cells on one slot
             return None
         cells = np.zeros((n, width), np.int64)  # (n, width)
         mask_add = np.full((n, width), -np.inf, np.float32)  # (n, width)
         cells[t, slot] = c
-        mask_add[t, slot] = mask[t, c]
-        first = np.argmax(filled > 0, axis=1)  # (n,) the first filled slot, the anchor of the fillers
+        mask_add[t, slot] = mask[visible]
+        first = np.argmax(filled, axis=1)  # (n,) the first filled slot, the anchor of the fillers
         anchor = cells[np.arange(n), first]
         filler = np.clip(anchor[:, None] + (np.arange(width)[None, :] - first[:, None]), 0, max(n_kv - 1, 0))
-        cells = np.where(filled > 0, cells, filler)
+        cells = np.where(filled, cells, filler)
         return cls(np.ascontiguousarray(cells), n_cells, np.ascontiguousarray(mask_add))
