@@ -249,3 +249,18 @@ def test_perplexity_with_lora_matches_llama_perplexity(capsys):
     out = capsys.readouterr().out
     ppl = float(out.split("Final estimate: PPL = ")[1].split()[0])
     assert abs(ppl / 22.8560 - 1) < 0.01, ppl
+
+
+def test_embedding_with_lora_changes_the_vectors_as_the_context_does(smollm, capsys):
+    from llamactx.cli import main
+    from llamactx.embedding import Embedder
+
+    adapter = DATA / "smollm2-lora.gguf"
+    assert main(["embedding", "-p", "hello world", "--embd-output-format", "array", "--lora-scaled",
+                 f"{adapter}:0.5"]) == 0
+    printed = np.array(json.loads(capsys.readouterr().out))  # (1, n_embd)
+    tokens = smollm.vocab.tokenize("hello world", add_special=True, parse_special=True)
+    with_lora = Embedder(smollm, n_ctx=4096, lora=[(LoraAdapter.load(smollm, adapter), 0.5)]).embed([tokens])
+    without = Embedder(smollm, n_ctx=4096).embed([tokens])
+    np.testing.assert_allclose(printed, with_lora, atol=1e-7)  # printed with 7 decimals
+    assert np.abs(with_lora - without).max() > 1e-3
