@@ -92,6 +92,9 @@ def test_adapters_are_per_context(smollm, adapters, base_logits):
         ctx1.set_adapter_lora(a)
         ctx1.clear_adapter_lora()
         assert ctx1.adapters_lora == ()
+        ctx2.memory.clear()  # ctx2 ran without adapters first: nothing it prepared for that may be reused now
+        ctx2.set_adapter_lora(a, 0.5)
+        assert _sha(decode(ctx2, tokens)) == CASES["a_0.5"]["sha256"]
 
 
 def test_adapter_and_model_stay_read_only(smollm, adapters):
