@@ -4,8 +4,9 @@ llama.cpp is the native `llama-bench` built by ../shared/tools/build_llamacpp.sh
 references (never llama-cpp-python, whose Python layer slows the anchor down). Each round runs llama-bench's test,
 then `llamactx bench` with the same options, each in a fresh process; the table reports medians over rounds.
 
-Usage: python bench/compare_llamacpp.py [-m smollm2|gemma3] [-p 512] [-n 128] [-r 3] [-t 2] [--fa off|on]
+Usage: python bench/compare_llamacpp.py [-m smollm2|gemma3] [-p 512] [-n 128] [-d 0] [-r 3] [-t 2] [--fa off|on]
            [--llamacpp DIR (default $LLAMACPP or ~/.cache/llamactx-llamacpp)] [--pythonpath CHECKOUT]
+`-d` starts every test from that many tokens in the cache (llama-bench's --n-depth), e.g. `-p 0 -n 32 -d 4096`.
 `--pythonpath` runs ours from another checkout (e.g. a worktree of an earlier commit) for before/after numbers.
 """
 
@@ -20,20 +21,22 @@ import sys
 from pathlib import Path
 
 
-def llama_bench(binary: Path, model: str, n_prompt: int, n_gen: int, threads: int, fa: str) -> float:
+def llama_bench(binary: Path, model: str, n_prompt: int, n_gen: int, n_depth: int, threads: int, fa: str) -> float:
     """tokens/s of one llama-bench test (-r 1 after its own warm-up)."""
-    out = subprocess.run([str(binary), "-m", model, "-p", str(n_prompt), "-n", str(n_gen), "-r", "1",
-                          "-t", str(threads), "-fa", fa, "-o", "json"], capture_output=True, text=True, check=True)
+    out = subprocess.run([str(binary), "-m", model, "-p", str(n_prompt), "-n", str(n_gen), "-d", str(n_depth),
+                          "-r", "1", "-t", str(threads), "-fa", fa, "-o", "json"],
+                         capture_output=True, text=True, check=True)
     return float(json.loads(out.stdout)[0]["avg_ts"])
 
 
-def ours(model: str, n_prompt: int, n_gen: int, threads: int, pythonpath: str | None) -> float:
+def ours(model: str, n_prompt: int, n_gen: int, n_depth: int, threads: int, pythonpath: str | None) -> float:
     env = dict(os.environ)
-    if pythonpath:
+    if pythonpath:  # `python -m` puts the working directory first on sys.path: run from the checkout
         env["PYTHONPATH"] = pythonpath
     out = subprocess.run([sys.executable, "-m", "llamactx", "bench", "-m", model, "-p", str(n_prompt),
-                          "-n", str(n_gen), "-r", "1", "-t", str(threads), "-o", "json"],
-                         capture_output=True, text=True, check=True, env=env)
+                          "-n", str(n_gen), *(["-d", str(n_depth)] if n_depth else []), "-r", "1", "-t", str(threads),
+                          "-o", "json"],
+                         capture_output=True, text=True, check=True, env=env, cwd=pythonpath)
     return float(json.loads(out.stdout)[0]["avg_ts"])
 
 
@@ -45,6 +48,7 @@ def main() -> None:
     ap.add_argument("-m", "--model", default="smollm2")
     ap.add_argument("-p", "--n-prompt", type=int, default=512)
     ap.add_argument("-n", "--n-gen", type=int, default=128)
+    ap.add_argument("-d", "--n-depth", type=int, default=0)
     ap.add_argument("-r", "--repetitions", type=int, default=3)
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--fa", choices=("off", "on"), default="off", help="llama.cpp's flash attention")
@@ -63,10 +67,10 @@ def main() -> None:
             continue
         theirs, mine = [], []
         for _ in range(args.repetitions):
-            theirs.append(llama_bench(binary, path, n_prompt, n_gen, args.threads, args.fa))
-            mine.append(ours(path, n_prompt, n_gen, args.threads, args.pythonpath))
+            theirs.append(llama_bench(binary, path, n_prompt, n_gen, args.n_depth, args.threads, args.fa))
+            mine.append(ours(path, n_prompt, n_gen, args.n_depth, args.threads, args.pythonpath))
         t_ts, o_ts = statistics.median(theirs), statistics.median(mine)
-        name = f"pp{n_prompt}" if n_prompt else f"tg{n_gen}"
+        name = (f"pp{n_prompt}" if n_prompt else f"tg{n_gen}") + (f" @ d{args.n_depth}" if args.n_depth else "")
         print(f"| {name} | {t_ts:.1f} | {o_ts:.1f} | {o_ts / t_ts:.2f}x |")
         sys.stdout.flush()
 

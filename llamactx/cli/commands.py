@@ -35,6 +35,7 @@ from llamactx.cli.args import (
     process_escapes,
     read_text,
 )
+from llamactx.cli.bench import add_arguments as add_bench_arguments
 from llamactx.embedded import ModelNotInstalledError
 from llamactx.errors import LlamactxError
 
@@ -135,12 +136,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from llamactx.cli.bench import run_bench
+    from llamactx.cli.bench import expand_tests, run_bench
 
-    if args.n_prompt < 0 or args.n_gen < 0 or not (args.n_prompt or args.n_gen):
-        raise CommandError(f"bench: nothing to measure with -p {args.n_prompt} -n {args.n_gen} (give -p and/or -n > 0)")
-    if args.repetitions < 1:
-        raise CommandError(f"bench: -r {args.repetitions} must be >= 1")
+    expand_tests(args)  # bad flags fail before the model loads
     _warm_up_notice()
     return run_bench(_model(args), args)
 
@@ -212,12 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_lora(p)
 
     bench = sub.add_parser("bench", help="llama-bench: prompt processing (pp) and generation (tg) speed")
-    bench.add_argument("-p", "--n-prompt", type=int, default=512)
-    bench.add_argument("-n", "--n-gen", type=int, default=128)
-    bench.add_argument("-r", "--repetitions", type=int, default=5)
-    bench.add_argument("-o", "--output", choices=("md", "json"), default="md")
-    add_common(bench)
-    add_context(bench)
+    add_bench_arguments(bench)
     bench.set_defaults(func=cmd_bench)
 
     ppl = sub.add_parser("perplexity", help="llama-perplexity over a text file")

@@ -38,8 +38,8 @@ def test_bench_json_has_llama_bench_keys(capsys):
     rows = json.loads(capsys.readouterr().out)
     assert [(r["n_prompt"], r["n_gen"]) for r in rows] == [(32, 0), (0, 4)]
     for r in rows:
-        for key in ("n_prompt", "n_gen", "avg_ts", "stddev_ts", "n_threads", "model_type", "model_size",
-                    "model_n_params", "type_k", "type_v"):
+        for key in ("build_commit", "backends", "n_prompt", "n_gen", "n_depth", "avg_ts", "stddev_ts", "n_threads",
+                    "model_type", "model_size", "model_n_params", "type_k", "type_v", "test_time", "samples_ns"):
             assert key in r
         assert r["model_type"] == "llama 135M Q4_1" and r["avg_ts"] > 0
 
