@@ -108,3 +108,23 @@ def get_rows(weight, ids: np.ndarray) -> np.ndarray:
             raise AssertionError("unreachable: every fast quantized type has 32-element blocks")
         _get_rows_blocks(t, data, ids, out)
     return out
+
+
+@njit(cache=True)
+def rows_q8_0_x4(qs, sc, ids, out) -> None:
+    """out[i] = row ids[i] of a packed Q8_0 matrix (repack.py: rows in groups of four, q + 128, f16 d)."""
+    for i in range(ids.shape[0]):
+        g, j = ids[i] // 4, ids[i] % 4
+        for b in range(out.shape[1] // 32):
+            d = f16_to_f32(np.uint16(sc[g, b * 8 + 2 * j]) | (np.uint16(sc[g, b * 8 + 2 * j + 1]) << np.uint16(8)))
+            for e in range(16):
+                out[i, b * 32 + e] = np.float32(np.int32(qs[g, b * 128 + j * 16 + e]) - 128) * d
+                out[i, b * 32 + 16 + e] = np.float32(np.int32(qs[g, b * 128 + 64 + j * 16 + e]) - 128) * d
+
+
+def get_rows_q8_0_packed(pw, ids: np.ndarray) -> np.ndarray:
+    """The rows `ids` of a Q8_0 matrix from its packed copy, so that the file pages of a table shared with the
+    output matrix stay released. q * d is exact in float32: the same bits as dequantizing. -> (len(ids), k)"""
+    out = np.empty((len(ids), pw.k), np.float32)  # (n, k)
+    rows_q8_0_x4(pw.qs, pw.sc, np.asarray(ids, np.int64), out)
+    return out

@@ -8,9 +8,9 @@ converted and scaled on its own, ggml's horizontal sum. So every output is bit-i
 F16/F32 weights take a float32 dot product (x rounded to f16 for F16, as ggml; the summation order differs).
 
 One parallel kernel per path serves every type (numba compiles two, not twenty): `prange` gives each thread a
-contiguous share of the weight rows; there each weight block is decoded once and used for four activation rows
-at a time (prompt processing, batched decode), and single activation rows (decode) take two weight rows at a
-time.
+contiguous share of the weight rows; there each weight block is decoded once and used for every activation row
+(prompt processing, batched decode: four at a time). The 32-element block types run four weight rows per 512-bit
+register (legacy.py).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from numba import njit, prange
 from llamactx.ggml.intrinsics import round_f16
 from llamactx.ggml.kernels.cpu import PATH_PORTABLE, PATH_VNNI, active_path, cpu_features, set_threads
 from llamactx.ggml.kernels.kquants import DEC_Q4K, DEC_Q5K, k45_rows, q4k_x8_rows, q6k_rows, q6k_tiled_rows
-from llamactx.ggml.kernels.legacy import DEC_Q4, DEC_Q5, DEC_Q8, min_rows, offset_rows
+from llamactx.ggml.kernels.legacy import DEC_Q4_0, DEC_Q4_1, DEC_Q5_0, DEC_Q5_1, DEC_Q8_0, ROWS_PER_GROUP, x4_rows
 from llamactx.ggml.kernels.quantize import quantize_q8_0, quantize_q8_1, quantize_q8_K
 from llamactx.ggml.kernels.repack import PackedWeight
 from llamactx.ggml.kernels.simd import (
@@ -114,31 +114,40 @@ def _float_rows(f16, W, a, r0, r1, out):
 
 
 @njit(cache=True)
-def _rows_of_type(path, kind, llama_order, W, a, r0, r1, out):
-    """out[:, r0:r1] for weights of ggml type `kind` (the branch is taken once per task, not per row).
-    llama_order: Q4_K / Q6_K in the order of llama.cpp's repacked / tiled kernels (`matmul`)."""
-    if llama_order and kind == Q4_K:
-        q4k_x8_rows(path, W, a, r0, r1, out)
-    elif llama_order and kind == Q6_K and a[0].shape[0] >= TILED_MIN_ROWS:
-        q6k_tiled_rows(path, W, a, r0, r1, out)
-    elif kind == Q4_0:
-        offset_rows(path, DEC_Q4, W, a, r0, r1, out)
-    elif kind == Q5_0:
-        offset_rows(path, DEC_Q5, W, a, r0, r1, out)
-    elif kind == Q8_0:
-        offset_rows(path, DEC_Q8, W, a, r0, r1, out)
+def _rows_of_type(path, kind, llama_order, W, a, u0, u1, out):
+    """out for units u0..u1-1 of weights of ggml type `kind` (the branch is taken once per task, not per row): groups
+    of four rows for the 32-element block types, else rows. llama_order: Q4_K / Q6_K in the order of llama.cpp's
+    repacked / tiled kernels (`matmul`)."""
+    if kind == Q4_0:
+        x4_rows(path, DEC_Q4_0, W, a, u0, u1, out)
     elif kind == Q4_1:
-        min_rows(path, DEC_Q4, W, a, r0, r1, out)
+        x4_rows(path, DEC_Q4_1, W, a, u0, u1, out)
+    elif kind == Q5_0:
+        x4_rows(path, DEC_Q5_0, W, a, u0, u1, out)
     elif kind == Q5_1:
-        min_rows(path, DEC_Q5, W, a, r0, r1, out)
+        x4_rows(path, DEC_Q5_1, W, a, u0, u1, out)
+    elif kind == Q8_0:
+        x4_rows(path, DEC_Q8_0, W, a, u0, u1, out)
+    elif llama_order and kind == Q4_K:
+        q4k_x8_rows(path, W, a, u0, u1, out)
+    elif llama_order and kind == Q6_K and a[0].shape[0] >= TILED_MIN_ROWS:
+        q6k_tiled_rows(path, W, a, u0, u1, out)
     elif kind == Q4_K:
-        k45_rows(path, DEC_Q4K, W, a, r0, r1, out)
+        k45_rows(path, DEC_Q4K, W, a, u0, u1, out)
     elif kind == Q5_K:
-        k45_rows(path, DEC_Q5K, W, a, r0, r1, out)
+        k45_rows(path, DEC_Q5K, W, a, u0, u1, out)
     elif kind == Q6_K:
-        q6k_rows(path, W, a, r0, r1, out)
+        q6k_rows(path, W, a, u0, u1, out)
     else:
-        _float_rows(kind == F16, W, a, r0, r1, out)
+        _float_rows(kind == F16, W, a, u0, u1, out)
+
+
+@njit(cache=True)
+def _n_units(kind, n_rows):
+    """Rows, or groups of four rows for the 32-element block types (repack.units)."""
+    if kind == Q4_0 or kind == Q4_1 or kind == Q5_0 or kind == Q5_1 or kind == Q8_0:
+        return (n_rows + ROWS_PER_GROUP - 1) // ROWS_PER_GROUP
+    return n_rows
 
 
 # One parallel kernel per path, the path a global constant: a Tag passed as an argument would cost numba's
@@ -147,9 +156,9 @@ def _rows_of_type(path, kind, llama_order, W, a, r0, r1, out):
 
 
 @njit(cache=True)
-def _share(task, n_tasks, n_rows):
-    """Weight rows [r0, r1) of task `task` out of `n_tasks`."""
-    return task * n_rows // n_tasks, (task + 1) * n_rows // n_tasks
+def _share(task, n_tasks, n_units):
+    """Units (rows or row groups) [u0, u1) of task `task` out of `n_tasks`."""
+    return task * n_units // n_tasks, (task + 1) * n_units // n_tasks
 
 
 @njit(parallel=True, cache=True)
@@ -159,10 +168,11 @@ def matmul_vnni(n_tasks, kind, llama_order, x, qs, qh, sc, mn, d, m, out):
     float32 (n, n_rows)."""
     a = _activations(kind, x)
     W = (qs, qh, sc, mn, d, m)
-    n_tasks = max(1, min(n_tasks, out.shape[1]))
+    n_units = _n_units(kind, out.shape[1])
+    n_tasks = max(1, min(n_tasks, n_units))
     for task in prange(n_tasks):
-        r0, r1 = _share(task, n_tasks, out.shape[1])
-        _rows_of_type(VNNI, kind, llama_order, W, a, r0, r1, out)
+        u0, u1 = _share(task, n_tasks, n_units)
+        _rows_of_type(VNNI, kind, llama_order, W, a, u0, u1, out)
 
 
 @njit(parallel=True, cache=True)
@@ -170,10 +180,11 @@ def matmul_portable(n_tasks, kind, llama_order, x, qs, qh, sc, mn, d, m, out):
     """`matmul_vnni` with the portable integer dot product."""
     a = _activations(kind, x)
     W = (qs, qh, sc, mn, d, m)
-    n_tasks = max(1, min(n_tasks, out.shape[1]))
+    n_units = _n_units(kind, out.shape[1])
+    n_tasks = max(1, min(n_tasks, n_units))
     for task in prange(n_tasks):
-        r0, r1 = _share(task, n_tasks, out.shape[1])
-        _rows_of_type(PORTABLE, kind, llama_order, W, a, r0, r1, out)
+        u0, u1 = _share(task, n_tasks, n_units)
+        _rows_of_type(PORTABLE, kind, llama_order, W, a, u0, u1, out)
 
 
 # --- the entry point -----------------------------------------------------------------------------------------

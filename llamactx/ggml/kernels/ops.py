@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType as T
 
 from llamactx.ggml.attention import attention_f16_cells
 from llamactx.ggml.kernels.cpu import set_threads
-from llamactx.ggml.kernels.get_rows import get_rows
+from llamactx.ggml.kernels.get_rows import get_rows, get_rows_q8_0_packed
 from llamactx.ggml.kernels.matmul import matmul
 from llamactx.ggml.kernels.repack import can_pack, pack_weight, pack_weights
 from llamactx.ggml.ops import ReferenceOps
@@ -88,9 +88,7 @@ class FastOps(ReferenceOps):
         ids = np.asarray(ids)
         if weight.ggml_type != _Q8_0:
             return get_rows(weight, ids)
-        pw = self._packed(weight)
-        q = pw.qs[ids].reshape(len(ids), -1, 32).astype(np.float32) - np.float32(128)  # (n, nb, 32)
-        return (q * pw.d[ids][:, :, None]).reshape(len(ids), pw.k)  # (n, k)
+        return get_rows_q8_0_packed(self._packed(weight), ids)
 
 
 def _column_ranges(weights) -> tuple[tuple[int, int], ...]:

@@ -1,39 +1,46 @@
 """Repacking a weight matrix once, at load, into the structure-of-arrays layout the matmul kernels read.
 
 ggml stores each block as one struct (ggml-common.h `block_q4_0` etc.): an f16 scale next to its quants. The
-kernels want each field as its own contiguous per-row array, scales already widened to float32, so the inner
-loops are plain vector loads. The quants keep ggml's nibble order (Q4_0..Q5_1: low nibbles = elements 0-15 of a
-block, high = 16-31; K-quants: low nibbles of 32 bytes = one 32-element sub-block, high = the next), which the
-kernels decode in registers, so activations never need permuting. Q8_0 quants are stored offset by 128 (as
-uint8) so that every type reaches the kernels as unsigned bytes and one u8 x s8 dot product serves all.
+kernels want each field as its own contiguous array, so the inner loops are plain vector loads. The quants keep
+ggml's nibble order (Q4_0..Q5_1: low nibbles = elements 0-15 of a block, high = 16-31; K-quants: low nibbles of 32
+bytes = one 32-element sub-block, high = the next), which the kernels decode in registers, so activations never
+need permuting. Q8_0 quants are stored offset by 128 (as uint8) so that every type reaches the kernels as unsigned
+bytes and one u8 x s8 dot product serves all.
 
-Every `PackedWeight` has the same six slots, so one kernel signature serves all types (n = n_rows, nb = blocks
-per row; a slot a type does not use is an empty (n, 0) array):
+The 32-element block types interleave their rows in groups of four, as ggml-cpu's repack.cpp does
+(`block_q4_0x4`): per block, the four rows' 16 bytes of nibbles side by side (Q8_0: elements 0-15 of the four
+rows, then 16-31), their f16 scales side by side (then their mins), and Q5's fifth bits rearranged into one
+64-bit mask per 64-byte register (legacy.py, wide.py). A last partial group is filled with zero rows.
 
-    type  qs (u8)               qh (u8)          sc (u8)           mn (u8)      d (f32)   m (f32)
-    F32   the f32 row bytes     -                -                 -            -         -
-    F16   the f16 row bytes     -                -                 -            -         -
-    Q4_0  nibbles (nb*16)       -                -                 -            d (nb)    -
-    Q4_1  nibbles (nb*16)       -                -                 -            d         m (nb)
-    Q5_0  nibbles (nb*16)       u32 bits (nb*4)  -                 -            d         -
-    Q5_1  nibbles (nb*16)       u32 bits (nb*4)  -                 -            d         m
-    Q8_0  q + 128 (nb*32)       -                -                 -            d         -
-    Q4_K  nibbles (nb*128)      -                6-bit sc (nb*8)   mins (nb*8)  d         dmin
-    Q5_K  nibbles (nb*128)      bits (nb*32)     6-bit sc (nb*8)   mins (nb*8)  d         dmin
-    Q6_K  ql nibbles (nb*128)   2-bit (nb*64)    int8 sc (nb*16)   -            d         -
+Every `PackedWeight` has the same six slots, so one kernel signature serves all types (n = n_rows, or n/4 groups
+for the 32-element types; nb = blocks per row; a slot a type does not use is an empty (n, 0) array):
 
-F32/F16 rows are views of the stored tensor. The largest copy overhead is Q4_1's (two f16 -> two f32 per
-20-byte block: 1.2x the stored bytes); nothing holds a float32 copy of a quantized matrix.
+    type  qs (u8)               qh (u8)            sc (u8)               mn (u8)      d (f32)   m (f32)
+    F32   the f32 row bytes     -                  -                     -            -         -
+    F16   the f16 row bytes     -                  -                     -            -         -
+    Q4_0  nibbles (nb*64)       -                  f16 d x4 (nb*8)       -            -         -
+    Q4_1  nibbles (nb*64)       -                  f16 d, m x4 (nb*16)   -            -         -
+    Q5_0  nibbles (nb*64)       2 u64 masks (nb*16) f16 d x4 (nb*8)      -            -         -
+    Q5_1  nibbles (nb*64)       2 u64 masks (nb*16) f16 d, m x4 (nb*16)  -            -         -
+    Q8_0  q + 128 (nb*128)      -                  f16 d x4 (nb*8)       -            -         -
+    Q4_K  nibbles (nb*128)      -                  6-bit sc (nb*8)       mins (nb*8)  d (nb)    dmin (nb)
+    Q5_K  nibbles (nb*128)      bits (nb*32)       6-bit sc (nb*8)       mins (nb*8)  d         dmin
+    Q6_K  ql nibbles (nb*128)   2-bit (nb*64)      int8 sc (nb*16)       -            d         -
+
+F32/F16 rows are views of the stored tensor. The 32-element types take exactly their stored bytes; the K-quants
+widen their f16 scales to f32 (Q4_K: 1.03x); nothing holds a float32 copy of a quantized matrix.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
+from llamactx.ggml.kernels.legacy import ROWS_PER_GROUP
 from llamactx.gguf.quants import block_format
 from llamactx.gguf.quants_k import scale_min_k4
 
@@ -43,7 +50,7 @@ SLOTS = ("qs", "qh", "sc", "mn", "d", "m")
 @dataclass(frozen=True, slots=True)
 class PackedWeight:
     """A weight matrix in the kernels' layout (module docstring): `k` = row length (ggml ne[0]), `n_rows` =
-    ne[1]; every array (n_rows, ...) and read-only."""
+    ne[1]; every array (units(ggml_type, n_rows), ...) and read-only."""
 
     name: str
     ggml_type: int
@@ -83,26 +90,62 @@ def _k_scales(blocks: np.ndarray, offset: int) -> tuple[np.ndarray, np.ndarray]:
     return sc.reshape(n, nb * 8), mn.reshape(n, nb * 8)
 
 
+# --- the 32-element block types: rows interleaved in groups of four (legacy.py, wide.py) ---------------------
+
+
+def _groups(field: np.ndarray) -> np.ndarray:
+    """A per-row field (n, nb, *f), n a multiple of 4, with the four rows of each group side by side in every
+    block. -> (n/4, nb, 4, *f)"""
+    g = field.reshape(field.shape[0] // ROWS_PER_GROUP, ROWS_PER_GROUP, *field.shape[1:])
+    return np.moveaxis(g, 1, 2)
+
+
+def _flat(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a).reshape(a.shape[0], -1)
+
+
+def _x4_nibbles(b: np.ndarray, start: int) -> np.ndarray:
+    """16 bytes of nibbles per block -> (n/4, nb * 64): [row 0 | row 1 | row 2 | row 3] per block."""
+    return _flat(_groups(b[:, :, start : start + 16]))
+
+
+def _x4_scales(b: np.ndarray, *offsets: int) -> np.ndarray:
+    """The f16 fields at `offsets` (d, then m) -> (n/4, nb * 8 * len(offsets)): per block the four rows' d, then
+    the four rows' m, as raw f16 bytes."""
+    fields = [_groups(b[:, :, o : o + 2]) for o in offsets]  # each (n/4, nb, 4, 2)
+    return _flat(np.stack(fields, axis=2))  # (n/4, nb, len, 4, 2)
+
+
+def _x4_fifth_bits(b: np.ndarray, offset: int) -> np.ndarray:
+    """Q5_0/Q5_1's u32 of fifth bits per block -> (n/4, nb * 16): per block two u64 masks, bit 16j + e = element
+    e (A: 0-15, then B: 16-31) of row j, the byte order of the two registers `decode_x4` fills."""
+    qh = np.ascontiguousarray(b[:, :, offset : offset + 4]).view("<u4")[:, :, 0].astype(np.uint64)  # (n, nb)
+    g = _groups(qh)  # (n/4, nb, 4)
+    shift = (np.arange(ROWS_PER_GROUP, dtype=np.uint64) * np.uint64(16))  # row j -> bits 16j..16j+15
+    lo = np.bitwise_or.reduce((g & np.uint64(0xFFFF)) << shift, axis=2)
+    hi = np.bitwise_or.reduce((g >> np.uint64(16)) << shift, axis=2)
+    return _flat(np.stack([lo, hi], axis=2).astype("<u8").view(np.uint8))
+
+
 def _pack_q4_0(b: np.ndarray) -> dict[str, np.ndarray]:
-    return {"qs": _bytes(b, 2, 18), "d": _half(b, 0)}
+    return {"qs": _x4_nibbles(b, 2), "sc": _x4_scales(b, 0)}
 
 
 def _pack_q4_1(b: np.ndarray) -> dict[str, np.ndarray]:
-    return {"qs": _bytes(b, 4, 20), "d": _half(b, 0), "m": _half(b, 2)}
+    return {"qs": _x4_nibbles(b, 4), "sc": _x4_scales(b, 0, 2)}
 
 
 def _pack_q5_0(b: np.ndarray) -> dict[str, np.ndarray]:
-    return {"qs": _bytes(b, 6, 22), "qh": _bytes(b, 2, 6), "d": _half(b, 0)}
+    return {"qs": _x4_nibbles(b, 6), "qh": _x4_fifth_bits(b, 2), "sc": _x4_scales(b, 0)}
 
 
 def _pack_q5_1(b: np.ndarray) -> dict[str, np.ndarray]:
-    return {"qs": _bytes(b, 8, 24), "qh": _bytes(b, 4, 8), "d": _half(b, 0), "m": _half(b, 2)}
+    return {"qs": _x4_nibbles(b, 8), "qh": _x4_fifth_bits(b, 4), "sc": _x4_scales(b, 0, 2)}
 
 
 def _pack_q8_0(b: np.ndarray) -> dict[str, np.ndarray]:
-    qs = np.empty((b.shape[0], b.shape[1], 32), dtype=np.uint8)  # (n, nb, 32)
-    np.bitwise_xor(b[:, :, 2:34], np.uint8(0x80), out=qs)  # int8 q -> uint8 q + 128
-    return {"qs": qs.reshape(b.shape[0], -1), "d": _half(b, 0)}
+    q = np.bitwise_xor(b[:, :, 2:34], np.uint8(0x80)).reshape(b.shape[0], b.shape[1], 2, 16)  # q + 128
+    return {"qs": _flat(np.moveaxis(_groups(q), 2, 3)), "sc": _x4_scales(b, 0)}  # (n/4, nb, 2, 4, 16)
 
 
 def _pack_q4_K(b: np.ndarray) -> dict[str, np.ndarray]:
@@ -131,6 +174,7 @@ _PACKERS: dict[int, Callable[[np.ndarray], dict[str, np.ndarray]]] = {
 }
 
 PACKABLE_TYPES: tuple[int, ...] = (T.F32, T.F16, *_PACKERS)
+GROUPED_TYPES = frozenset(int(t) for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0))  # rows in groups of 4
 
 # Rows repacked per step: keeps numpy's temporaries to a few MiB even for a 262144-row output matrix.
 _ROWS_PER_STEP = 4096
@@ -149,12 +193,16 @@ def pack_weight(weight) -> PackedWeight:
     """
     t, k, n_rows = _check(weight)
     fmt = block_format(t)
+    n_units = units(t, n_rows)
     if t in (T.F32, T.F16):
         parts = {"qs": _read_only_view(np.ascontiguousarray(weight.data).view(np.uint8))}  # (n_rows, k * 4 or 2)
     else:
         blocks = weight.data.reshape(n_rows, k // fmt.block_size, fmt.type_size)  # (n_rows, nb, type_size)
+        if t in GROUPED_TYPES and n_rows % ROWS_PER_GROUP:  # a last, partial group: zero rows (d = 0) fill it
+            pad = np.zeros((n_units * ROWS_PER_GROUP - n_rows, *blocks.shape[1:]), np.uint8)
+            blocks = np.concatenate([blocks, pad])
         parts = _pack_rows(blocks, _PACKERS[t])
-    empty = {np.uint8: np.empty((n_rows, 0), np.uint8), np.float32: np.empty((n_rows, 0), np.float32)}
+    empty = {np.uint8: np.empty((n_units, 0), np.uint8), np.float32: np.empty((n_units, 0), np.float32)}
     for e in empty.values():
         e.flags.writeable = False
     slots = {s: parts.get(s, empty[np.float32 if s in ("d", "m") else np.uint8]) for s in SLOTS}
@@ -166,22 +214,25 @@ def pack_weights(weights, name: str | None = None) -> PackedWeight:
     and V; gate and up): one matmul then computes all of them, with one activation quantization and one thread
     launch, and every output is bit-identical to its own matmul. Raises ValueError for mixed types or lengths.
     """
-    packed = [pack_weight(w) for w in weights]
-    if not packed:
+    if not weights:
         raise ValueError("pack_weights: no weights given")
-    first = packed[0]
-    for pw in packed[1:]:
-        if (pw.ggml_type, pw.k) != (first.ggml_type, first.k):
+    first = weights[0]
+    for w in weights[1:]:
+        if (w.ggml_type, w.shape[0]) != (first.ggml_type, first.shape[0]):
             raise ValueError(
-                f"pack_weights: {pw.name!r} is {pw.type_name} with rows of {pw.k}, "
-                f"but {first.name!r} is {first.type_name} with rows of {first.k}"
+                f"pack_weights: {w.name!r} is {w.type_name} with rows of {w.shape[0]}, "
+                f"but {first.name!r} is {first.type_name} with rows of {first.shape[0]}"
             )
-    slots = {s: np.concatenate([getattr(pw, s) for pw in packed]) for s in SLOTS}
-    for a in slots.values():
-        a.flags.writeable = False
-    n_rows = sum(pw.n_rows for pw in packed)
-    name = name or "+".join(pw.name for pw in packed)
-    return PackedWeight(name=name, ggml_type=first.ggml_type, k=first.k, n_rows=n_rows, **slots)
+    n_rows = sum(int(w.shape[1]) for w in weights)
+    data = np.concatenate([w.data for w in weights])  # (n_rows, row) the stacked stored rows
+    data.flags.writeable = False
+    name = name or "+".join(w.name for w in weights)
+    return pack_weight(dataclasses.replace(first, name=name, shape=(first.shape[0], n_rows), data=data))
+
+
+def units(ggml_type: int, n_rows: int) -> int:
+    """The first dimension of a packed matrix's slots: groups of four rows for the 32-element block types."""
+    return -(-n_rows // ROWS_PER_GROUP) if int(ggml_type) in GROUPED_TYPES else n_rows
 
 
 def _check(weight) -> tuple[int, int, int]:
@@ -206,15 +257,17 @@ def _check(weight) -> tuple[int, int, int]:
 
 
 def _pack_rows(blocks: np.ndarray, packer) -> dict[str, np.ndarray]:
-    """Run `packer` over row chunks of (n, nb, type_size) blocks into preallocated, then read-only, arrays."""
+    """Run `packer` over row chunks of (n, nb, type_size) blocks into preallocated, then read-only, arrays (one
+    row of theirs per weight row, or per group of four)."""
     n = blocks.shape[0]
     first = packer(blocks[: min(n, _ROWS_PER_STEP)])
-    parts = {s: np.empty((n, *p.shape[1:]), dtype=p.dtype) for s, p in first.items()}
+    per = min(n, _ROWS_PER_STEP) // next(iter(first.values())).shape[0]  # weight rows per packed row
+    parts = {s: np.empty((n // per, *p.shape[1:]), dtype=p.dtype) for s, p in first.items()}
     for s, chunk in first.items():
         parts[s][: chunk.shape[0]] = chunk
     for start in range(_ROWS_PER_STEP, n, _ROWS_PER_STEP):
         for s, chunk in packer(blocks[start : start + _ROWS_PER_STEP]).items():
-            parts[s][start : start + chunk.shape[0]] = chunk
+            parts[s][start // per : start // per + chunk.shape[0]] = chunk
     for p in parts.values():
         p.flags.writeable = False
     return parts

@@ -3,8 +3,10 @@
 LLVM never emits `vpdpbusd` by itself (its autovectorizer was never seen to pick it), so it is called as an
 intrinsic. `vdot` is the one operation that differs per path:
 `llvm.x86.avx512.vpdpbusd.256` (AVX512-VNNI + VL, or AVX-VNNI) on the VNNI path, plain LLVM vector IR (zext/sext,
-multiply, pairwise adds: `vpmaddwd` on x86) on the portable path. The path is the type of a `simd.Tag` argument,
-so numba compiles (and caches) one specialization per path and both can run in one process.
+multiply, pairwise adds: `vpmaddwd` on x86) on the portable path. `vdot16` is the same on 64 bytes (the four
+weight rows of wide.py): one 512-bit `vpdpbusd` with AVX512-VNNI, two 256-bit ones on AVX-VNNI. The path is the
+type of a `simd.Tag` argument, so numba compiles (and caches) one specialization per path and both can run in one
+process.
 
 Lane layout, on both paths: lane k of the `<8 x i32>` result sums the products of bytes 4k..4k+3, the lanes of
 ggml's `_mm256_dpbusd_epi32` / `maddubs + madd`, so lanes 0-3 cover elements 0-15 and lanes 4-7 elements 16-31.
@@ -18,7 +20,9 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from llamactx.ggml.kernels.cpu import cpu_features
 from llamactx.ggml.kernels.simd import TagType, i8x32, i32x8, lane_index, ptr2d, splat
+from llamactx.ggml.kernels.wide import i8x64, i32x16
 
 _I8 = ir.IntType(8)
 _I16 = ir.IntType(16)
@@ -31,20 +35,39 @@ _V8I32 = ir.VectorType(_I32, 8)
 
 
 def _dot_portable(builder, acc, a, b):
-    """acc + lane sums of u8(a) * s8(b), 4 bytes per lane, in target-independent IR."""
-    v16 = ir.VectorType(_I16, 32)
-    v16i32 = ir.VectorType(_I32, 16)
+    """acc + lane sums of u8(a) * s8(b), 4 bytes per lane, in target-independent IR (any width)."""
+    n = a.type.count
+    v16 = ir.VectorType(_I16, n)
+    vi32 = ir.VectorType(_I32, n // 2)
     a16, b16 = builder.zext(a, v16), builder.sext(b, v16)
 
     def half(v, odd):  # elements 2i + odd, widened to i32: the operands of vpmaddwd
-        return builder.sext(builder.shuffle_vector(v, v, lane_index([2 * i + odd for i in range(16)])), v16i32)
+        return builder.sext(builder.shuffle_vector(v, v, lane_index([2 * i + odd for i in range(n // 2)])), vi32)
 
     pairs = builder.add(builder.mul(half(a16, 0), half(b16, 0)), builder.mul(half(a16, 1), half(b16, 1)))
     quads = builder.add(
-        builder.shuffle_vector(pairs, pairs, lane_index([2 * i for i in range(8)])),
-        builder.shuffle_vector(pairs, pairs, lane_index([2 * i + 1 for i in range(8)])),
+        builder.shuffle_vector(pairs, pairs, lane_index([2 * i for i in range(n // 4)])),
+        builder.shuffle_vector(pairs, pairs, lane_index([2 * i + 1 for i in range(n // 4)])),
     )
     return builder.add(acc, quads)
+
+
+def _dot_vnni(builder, acc, a, b):
+    """acc + u8(a) . s8(b) with `vpdpbusd`: one 512-bit instruction where the CPU has AVX512-VNNI, else 256-bit
+    ones (AVX512-VNNI + VL or AVX-VNNI) on each half."""
+    n = acc.type.count
+    if n == 16 and not cpu_features()["avx512vnni"]:
+        halves = [
+            _dot_vnni(builder, *(builder.shuffle_vector(v, v, lane_index(range(h * v.type.count // 2,
+                                                                           (h + 1) * v.type.count // 2)))
+                                 for v in (acc, a, b)))
+            for h in (0, 1)
+        ]
+        return builder.shuffle_vector(halves[0], halves[1], lane_index(range(16)))
+    vt = ir.VectorType(_I32, n)
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vt, [vt] * 3),
+                                        f"llvm.x86.avx512.vpdpbusd.{32 * n}")
+    return builder.call(fn, [acc, builder.bitcast(a, vt), builder.bitcast(b, vt)])
 
 
 @intrinsic
@@ -57,11 +80,32 @@ def vdot(typingctx, path, acc, a, b):
 
     def codegen(context, builder, sig, args):
         _, acc, a, b = args
-        if not vnni:
-            return _dot_portable(builder, acc, a, b)
-        fnty = ir.FunctionType(_V8I32, [_V8I32] * 3)
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.avx512.vpdpbusd.256")
-        return builder.call(fn, [acc, builder.bitcast(a, _V8I32), builder.bitcast(b, _V8I32)])
+        return _dot_vnni(builder, acc, a, b) if vnni else _dot_portable(builder, acc, a, b)
+
+    return sig, codegen
+
+
+@intrinsic
+def vdot16(typingctx, path, acc, a, b):
+    """`vdot` on 64 bytes: 16 lanes (wide.py's four weight rows) -> i32x16."""
+    if not isinstance(path, TagType) or path.tag_name not in ("vnni", "portable"):
+        return None
+    sig = i32x16(path, i32x16, i8x64, i8x64)
+    vnni = path.tag_name == "vnni"
+
+    def codegen(context, builder, sig, args):
+        _, acc, a, b = args
+        return _dot_vnni(builder, acc, a, b) if vnni else _dot_portable(builder, acc, a, b)
+
+    return sig, codegen
+
+
+@intrinsic
+def izero16(typingctx):
+    sig = i32x16()
+
+    def codegen(context, builder, sig, args):
+        return ir.Constant(ir.VectorType(_I32, 16), None)
 
     return sig, codegen
 

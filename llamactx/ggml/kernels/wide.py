@@ -1,0 +1,344 @@
+"""512-bit vectors for the matmul kernels of the 32-element block types: four weight rows in one register.
+
+repack.py interleaves the rows of Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 weights in groups of four (as ggml-cpu's repack.cpp
+does with `block_q4_0x4`), so one 64-byte load holds block b of four rows. Two `<64 x i8>` registers cover them:
+`A` = elements 0-15 of rows 0..3 (16 bytes each), `B` = elements 16-31. Against the activation's 16-byte halves
+broadcast four times, `vdot16` (vnni.py) gives 16 int32 lanes per register, lane 4j + l of `A` / `B` being lane l /
+4 + l of ggml's eight `dpbusd` lanes of row j. Every lane is converted, scaled and accumulated on its own as in
+ggml, so the registers only change where the lanes sit, not a bit of the arithmetic; `hsum_rows` then reduces
+each row's eight lanes in `hsum_float_8`'s order.
+
+Types: `i8x64`, `i32x16`, `f32x16` and `f32x4` (one float per weight row of the group), all in registers.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from llamactx.ggml.kernels.simd import VecType, lane_index, ptr2d, splat
+
+_I8 = ir.IntType(8)
+_I32 = ir.IntType(32)
+_I64 = ir.IntType(64)
+_F32 = ir.FloatType()
+_V64I8 = ir.VectorType(_I8, 64)
+_V16I32 = ir.VectorType(_I32, 16)
+_V16F32 = ir.VectorType(_F32, 16)
+_V4F32 = ir.VectorType(_F32, 4)
+
+i8x64 = VecType(types.int8, 64)
+i32x16 = VecType(types.int32, 16)
+f32x16 = VecType(types.float32, 16)
+f32x4 = VecType(types.float32, 4)
+
+
+def _const(vt, value):
+    return ir.Constant(vt, [value] * vt.count)
+
+
+# --- loads -------------------------------------------------------------------------------------------------
+
+
+@intrinsic
+def wload(typingctx, arr, row, col):
+    """64 bytes of a 2-D uint8 array from [row, col] -> i8x64."""
+    sig = i8x64(arr, types.intp, types.intp)
+
+    def codegen(context, builder, sig, args):
+        return builder.load(ptr2d(context, builder, sig.args[0], *args, _V64I8), align=1)
+
+    return sig, codegen
+
+
+@intrinsic
+def wlo(typingctx, v):
+    """Low nibble of every byte (elements 0-15 of a Q4/Q5 block)."""
+    sig = i8x64(i8x64)
+
+    def codegen(context, builder, sig, args):
+        return builder.and_(args[0], _const(_V64I8, 0x0F))
+
+    return sig, codegen
+
+
+@intrinsic
+def whi(typingctx, v):
+    """High nibble of every byte (elements 16-31)."""
+    sig = i8x64(i8x64)
+
+    def codegen(context, builder, sig, args):
+        return builder.lshr(args[0], _const(_V64I8, 4))
+
+    return sig, codegen
+
+
+@intrinsic
+def wbits(typingctx, arr, row, col, v):
+    """v | 16 where bit e of the little-endian u64 at byte [row, col] is set: the fifth bits of Q5_0/Q5_1, which
+    repack.py stores as one 64-bit mask per register (bit e = byte e)."""
+    sig = i8x64(arr, types.intp, types.intp, i8x64)
+
+    def codegen(context, builder, sig, args):
+        word = builder.load(ptr2d(context, builder, sig.args[0], args[0], args[1], args[2], _I64), align=1)
+        bits = builder.bitcast(word, ir.VectorType(ir.IntType(1), 64))
+        high = builder.select(bits, _const(_V64I8, 16), _const(_V64I8, 0))
+        return builder.or_(args[3], high)
+
+    return sig, codegen
+
+
+@intrinsic
+def xbcast16(typingctx, arr, row, col):
+    """16 bytes of a 2-D int8 array from [row, col], repeated four times -> i8x64 (an activation half for the
+    four weight rows)."""
+    sig = i8x64(arr, types.intp, types.intp)
+
+    def codegen(context, builder, sig, args):
+        v = builder.load(ptr2d(context, builder, sig.args[0], *args, ir.VectorType(_I8, 16)), align=1)
+        return builder.shuffle_vector(v, v, lane_index(list(range(16)) * 4))
+
+    return sig, codegen
+
+
+@intrinsic
+def xbcast_i4(typingctx, arr, row, col):
+    """4 int32 of a 2-D int32 array from [row, col], repeated four times -> i32x16."""
+    sig = i32x16(arr, types.intp, types.intp)
+
+    def codegen(context, builder, sig, args):
+        v = builder.load(ptr2d(context, builder, sig.args[0], *args, ir.VectorType(_I32, 4)), align=1)
+        return builder.shuffle_vector(v, v, lane_index(list(range(4)) * 4))
+
+    return sig, codegen
+
+
+def _halves4(context, builder, arrty, arr, row, col):
+    """4 IEEE halves at byte [row, col] of a 2-D uint8 array, widened exactly -> <4 x float>."""
+    h = builder.load(ptr2d(context, builder, arrty, arr, row, col, ir.VectorType(ir.IntType(16), 4)), align=1)
+    return builder.fpext(builder.bitcast(h, ir.VectorType(ir.HalfType(), 4)), _V4F32)
+
+
+@intrinsic
+def wscales(typingctx, arr, row, col):
+    """The f16 scales of the four rows at byte [row, col], each spread over its row's four lanes: lane 4j + l =
+    d_j -> f32x16."""
+    sig = f32x16(arr, types.intp, types.intp)
+
+    def codegen(context, builder, sig, args):
+        d = _halves4(context, builder, sig.args[0], *args)
+        return builder.shuffle_vector(d, d, lane_index([j for j in range(4) for _ in range(4)]))
+
+    return sig, codegen
+
+
+@intrinsic
+def wscale(typingctx, d, x):
+    """d * x lane by lane, x a float32 broadcast: ggml's `d_w * d_x`, one rounding."""
+    sig = f32x16(f32x16, types.float32)
+
+    def codegen(context, builder, sig, args):
+        return builder.fmul(args[0], splat(builder, args[1], 16))
+
+    return sig, codegen
+
+
+@intrinsic
+def wmins(typingctx, arr, row, col):
+    """The f16 mins of the four rows at byte [row, col] -> f32x4."""
+    sig = f32x4(arr, types.intp, types.intp)
+
+    def codegen(context, builder, sig, args):
+        return _halves4(context, builder, sig.args[0], *args)
+
+    return sig, codegen
+
+
+# --- float arithmetic ------------------------------------------------------------------------------------------
+
+
+def _fma(builder, vt, a, b, c):
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vt, [vt] * 3), f"llvm.fma.v{vt.count}f32")
+    return builder.call(fn, [a, b, c])
+
+
+@intrinsic
+def wzero(typingctx):
+    sig = f32x16()
+
+    def codegen(context, builder, sig, args):
+        return ir.Constant(_V16F32, None)
+
+    return sig, codegen
+
+
+@intrinsic
+def wzero4(typingctx):
+    sig = f32x4()
+
+    def codegen(context, builder, sig, args):
+        return ir.Constant(_V4F32, None)
+
+    return sig, codegen
+
+
+@intrinsic
+def wfmadd(typingctx, acc, v, s):
+    """acc + float(v) * s lane by lane, one rounding (ggml's `_mm256_fmadd_ps(d, cvt(lanes), acc)`)."""
+    sig = f32x16(f32x16, i32x16, f32x16)
+
+    def codegen(context, builder, sig, args):
+        return _fma(builder, _V16F32, builder.sitofp(args[1], _V16F32), args[2], args[0])
+
+    return sig, codegen
+
+
+@intrinsic
+def wfma4(typingctx, acc, m, s):
+    """acc + m * s for four rows' chains, s a float32 broadcast (Q4_1/Q5_1 `summs = fma(m_w, s_x, summs)`)."""
+    sig = f32x4(f32x4, f32x4, types.float32)
+
+    def codegen(context, builder, sig, args):
+        return _fma(builder, _V4F32, args[1], splat(builder, args[2], 4), args[0])
+
+    return sig, codegen
+
+
+@intrinsic
+def hsum_rows(typingctx, a, b):
+    """Row j's result from lanes 4j..4j+3 of `a` (ggml's lanes 0-3) and `b` (lanes 4-7), in `hsum_float_8`'s
+    order: r_l = b_l + a_l, then (r_0 + r_2) + (r_1 + r_3) -> f32x4, one float per row."""
+    sig = f32x4(f32x16, f32x16)
+
+    def codegen(context, builder, sig, args):
+        r = builder.fadd(args[1], args[0])
+        even = builder.shuffle_vector(r, r, lane_index([4 * j + c for j in range(4) for c in (0, 1)]))
+        odd = builder.shuffle_vector(r, r, lane_index([4 * j + c for j in range(4) for c in (2, 3)]))
+        t = builder.fadd(even, odd)  # (r0 + r2, r1 + r3) per row
+        t0 = builder.shuffle_vector(t, t, lane_index([2 * j for j in range(4)]))
+        t1 = builder.shuffle_vector(t, t, lane_index([2 * j + 1 for j in range(4)]))
+        return builder.fadd(t0, t1)
+
+    return sig, codegen
+
+
+@intrinsic
+def wadd4(typingctx, a, b):
+    sig = f32x4(f32x4, f32x4)
+
+    def codegen(context, builder, sig, args):
+        return builder.fadd(args[0], args[1])
+
+    return sig, codegen
+
+
+@intrinsic
+def wstore4(typingctx, arr, row, col, v, n):
+    """Store the first `n` (at most 4) floats of v at [row, col:col+n] of a 2-D float32 array."""
+    sig = types.void(arr, types.intp, types.intp, f32x4, types.intp)
+
+    def codegen(context, builder, sig, args):
+        arr, row, col, v, n = args
+        full = builder.icmp_signed(">=", n, ir.Constant(n.type, 4))
+        with builder.if_else(full) as (then, otherwise):
+            with then:
+                builder.store(v, ptr2d(context, builder, sig.args[0], arr, row, col, _V4F32), align=1)
+            with otherwise:
+                base = ptr2d(context, builder, sig.args[0], arr, row, col, _F32)
+                for j in range(3):
+                    with builder.if_then(builder.icmp_signed(">", n, ir.Constant(n.type, j))):
+                        builder.store(builder.extract_element(v, ir.Constant(_I32, j)),
+                                      builder.gep(base, [ir.Constant(_I32, j)]))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+# --- float32 rows, 16 at a time (attention) ----------------------------------------------------------------------
+
+
+@intrinsic
+def hload16(typingctx, arr, row, col):
+    """16 IEEE halves from [row, col] of a 2-D uint16 array (an f16 KV cache's bits), widened exactly -> f32x16
+    (`vcvtph2ps`)."""
+    sig = f32x16(arr, types.intp, types.intp)
+
+    def codegen(context, builder, sig, args):
+        h = builder.load(ptr2d(context, builder, sig.args[0], *args, ir.VectorType(ir.IntType(16), 16)), align=1)
+        return builder.fpext(builder.bitcast(h, ir.VectorType(ir.HalfType(), 16)), _V16F32)
+
+    return sig, codegen
+
+
+@intrinsic
+def fload16(typingctx, arr, row, col):
+    """16 float32 from [row, col] of a 2-D float32 array -> f32x16."""
+    sig = f32x16(arr, types.intp, types.intp)
+
+    def codegen(context, builder, sig, args):
+        return builder.load(ptr2d(context, builder, sig.args[0], *args, _V16F32), align=1)
+
+    return sig, codegen
+
+
+@intrinsic
+def fstore16(typingctx, arr, row, col, v):
+    """Store an f32x16 at [row, col] of a 2-D float32 array."""
+    sig = types.void(arr, types.intp, types.intp, f32x16)
+
+    def codegen(context, builder, sig, args):
+        builder.store(args[3], ptr2d(context, builder, sig.args[0], args[0], args[1], args[2], _V16F32), align=1)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def ffma16(typingctx, acc, a, b):
+    """acc + a * b lane by lane, one rounding."""
+    sig = f32x16(f32x16, f32x16, f32x16)
+
+    def codegen(context, builder, sig, args):
+        return _fma(builder, _V16F32, args[1], args[2], args[0])
+
+    return sig, codegen
+
+
+@intrinsic
+def ffma16s(typingctx, acc, a, s):
+    """acc + a * s lane by lane, s a float32 broadcast, one rounding."""
+    sig = f32x16(f32x16, f32x16, types.float32)
+
+    def codegen(context, builder, sig, args):
+        return _fma(builder, _V16F32, args[1], splat(builder, args[2], 16), args[0])
+
+    return sig, codegen
+
+
+@intrinsic
+def fadd16(typingctx, a, b):
+    sig = f32x16(f32x16, f32x16)
+
+    def codegen(context, builder, sig, args):
+        return builder.fadd(args[0], args[1])
+
+    return sig, codegen
+
+
+@intrinsic
+def reduce_add16(typingctx, v):
+    """GCC's `_mm512_reduce_add_ps`: 8 pair sums (i + i+8), 4 (i + i+4), then (0+2) + (1+3)."""
+    sig = types.float32(f32x16)
+
+    def codegen(context, builder, sig, args):
+        v = args[0]
+        for width in (8, 4):
+            lo = builder.shuffle_vector(v, v, lane_index(range(width)))
+            hi = builder.shuffle_vector(v, v, lane_index(range(width, 2 * width)))
+            v = builder.fadd(hi, lo)
+        e = [builder.extract_element(v, ir.Constant(_I32, j)) for j in range(4)]
+        return builder.fadd(builder.fadd(e[0], e[2]), builder.fadd(e[1], e[3]))
+
+    return sig, codegen
