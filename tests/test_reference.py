@@ -48,8 +48,9 @@ def _cached(results: dict, key: tuple, compute):
 
 def all_logits(model, tokens, ops=None, **params) -> np.ndarray:
     """Logits of every position of `tokens` decoded as one batch, flash attention off as the references were
-    made unless `params` say otherwise (tests/test_flash_attn.py checks it on). (n, n_vocab)"""
-    params.setdefault("flash_attn", "disabled")
+    made (a quantized V cache needs it on) unless `params` say otherwise; tests/test_flash_attn.py checks it on.
+    (n, n_vocab)"""
+    params.setdefault("flash_attn", "disabled" if params.get("type_v", "f16") in ("f16", "f32") else "auto")
     ctx = Context(model, ContextParams(n_ctx=1024, n_batch=1024, n_ubatch=512, **params), ops=ops)
     batch = Batch(len(tokens))
     for i, t in enumerate(tokens):

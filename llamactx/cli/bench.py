@@ -62,6 +62,9 @@ def parse_pg(text: str) -> tuple[int, int]:
     return int(parts[0]), int(parts[1])
 
 
+_FLASH = {"0": "disabled", "off": "disabled", "1": "enabled", "on": "enabled", "auto": "auto"}
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of `llamactx bench` (llama-bench's names; lists where llama-bench takes lists)."""
     p.add_argument("-m", "--model", default=None, help="GGUF path or embedded model name (smollm2, gemma3)")
@@ -75,6 +78,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-ub", "--ubatch-size", default="512", help="physical batch sizes (default 512)")
     p.add_argument("-ctk", "--cache-type-k", default="f16", help="K cache types, e.g. f16,q8_0")
     p.add_argument("-ctv", "--cache-type-v", default="f16", help="V cache types")
+    p.add_argument("-fa", "--flash-attn", default="auto", choices=("0", "1", "on", "off", "auto"),
+                   help="flash attention (llama-bench's -fa; default auto: off for f16 caches here)")
+    p.add_argument("--swa-full", action="store_true", help="a full-size cache for sliding-window layers")
     p.add_argument("-r", "--repetitions", type=int, default=5)
     p.add_argument("-o", "--output", choices=("md", "json", "jsonl"), default="md")
 
@@ -192,10 +198,12 @@ def run_bench(model, args) -> int:
             ctx = None  # its cache freed before the next one is made
             ctx = Context(model, ContextParams(n_ctx=n_ctx, n_batch=t.n_batch, n_ubatch=t.n_ubatch,
                                                n_threads=t.n_threads, n_threads_batch=t.n_threads,
-                                               type_k=t.type_k, type_v=t.type_v, swa_full=args.swa_full))
+                                               type_k=t.type_k, type_v=t.type_v, swa_full=args.swa_full,
+                                               flash_attn=_FLASH[args.flash_attn]))
             ctx_key = key
         secs = run_test(ctx, t.n_prompt, t.n_gen, args.repetitions, n_depth=t.n_depth)
         row = _row(model, t, secs)
+        row["flash_attn"] = int(ctx.params.flash_attn)
         if args.output == "json":
             print(("," if i else "") + "\n  " + json.dumps(row, indent=2).replace("\n", "\n  "), end="")
         elif args.output == "jsonl":
