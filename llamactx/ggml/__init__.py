@@ -5,6 +5,8 @@
     vecdot.py       quantized and float dot products of the 32-block types (arch/x86/quants.c, tinyBLAS)
     vecdot_k.py     K-quant matmuls in llama.cpp's repacked / tiled orders (arch/x86/repack.cpp)
     attention.py    non-flash attention over an f16 cache (mul_mat + soft_max + mul_mat)
+    flash_attn.py   flash attention over an f16 cache (flash_attn_ext: tiled, one chunk, split KV)
+    ssm.py          ssm_conv / ssm_scan (Mamba-2, and the short convolutions of lfm2), ggml_silu
     quants_cpu.py   the activation / KV-cache quantizers (`from_float`) as built for x86
     inputs.py       RopeParams, VisibleCells: the plain-data inputs the graph builds (numpy only)
     intrinsics.py   the scalar LLVM intrinsics the numba code shares (fma, f16 <-> f32, bit casts)
