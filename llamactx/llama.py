@@ -118,7 +118,8 @@ class Llama:
                  n_ubatch: int = 512, n_threads: int | None = None, n_threads_batch: int | None = None,
                  embedding: bool = False, flash_attn: bool = False, chat_format: str | None = None,
                  type_k: str | None = None, type_v: str | None = None, vocab_only: bool = False,
-                 lora_path: str | None = None, lora_scale: float = 1.0, verbose: bool = True, **ignored: Any):
+                 lora_path: str | None = None, lora_scale: float = 1.0, swa_full: bool = True, verbose: bool = True,
+                 **ignored: Any):
         self.model_path = str(model_path)
         self.verbose = verbose
         self._model = Model.load(resolve_model_path(model_path), vocab_only=vocab_only)
@@ -127,7 +128,8 @@ class Llama:
         self.lora_path, self.lora_scale = lora_path, lora_scale
         lora = load_adapters(self._model, [(lora_path, lora_scale)] if lora_path and not vocab_only else [])
         if not vocab_only:
-            params = dict(n_batch=n_batch, n_ubatch=n_ubatch, flash_attn=flash_attn,
+            # swa_full: llama-cpp-python leaves llama_context_default_params' full-size SWA cache on
+            params = dict(n_batch=n_batch, n_ubatch=n_ubatch, flash_attn=flash_attn, swa_full=swa_full,
                           n_threads=n_threads or 2, n_threads_batch=n_threads_batch or n_threads or 2)
             if type_k:
                 params["type_k"] = type_k

@@ -34,6 +34,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--no-slots", dest="slots", action="store_false", help="disable GET /slots")
     p.add_argument("--no-webui", action="store_true", help="do not serve the chat page")
     p.add_argument("--context-shift", action="store_true", help="shift the context instead of stopping when full")
+    p.add_argument("--swa-full", action="store_true", help="a full-size cache for sliding-window layers (Gemma 3)")
     p.add_argument("--slot-save-path", default=None, help="directory for POST /slots/{id}?action=save|restore")
     p.add_argument("-to", "--timeout", type=float, default=600.0, help="a request's deadline in seconds (600)")
     p.add_argument("--max-queue", type=int, default=64,
@@ -63,7 +64,7 @@ def config_from_args(args):
                         n_batch=args.batch_size, n_ubatch=args.ubatch_size, n_threads=args.threads,
                         n_threads_batch=args.threads_batch, type_k=args.cache_type_k, type_v=args.cache_type_v,
                         api_keys=keys, cors_origins=origins, metrics=args.metrics, slots=args.slots,
-                        webui=not args.no_webui, context_shift=args.context_shift,
+                        webui=not args.no_webui, context_shift=args.context_shift, swa_full=args.swa_full,
                         slot_save_path=args.slot_save_path, timeout=args.timeout, max_queue=args.max_queue,
                         lora=[(path, 0.0 if args.lora_init_without_apply else scale) for path, scale in args.lora])
 

@@ -60,6 +60,7 @@ class ServerConfig:
     slots: bool = True  # --slots / --no-slots
     webui: bool = True  # --no-webui
     context_shift: bool = False  # --context-shift
+    swa_full: bool = False  # --swa-full
     slot_save_path: str | None = None  # --slot-save-path
     timeout: float = 600.0  # --timeout: a request's deadline in seconds
     max_queue: int = 64  # --max-queue: requests waiting beyond the slots
@@ -100,7 +101,8 @@ class ServerState:
             self.loras, self.lora_scales = [a for a, _ in lora], [s for _, s in lora]
             self.engine = Engine(self.model, n_slots=c.n_slots, n_ctx=c.n_ctx, n_batch=c.n_batch, lora=lora,
                                  n_ubatch=c.n_ubatch, n_threads=c.n_threads,
-                                 n_threads_batch=c.n_threads_batch or c.n_threads, type_k=c.type_k, type_v=c.type_v)
+                                 n_threads_batch=c.n_threads_batch or c.n_threads, type_k=c.type_k, type_v=c.type_v,
+                                 swa_full=c.swa_full)
             self.template = ChatTemplate.from_model(self.model, name=self.alias)
             if self.template.is_fallback:
                 log.info(self.template.message)
