@@ -51,6 +51,18 @@ def round_f16_f64(typingctx, x):
 
 
 @intrinsic
+def f16_bits(typingctx, x):
+    """The bits of the IEEE half nearest to float32 x (ties to even, as F16C `_cvtss_sh(x, 0)`) as uint16: an f16
+    table index, or an f16 cache element."""
+    sig = types.uint16(types.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+
+    return sig, codegen
+
+
+@intrinsic
 def f16_to_f32(typingctx, h):
     """The IEEE half with bits `h` (uint16, e.g. an element of an f16 array viewed as uint16) as float32: exact
     (`vcvtph2ps`, GGML_FP16_TO_FP32)."""

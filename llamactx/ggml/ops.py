@@ -41,6 +41,13 @@ class ReferenceOps:
         self._gelu = ggml_vec.gelu_table()  # (65536,) float32
         self.ggml_single_row = ggml_single_row
 
+    # -- graphs -------------------------------------------------------------------------------------------------
+
+    def compute_graph(self, build, model, token, embd, pos, attn, rope, out_ids, want_logits):
+        """Run a forward pass's `build(model, ops, ...)` (models/*.py). Here every op computes as it is called;
+        a backend may instead record the graph once and rerun it (FastOps)."""
+        return build(model, self, token, embd, pos, attn, rope, out_ids, want_logits)
+
     # -- weights ------------------------------------------------------------------------------------------------
 
     def get_rows(self, weight, ids: np.ndarray) -> np.ndarray:
@@ -101,10 +108,12 @@ class ReferenceOps:
 
     def geglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         """gelu(gate) * up with ggml's f16 GELU table (ggml_vec_geglu_f32 under GGML_GELU_FP16)."""
-        g16 = gate.astype(np.float16).view(np.uint16)
-        y = self._gelu[g16]
-        y = np.where(gate <= -10.0, np.float32(0.0), np.where(gate >= 10.0, gate, y))
-        return (y * up).astype(np.float32)
+        return ggml_vec.geglu(gate, up, self._gelu)
+
+    @staticmethod
+    def softcap(x: np.ndarray, cap: float) -> np.ndarray:
+        """tanh(x / cap) * cap (ggml_scale, ggml_tanh, ggml_scale: final logit soft-capping)."""
+        return np.tanh(x / np.float32(cap)) * np.float32(cap)
 
     @staticmethod
     def silu(x: np.ndarray) -> np.ndarray:

@@ -19,7 +19,7 @@ import math
 import numba
 import numpy as np
 
-from llamactx.ggml.intrinsics import fma32, pow2_f64
+from llamactx.ggml.intrinsics import f16_bits, fma32, pow2_f64
 from llamactx.ggml.libm import libm
 
 _F32 = np.float32
@@ -134,17 +134,24 @@ def dot_vec(a, b, acc, tail_in_double):  # pragma: no cover - compiled
 # -- SwiGLU ------------------------------------------------------------------------------------------------------
 
 
+@numba.njit(cache=True)
+def swiglu_row(g, go, u, uo, k, y, yo):  # pragma: no cover - compiled
+    """y[yo:yo+k] = silu(g[go:go+k]) * u[uo:uo+k] (1-D buffers): `ggml_v_silu` on 16 lanes, then a scalar tail with
+    libm expf."""
+    k16 = k - k % 16
+    for i in range(k16):  # ggml_v_silu: x / (1 + v_expf(0 - x)), then * g
+        x = g[go + i]
+        y[yo + i] = (x / (_F32(1.0) + v_expf(_F32(0.0) - x))) * u[uo + i]
+    for i in range(k16, k):  # the scalar tail: ggml_silu_f32 with libm expf
+        x = g[go + i]
+        y[yo + i] = (x / (_F32(1.0) + math.exp(-x))) * u[uo + i]
+
+
 @numba.njit(parallel=True, cache=True)
 def _swiglu_rows(gate, up, out):  # pragma: no cover - compiled
     n, k = gate.shape
-    k16 = k - k % 16
     for r in numba.prange(n):
-        for i in range(k16):  # ggml_v_silu: x / (1 + v_expf(0 - x)), then * g
-            x = gate[r, i]
-            out[r, i] = (x / (_F32(1.0) + v_expf(_F32(0.0) - x))) * up[r, i]
-        for i in range(k16, k):  # the scalar tail: ggml_silu_f32 with libm expf
-            x = gate[r, i]
-            out[r, i] = (x / (_F32(1.0) + math.exp(-x))) * up[r, i]
+        swiglu_row(gate[r], 0, up[r], 0, k, out[r], 0)
 
 
 def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
@@ -181,20 +188,58 @@ def gelu_table() -> np.ndarray:
     return y.astype(np.float16).astype(np.float32)
 
 
+@numba.njit(cache=True)
+def geglu_row(g, go, u, uo, k, table, y, yo):  # pragma: no cover - compiled
+    """y[yo:yo+k] = gelu(g) * u through the f16 table (`ggml_vec_geglu_f32` under GGML_GELU_FP16): x <= -10 gives
+    0, x >= 10 gives x, else table[f16(x)]."""
+    for i in range(k):
+        x = g[go + i]
+        if x <= _F32(-10.0):
+            gx = _F32(0.0)
+        elif x >= _F32(10.0):
+            gx = x
+        else:
+            gx = table[f16_bits(x)]
+        y[yo + i] = gx * u[uo + i]
+
+
+@numba.njit(parallel=True, cache=True)
+def _geglu_rows(gate, up, table, out):  # pragma: no cover - compiled
+    n, k = gate.shape
+    for r in numba.prange(n):
+        geglu_row(gate[r], 0, up[r], 0, k, table, out[r], 0)
+
+
+def geglu(gate: np.ndarray, up: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """gelu(gate) * up with the table of `gelu_table`. (n, k) float32 -> (n, k) float32"""
+    g = np.ascontiguousarray(gate, np.float32).reshape(-1, gate.shape[-1])
+    u = np.ascontiguousarray(up, np.float32).reshape(g.shape)
+    out = np.empty_like(g)  # (n, k)
+    _geglu_rows(g, u, table, out)
+    return out.reshape(gate.shape)
+
+
 # -- RMSNorm -----------------------------------------------------------------------------------------------------
+
+
+@numba.njit(cache=True)
+def rms_norm_row(x, xo, k, w, eps, y, yo):  # pragma: no cover - compiled
+    """y[yo:yo+k] = rms_norm(x[xo:xo+k]) * w (1-D buffers): squares (float) summed in order in double, mean and
+    1/sqrtf in float, x * scale * w."""
+    s = 0.0
+    for i in range(k):
+        s += np.float64(x[xo + i] * x[xo + i])
+    mean = _F32(s / k)
+    scale = _F32(1.0) / np.sqrt(mean + eps)
+    for i in range(k):
+        y[yo + i] = (x[xo + i] * scale) * w[i]
 
 
 @numba.njit(parallel=True, cache=True)
 def _rms_norm_rows(x, w, eps, out):  # pragma: no cover - compiled
     n, k = x.shape
     for r in numba.prange(n):
-        s = 0.0
-        for i in range(k):
-            s += np.float64(x[r, i] * x[r, i])
-        mean = _F32(s / k)
-        scale = _F32(1.0) / np.sqrt(mean + eps)
-        for i in range(k):
-            out[r, i] = (x[r, i] * scale) * w[i]
+        rms_norm_row(x[r], 0, k, w, eps, out[r], 0)
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -267,22 +312,30 @@ def yarn_corr_dims(n_dims: int, n_ctx_orig: int, freq_base: float, beta_fast: fl
     return float(max(0, start)), float(min(n_dims - 1, end))
 
 
+@numba.njit(cache=True)
+def rope_row(x, xo, n_head, d, cos, sin, t, n_rot, neox, y, yo):  # pragma: no cover - compiled
+    """Token t's n_head heads of size d at x[xo:] rotated into y[yo:] (1-D buffers) with row t of the cos / sin
+    tables, as GCC contracts `rotate_pairs`; dimensions past n_rot pass through."""
+    half = n_rot // 2
+    for h in range(n_head):
+        xh, yh = xo + h * d, yo + h * d
+        for i in range(half):
+            i0, i1 = (i, i + half) if neox else (2 * i, 2 * i + 1)
+            x0 = x[xh + i0]
+            x1 = x[xh + i1]
+            c = cos[t, i]
+            s = sin[t, i]
+            y[yh + i0] = fma32(x0, c, -(x1 * s))  # x0*cos - x1*sin, first product fused
+            y[yh + i1] = fma32(x0, s, x1 * c)
+        for i in range(n_rot, d):
+            y[yh + i] = x[xh + i]
+
+
 @numba.njit(parallel=True, cache=True)
 def _rope_rotate(x, cos, sin, n_rot, neox, out):  # pragma: no cover - compiled
     n, n_head, d = x.shape
-    half = n_rot // 2
     for t in numba.prange(n):
-        for h in range(n_head):
-            for i in range(half):
-                i0, i1 = (i, i + half) if neox else (2 * i, 2 * i + 1)
-                x0 = x[t, h, i0]
-                x1 = x[t, h, i1]
-                c = cos[t, i]
-                s = sin[t, i]
-                out[t, h, i0] = fma32(x0, c, -(x1 * s))  # x0*cos - x1*sin, first product fused
-                out[t, h, i1] = fma32(x0, s, x1 * c)
-            for i in range(n_rot, d):
-                out[t, h, i] = x[t, h, i]
+        rope_row(x[t].reshape(-1), 0, n_head, d, cos, sin, t, n_rot, neox, out[t].reshape(-1), 0)
 
 
 def rope_rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_rot: int, neox: bool) -> np.ndarray:

@@ -124,6 +124,14 @@ class KVView:
     def v_stored(self, il: int) -> np.ndarray:
         return self._cache.v[self._cache.layer_index[il], : self.n_kv]
 
+    def k_layers(self) -> np.ndarray:
+        """Keys of every layer and cell as stored, (n_layer, size, n_embd_k_gqa): for a compiled forward that
+        stores and reads the ubatch's layers itself (cells `idx`; visible cells are below n_kv)."""
+        return self._cache.k
+
+    def v_layers(self) -> np.ndarray:
+        return self._cache.v
+
 
 @dataclass(slots=True)
 class KVState:

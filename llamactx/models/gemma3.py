@@ -31,7 +31,14 @@ def tensor_shapes(hp: HParams) -> dict[str, tuple[tuple[int, ...], bool]]:
 
 def forward(model, ops, token: np.ndarray | None, embd: np.ndarray | None, pos: np.ndarray,
             attn: AttentionInput, rope: RopeConfig, out_ids: np.ndarray, want_logits: bool) -> ForwardResult:
-    """One ubatch through the network (llama_model_gemma3::graph<iswa>)."""
+    """One ubatch through the network: `build`'s graph computed by the ops (ggml_graph_compute)."""
+    return ops.compute_graph(build, model, token, embd, pos, attn, rope, out_ids, want_logits)
+
+
+def build(model, ops, token: np.ndarray | None, embd: np.ndarray | None, pos: np.ndarray,
+          attn: AttentionInput, rope: RopeConfig, out_ids: np.ndarray, want_logits: bool) -> ForwardResult:
+    """The graph of one ubatch (llama_model_gemma3::graph<iswa>), computed by `ops` as it is built or
+    recorded."""
     hp = model.hparams
     w, t = model.weight, model.tensors
     eps = hp.f_norm_rms_eps
@@ -64,7 +71,6 @@ def forward(model, ops, token: np.ndarray | None, embd: np.ndarray | None, pos: 
     logits = None
     if want_logits:
         logits = ops.matmul(x, w(output_weight_name(model)))  # (n_out, n_vocab)
-        cap = hp.f_final_logit_softcapping
-        if cap:
-            logits = np.tanh(logits / np.float32(cap)) * np.float32(cap)
+        if hp.f_final_logit_softcapping:
+            logits = ops.softcap(logits, hp.f_final_logit_softcapping)
     return ForwardResult(logits=logits, embd=x)

@@ -63,8 +63,15 @@ def linears(model, ops, x: np.ndarray, *prefixes: str) -> list[np.ndarray]:
 
 def forward(model, ops, token: np.ndarray | None, embd: np.ndarray | None, pos: np.ndarray,
             attn: AttentionInput, rope: RopeConfig, out_ids: np.ndarray, want_logits: bool) -> ForwardResult:
-    """One ubatch through the network (llm_build_llama). token (n,) or embd (n, n_embd); pos (n,);
-    out_ids: indices into the ubatch of the rows whose output is wanted."""
+    """One ubatch through the network: `build`'s graph computed by the ops (ggml_graph_compute)."""
+    return ops.compute_graph(build, model, token, embd, pos, attn, rope, out_ids, want_logits)
+
+
+def build(model, ops, token: np.ndarray | None, embd: np.ndarray | None, pos: np.ndarray,
+          attn: AttentionInput, rope: RopeConfig, out_ids: np.ndarray, want_logits: bool) -> ForwardResult:
+    """The graph of one ubatch (llm_build_llama), computed by `ops` as it is built or recorded. token (n,) or
+    embd (n, n_embd); pos (n,); out_ids: indices into the ubatch of the rows whose output is wanted. With a
+    graph-recording ops object the arrays are graph tensors (llamactx.ggml.graph)."""
     hp = model.hparams
     w = model.weight
     n = len(pos)

@@ -1,23 +1,30 @@
-"""FastOps: the ops layer on the numba kernels. Same interface and numbers as `ReferenceOps` (llamactx/ops.py);
-only the weight-side operations are replaced: matmuls run on weights packed once per model, embedding rows are
-decoded straight from the file. Everything else (norms, RoPE, attention) is inherited.
+"""FastOps: the ops layer on the numba kernels. Same interface and numbers as `ReferenceOps` (llamactx/ggml/ops.py):
+matmuls run on weights packed once per model, embedding rows come from the packed table, attention reads the f16
+cache in place (kernels/attention.py); norms, RoPE and the GLUs are ggml/vec.py's. A forward pass runs as a graph
+recorded once per ubatch shape and executed in one compiled call (ggml/graph.py, kernels/compute.py), op by op
+where the executor lacks an op it uses.
 """
 
 from __future__ import annotations
+
+import dataclasses
+from collections import OrderedDict
 
 import numba
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from llamactx.ggml.attention import attention_f16_cells
-from llamactx.ggml.kernels.cpu import set_threads
+from llamactx.ggml.graph import Graph, GraphAttention, GraphUnsupported
+from llamactx.ggml.kernels.attention import attend
+from llamactx.ggml.kernels.compute import WeightTable, plan_graph
+from llamactx.ggml.kernels.cpu import active_path, set_threads
 from llamactx.ggml.kernels.get_rows import get_rows, get_rows_q8_0_packed
 from llamactx.ggml.kernels.matmul import matmul
 from llamactx.ggml.kernels.repack import can_pack, pack_weight, pack_weights
 from llamactx.ggml.ops import ReferenceOps
 from llamactx.ggml.vecdot import EXACT_TYPES
 from llamactx.ggml.vecdot_k import is_exact_k
-from llamactx.lora import AdaptedWeight, is_adapted, lora_matmuls
+from llamactx.lora import AdaptedModel, AdaptedWeight, is_adapted, lora_matmuls
 
 _Q8_0 = int(T.Q8_0)
 _KERNEL_EXACT = frozenset(int(t) for t in EXACT_TYPES)  # 32-block types: bit-identical to ggml in the kernels
@@ -25,19 +32,66 @@ _KERNEL_EXACT = frozenset(int(t) for t in EXACT_TYPES)  # 32-block types: bit-id
 
 class FastOps(ReferenceOps):
     """Kernel-backed ops for one context. Packed weights live on the model (`model.derived`), so every context
-    of a model shares one packed copy; `threads` is set by the context before each decode."""
+    of a model shares one packed copy; `threads` is set by the context before each decode. A forward runs as a
+    compiled graph (llamactx.ggml.kernels.compute) where the executor has every op it uses, else op by op."""
 
     name = "fast"
+    MAX_PLANS = 16  # graphs kept per context, by ubatch shape
 
     def __init__(self, model) -> None:
         super().__init__()
         self.model = model
         self.threads = 1
+        self.kernel_path = active_path()
+        self._plans: OrderedDict = OrderedDict()  # shape key -> (GraphPlan, result template), or None: eager
+        self._arena = np.zeros(0, np.float32)  # (the largest plan's arena_size,) the plans' intermediates
 
     def set_threads(self, n_threads: int) -> None:
         # numba cannot start more threads than NUMBA_NUM_THREADS (the core count): more would only oversubscribe
         self.threads = min(n_threads, numba.config.NUMBA_NUM_THREADS)
         set_threads(self.threads)
+
+    # -- graphs -------------------------------------------------------------------------------------------------
+
+    def compute_graph(self, build, model, token, embd, pos, attn, rope, out_ids, want_logits):
+        """`build(model, ops, ...)` as one compiled program, planned on the first ubatch of its shape and rerun
+        for the next ones (llama.cpp's graph reuse); op by op where the executor lacks something it uses."""
+        if not _runs_as_graph(attn) or isinstance(model, AdaptedModel):  # LoRA: op by op (lora_matmuls)
+            return build(model, self, token, embd, pos, attn, rope, out_ids, want_logits)
+        key = (build, model, len(pos), len(out_ids), token is None, want_logits)
+        if key not in self._plans:
+            self._plans[key] = self._plan(build, model, token, embd, pos, rope, out_ids, want_logits)
+            while len(self._plans) > self.MAX_PLANS:
+                self._plans.popitem(last=False)
+        self._plans.move_to_end(key)
+        entry = self._plans[key]
+        if entry is None:
+            return build(model, self, token, embd, pos, attn, rope, out_ids, want_logits)
+        plan, result = entry
+        if self._arena.size < plan.arena_size:
+            self._arena = np.zeros(plan.arena_size, np.float32)
+        logits, out_embd = plan.run(self, self._weight_table(), self._arena, token, embd, pos, attn, out_ids)
+        return dataclasses.replace(result, logits=logits, embd=out_embd)
+
+    def _plan(self, build, model, token, embd, pos, rope, out_ids, want_logits):
+        """(GraphPlan, the build's result with tensors in place of arrays), or None if it cannot be a graph."""
+        g = Graph(supports=lambda w: not isinstance(w, AdaptedWeight) and self._kernel_order(w) is not None)
+        inputs = (g.input("token", (len(pos),)) if token is not None else None,
+                  g.input("embd", embd.shape) if embd is not None else None,
+                  g.input("pos", (len(pos),)))
+        try:
+            result = build(model, g, *inputs, GraphAttention(g, model.hparams), rope,
+                           g.input("out_ids", (len(out_ids),)), want_logits)
+            table = self._weight_table()
+            plan = plan_graph(g, result.logits, result.embd,
+                              lambda ws: table.index(tuple(w.name for w in ws), lambda: self._packed_stack(ws)),
+                              self._kernel_order)
+        except GraphUnsupported:
+            return None
+        return plan, result
+
+    def _weight_table(self) -> WeightTable:
+        return self.model.derived(("weight_table",), WeightTable)
 
     def _packed(self, weight):
         return self.model.derived(("packed", weight.name), lambda: pack_weight(weight), replaces=(weight.name,))
@@ -61,11 +115,15 @@ class FastOps(ReferenceOps):
         types = {(w.ggml_type, w.shape[0]) for w in weights}
         if x.shape[0] == 0 or len(types) != 1 or len(kinds) != 1 or None in kinds:
             return super().matmuls(x, weights)
-        key = ("packed", tuple(w.name for w in weights))
-        pw, cols = self.model.derived(key, lambda: (pack_weights(weights), _column_ranges(weights)),
-                                      replaces=tuple(w.name for w in weights))
-        y = matmul(x, pw, self.threads, llama_order=kinds.pop())  # (n, sum of ne1)
-        return [y[:, a:b] for a, b in cols]
+        y = matmul(x, self._packed_stack(weights), self.threads, llama_order=kinds.pop())  # (n, sum of ne1)
+        return [y[:, a:b] for a, b in _column_ranges(weights)]
+
+    def _packed_stack(self, weights):
+        """One weight packed, or several (same type and k) as one matrix, rows stacked."""
+        if len(weights) == 1:
+            return self._packed(weights[0])
+        names = tuple(w.name for w in weights)
+        return self.model.derived(("packed", names), lambda: pack_weights(weights), replaces=names)
 
     @staticmethod
     def _kernel_order(weight) -> bool | None:
@@ -75,12 +133,16 @@ class FastOps(ReferenceOps):
         return True if can_pack(weight.ggml_type) and is_exact_k(weight) else None
 
     def attention_kv(self, q, kv, il, mask, vis, kq_scale, flash, n_threads=1):
-        # an f16 cache without flash attention is read in place: no f32 copy of the layer's cache per step
-        if kv.type_k != "f16" or kv.type_v != "f16" or flash or q.shape[-1] % 16:
+        # an f16 cache without flash attention is read in place, only the cells each token sees
+        d_v = kv.v_stored(il).shape[1] // (kv.n_embd_k_gqa // q.shape[-1])
+        if kv.type_k != "f16" or kv.type_v != "f16" or flash or q.shape[-1] % 16 or d_v % 16:
             return super().attention_kv(q, kv, il, mask, vis, kq_scale, flash, n_threads)
-        n_head_kv = kv.n_embd_k_gqa // q.shape[-1]
-        return attention_f16_cells(q, kv.k_stored(il), kv.v_stored(il), n_head_kv, vis, kq_scale,
-                                   self.ggml_single_row)
+        n, n_head, _ = q.shape
+        out = np.empty((n, n_head * d_v), np.float32)  # (n, n_head * d_v)
+        attend(np.ascontiguousarray(q, np.float32).reshape(n, -1), kv.k_stored(il).view(np.uint16),
+               kv.v_stored(il).view(np.uint16), n_head, kv.n_embd_k_gqa // q.shape[-1], vis.cells, vis.n_cells,
+               vis.mask_add, np.float32(kq_scale), out, self.threads * 8)
+        return out
 
     def get_rows(self, weight, ids: np.ndarray) -> np.ndarray:
         """Embedding rows. A Q8_0 table (SmolLM2's and Gemma's, tied to the output matrix) is read from its packed
@@ -89,6 +151,12 @@ class FastOps(ReferenceOps):
         if weight.ggml_type != _Q8_0:
             return get_rows(weight, ids)
         return get_rows_q8_0_packed(self._packed(weight), ids)
+
+
+def _runs_as_graph(attn) -> bool:
+    """Whether the executor has this attention input: a KV cache in f16, without flash attention."""
+    view = getattr(attn, "view", None)
+    return view is not None and not attn.flash and view.type_k == "f16" and view.type_v == "f16"
 
 
 def _column_ranges(weights) -> tuple[tuple[int, int], ...]:

@@ -1,0 +1,208 @@
+"""Compute graphs: the nodes a forward pass builds, for an executor to plan and run (ggml.c's graph building).
+
+In llama.cpp the model code (`llm_build_llama`) calls ggml_mul_mat, ggml_rms_norm, ggml_rope_ext, ... which only
+record `ggml_tensor` nodes; ggml-alloc places them in one buffer and ggml-cpu's `ggml_graph_compute` runs them on one
+thread pool, and an unchanged ubatch shape reuses the graph (`llm_graph_result::can_reuse`). `Graph` plays ggml.c's
+part: it has the ops interface the forward passes call (the same as `ReferenceOps`), and its `Tensor`s support the
+few numpy operations they use (+, * scalar, reshape, rows by index), so `models/*.py` build a graph with the code
+that computes eagerly on other ops. llamactx.ggml.kernels.compute plans and runs it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from llamactx.errors import LlamactxError
+from llamactx.ggml.inputs import RopeParams
+
+
+class GraphUnsupported(LlamactxError, NotImplementedError):
+    """The forward uses something the executor does not run (a weight type without a kernel, flash attention,
+    ...): a documented limit, never shown to users, since the caller then computes the ubatch op by op."""
+
+
+@dataclass(eq=False, slots=True)
+class Tensor:
+    """A graph node (ggml_tensor): `op` applied to `src` with `params`, of logical `shape` (n rows first). A view
+    (reshape, one weight's columns of a stacked matmul) reads columns col0.. of `base`'s rows."""
+
+    graph: Graph
+    op: str
+    src: tuple
+    shape: tuple[int, ...]
+    params: tuple = ()
+    base: Tensor | None = None
+    col0: int = 0
+    index: int = field(default=-1)
+
+    @property
+    def rows(self) -> int:
+        return self.shape[0]
+
+    @property
+    def cols(self) -> int:
+        return int(np.prod(self.shape[1:], dtype=np.int64))
+
+    @property
+    def storage(self) -> Tensor:
+        """The node whose buffer holds this tensor's values."""
+        return self.base if self.base is not None else self
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def reshape(self, *shape: int) -> Tensor:
+        """The same rows seen with other trailing dimensions: (n, a * b) <-> (n, a, b); -1 allowed once."""
+        shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], tuple) else shape
+        if shape[0] != self.rows:
+            raise GraphUnsupported(f"reshape {self.shape} -> {shape} changes the rows")
+        if -1 in shape[1:]:
+            known = int(np.prod([s for s in shape[1:] if s != -1], dtype=np.int64))
+            shape = tuple(self.cols // known if s == -1 else s for s in shape)
+        if int(np.prod(shape[1:], dtype=np.int64)) != self.cols:
+            raise ValueError(f"cannot reshape {self.shape} to {shape}")
+        return self.graph.view(self, shape, 0)
+
+    def __add__(self, other) -> Tensor:
+        if isinstance(other, Tensor):
+            return self.graph.binary("add", self, other)
+        vec = np.asarray(other, np.float32)
+        if vec.shape != (self.cols,):
+            raise GraphUnsupported(f"add of a {vec.shape} array to {self.shape}")
+        return self.graph.node("add_row", (self,), self.shape, (self.graph.vector(vec),))
+
+    __radd__ = __add__
+
+    def __mul__(self, other) -> Tensor:
+        if not np.isscalar(other):
+            raise GraphUnsupported("multiplication by a non-scalar")
+        return self.graph.node("scale", (self,), self.shape, (np.float32(other),))
+
+    __rmul__ = __mul__
+
+    def __getitem__(self, ids) -> Tensor:
+        if not (isinstance(ids, Tensor) and ids.op == "input" and ids.params[0] == "out_ids"):
+            raise GraphUnsupported("indexing other than rows by the output ids")
+        return self.graph.node("select", (self, ids), (ids.rows, *self.shape[1:]))
+
+
+class Graph:
+    """Records a forward pass. `supports(weight)` says whether the executor has a matmul kernel for a weight;
+    anything it cannot run raises GraphUnsupported while building."""
+
+    def __init__(self, supports) -> None:
+        self.nodes: list[Tensor] = []
+        self.vectors: list[np.ndarray] = []  # 1-D float32 operands (norm weights, biases), by index
+        self.weights: list[tuple] = []  # weight tuples of the matmuls (stacked rows), by index
+        self.ropes: list[RopeParams] = []
+        self._supports = supports
+
+    # -- nodes ----------------------------------------------------------------------------------------------------
+
+    def node(self, op: str, src: tuple, shape: tuple[int, ...], params: tuple = ()) -> Tensor:
+        t = Tensor(self, op, src, tuple(int(s) for s in shape), params, index=len(self.nodes))
+        self.nodes.append(t)
+        return t
+
+    def view(self, t: Tensor, shape: tuple[int, ...], col0: int) -> Tensor:
+        v = Tensor(self, "view", (t,), tuple(int(s) for s in shape), base=t.storage, col0=t.col0 + col0)
+        v.index = len(self.nodes)
+        self.nodes.append(v)
+        return v
+
+    def input(self, name: str, shape: tuple[int, ...]) -> Tensor:
+        """A graph input bound at each run: "token", "embd", "pos" or "out_ids"."""
+        return self.node("input", (), shape, (name,))
+
+    def binary(self, op: str, a: Tensor, b: Tensor) -> Tensor:
+        if a.shape != b.shape:
+            raise ValueError(f"{op}: shapes {a.shape} and {b.shape} differ")
+        return self.node(op, (a, b), a.shape)
+
+    def vector(self, vec: np.ndarray) -> int:
+        self.vectors.append(np.ascontiguousarray(vec, np.float32))
+        return len(self.vectors) - 1
+
+    # -- the ops interface (ReferenceOps) ---------------------------------------------------------------------
+
+    def get_rows(self, weight, ids: Tensor) -> Tensor:
+        if not (isinstance(ids, Tensor) and ids.params == ("token",)):
+            raise GraphUnsupported("get_rows of other ids than the ubatch's tokens")
+        return self.node("get_rows", (ids,), (ids.rows, weight.shape[0]), (weight,))
+
+    def rms_norm(self, x: Tensor, weight: np.ndarray, eps: float) -> Tensor:
+        """Over the last dimension (per head for (n, n_head, d))."""
+        if weight.shape != (x.shape[-1],):
+            raise ValueError(f"rms_norm: weight {weight.shape} for rows of {x.shape[-1]}")
+        return self.node("rms_norm", (x,), x.shape, (self.vector(weight), x.shape[-1], np.float32(eps)))
+
+    def matmul(self, x: Tensor, weight) -> Tensor:
+        return self.matmuls(x, [weight])[0]
+
+    def matmuls(self, x: Tensor, weights) -> list[Tensor]:
+        """One mul_mat node per run of weights of the same type (rows stacked), each output a view of its
+        columns."""
+        for w in weights:
+            if not self._supports(w) or w.shape[0] != x.cols:
+                raise GraphUnsupported(f"no executor matmul for {w.name!r}")
+        outs: list[Tensor] = []
+        start = 0
+        for end in range(1, len(weights) + 1):
+            if end == len(weights) or weights[end].ggml_type != weights[start].ggml_type:
+                outs += self._mul_mat(x, tuple(weights[start:end]))
+                start = end
+        return outs
+
+    def _mul_mat(self, x: Tensor, weights: tuple) -> list[Tensor]:
+        self.weights.append(weights)
+        n_out = sum(int(w.shape[1]) for w in weights)
+        y = self.node("mul_mat", (x,), (x.rows, n_out), (len(self.weights) - 1,))  # (n, sum of ne1)
+        if len(weights) == 1:
+            return [y]
+        outs, col = [], 0
+        for w in weights:
+            outs.append(self.view(y, (x.rows, int(w.shape[1])), col))
+            col += int(w.shape[1])
+        return outs
+
+    def rope(self, x: Tensor, pos: Tensor, rp: RopeParams) -> Tensor:
+        """One table per RopeParams object (compared by identity: its frequency factors are an array); the
+        executor computes it with vec.rope_cache, frequency factors and YaRN included, as the eager ops do."""
+        if len(x.shape) != 3:
+            raise GraphUnsupported("rope other than (n, n_head, d)")
+        index = next((i for i, r in enumerate(self.ropes) if r is rp), None)
+        if index is None:
+            self.ropes.append(rp)
+            index = len(self.ropes) - 1
+        return self.node("rope", (x, pos), x.shape, (index,))
+
+    def swiglu(self, gate: Tensor, up: Tensor) -> Tensor:
+        return self.binary("swiglu", gate, up)
+
+    def geglu(self, gate: Tensor, up: Tensor) -> Tensor:
+        return self.binary("geglu", gate, up)
+
+    def softcap(self, x: Tensor, cap: float) -> Tensor:
+        raise GraphUnsupported("final logit soft-capping")
+
+    def attention(self, il: int, q: Tensor, k: Tensor, v: Tensor, kq_scale: float, swa: bool) -> Tensor:
+        """Store the ubatch's K/V of layer `il` into its cells and attend over the cells each token sees (the
+        attention input bound at run time: its view of the cache, its visible cells)."""
+        n, n_head, d_k = q.shape
+        n_head_kv, d_v = k.shape[1], v.shape[2]
+        if d_k % 16 or d_v % 16:
+            raise GraphUnsupported(f"attention with head sizes {d_k} / {d_v}")
+        return self.node("attn", (q, k, v), (n, n_head * d_v), (il, swa, n_head, n_head_kv, np.float32(kq_scale)))
+
+
+class GraphAttention:
+    """The attention input a forward sees while its graph is built: records `Graph.attention` nodes for the
+    attention input the executor binds at run time (models.graph.KVAttention)."""
+
+    def __init__(self, graph: Graph, hparams) -> None:
+        self.graph, self.hparams = graph, hparams
+
+    def __call__(self, il: int, q: Tensor, k: Tensor, v: Tensor, kq_scale: float) -> Tensor:
+        return self.graph.attention(il, q, k, v, kq_scale, self.hparams.is_swa(il))

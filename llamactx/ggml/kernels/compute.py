@@ -1,0 +1,395 @@
+"""Running a recorded graph (llamactx.ggml.graph) in one compiled call: ggml-alloc's placement of the nodes in one
+buffer and ggml-cpu's `ggml_graph_compute`.
+
+`plan_graph` turns the nodes into a program: one row of ints (and two floats) per node that computes, with every
+intermediate placed in one float32 arena whose regions are reused once their last reader has run (ggml_gallocr),
+and the outputs (logits, the final hidden state) in their own arrays. `GraphPlan.run` binds a ubatch's inputs
+(tokens or embeddings, positions, output ids, the attention input's cells) and `run_program` executes the rows in
+order, calling the same kernels as the eager ops (so the bits are the same): one Python call per ubatch instead of
+a dozen per layer, RoPE tables computed once per ubatch, no allocation per node. Matmuls and attention run on the
+thread pool (one parallel region each); small elementwise nodes run on the calling thread.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+from numba import njit, prange, typed, types
+from numba.extending import overload
+
+from llamactx.ggml import vec as ggml_vec
+from llamactx.ggml.graph import Graph, GraphUnsupported, Tensor
+from llamactx.ggml.intrinsics import f16_bits
+from llamactx.ggml.kernels.attention import attend
+from llamactx.ggml.kernels.cpu import PATH_PORTABLE, PATH_VNNI
+from llamactx.ggml.kernels.get_rows import rows_q8_0_x4
+from llamactx.ggml.kernels.matmul import Q8_0, matmul_portable, matmul_vnni
+from llamactx.ggml.kernels.simd import PORTABLE, VNNI, TagType
+from llamactx.hparams import ROPE_TYPE_NEOX
+
+# ops
+GET_ROWS, RMS_NORM, MUL_MAT, ADD, ADD_ROW, SCALE, ROPE, SWIGLU, GEGLU, ATTN, SELECT = range(1, 12)
+_OPS = {"get_rows": GET_ROWS, "rms_norm": RMS_NORM, "mul_mat": MUL_MAT, "add": ADD, "add_row": ADD_ROW,
+        "scale": SCALE, "rope": ROPE, "swiglu": SWIGLU, "geglu": GEGLU, "attn": ATTN, "select": SELECT}
+# buffers
+ARENA, OUT_LOGITS, OUT_EMBD, IN_EMBD = range(4)
+# program columns: op, destination (buffer, offset, row stride), rows, cols, sources a, b, c, params
+OP, DB, DO, DL, NR, NC, AB, AO, AL, BB, BO, BL, CB, CO, CL, P0, P1, P2, P3, P4 = range(20)
+N_COLS = 20
+_ALIGN = 16  # floats: regions start on 64-byte lines
+PAR_ROWS = 8  # elementwise nodes of at least this many rows run on the thread pool
+
+
+# --- the weights a program reads --------------------------------------------------------------------------------
+
+_RO_U8 = types.Array(types.uint8, 2, "C", readonly=True)
+_RO_F32 = types.Array(types.float32, 2, "C", readonly=True)
+
+
+class WeightTable:
+    """The packed matrices of one model as numba lists (one per slot), indexed by the programs of every context;
+    entries are added under a lock as graphs reference them."""
+
+    def __init__(self) -> None:
+        self.qs, self.qh, self.sc, self.mn = (typed.List.empty_list(_RO_U8) for _ in range(4))
+        self.d, self.m = typed.List.empty_list(_RO_F32), typed.List.empty_list(_RO_F32)
+        self.kind = np.zeros(0, np.int64)
+        self._index: dict[tuple[str, ...], int] = {}
+        self._lock = threading.Lock()
+
+    def index(self, names: tuple[str, ...], packed) -> int:
+        """The entry of a (stacked) matrix, `packed()` making its PackedWeight on first use."""
+        with self._lock:
+            if names not in self._index:
+                pw = packed()
+                for slot in ("qs", "qh", "sc", "mn", "d", "m"):
+                    getattr(self, slot).append(getattr(pw, slot))
+                self.kind = np.append(self.kind, pw.ggml_type)
+                self._index[names] = len(self._index)
+            return self._index[names]
+
+
+# --- planning (ggml-alloc) ------------------------------------------------------------------------------------
+
+
+class GraphPlan:
+    """A graph placed and encoded for `run_program`, rerun for every ubatch of its shape."""
+
+    def __init__(self, prog, fprm, arena_size, vectors, ropes, logits: Tensor | None, embd: Tensor):
+        self.prog, self.fprm = prog, fprm  # (n_nodes, N_COLS) int64, (n_nodes, 1) float32
+        self.arena_size = max(arena_size, 1)  # floats of the buffer every intermediate lives in
+        self.vectors = vectors  # (total,) float32: norm weights and biases, at the offsets the program names
+        self.ropes = ropes  # RopeParams of each RoPE table
+        self.logits_shape = logits.shape if logits is not None else None
+        self.embd_shape = embd.shape
+
+    def run(self, ops, table: WeightTable, arena: np.ndarray, token, embd, pos, attn, out_ids):
+        """One ubatch: bind the inputs and run, the intermediates in `arena` (at least arena_size floats; one
+        buffer serves every plan of a context, as they run one at a time). -> (logits (n_out, n_vocab) or None,
+        embd (n_out, n_embd))"""
+        pos = np.ascontiguousarray(pos, np.int64)
+        cos, sin = _rope_tables(self.ropes, pos)
+        logits = np.empty(self.logits_shape or (0, 0), np.float32)
+        out_embd = np.empty(self.embd_shape, np.float32)
+        view = attn.view
+        k_all, v_all = view.k_layers(), view.v_layers()
+        PROGRAMS[ops.kernel_path](
+            self.prog, self.fprm, arena, logits.reshape(-1), out_embd.reshape(-1),
+            np.ascontiguousarray(embd, np.float32).reshape(-1) if embd is not None else arena[:0],
+            np.ascontiguousarray(token, np.int64) if token is not None else pos[:0], pos,
+            np.ascontiguousarray(out_ids, np.int64), self.vectors, ops._gelu, cos, sin,
+            table.qs, table.qh, table.sc, table.mn, table.d, table.m, table.kind, ops.threads,
+            k_all.view(np.uint16), v_all.view(np.uint16), np.ascontiguousarray(view.idx, np.int64),
+            attn.vis.cells, attn.vis.n_cells, attn.vis.mask_add,
+            attn.vis_swa.cells, attn.vis_swa.n_cells, attn.vis_swa.mask_add,
+        )
+        return (logits if self.logits_shape is not None else None), out_embd
+
+
+def _rope_tables(ropes, pos):
+    """cos / sin of every RoPE parameter set of the graph: (n_tables, n, n_rot/2) float32 each."""
+    if not ropes:
+        return np.zeros((0, len(pos), 0), np.float32), np.zeros((0, len(pos), 0), np.float32)
+    tables = [ggml_vec.rope_cache(pos, rp) for rp in ropes]
+    return np.stack([c for c, _ in tables]), np.stack([s for _, s in tables])
+
+
+def plan_graph(graph: Graph, logits: Tensor | None, embd: Tensor, weight_index, kernel_order) -> GraphPlan:
+    """Place every node and encode the program. weight_index(weights) -> the WeightTable entry of a matmul's
+    (stacked) weights; kernel_order(weight) -> its llama_order. Raises GraphUnsupported for what the program
+    cannot express."""
+    nodes = [t for t in graph.nodes if t.op not in ("view", "input")]
+    if len({rp.n_rot for rp in graph.ropes}) > 1:
+        raise GraphUnsupported("RoPE tables of different n_rot")
+    last_use: dict[int, int] = {}
+    for t in nodes:
+        for s in t.src:
+            last_use[id(s.storage)] = t.index
+    place: dict[int, tuple[int, int]] = {}  # id(storage) -> (buffer, offset)
+    outputs = {}
+    if logits is not None:
+        outputs[id(logits.storage)] = OUT_LOGITS
+    outputs[id(embd.storage)] = OUT_EMBD
+    for t in graph.nodes:
+        if t.op == "input" and t.params[0] == "embd":
+            place[id(t)] = (IN_EMBD, 0)
+    arena = _Arena()
+    prog = np.zeros((len(nodes), N_COLS), np.int64)
+    fprm = np.zeros((len(nodes), 1), np.float32)
+    vec_offsets = np.cumsum([0] + [v.size for v in graph.vectors])
+    if logits is not None and logits.shape != logits.storage.shape:
+        raise GraphUnsupported("logits that are part of a larger matmul")
+    for row, t in enumerate(nodes):
+        if id(t) in outputs:
+            place[id(t)] = (outputs[id(t)], 0)
+        else:
+            place[id(t)] = (ARENA, arena.alloc(t.rows * t.cols))
+        _encode(prog[row], fprm[row], t, place, vec_offsets, weight_index, kernel_order)
+        for s in {id(s.storage): s.storage for s in t.src}.values():
+            if last_use.get(id(s)) == t.index and place.get(id(s), (None,))[0] == ARENA:
+                arena.free(place[id(s)][1], s.rows * s.cols)
+        if id(t) not in last_use and place[id(t)][0] == ARENA:  # computed, never read
+            arena.free(place[id(t)][1], t.rows * t.cols)
+    vectors = np.concatenate(graph.vectors) if graph.vectors else np.zeros(0, np.float32)
+    return GraphPlan(prog, fprm, arena.high, vectors, list(graph.ropes), logits, embd)
+
+
+class _Arena:
+    """First-fit placement of regions in one float32 buffer (ggml_dyn_tallocr, simplified): `high` is the size
+    the buffer needs."""
+
+    def __init__(self) -> None:
+        self.free_list: list[tuple[int, int]] = []  # (offset, size), sorted, coalesced
+        self.top = 0  # end of the regions in use or free-listed
+        self.high = 0
+
+    def alloc(self, n: int) -> int:
+        n = -(-max(n, 1) // _ALIGN) * _ALIGN
+        for i, (off, size) in enumerate(self.free_list):
+            if size >= n:
+                if size == n:
+                    del self.free_list[i]
+                else:
+                    self.free_list[i] = (off + n, size - n)
+                return off
+        off, self.top = self.top, self.top + n
+        self.high = max(self.high, self.top)
+        return off
+
+    def free(self, off: int, n: int) -> None:
+        n = -(-max(n, 1) // _ALIGN) * _ALIGN
+        merged: list[tuple[int, int]] = []
+        for o, s in sorted([*self.free_list, (off, n)]):
+            if merged and merged[-1][0] + merged[-1][1] == o:
+                merged[-1] = (merged[-1][0], merged[-1][1] + s)
+            else:
+                merged.append((o, s))
+        if merged and merged[-1][0] + merged[-1][1] == self.top:  # the last region returns to the top
+            self.top = merged.pop()[0]
+        self.free_list = merged
+
+
+def _encode(row, frow, t: Tensor, place, vec_offsets, weight_index, kernel_order) -> None:
+    """One program row for node t."""
+    row[OP] = _OPS[t.op]
+    row[DB], row[DO] = place[id(t)]
+    row[DL], row[NR], row[NC] = t.cols, t.rows, t.cols
+    for s, (cb, co, cl) in zip(t.src, ((AB, AO, AL), (BB, BO, BL), (CB, CO, CL))[: len(t.src)], strict=True):
+        if s.op == "input" and s.params[0] != "embd":  # token, pos, out_ids: bound as their own arrays
+            continue
+        row[cb], off = place[id(s.storage)]
+        row[co], row[cl] = off + s.col0, s.storage.cols
+    p = t.params
+    if t.op == "get_rows":
+        w = p[0]
+        if w.ggml_type != Q8_0:
+            raise GraphUnsupported(f"get_rows of a {w.type_name} table")
+        row[P0] = weight_index((w,))
+    elif t.op == "rms_norm":
+        row[P0], row[P1], frow[0] = vec_offsets[p[0]], p[1], p[2]
+    elif t.op == "mul_mat":
+        ws = t.graph.weights[p[0]]
+        if t.src[0].col0 or row[AL] != t.src[0].cols:
+            raise GraphUnsupported("a matmul of a strided view")
+        row[P0], row[P1], row[P2] = weight_index(ws), bool(kernel_order(ws[0])), ws[0].ggml_type
+    elif t.op == "add_row":
+        row[P0] = vec_offsets[p[0]]
+    elif t.op == "scale":
+        frow[0] = p[0]
+    elif t.op == "rope":
+        rp = t.graph.ropes[p[0]]
+        row[P0], row[P1], row[P2], row[P3], row[P4] = p[0], t.shape[1], t.shape[2], rp.n_rot, rp.mode == ROPE_TYPE_NEOX
+    elif t.op == "attn":
+        q = t.src[0]
+        if q.col0 or row[AL] != q.cols:
+            raise GraphUnsupported("attention of a strided query")
+        il, swa, n_head, n_head_kv, kq_scale = p
+        row[P0], row[P1], row[P2], row[P3], frow[0] = il, swa, n_head, n_head_kv, kq_scale
+
+
+# --- the program (ggml_graph_compute) -----------------------------------------------------------------------
+
+
+def _matmul(path, n_tasks, kind, llama_order, x, qs, qh, sc, mn, d, m, out):
+    """matmul_vnni or matmul_portable, chosen at compile time by the path tag."""
+
+
+@overload(_matmul, jit_options={"cache": True})
+def _matmul_impl(path, n_tasks, kind, llama_order, x, qs, qh, sc, mn, d, m, out):
+    if not isinstance(path, TagType):
+        return None
+    if path.tag_name == "vnni":
+
+        def vnni(path, n_tasks, kind, llama_order, x, qs, qh, sc, mn, d, m, out):
+            matmul_vnni(n_tasks, kind, llama_order, x, qs, qh, sc, mn, d, m, out)
+
+        return vnni
+
+    def portable(path, n_tasks, kind, llama_order, x, qs, qh, sc, mn, d, m, out):
+        matmul_portable(n_tasks, kind, llama_order, x, qs, qh, sc, mn, d, m, out)
+
+    return portable
+
+
+@njit(cache=True)
+def _rms_norm_node(x, xo, xl, n, cols, group, w, eps, y, yo, yl):
+    for r in range(n):
+        for g in range(0, cols, group):
+            ggml_vec.rms_norm_row(x, xo + r * xl + g, group, w, eps, y, yo + r * yl + g)
+
+
+@njit(parallel=True, cache=True)
+def _rms_norm_node_par(x, xo, xl, n, cols, group, w, eps, y, yo, yl):
+    for r in prange(n):
+        for g in range(0, cols, group):
+            ggml_vec.rms_norm_row(x, xo + r * xl + g, group, w, eps, y, yo + r * yl + g)
+
+
+@njit(cache=True)
+def _rope_node(x, xo, xl, n, n_head, d, cos, sin, n_rot, neox, y, yo, yl):
+    for t in range(n):
+        ggml_vec.rope_row(x, xo + t * xl, n_head, d, cos, sin, t, n_rot, neox, y, yo + t * yl)
+
+
+@njit(parallel=True, cache=True)
+def _rope_node_par(x, xo, xl, n, n_head, d, cos, sin, n_rot, neox, y, yo, yl):
+    for t in prange(n):
+        ggml_vec.rope_row(x, xo + t * xl, n_head, d, cos, sin, t, n_rot, neox, y, yo + t * yl)
+
+
+@njit(cache=True)
+def _glu_node(gelu_table, g, go, gl, u, uo, ul, n, k, y, yo, yl):
+    for r in range(n):
+        if gelu_table.shape[0]:
+            ggml_vec.geglu_row(g, go + r * gl, u, uo + r * ul, k, gelu_table, y, yo + r * yl)
+        else:
+            ggml_vec.swiglu_row(g, go + r * gl, u, uo + r * ul, k, y, yo + r * yl)
+
+
+@njit(parallel=True, cache=True)
+def _glu_node_par(gelu_table, g, go, gl, u, uo, ul, n, k, y, yo, yl):
+    for r in prange(n):
+        if gelu_table.shape[0]:
+            ggml_vec.geglu_row(g, go + r * gl, u, uo + r * ul, k, gelu_table, y, yo + r * yl)
+        else:
+            ggml_vec.swiglu_row(g, go + r * gl, u, uo + r * ul, k, y, yo + r * yl)
+
+
+@njit(cache=True)
+def _store_kv(cache, il, cells, x, xo, xl, n, cols):
+    """ggml_set_rows: the ubatch's rows rounded to f16 into its cells of layer il (cache: uint16 bits)."""
+    for t in range(n):
+        for j in range(cols):
+            cache[il, cells[t], j] = f16_bits(x[xo + t * xl + j])
+
+
+@njit(cache=True)
+def _run(path, prog, fprm, arena, out_logits, out_embd, in_embd, tokens, pos, out_ids, vectors, gelu,
+                cos, sin, w_qs, w_qh, w_sc, w_mn, w_d, w_m, w_kind, n_threads, k_cache, v_cache, kv_cells,
+                cells, n_cells, mask_add, swa_cells, swa_n_cells, swa_mask_add):  # pragma: no cover - compiled
+    """Execute `prog` (module docstring) in order, with the matmul kernel of `path`."""
+    bufs = (arena, out_logits, out_embd, in_embd)
+    no_table = gelu[:0]
+    for s in range(prog.shape[0]):
+        op, n, cols = prog[s, OP], prog[s, NR], prog[s, NC]
+        y, yo, yl = bufs[prog[s, DB]], prog[s, DO], prog[s, DL]
+        a, ao, al = bufs[prog[s, AB]], prog[s, AO], prog[s, AL]
+        b, bo, bl = bufs[prog[s, BB]], prog[s, BO], prog[s, BL]
+        if op == MUL_MAT:
+            i = prog[s, P0]
+            x = a[ao : ao + n * al].reshape((n, al))
+            out = y[yo : yo + n * cols].reshape((n, cols))
+            _matmul(path, n_threads, w_kind[i], prog[s, P1] != 0, x, w_qs[i], w_qh[i], w_sc[i], w_mn[i], w_d[i],
+                    w_m[i], out)
+        elif op == ATTN:
+            il, n_head, n_head_kv = prog[s, P0], prog[s, P2], prog[s, P3]
+            c, co, cl = bufs[prog[s, CB]], prog[s, CO], prog[s, CL]
+            _store_kv(k_cache, il, kv_cells, b, bo, bl, n, k_cache.shape[2])
+            _store_kv(v_cache, il, kv_cells, c, co, cl, n, v_cache.shape[2])
+            q = a[ao : ao + n * al].reshape((n, al))
+            out = y[yo : yo + n * cols].reshape((n, cols))
+            if prog[s, P1]:
+                attend(q, k_cache[il], v_cache[il], n_head, n_head_kv, swa_cells, swa_n_cells, swa_mask_add,
+                       fprm[s, 0], out, n_threads * 8)
+            else:
+                attend(q, k_cache[il], v_cache[il], n_head, n_head_kv, cells, n_cells, mask_add, fprm[s, 0], out,
+                       n_threads * 8)
+        elif op == RMS_NORM:
+            w = vectors[prog[s, P0] : prog[s, P0] + prog[s, P1]]
+            if n >= PAR_ROWS:
+                _rms_norm_node_par(a, ao, al, n, cols, prog[s, P1], w, fprm[s, 0], y, yo, yl)
+            else:
+                _rms_norm_node(a, ao, al, n, cols, prog[s, P1], w, fprm[s, 0], y, yo, yl)
+        elif op == ROPE:
+            ti = prog[s, P0]
+            if n >= PAR_ROWS:
+                _rope_node_par(a, ao, al, n, prog[s, P1], prog[s, P2], cos[ti], sin[ti], prog[s, P3],
+                               prog[s, P4] != 0, y, yo, yl)
+            else:
+                _rope_node(a, ao, al, n, prog[s, P1], prog[s, P2], cos[ti], sin[ti], prog[s, P3], prog[s, P4] != 0,
+                           y, yo, yl)
+        elif op == SWIGLU or op == GEGLU:
+            table = gelu if op == GEGLU else no_table
+            if n >= PAR_ROWS:
+                _glu_node_par(table, a, ao, al, b, bo, bl, n, cols, y, yo, yl)
+            else:
+                _glu_node(table, a, ao, al, b, bo, bl, n, cols, y, yo, yl)
+        elif op == ADD:
+            for r in range(n):
+                for j in range(cols):
+                    y[yo + r * yl + j] = a[ao + r * al + j] + b[bo + r * bl + j]
+        elif op == ADD_ROW:
+            vo = prog[s, P0]
+            for r in range(n):
+                for j in range(cols):
+                    y[yo + r * yl + j] = a[ao + r * al + j] + vectors[vo + j]
+        elif op == SCALE:
+            for r in range(n):
+                for j in range(cols):
+                    y[yo + r * yl + j] = a[ao + r * al + j] * fprm[s, 0]
+        elif op == SELECT:
+            for r in range(n):
+                for j in range(cols):
+                    y[yo + r * yl + j] = a[ao + out_ids[r] * al + j]
+        elif op == GET_ROWS:
+            i = prog[s, P0]
+            rows_q8_0_x4(w_qs[i], w_sc[i], tokens, y[yo : yo + n * cols].reshape((n, cols)))
+
+
+# One entry point per path, the path a global constant (a Tag argument would cost the dispatcher a Python typeof).
+
+
+@njit(cache=True)
+def run_program_vnni(*args):  # pragma: no cover - compiled
+    """`_run` on the VNNI path."""
+    return _run(VNNI, *args)
+
+
+@njit(cache=True)
+def run_program_portable(*args):  # pragma: no cover - compiled
+    """`_run` on the portable path."""
+    return _run(PORTABLE, *args)
+
+
+PROGRAMS = {PATH_VNNI: run_program_vnni, PATH_PORTABLE: run_program_portable}

@@ -1,0 +1,108 @@
+"""The compiled forward (llamactx.ggml.graph + kernels.compute) and the fast attention kernel against the reference.
+
+FastOps records a forward pass as a graph once per ubatch shape and runs it in one compiled call; ReferenceOps
+computes it op by op. Both must give the same bits, for prompts, single-token decode, several sequences in one
+ubatch (a server step: decode tokens plus a prompt chunk) and sequences whose cells are scattered in the cache.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from llamactx import Batch, Context, ContextParams
+from llamactx.ggml.attention import attention_f16_cells
+from llamactx.ggml.graph import Graph, GraphUnsupported
+from llamactx.ggml.inputs import VisibleCells
+from llamactx.ggml.kernels.attention import attend
+from llamactx.ggml.ops import ReferenceOps
+
+
+def _seq_batch(parts, outputs="last") -> Batch:
+    """parts: (seq_id, tokens, pos0); every token an output, or only each part's last."""
+    batch = Batch(sum(len(t) for _, t, _ in parts))
+    for seq, toks, pos0 in parts:
+        for i, t in enumerate(toks):
+            batch.add(int(t), pos0 + i, (seq,), outputs == "all" or i == len(toks) - 1)
+    return batch
+
+
+def _server_steps(model, ops) -> list[np.ndarray]:
+    """Logits of: prompts of 3 sequences, then steps of their next tokens plus chunks of a 4th sequence's prompt,
+    with a sequence removed between steps so that later cells are reused out of order."""
+    rng = np.random.default_rng(3)
+    tok = lambda n: rng.integers(0, 2000, n).tolist()  # noqa: E731
+    ctx = Context(model, ContextParams(n_ctx=256, n_seq_max=4, kv_unified=True), ops=ops)
+    out = []
+    steps = [
+        [(0, tok(9), 0), (1, tok(5), 0), (2, tok(12), 0)],
+        [(0, tok(1), 9), (1, tok(1), 5), (2, tok(1), 12), (3, tok(16), 0)],
+        [(0, tok(1), 10), (2, tok(1), 13), (3, tok(16), 16)],
+        [(0, tok(1), 11), (2, tok(1), 14), (3, tok(16), 32)],  # same shape as the step before: a reused plan
+        [(3, tok(1), 48)],
+    ]
+    for i, parts in enumerate(steps):
+        assert ctx.decode(_seq_batch(parts, "all" if i == 0 else "last")) == 0
+        out.append(np.array(ctx.get_logits()))
+        if i == 1:
+            ctx.memory.seq_rm(1)  # its cells are reused by the next steps
+    return out, ctx
+
+
+@pytest.mark.parametrize("name", ["smollm", "gemma"])
+def test_graph_forward_gives_the_reference_bits(request, name):
+    model = request.getfixturevalue(name)
+    fast, ctx = _server_steps(model, None)
+    ref, _ = _server_steps(model, ReferenceOps())
+    for got, want in zip(fast, ref, strict=True):
+        assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist()
+    plans = ctx.ops._plans
+    assert all(entry is not None for entry in plans.values())  # every step ran as a compiled graph
+    assert len(plans) == len(fast) - 1  # steps 3 and 4 share one plan
+
+
+def test_unsupported_attention_runs_op_by_op(smollm):
+    """A quantized K cache has no executor kernel: the context computes op by op, with the same numbers as the
+    reference ops."""
+    toks = list(range(300, 320))
+    logits, ctxs = [], []
+    for ops in (None, ReferenceOps()):
+        ctx = Context(smollm, ContextParams(n_ctx=64, type_k="q8_0"), ops=ops)
+        assert ctx.decode(Batch.get_one(toks)) == 0 and ctx.decode(Batch.get_one([7])) == 0
+        logits.append(np.array(ctx.get_logits_ith(-1)))
+        ctxs.append(ctx)
+    assert len(ctxs[0].ops._plans) == 0  # no graph was planned
+    np.testing.assert_array_equal(logits[0], logits[1])
+
+
+def test_graph_records_instead_of_computing():
+    g = Graph(supports=lambda w: True)
+    x = g.input("embd", (3, 8))
+    y = (x.reshape(3, 2, 4).reshape(3, -1) + np.arange(8, dtype=np.float32)) * 2.0
+    assert y.shape == (3, 8) and [t.op for t in g.nodes] == ["input", "view", "view", "add_row", "scale"]
+    with pytest.raises(GraphUnsupported):
+        x.reshape(6, 4)  # moves values between rows
+    with pytest.raises(GraphUnsupported):
+        x[np.array([0, 2])]  # rows other than the output ids
+    with pytest.raises(GraphUnsupported):
+        g.softcap(x, 30.0)
+
+
+@pytest.mark.parametrize("n, n_head, n_head_kv, d", [(1, 9, 3, 64), (7, 9, 3, 64), (5, 4, 1, 256), (1, 4, 1, 256)])
+def test_fast_attention_matches_the_reference_kernel(n, n_head, n_head_kv, d):
+    """kernels.attention (512-bit lanes, only visible cells read) against ggml.attention (ReferenceOps), bit for
+    bit: scattered visible cells of several sequences, masked cells, probabilities that round to zero."""
+    rng = np.random.default_rng(n * d)
+    n_kv = 150
+    k = (rng.standard_normal((n_kv, n_head_kv * d)) * 2).astype(np.float16)
+    v = rng.standard_normal((n_kv, n_head_kv * d)).astype(np.float16)
+    q = rng.standard_normal((n, n_head, d)).astype(np.float32)
+    visible = rng.random((n, n_kv)) < 0.5
+    visible[:, 3] = True
+    mask = np.where(visible, 0.0, -np.inf).astype(np.float32)  # (n, n_kv)
+    vis = VisibleCells.from_mask(mask, rng.permutation(n_kv))  # sums in a position order unlike cell order
+    want = attention_f16_cells(q, k, v, n_head_kv, vis, 0.125)
+    got = np.empty((n, n_head * d), np.float32)
+    attend(q.reshape(n, -1), k.view(np.uint16), v.view(np.uint16), n_head, n_head_kv, vis.cells, vis.n_cells,
+           vis.mask_add, np.float32(0.125), got, 4)
+    assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist()
