@@ -25,6 +25,7 @@ from llamactx.ggml.ops import ReferenceOps
 from llamactx.ggml.vecdot import EXACT_TYPES
 from llamactx.ggml.vecdot_k import is_exact_k
 from llamactx.lora import AdaptedModel, AdaptedWeight, is_adapted, lora_matmuls
+from llamactx.models.graph import KVAttention
 
 _Q8_0 = int(T.Q8_0)
 _KERNEL_EXACT = frozenset(int(t) for t in EXACT_TYPES)  # 32-block types: bit-identical to ggml in the kernels
@@ -154,9 +155,11 @@ class FastOps(ReferenceOps):
 
 
 def _runs_as_graph(attn) -> bool:
-    """Whether the executor has this attention input: a KV cache in f16, without flash attention."""
+    """Whether the executor has this attention input: one KV cache view (models.graph.KVAttention over a
+    KVView; other memories, e.g. an iSWA pair of caches, run op by op) in f16, without flash attention."""
     view = getattr(attn, "view", None)
-    return view is not None and not attn.flash and view.type_k == "f16" and view.type_v == "f16"
+    return (isinstance(attn, KVAttention) and hasattr(view, "k_layers") and not attn.flash
+            and view.type_k == "f16" and view.type_v == "f16")
 
 
 def _column_ranges(weights) -> tuple[tuple[int, int], ...]:
