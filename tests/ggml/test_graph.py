@@ -27,12 +27,13 @@ def _seq_batch(parts, outputs="last") -> Batch:
     return batch
 
 
-def _server_steps(model, ops) -> list[np.ndarray]:
+def _server_steps(model, ops, swa_full=True) -> list[np.ndarray]:
     """Logits of: prompts of 3 sequences, then steps of their next tokens plus chunks of a 4th sequence's prompt,
-    with a sequence removed between steps so that later cells are reused out of order."""
+    with a sequence removed between steps so that later cells are reused out of order. swa_full: one cache for
+    every layer (an iSWA pair of caches runs op by op)."""
     rng = np.random.default_rng(3)
     tok = lambda n: rng.integers(0, 2000, n).tolist()  # noqa: E731
-    ctx = Context(model, ContextParams(n_ctx=256, n_seq_max=4, kv_unified=True), ops=ops)
+    ctx = Context(model, ContextParams(n_ctx=256, n_seq_max=4, kv_unified=True, swa_full=swa_full), ops=ops)
     out = []
     steps = [
         [(0, tok(9), 0), (1, tok(5), 0), (2, tok(12), 0)],
@@ -59,6 +60,16 @@ def test_graph_forward_gives_the_reference_bits(request, name):
     plans = ctx.ops._plans
     assert all(entry is not None for entry in plans.values())  # every step ran as a compiled graph
     assert len(plans) == len(fast) - 1  # steps 3 and 4 share one plan
+
+
+def test_iswa_memory_runs_op_by_op_with_the_reference_bits(gemma):
+    """Gemma 3's iSWA memory hands attention two views (global and sliding-window caches): the executor does not
+    take them, and the context computes op by op, with the reference ops' numbers."""
+    fast, ctx = _server_steps(gemma, None, swa_full=False)
+    ref, _ = _server_steps(gemma, ReferenceOps(), swa_full=False)
+    for got, want in zip(fast, ref, strict=True):
+        assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist()
+    assert len(ctx.ops._plans) == 0
 
 
 def test_unsupported_attention_runs_op_by_op(smollm):

@@ -25,6 +25,7 @@ from llamactx.ggml.ops import ReferenceOps
 from llamactx.ggml.vecdot import EXACT_TYPES
 from llamactx.ggml.vecdot_k import is_exact_k
 from llamactx.lora import AdaptedModel, AdaptedWeight, is_adapted, lora_matmuls
+from llamactx.memory.kv_cache import KVView
 from llamactx.models.graph import KVAttention
 
 _Q8_0 = int(T.Q8_0)
@@ -157,8 +158,12 @@ class FastOps(ReferenceOps):
 def _runs_as_graph(attn) -> bool:
     """Whether the executor has this attention input: one KV cache view (models.graph.KVAttention over a
     KVView; other memories, e.g. an iSWA pair of caches, run op by op) in f16, without flash attention."""
-    view = getattr(attn, "view", None)
-    return (isinstance(attn, KVAttention) and hasattr(view, "k_layers") and not attn.flash
+    if not isinstance(attn, KVAttention) or attn.flash:
+        return False
+    view = attn.view
+    # one plain view of a cache that holds every layer: an iSWA pair (view_swa), a cache of some layers only
+    # or a rotated SWA view would make the program index the wrong layer's or cell's rows
+    return (type(view) is KVView and attn.view_swa is view and view.k_layers().shape[0] == attn.hp.n_layer
             and view.type_k == "f16" and view.type_v == "f16")
 
 
