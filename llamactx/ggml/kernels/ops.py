@@ -137,7 +137,8 @@ class FastOps(ReferenceOps):
     def attention_kv(self, q, kv, il, mask, vis, kq_scale, flash, n_threads=1):
         # an f16 cache without flash attention is read in place, only the cells each token sees
         d_v = kv.v_stored(il).shape[1] // (kv.n_embd_k_gqa // q.shape[-1])
-        if kv.type_k != "f16" or kv.type_v != "f16" or flash or q.shape[-1] % 16 or d_v % 16:
+        single = self.ggml_single_row and q.shape[0] == 1  # ggml's vec_dot order: the reference kernel has it
+        if kv.type_k != "f16" or kv.type_v != "f16" or flash or q.shape[-1] % 16 or d_v % 16 or single:
             return super().attention_kv(q, kv, il, mask, vis, kq_scale, flash, n_threads)
         n, n_head, _ = q.shape
         out = np.empty((n, n_head * d_v), np.float32)  # (n, n_head * d_v)
