@@ -92,7 +92,7 @@ def _crash_on_exception(test_one_input: Callable[[bytes], None], prefix: str) ->
 def main(test_one_input: Callable[[bytes], None], seeds: dict[str, bytes], argv: list[str] | None = None) -> None:
     """Run libFuzzer on `test_one_input`. The corpus is the directories in `argv` (the first one, if empty, gets
     `seeds`), or a temporary one of `seeds`; a file in `argv` is one input to run again. Defaults: -timeout=1,
-    -rss_limit_mb = current RSS + 1 GiB, -print_final_stats=1."""
+    -rss_limit_mb = peak RSS so far + 1 GiB, -print_final_stats=1."""
     args = list(sys.argv if argv is None else argv)
     flags = [a for a in args[1:] if a.startswith("-")]
     paths = [a for a in args[1:] if not a.startswith("-")] or [tempfile.mkdtemp(prefix="llamactx-fuzz-corpus-")]
@@ -100,7 +100,10 @@ def main(test_one_input: Callable[[bytes], None], seeds: dict[str, bytes], argv:
     if corpus.is_dir() and not any(corpus.iterdir()):
         for name, data in seeds.items():
             (corpus / name).write_bytes(data)
-    defaults = {"-timeout": "1", "-rss_limit_mb": str(_status_kb("VmRSS") // 1024 + 1024), "-print_final_stats": "1"}
+    # libFuzzer compares the *peak* RSS with its limit: start from the peak so far (VmHWM), which numba's first
+    # compile of the compiled forward during a target's set-up can push well above the current RSS
+    peak_mb = max(_status_kb("VmRSS"), _status_kb("VmHWM")) // 1024
+    defaults = {"-timeout": "1", "-rss_limit_mb": str(peak_mb + 1024), "-print_final_stats": "1"}
     given = {f.split("=", 1)[0] for f in flags}
     flags += [f"{k}={v}" for k, v in defaults.items() if k not in given]
     prefix = next((f.split("=", 1)[1] for f in flags if f.startswith("-artifact_prefix=")), "")
