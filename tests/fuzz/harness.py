@@ -100,9 +100,10 @@ def main(test_one_input: Callable[[bytes], None], seeds: dict[str, bytes], argv:
     if corpus.is_dir() and not any(corpus.iterdir()):
         for name, data in seeds.items():
             (corpus / name).write_bytes(data)
-    # libFuzzer compares the *peak* RSS with its limit: start from the peak so far (VmHWM), which numba's first
-    # compile of the compiled forward during a target's set-up can push well above the current RSS
-    peak_mb = max(_status_kb("VmRSS"), _status_kb("VmHWM")) // 1024
+    # libFuzzer compares getrusage's ru_maxrss with its limit: a peak that Linux keeps across fork + exec, so a
+    # target started by a big process (the whole suite's pytest) begins at its parent's peak; and numba's first
+    # compile during a target's set-up can push it above the current RSS. Start from that peak.
+    peak_mb = max(_status_kb("VmRSS"), _status_kb("VmHWM"), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) // 1024
     defaults = {"-timeout": "1", "-rss_limit_mb": str(peak_mb + 1024), "-print_final_stats": "1"}
     given = {f.split("=", 1)[0] for f in flags}
     flags += [f"{k}={v}" for k, v in defaults.items() if k not in given]
