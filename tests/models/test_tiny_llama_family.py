@@ -3,26 +3,19 @@ qwen2 (q/k/v biases), qwen3 (q/k RMSNorm), Llama 3's RoPE frequency factors and 
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from llamactx import Batch, Context, ContextParams, Model
 from llamactx.ggml.ops import ReferenceOps
+from tests.models.tiny import TINY, load_tiny
 
-TINY = Path(__file__).parent.parent / "data" / "tiny"
 NAMES = ["qwen2", "qwen3", "llama3", "yarn"]
 
 
 @pytest.fixture(scope="module", params=NAMES)
 def tiny(request):
-    name = request.param
-    ref = json.loads((TINY / f"{name}.json").read_text())
-    with np.load(TINY / f"{name}.npz") as npz:
-        arrays = {k: npz[k] for k in npz.files}
-    return name, Model.load(TINY / f"tiny-{name}.gguf"), ref, arrays
+    return load_tiny(request.param)
 
 
 def new_ctx(model, ops=None, **kw) -> Context:

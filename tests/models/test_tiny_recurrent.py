@@ -4,27 +4,20 @@ lanes as real Mamba-2 models do) and lfm2 (hybrid memory: short-convolution + at
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-from llamactx import Batch, Context, ContextParams, Model
+from llamactx import Batch, Context, ContextParams
 from llamactx.ggml.ops import ReferenceOps
 from llamactx.models import ARCHITECTURES
+from tests.models.tiny import TINY, load_tiny
 
-TINY = Path(__file__).parent.parent / "data" / "tiny"
 NAMES = [name for name in ("mamba2", "mamba2-s128", "lfm2") if name.split("-")[0] in ARCHITECTURES]
 
 
 @pytest.fixture(scope="module", params=NAMES)
 def tiny(request):
-    name = request.param
-    ref = json.loads((TINY / f"{name}.json").read_text())
-    with np.load(TINY / f"{name}.npz") as npz:
-        arrays = {k: npz[k] for k in npz.files}
-    return name, Model.load(TINY / f"tiny-{name}.gguf"), ref, arrays
+    return load_tiny(request.param)
 
 
 def new_ctx(model, ops=None, **kw) -> Context:
