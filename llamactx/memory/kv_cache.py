@@ -125,9 +125,18 @@ class KVView:
         return self._cache.v[self._cache.layer_index[il], : self.n_kv]
 
     def k_layers(self) -> np.ndarray:
-        """Keys of every layer and cell as stored, (n_layer, size, n_embd_k_gqa): for a compiled forward that
-        stores and reads the ubatch's layers itself (cells `idx`; visible cells are below n_kv)."""
+        """Keys of every layer of this cache and every cell as stored, (n_layers held, size, n_embd_k_gqa): for a
+        compiled forward that stores and reads the ubatch's layers itself (cells `idx`; visible cells are below
+        n_kv, at `real_cells`; model layer il in row `layer_row(il)`)."""
         return self._cache.k
+
+    def layer_row(self, il: int) -> int:
+        """The row of k_layers() / v_layers() that holds model layer `il`, -1 if this cache does not hold it."""
+        return self._cache.layer_index.get(il, -1)
+
+    def real_cells(self, cells: np.ndarray) -> np.ndarray:
+        """The cache cells of this view's cells [0, n_kv) (the same here; a rotated view maps them)."""
+        return cells
 
     def v_layers(self) -> np.ndarray:
         return self._cache.v

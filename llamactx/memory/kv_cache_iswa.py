@@ -68,6 +68,9 @@ class RotatedKVView(KVView):
     def v_stored(self, il: int) -> np.ndarray:
         return self._cache.v[self._cache.layer_index[il]][self.perm]
 
+    def real_cells(self, cells: np.ndarray) -> np.ndarray:
+        return self.perm[cells]
+
 
 class SWAKVCache(KVCache):
     """A KV cache for sliding-window layers whose cells are reused once out of every window (llama_kv_cache with

@@ -47,44 +47,148 @@ def _reduce_lanes(lanes, out, t, o, d):
         fstore16(out, t, o + j, fadd16(fadd16(u0, u2), fadd16(u1, u3)))
 
 
-@numba.njit(parallel=True, cache=True)
-def attend(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, out, n_chunks):  # pragma: no cover
+SPLIT_MIN_CELLS = 512  # few tokens over at least this many cells: attention in three passes split over cells
+
+
+@numba.njit(cache=True)
+def attend(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, out, n_threads):  # pragma: no cover
     """out (n, n_head * d_v) = attention of q (n, n_head * d_k) float32 over the cells each token sees: k (n_kv,
     n_head_kv * d_k) and v (n_kv, n_head_kv * d_v) are an f16 cache's rows as uint16 bits; cells (n, max
     visible) lists token t's n_cells[t] visible cells in cell order, mask_add their mask values. d_k, d_v
-    multiples of 16 (checked by the callers). The (token, head) pairs are dealt round robin to `n_chunks`
-    tasks, each with its own scratch."""
+    multiples of 16 (checked by the callers). The query heads of one KV head are computed together, so each
+    cell's K and V rows are read once for the group (from L1 for its other heads). Few tokens over many cells
+    (decode at depth) run in three passes whose work splits evenly over `n_threads` (`_attend_split`); else each
+    thread takes (token, KV head) groups round robin (`_attend_groups`)."""
+    n = q.shape[0]
+    if n == 0:
+        return
+    if n * n_head_kv < 2 * n_threads and n_cells.max() >= SPLIT_MIN_CELLS:
+        _attend_split(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, out, n_threads)
+    else:
+        _attend_groups(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, out, n_threads)
+
+
+@numba.njit(cache=True)
+def _query_f16(q, t, h, d_k, qv, row):
+    """qv[row] = head h of token t's query rounded to f16 (from_float of the f16 vec_dot_type)."""
+    for i in range(d_k):
+        qv[row, i] = round_f16(q[t, h * d_k + i])
+
+
+@numba.njit(cache=True)
+def _accumulate_v(v, cells, t, r0, r1, e, lanes, hk, d_v, j0, j1):
+    """lanes[r % 16, j0:j1] += f16(e[r]) * V[cells[t, r], head hk, j0:j1] over visible slots r0..r1-1, in order
+    (tinyBLAS's kqv lanes: lane = rank mod 16)."""
+    for r in range(r0, r1):
+        pr = round_f16(e[r])
+        if pr == 0:
+            continue  # adds an exact zero (fma(0, v, acc) = acc)
+        c, ln = cells[t, r], r % 16
+        for j in range(j0, j1, 16):
+            fstore16(lanes, ln, j - j0, ffma16s(fload16(lanes, ln, j - j0), hload16(v, c, hk * d_v + j), pr))
+
+
+@numba.njit(parallel=True, cache=True)
+def _attend_groups(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, out, n_threads):  # pragma: no cover
+    """`attend` with (token, KV head) groups dealt round robin to the threads (rows of a causal prefill see more
+    cells the later they come), each with its own scratch."""
     n = q.shape[0]
     d_k = q.shape[1] // n_head
     d_v = v.shape[1] // n_head_kv
     gqa = n_head // n_head_kv
-    n_p = n * n_head
-    n_chunks = max(min(n_chunks, n_p), 1)
-    m_max = (n_cells.max() + 63) // 64 * 64 if n > 0 else 64
-    for ch in numba.prange(n_chunks):
-        qv = np.empty((1, d_k), np.float32)
-        w_buf = np.zeros(m_max, np.float32)
-        e_buf = np.zeros(m_max, np.float32)
+    n_g = n * n_head_kv
+    n_tasks = max(min(n_threads, n_g), 1)
+    m_max = (n_cells.max() + 63) // 64 * 64
+    for task in numba.prange(n_tasks):
+        qv = np.empty((gqa, d_k), np.float32)
+        w_buf = np.zeros((gqa, m_max), np.float32)
+        e_buf = np.zeros((gqa, m_max), np.float32)
         lanes = np.empty((16, d_v), np.float32)
-        for p in range(ch, n_p, n_chunks):
-            t = p // n_head
-            h = p - t * n_head
-            hk = h // gqa
+        for p in range(task, n_g, n_tasks):
+            t = p // n_head_kv
+            hk = p - t * n_head_kv
             m = n_cells[t]
             m_pad = (m + 63) // 64 * 64
-            for i in range(d_k):
-                qv[0, i] = round_f16(q[t, h * d_k + i])  # from_float of the f16 vec_dot_type
-            w = w_buf[:m_pad]
+            for g in range(gqa):
+                _query_f16(q, t, hk * gqa + g, d_k, qv, g)
             for r in range(m):
-                w[r] = _score(qv, k, cells[t, r], hk * d_k, d_k) * scale + mask_add[t, r]
-            e = e_buf[:m_pad]
-            _soft_max(w, m, e)
+                c = cells[t, r]
+                for g in range(gqa):
+                    w_buf[g, r] = _score(qv[g : g + 1], k, c, hk * d_k, d_k) * scale + mask_add[t, r]
+            for g in range(gqa):
+                _soft_max(w_buf[g, :m_pad], m, e_buf[g, :m_pad])
+            for g in range(gqa):
+                lanes[:, :] = _F32(0.0)
+                _accumulate_v(v, cells, t, 0, m, e_buf[g], lanes, hk, d_v, 0, d_v)
+                _reduce_lanes(lanes, out, t, (hk * gqa + g) * d_v, d_v)
+
+
+@numba.njit(parallel=True, cache=True)
+def _split_scores(q, k, n_head, n_head_kv, cells, n_cells, mask_add, scale, w, n_blocks):  # pragma: no cover
+    """w[t, h, r] = scaled, masked kq of every visible slot, in (token, KV head, cell block) tasks."""
+    n = q.shape[0]
+    d_k = q.shape[1] // n_head
+    gqa = n_head // n_head_kv
+    for task in numba.prange(n * n_head_kv * n_blocks):
+        t = task // (n_head_kv * n_blocks)
+        hk = task // n_blocks % n_head_kv
+        b = task % n_blocks
+        m = n_cells[t]
+        r0, r1 = b * m // n_blocks, (b + 1) * m // n_blocks
+        qv = np.empty((gqa, d_k), np.float32)
+        for g in range(gqa):
+            _query_f16(q, t, hk * gqa + g, d_k, qv, g)
+        for r in range(r0, r1):
+            c = cells[t, r]
+            for g in range(gqa):
+                w[t, hk * gqa + g, r] = _score(qv[g : g + 1], k, c, hk * d_k, d_k) * scale + mask_add[t, r]
+
+
+@numba.njit(parallel=True, cache=True)
+def _split_soft_max(w, n_cells, e):  # pragma: no cover
+    """e[t, h] = ggml_vec_soft_max_f32 of w[t, h, :n_cells[t]], one task per (token, head)."""
+    n, n_head = w.shape[0], w.shape[1]
+    for task in numba.prange(n * n_head):
+        t, h = task // n_head, task % n_head
+        m = n_cells[t]
+        m_pad = (m + 63) // 64 * 64
+        _soft_max(w[t, h, :m_pad], m, e[t, h, :m_pad])
+
+
+@numba.njit(parallel=True, cache=True)
+def _split_values(v, n_head, n_head_kv, cells, n_cells, e, out, n_cols):  # pragma: no cover
+    """out = kqv in (token, KV head, column block) tasks: a block's columns of V summed in every slot's order,
+    as a whole row would be (each column's sum is its own)."""
+    n = e.shape[0]
+    d_v = v.shape[1] // n_head_kv
+    gqa = n_head // n_head_kv
+    width = d_v // n_cols
+    for task in numba.prange(n * n_head_kv * n_cols):
+        t = task // (n_head_kv * n_cols)
+        hk = task // n_cols % n_head_kv
+        j0 = task % n_cols * width
+        lanes = np.empty((16, width), np.float32)
+        for g in range(gqa):
+            h = hk * gqa + g
             lanes[:, :] = _F32(0.0)
-            for r in range(m):
-                pr = round_f16(e[r])
-                if pr == 0:
-                    continue  # adds an exact zero (fma(0, v, acc) = acc)
-                c, ln = cells[t, r], r % 16
-                for j in range(0, d_v, 16):
-                    fstore16(lanes, ln, j, ffma16s(fload16(lanes, ln, j), hload16(v, c, hk * d_v + j), pr))
-            _reduce_lanes(lanes, out, t, h * d_v, d_v)
+            _accumulate_v(v, cells, t, 0, n_cells[t], e[t, h], lanes, hk, d_v, j0, j0 + width)
+            _reduce_lanes(lanes, out, t, h * d_v + j0, width)
+
+
+@numba.njit(cache=True)
+def _attend_split(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, out, n_threads):  # pragma: no cover
+    """`attend` for few tokens over many cells: scores split over cell blocks, softmax per head, kqv split over
+    16-column blocks; the same sums in the same order as `_attend_groups`."""
+    n = q.shape[0]
+    d_v = v.shape[1] // n_head_kv
+    m_pad = (n_cells.max() + 63) // 64 * 64
+    w = np.empty((n, n_head, m_pad), np.float32)
+    e = np.empty((n, n_head, m_pad), np.float32)
+    groups = n * n_head_kv
+    n_blocks = 4 * n_threads  # a multiple of the threads: every thread gets as many blocks
+    _split_scores(q, k, n_head, n_head_kv, cells, n_cells, mask_add, scale, w, n_blocks)
+    _split_soft_max(w, n_cells, e)
+    n_cols = 1
+    while groups * n_cols < 2 * n_threads and d_v % (32 * n_cols) == 0:
+        n_cols *= 2
+    _split_values(v, n_head, n_head_kv, cells, n_cells, e, out, n_cols)

@@ -76,8 +76,10 @@ class WeightTable:
 class GraphPlan:
     """A graph placed and encoded for `run_program`, rerun for every ubatch of its shape."""
 
-    def __init__(self, prog, fprm, arena_size, vectors, ropes, logits: Tensor | None, embd: Tensor):
+    def __init__(self, prog, fprm, arena_size, vectors, ropes, logits: Tensor | None, embd: Tensor,
+                 layer_swa: tuple[bool, ...]):
         self.prog, self.fprm = prog, fprm  # (n_nodes, N_COLS) int64, (n_nodes, 1) float32
+        self.layer_swa = layer_swa  # (n_layer,) whether each layer's attention is a sliding-window one
         self.arena_size = max(arena_size, 1)  # floats of the buffer every intermediate lives in
         self.vectors = vectors  # (total,) float32: norm weights and biases, at the offsets the program names
         self.ropes = ropes  # RopeParams of each RoPE table
@@ -92,17 +94,21 @@ class GraphPlan:
         cos, sin = _rope_tables(self.ropes, pos)
         logits = np.empty(self.logits_shape or (0, 0), np.float32)
         out_embd = np.empty(self.embd_shape, np.float32)
-        view = attn.view
-        k_all, v_all = view.k_layers(), view.v_layers()
+        view, view_swa = attn.view, attn.view_swa
+        rows = np.array([(view_swa if swa else view).layer_row(il) for il, swa in enumerate(self.layer_swa)],
+                        np.int64)  # (n_layer,) each layer's row in its cache
         PROGRAMS[ops.kernel_path](
             self.prog, self.fprm, arena, logits.reshape(-1), out_embd.reshape(-1),
             np.ascontiguousarray(embd, np.float32).reshape(-1) if embd is not None else arena[:0],
             np.ascontiguousarray(token, np.int64) if token is not None else pos[:0], pos,
             np.ascontiguousarray(out_ids, np.int64), self.vectors, ops._gelu, cos, sin,
-            table.qs, table.qh, table.sc, table.mn, table.d, table.m, table.kind, ops.threads,
-            k_all.view(np.uint16), v_all.view(np.uint16), np.ascontiguousarray(view.idx, np.int64),
+            table.qs, table.qh, table.sc, table.mn, table.d, table.m, table.kind, ops.threads, rows,
+            view.k_layers().view(np.uint16), view.v_layers().view(np.uint16), np.ascontiguousarray(view.idx, np.int64),
             attn.vis.cells, attn.vis.n_cells, attn.vis.mask_add,
-            attn.vis_swa.cells, attn.vis_swa.n_cells, attn.vis_swa.mask_add,
+            view_swa.k_layers().view(np.uint16), view_swa.v_layers().view(np.uint16),
+            np.ascontiguousarray(view_swa.idx, np.int64),
+            np.ascontiguousarray(view_swa.real_cells(attn.vis_swa.cells), np.int64), attn.vis_swa.n_cells,
+            attn.vis_swa.mask_add,
         )
         return (logits if self.logits_shape is not None else None), out_embd
 
@@ -152,7 +158,9 @@ def plan_graph(graph: Graph, logits: Tensor | None, embd: Tensor, weight_index, 
         if id(t) not in last_use and place[id(t)][0] == ARENA:  # computed, never read
             arena.free(place[id(t)][1], t.rows * t.cols)
     vectors = np.concatenate(graph.vectors) if graph.vectors else np.zeros(0, np.float32)
-    return GraphPlan(prog, fprm, arena.high, vectors, list(graph.ropes), logits, embd)
+    swa = {t.params[0]: bool(t.params[1]) for t in nodes if t.op == "attn"}  # layer -> sliding-window
+    layer_swa = tuple(swa.get(il, False) for il in range(max(swa, default=-1) + 1))
+    return GraphPlan(prog, fprm, arena.high, vectors, list(graph.ropes), logits, embd, layer_swa)
 
 
 class _Arena:
@@ -306,9 +314,12 @@ def _store_kv(cache, il, cells, x, xo, xl, n, cols):
 
 @njit(cache=True)
 def _run(path, prog, fprm, arena, out_logits, out_embd, in_embd, tokens, pos, out_ids, vectors, gelu,
-                cos, sin, w_qs, w_qh, w_sc, w_mn, w_d, w_m, w_kind, n_threads, k_cache, v_cache, kv_cells,
-                cells, n_cells, mask_add, swa_cells, swa_n_cells, swa_mask_add):  # pragma: no cover - compiled
-    """Execute `prog` (module docstring) in order, with the matmul kernel of `path`."""
+                cos, sin, w_qs, w_qh, w_sc, w_mn, w_d, w_m, w_kind, n_threads, layer_rows,
+                k_cache, v_cache, kv_cells, cells, n_cells, mask_add,
+                swa_k_cache, swa_v_cache, swa_kv_cells, swa_cells, swa_n_cells, swa_mask_add):  # pragma: no cover
+    """Execute `prog` (module docstring) in order, with the matmul kernel of `path`. The attention of a layer
+    stores into and reads its cache (the SWA one for sliding-window layers: the same arrays when one cache holds
+    every layer) at row layer_rows[il]."""
     bufs = (arena, out_logits, out_embd, in_embd)
     no_table = gelu[:0]
     for s in range(prog.shape[0]):
@@ -323,18 +334,20 @@ def _run(path, prog, fprm, arena, out_logits, out_embd, in_embd, tokens, pos, ou
             _matmul(path, n_threads, w_kind[i], prog[s, P1] != 0, x, w_qs[i], w_qh[i], w_sc[i], w_mn[i], w_d[i],
                     w_m[i], out)
         elif op == ATTN:
-            il, n_head, n_head_kv = prog[s, P0], prog[s, P2], prog[s, P3]
+            row, n_head, n_head_kv = layer_rows[prog[s, P0]], prog[s, P2], prog[s, P3]
             c, co, cl = bufs[prog[s, CB]], prog[s, CO], prog[s, CL]
-            _store_kv(k_cache, il, kv_cells, b, bo, bl, n, k_cache.shape[2])
-            _store_kv(v_cache, il, kv_cells, c, co, cl, n, v_cache.shape[2])
             q = a[ao : ao + n * al].reshape((n, al))
             out = y[yo : yo + n * cols].reshape((n, cols))
             if prog[s, P1]:
-                attend(q, k_cache[il], v_cache[il], n_head, n_head_kv, swa_cells, swa_n_cells, swa_mask_add,
-                       fprm[s, 0], out, n_threads * 8)
+                _store_kv(swa_k_cache, row, swa_kv_cells, b, bo, bl, n, swa_k_cache.shape[2])
+                _store_kv(swa_v_cache, row, swa_kv_cells, c, co, cl, n, swa_v_cache.shape[2])
+                attend(q, swa_k_cache[row], swa_v_cache[row], n_head, n_head_kv, swa_cells, swa_n_cells,
+                       swa_mask_add, fprm[s, 0], out, n_threads)
             else:
-                attend(q, k_cache[il], v_cache[il], n_head, n_head_kv, cells, n_cells, mask_add, fprm[s, 0], out,
-                       n_threads * 8)
+                _store_kv(k_cache, row, kv_cells, b, bo, bl, n, k_cache.shape[2])
+                _store_kv(v_cache, row, kv_cells, c, co, cl, n, v_cache.shape[2])
+                attend(q, k_cache[row], v_cache[row], n_head, n_head_kv, cells, n_cells, mask_add, fprm[s, 0], out,
+                       n_threads)
         elif op == RMS_NORM:
             w = vectors[prog[s, P0] : prog[s, P0] + prog[s, P1]]
             if n >= PAR_ROWS:

@@ -58,7 +58,10 @@ class FastOps(ReferenceOps):
     def compute_graph(self, build, model, token, embd, pos, attn, rope, out_ids, want_logits):
         """`build(model, ops, ...)` as one compiled program, planned on the first ubatch of its shape and rerun
         for the next ones (llama.cpp's graph reuse); op by op where the executor lacks something it uses."""
-        if not _runs_as_graph(attn) or isinstance(model, AdaptedModel):  # LoRA: op by op (lora_matmuls)
+        # op by op: LoRA (lora_matmuls), and one token under ggml_single_row (the reference attention kernel has
+        # ggml's single-row order, the program's attention the row-invariant one)
+        single = self.ggml_single_row and len(pos) == 1
+        if not _runs_as_graph(attn) or isinstance(model, AdaptedModel) or single:
             return build(model, self, token, embd, pos, attn, rope, out_ids, want_logits)
         key = (build, model, len(pos), len(out_ids), token is None, want_logits)
         if key not in self._plans:
@@ -144,7 +147,7 @@ class FastOps(ReferenceOps):
         out = np.empty((n, n_head * d_v), np.float32)  # (n, n_head * d_v)
         attend(np.ascontiguousarray(q, np.float32).reshape(n, -1), kv.k_stored(il).view(np.uint16),
                kv.v_stored(il).view(np.uint16), n_head, kv.n_embd_k_gqa // q.shape[-1], vis.cells, vis.n_cells,
-               vis.mask_add, np.float32(kq_scale), out, self.threads * 8)
+               vis.mask_add, np.float32(kq_scale), out, self.threads)
         return out
 
     def get_rows(self, weight, ids: np.ndarray) -> np.ndarray:
@@ -157,15 +160,17 @@ class FastOps(ReferenceOps):
 
 
 def _runs_as_graph(attn) -> bool:
-    """Whether the executor has this attention input: one KV cache view (models.graph.KVAttention over a
-    KVView; other memories, e.g. an iSWA pair of caches, run op by op) in f16, without flash attention."""
+    """Whether the executor has this attention input: KV cache views (models.graph.KVAttention over KVViews: one
+    cache holding every layer, or an iSWA pair whose SWA view may be rotated) in f16, without flash attention;
+    other memories (recurrent, hybrid) and quantized caches run op by op."""
     if not isinstance(attn, KVAttention) or attn.flash:
         return False
-    view = attn.view
-    # one plain view of a cache that holds every layer: an iSWA pair (view_swa), a cache of some layers only
-    # or a rotated SWA view would make the program index the wrong layer's or cell's rows
-    return (type(view) is KVView and attn.view_swa is view and view.k_layers().shape[0] == attn.hp.n_layer
-            and view.type_k == "f16" and view.type_v == "f16")
+    views = (attn.view, attn.view_swa)
+    if not all(isinstance(v, KVView) and v.type_k == "f16" and v.type_v == "f16" for v in views):
+        return False
+    # each layer in the cache its kind reads (the program indexes a cache's rows by layer)
+    hp = attn.hp
+    return all((attn.view_swa if hp.is_swa(il) else attn.view).layer_row(il) >= 0 for il in range(hp.n_layer))
 
 
 def _column_ranges(weights) -> tuple[tuple[int, int], ...]:
