@@ -28,7 +28,7 @@ class SamplingParamsError(LlamactxError, ValueError):
 # Below this many candidates a full stable argsort is cheaper than a threshold search.
 _SMALL_SORT = 2048
 # Up to this k the one-pass scan of kernels.py beats the threshold search (measured on a 49k vocabulary).
-_SCAN_MAX_K = 64
+_SCAN_MAX_K = 128
 
 
 @dataclass(slots=True)
