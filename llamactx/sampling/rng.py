@@ -80,7 +80,7 @@ class StdMt19937:
 
     def uniform(self) -> float:
         """`std::uniform_real_distribution<double>(0, 1)`: generate_canonical<double, 53> from two draws."""
-        lo, hi = self._bitgen.random_raw(2)
+        lo, hi = self._bitgen.random_raw(2).tolist()  # python ints: cheaper than numpy scalars
         r = (float(lo) + float(hi) * _TWO_32) / (_TWO_32 * _TWO_32)
         return _ONE_BELOW_F64 if r >= 1.0 else r
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from llamactx.sampling.kernels import dist_pick, min_p_cut, top_p_cut
 from llamactx.sampling.rng import LLAMA_DEFAULT_SEED, StdMt19937, check_seed, get_rng_seed
 from llamactx.sampling.token_data import Sampler, SamplingParamsError, TokenDataArray, find_tokens, ordered_prefix
 
@@ -118,11 +119,16 @@ class DistSampler(SamplerBase):
             return
         max_l = cur.logits[0] if cur.sorted else cur.logits.max()
         p = np.exp(cur.logits - max_l)  # (n,) float32, as expf
-        cum = np.cumsum(p, dtype=np.float64)  # (n,) sequential double sum, as llama.cpp
-        total = cum[-1]
-        i = int(np.searchsorted(cum, total * self.rng.uniform(), side="left"))
-        cur.selected = min(i, n - 1)
-        cur.probs = (p / total).astype(F32)
+        u = self.rng.uniform()
+        probs = np.empty(n, dtype=F32)  # (n,)
+        i = dist_pick(p, u, probs)  # sequential double sums, as llama.cpp
+        if i < 0:  # a NaN total: numpy's searchsorted places NaNs, keep its answer
+            cum = np.cumsum(p, dtype=np.float64)  # (n,)
+            total = cum[-1]
+            i = min(int(np.searchsorted(cum, total * u, side="left")), n - 1)
+            probs = (p / total).astype(F32)
+        cur.selected = i
+        cur.probs = probs
 
 
 @dataclass(slots=True)
@@ -179,9 +185,8 @@ class TopPSampler(SamplerBase):
         return "top-p" if self.p < 1.0 else "?top-p"
 
     def _cut(self, probs: np.ndarray) -> int | None:
-        cum = np.cumsum(probs, dtype=F32)  # (k,) sequential float sum, as llama.cpp
-        i = _first((cum >= self.p) & (np.arange(1, cum.shape[0] + 1) >= self.min_keep))
-        return None if i is None else i + 1
+        last = top_p_cut(probs, self.p, self.min_keep)  # sequential float32 sum, as llama.cpp
+        return None if last < 0 else last
 
     def apply(self, cur: TokenDataArray) -> None:
         if self.p >= 1.0:
@@ -227,10 +232,8 @@ class MinPSampler(SamplerBase):
                 cur.keep(mask)
                 return
             cur.sort()
-        stop = (cur.logits < cur.logits[0] + log_p) & (np.arange(cur.size) >= self.min_keep)
-        stop[0] = False  # the first token always matches
-        i = _first(stop)
-        cur.keep(slice(0, cur.size if i is None else i))
+        # the first token always matches; cut at the first later one below max + log(p)
+        cur.keep(slice(0, min_p_cut(cur.logits, cur.logits[0] + log_p, self.min_keep)))
 
 
 @dataclass(slots=True)

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from llamactx.errors import LlamactxError
+from llamactx.sampling.kernels import top_k_scan
 
 
 class SamplingParamsError(LlamactxError, ValueError):
@@ -25,6 +27,8 @@ class SamplingParamsError(LlamactxError, ValueError):
 
 # Below this many candidates a full stable argsort is cheaper than a threshold search.
 _SMALL_SORT = 2048
+# Up to this k the one-pass scan of kernels.py beats the threshold search (measured on a 49k vocabulary).
+_SCAN_MAX_K = 128
 
 
 @dataclass(slots=True)
@@ -46,12 +50,14 @@ class TokenDataArray:
     def from_logits(cls, logits: np.ndarray) -> TokenDataArray:
         """All tokens of a vocabulary in id order, from one row of logits (copied: samplers write into it).
 
-        Raises ValueError if `logits` is not one-dimensional or is empty.
+        `ids` is a shared read-only 0..n_vocab-1 (building it costs more than the copy of the row): samplers
+        replace `ids` (`keep`), they never write into it. Raises ValueError if `logits` is not one-dimensional
+        or is empty.
         """
         row = np.array(logits, dtype=np.float32, copy=True)  # (n_vocab,)
         if row.ndim != 1 or row.shape[0] == 0:
             raise ValueError(f"logits: expected a non-empty 1-D array, got shape {row.shape}")
-        return cls(np.arange(row.shape[0], dtype=np.int32), row)
+        return cls(_vocab_ids(row.shape[0]), row)
 
     @property
     def size(self) -> int:
@@ -99,13 +105,26 @@ class TokenDataArray:
         return p
 
 
+@lru_cache(maxsize=4)
+def _vocab_ids(n: int) -> np.ndarray:
+    """0..n-1 as int32, read-only (one per vocabulary size, built once)."""
+    ids = np.arange(n, dtype=np.int32)  # (n,)
+    ids.flags.writeable = False
+    return ids
+
+
 def top_order(x: np.ndarray, k: int) -> np.ndarray:
     """Indices of the `k` largest values of `x`, descending; ties in index order. No full sort of a large `x`.
 
-    A strided subsample's k-th largest value is a lower bound for the k-th largest of `x`, so everything at or
-    above it is a small candidate set that contains the answer; only that set is sorted.
+    A small `k` is one pass of kernels.top_k_scan. Otherwise (or when the scan gives up: NaNs, values in
+    ascending order) a strided subsample's k-th largest value is a lower bound for the k-th largest of `x`, so
+    everything at or above it is a small candidate set that contains the answer; only that set is sorted.
     """
     n = x.shape[0]
+    if 0 < k <= _SCAN_MAX_K and k < n and x.dtype == np.float32 and x.flags.c_contiguous:
+        order, ok = top_k_scan(x, k, 16 * k + 256)  # (k,)
+        if ok:
+            return order
     if k >= n or n <= _SMALL_SORT:
         return np.argsort(-x, kind="stable")[:k]
     if k <= 0:
