@@ -26,7 +26,7 @@ from llamactx.engine.scheduler import Scheduled, Scheduler
 from llamactx.engine.sequence import Chunk, EngineError, Limits, Sequence
 from llamactx.memory import MemoryOpError
 from llamactx.model import Model
-from llamactx.sampling import SamplerChain
+from llamactx.sampling import SamplerChain, SamplingParams
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,12 +70,15 @@ class Engine:
         self.stats = EngineStats()
 
     def warmup(self) -> None:
-        """Decode a 2-token and a 1-token batch and forget them, so that the kernels are compiled or loaded from
-        numba's cache before the first request (llama-server's warmup run)."""
+        """Decode a 2-token and a 1-token batch and forget them, and sample once with the default chain, so that
+        the kernels are compiled or loaded from numba's cache before the first request (llama-server's warmup
+        run)."""
         ctx = self.ctx
         ctx.decode(Batch.get_one([self.model.vocab.bos if self.model.vocab.bos >= 0 else 0] * 2))
         ctx.decode(Batch.get_one([0]))
         ctx.memory.clear(data=False)
+        n_vocab = self.model.hparams.n_vocab
+        SamplerChain.default(SamplingParams(), n_vocab).sample_logits(np.zeros(n_vocab, np.float32))
 
     def set_adapters_lora(self, adapters) -> None:
         """The LoRA adapters ((LoraAdapter, scale) pairs) that every following step applies, to every slot
