@@ -27,13 +27,14 @@ def _seq_batch(parts, outputs="last") -> Batch:
     return batch
 
 
-def _server_steps(model, ops, swa_full=True) -> list[np.ndarray]:
+def _server_steps(model, ops, swa_full=True, flash_attn="disabled") -> list[np.ndarray]:
     """Logits of: prompts of 3 sequences, then steps of their next tokens plus chunks of a 4th sequence's prompt,
     with a sequence removed between steps so that later cells are reused out of order. swa_full: one cache for
     every layer; False: Gemma's iSWA pair of caches)."""
     rng = np.random.default_rng(3)
     tok = lambda n: rng.integers(0, 2000, n).tolist()  # noqa: E731
-    ctx = Context(model, ContextParams(n_ctx=256, n_seq_max=4, kv_unified=True, swa_full=swa_full), ops=ops)
+    ctx = Context(model, ContextParams(n_ctx=256, n_seq_max=4, kv_unified=True, swa_full=swa_full,
+                                       flash_attn=flash_attn), ops=ops)
     out = []
     steps = [
         [(0, tok(9), 0), (1, tok(5), 0), (2, tok(12), 0)],
@@ -68,6 +69,18 @@ def test_iswa_memory_runs_as_a_graph_with_the_reference_bits(gemma):
     window, where the SWA cache wraps and its views are rotated.)"""
     fast, ctx = _server_steps(gemma, None, swa_full=False)
     ref, _ = _server_steps(gemma, ReferenceOps(), swa_full=False)
+    for got, want in zip(fast, ref, strict=True):
+        assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist()
+    assert ctx.ops._plans and all(entry is not None for entry in ctx.ops._plans.values())
+
+
+@pytest.mark.parametrize("name", ["smollm", "gemma"])
+def test_graph_flash_attention_gives_the_reference_bits(request, name):
+    """Flash attention inside the program (flash_attn_rows: the tiled kernel's arithmetic for every token) against
+    the reference ops' flash attention, on the server-style steps (Gemma on its iSWA caches)."""
+    model = request.getfixturevalue(name)
+    fast, ctx = _server_steps(model, None, swa_full=False, flash_attn="enabled")
+    ref, _ = _server_steps(model, ReferenceOps(), swa_full=False, flash_attn="enabled")
     for got, want in zip(fast, ref, strict=True):
         assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist()
     assert ctx.ops._plans and all(entry is not None for entry in ctx.ops._plans.values())

@@ -19,6 +19,7 @@ from numba import njit, prange, typed, types
 from numba.extending import overload
 
 from llamactx.ggml import vec as ggml_vec
+from llamactx.ggml.flash_attn import flash_attn_rows
 from llamactx.ggml.graph import Graph, GraphUnsupported, Tensor
 from llamactx.ggml.intrinsics import f16_bits
 from llamactx.ggml.kernels.attention import attend
@@ -102,7 +103,7 @@ class GraphPlan:
             np.ascontiguousarray(embd, np.float32).reshape(-1) if embd is not None else arena[:0],
             np.ascontiguousarray(token, np.int64) if token is not None else pos[:0], pos,
             np.ascontiguousarray(out_ids, np.int64), self.vectors, ops._gelu, cos, sin,
-            table.qs, table.qh, table.sc, table.mn, table.d, table.m, table.kind, ops.threads, rows,
+            table.qs, table.qh, table.sc, table.mn, table.d, table.m, table.kind, ops.threads, attn.flash, rows,
             view.k_layers().view(np.uint16), view.v_layers().view(np.uint16), np.ascontiguousarray(view.idx, np.int64),
             attn.vis.cells, attn.vis.n_cells, attn.vis.mask_add,
             view_swa.k_layers().view(np.uint16), view_swa.v_layers().view(np.uint16),
@@ -314,12 +315,13 @@ def _store_kv(cache, il, cells, x, xo, xl, n, cols):
 
 @njit(cache=True)
 def _run(path, prog, fprm, arena, out_logits, out_embd, in_embd, tokens, pos, out_ids, vectors, gelu,
-                cos, sin, w_qs, w_qh, w_sc, w_mn, w_d, w_m, w_kind, n_threads, layer_rows,
+                cos, sin, w_qs, w_qh, w_sc, w_mn, w_d, w_m, w_kind, n_threads, flash, layer_rows,
                 k_cache, v_cache, kv_cells, cells, n_cells, mask_add,
                 swa_k_cache, swa_v_cache, swa_kv_cells, swa_cells, swa_n_cells, swa_mask_add):  # pragma: no cover
     """Execute `prog` (module docstring) in order, with the matmul kernel of `path`. The attention of a layer
     stores into and reads its cache (the SWA one for sliding-window layers: the same arrays when one cache holds
-    every layer) at row layer_rows[il]."""
+    every layer) at row layer_rows[il]; `flash`: ggml's flash attention (flash_attn_rows) instead of
+    kq / softmax / kqv."""
     bufs = (arena, out_logits, out_embd, in_embd)
     no_table = gelu[:0]
     for s in range(prog.shape[0]):
@@ -341,13 +343,21 @@ def _run(path, prog, fprm, arena, out_logits, out_embd, in_embd, tokens, pos, ou
             if prog[s, P1]:
                 _store_kv(swa_k_cache, row, swa_kv_cells, b, bo, bl, n, swa_k_cache.shape[2])
                 _store_kv(swa_v_cache, row, swa_kv_cells, c, co, cl, n, swa_v_cache.shape[2])
-                attend(q, swa_k_cache[row], swa_v_cache[row], n_head, n_head_kv, swa_cells, swa_n_cells,
-                       swa_mask_add, fprm[s, 0], out, n_threads)
+                if flash:
+                    flash_attn_rows(q, swa_k_cache[row], swa_v_cache[row], n_head, n_head_kv, swa_cells, swa_n_cells,
+                                    swa_mask_add, fprm[s, 0], out)
+                else:
+                    attend(q, swa_k_cache[row], swa_v_cache[row], n_head, n_head_kv, swa_cells, swa_n_cells,
+                           swa_mask_add, fprm[s, 0], out, n_threads)
             else:
                 _store_kv(k_cache, row, kv_cells, b, bo, bl, n, k_cache.shape[2])
                 _store_kv(v_cache, row, kv_cells, c, co, cl, n, v_cache.shape[2])
-                attend(q, k_cache[row], v_cache[row], n_head, n_head_kv, cells, n_cells, mask_add, fprm[s, 0], out,
-                       n_threads)
+                if flash:
+                    flash_attn_rows(q, k_cache[row], v_cache[row], n_head, n_head_kv, cells, n_cells, mask_add,
+                                    fprm[s, 0], out)
+                else:
+                    attend(q, k_cache[row], v_cache[row], n_head, n_head_kv, cells, n_cells, mask_add, fprm[s, 0],
+                           out, n_threads)
         elif op == RMS_NORM:
             w = vectors[prog[s, P0] : prog[s, P0] + prog[s, P1]]
             if n >= PAR_ROWS:

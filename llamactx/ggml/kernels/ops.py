@@ -58,9 +58,9 @@ class FastOps(ReferenceOps):
     def compute_graph(self, build, model, token, embd, pos, attn, rope, out_ids, want_logits):
         """`build(model, ops, ...)` as one compiled program, planned on the first ubatch of its shape and rerun
         for the next ones (llama.cpp's graph reuse); op by op where the executor lacks something it uses."""
-        # op by op: LoRA (lora_matmuls), and one token under ggml_single_row (the reference attention kernel has
-        # ggml's single-row order, the program's attention the row-invariant one)
-        single = self.ggml_single_row and len(pos) == 1
+        # op by op: LoRA (lora_matmuls), and under ggml_single_row one token or flash attention (the reference
+        # kernels pick ggml's order from the shape, the program's attention is the row-invariant one)
+        single = self.ggml_single_row and (len(pos) == 1 or getattr(attn, "flash", False))
         if not _runs_as_graph(attn) or isinstance(model, AdaptedModel) or single:
             return build(model, self, token, embd, pos, attn, rope, out_ids, want_logits)
         key = (build, model, len(pos), len(out_ids), token is None, want_logits)
@@ -161,9 +161,9 @@ class FastOps(ReferenceOps):
 
 def _runs_as_graph(attn) -> bool:
     """Whether the executor has this attention input: KV cache views (models.graph.KVAttention over KVViews: one
-    cache holding every layer, or an iSWA pair whose SWA view may be rotated) in f16, without flash attention;
-    other memories (recurrent, hybrid) and quantized caches run op by op."""
-    if not isinstance(attn, KVAttention) or attn.flash:
+    cache holding every layer, or an iSWA pair whose SWA view may be rotated) in f16, with or without flash
+    attention; other memories (recurrent, hybrid) and quantized caches run op by op."""
+    if not isinstance(attn, KVAttention):
         return False
     views = (attn.view, attn.view_swa)
     if not all(isinstance(v, KVView) and v.type_k == "f16" and v.type_v == "f16" for v in views):
