@@ -181,8 +181,8 @@ def _resolve(p: ContextParams, hp: HParams, flash: str) -> ResolvedParams:
     attn_factor = _yarn_attn_factor(p.yarn_attn_factor if p.yarn_attn_factor >= 0 else hp.yarn_attn_factor,
                                     ext_factor, freq_scale, hp.rope_yarn_log_mul, hp.rope_attn_factor)
     # A quantized V cache needs flash attention in llama.cpp; "auto" picks it exactly then. llama.cpp's "auto" is
-    # on for every CPU model; here it stays off for f16 caches until the compiled forward runs flash attention
-    # (op by op it would be slower overall; docs/numerics.md).
+    # on for every CPU model; here it stays off for f16 caches: the compiled forward runs flash attention, but its
+    # single-token decode (the row-invariant tiled arithmetic) is ~3x slower at depth (docs/numerics.md).
     flash_attn = flash == "enabled" or (flash == "auto" and p.type_v not in ("f16", "f32"))
     if flash == "disabled" and p.type_v not in ("f16", "f32"):
         raise ContextParamsError(f"type_v = {p.type_v!r} requires flash_attn (got flash_attn = 'disabled')")

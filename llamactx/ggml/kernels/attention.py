@@ -5,8 +5,10 @@ kq in tinyBLAS order (16 FMA lanes over the head dimension, `_mm512_reduce_add_p
 probabilities rounded to f16, kqv in tinyBLAS order over the token's visible cells by rank (lane = rank mod 16).
 Here the lanes are 512-bit registers (wide.py): a cell's key row is read as f16 and widened in registers, its
 value row is added into the 16 lane rows with one FMA per 16 dimensions, and only the cells a token sees are read,
-wherever they sit in the cache, so attention over many sequences costs what their own cells cost. Parallel over
-(token, head) pairs, dealt round robin (rows of a causal prefill see more cells the later they come).
+wherever they sit in the cache, so attention over many sequences costs what their own cells cost. The query heads
+of one KV head are computed together (a cell's K and V rows are read once for the group). Parallel over (token, KV
+head) groups dealt round robin (rows of a causal prefill see more cells the later they come); a few tokens over
+many cells (decode at depth) split their cells and columns into even blocks instead.
 """
 
 from __future__ import annotations
