@@ -15,8 +15,8 @@ from __future__ import annotations
 import threading
 
 import numpy as np
-from numba import njit, prange, typed, types
-from numba.extending import overload
+from numba import carray, njit, prange, types
+from numba.extending import intrinsic, overload
 
 from llamactx.ggml import vec as ggml_vec
 from llamactx.ggml.flash_attn import flash_attn_rows
@@ -44,18 +44,20 @@ PAR_ROWS = 8  # elementwise nodes of at least this many rows run on the thread p
 
 # --- the weights a program reads --------------------------------------------------------------------------------
 
-_RO_U8 = types.Array(types.uint8, 2, "C", readonly=True)
-_RO_F32 = types.Array(types.float32, 2, "C", readonly=True)
+_SLOTS = ("qs", "qh", "sc", "mn", "d", "m")  # PackedWeight's arrays: four uint8, two float32, each 2-D C-contiguous
 
 
 class WeightTable:
-    """The packed matrices of one model as numba lists (one per slot), indexed by the programs of every context;
-    entries are added under a lock as graphs reference them."""
+    """The packed matrices of one model, indexed by the programs of every context: `meta` (n, 6, 3) int64 holds
+    each matrix's arrays as (address, rows, columns) in `_SLOTS` order, `kind` (n,) its ggml type. The table keeps
+    the arrays alive; a program views them by address (`_weight`), since numba types a list argument on every call
+    (~60 us per typed.List) but an int64 array in well under a microsecond. Entries are added under a lock as
+    graphs reference them."""
 
     def __init__(self) -> None:
-        self.qs, self.qh, self.sc, self.mn = (typed.List.empty_list(_RO_U8) for _ in range(4))
-        self.d, self.m = typed.List.empty_list(_RO_F32), typed.List.empty_list(_RO_F32)
+        self.meta = np.zeros((0, len(_SLOTS), 3), np.int64)
         self.kind = np.zeros(0, np.int64)
+        self._arrays: list[np.ndarray] = []  # every array `meta` points into
         self._index: dict[tuple[str, ...], int] = {}
         self._lock = threading.Lock()
 
@@ -64,11 +66,52 @@ class WeightTable:
         with self._lock:
             if names not in self._index:
                 pw = packed()
-                for slot in ("qs", "qh", "sc", "mn", "d", "m"):
-                    getattr(self, slot).append(getattr(pw, slot))
+                row = np.zeros((1, len(_SLOTS), 3), np.int64)
+                for j, slot in enumerate(_SLOTS):
+                    a = getattr(pw, slot)
+                    want = np.uint8 if j < 4 else np.float32
+                    if a.ndim != 2 or a.dtype != want or not a.flags.c_contiguous:
+                        raise GraphUnsupported(f"packed {slot} of {names[0]!r}: {a.dtype} {a.shape}")
+                    self._arrays.append(a)
+                    row[0, j] = (a.ctypes.data, a.shape[0], a.shape[1])
+                self.meta = np.concatenate([self.meta, row])
                 self.kind = np.append(self.kind, pw.ggml_type)
                 self._index[names] = len(self._index)
             return self._index[names]
+
+
+@intrinsic
+def _u8_at(typingctx, address):
+    """The uint8 pointer at an int64 address."""
+    sig = types.CPointer(types.uint8)(types.int64)
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
+
+    return sig, codegen
+
+
+@intrinsic
+def _f32_at(typingctx, address):
+    """The float32 pointer at an int64 address."""
+    sig = types.CPointer(types.float32)(types.int64)
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
+
+    return sig, codegen
+
+
+@njit(cache=True)
+def _weight(meta, i):
+    """Entry i of a WeightTable's `meta` as its six arrays (views of the memory the table keeps alive)."""
+    qs = carray(_u8_at(meta[i, 0, 0]), (meta[i, 0, 1], meta[i, 0, 2]))
+    qh = carray(_u8_at(meta[i, 1, 0]), (meta[i, 1, 1], meta[i, 1, 2]))
+    sc = carray(_u8_at(meta[i, 2, 0]), (meta[i, 2, 1], meta[i, 2, 2]))
+    mn = carray(_u8_at(meta[i, 3, 0]), (meta[i, 3, 1], meta[i, 3, 2]))
+    d = carray(_f32_at(meta[i, 4, 0]), (meta[i, 4, 1], meta[i, 4, 2]))
+    m = carray(_f32_at(meta[i, 5, 0]), (meta[i, 5, 1], meta[i, 5, 2]))
+    return qs, qh, sc, mn, d, m
 
 
 # --- planning (ggml-alloc) ------------------------------------------------------------------------------------
@@ -103,7 +146,7 @@ class GraphPlan:
             np.ascontiguousarray(embd, np.float32).reshape(-1) if embd is not None else arena[:0],
             np.ascontiguousarray(token, np.int64) if token is not None else pos[:0], pos,
             np.ascontiguousarray(out_ids, np.int64), self.vectors, ops._gelu, cos, sin,
-            table.qs, table.qh, table.sc, table.mn, table.d, table.m, table.kind, ops.threads, attn.flash, rows,
+            table.meta, table.kind, ops.threads, attn.flash, rows,
             view.k_layers().view(np.uint16), view.v_layers().view(np.uint16), np.ascontiguousarray(view.idx, np.int64),
             attn.vis.cells, attn.vis.n_cells, attn.vis.mask_add,
             view_swa.k_layers().view(np.uint16), view_swa.v_layers().view(np.uint16),
@@ -315,7 +358,7 @@ def _store_kv(cache, il, cells, x, xo, xl, n, cols):
 
 @njit(cache=True)
 def _run(path, prog, fprm, arena, out_logits, out_embd, in_embd, tokens, pos, out_ids, vectors, gelu,
-                cos, sin, w_qs, w_qh, w_sc, w_mn, w_d, w_m, w_kind, n_threads, flash, layer_rows,
+                cos, sin, w_meta, w_kind, n_threads, flash, layer_rows,
                 k_cache, v_cache, kv_cells, cells, n_cells, mask_add,
                 swa_k_cache, swa_v_cache, swa_kv_cells, swa_cells, swa_n_cells, swa_mask_add):  # pragma: no cover
     """Execute `prog` (module docstring) in order, with the matmul kernel of `path`. The attention of a layer
@@ -333,8 +376,8 @@ def _run(path, prog, fprm, arena, out_logits, out_embd, in_embd, tokens, pos, ou
             i = prog[s, P0]
             x = a[ao : ao + n * al].reshape((n, al))
             out = y[yo : yo + n * cols].reshape((n, cols))
-            _matmul(path, n_threads, w_kind[i], prog[s, P1] != 0, x, w_qs[i], w_qh[i], w_sc[i], w_mn[i], w_d[i],
-                    w_m[i], out)
+            qs, qh, sc, mn, d, m = _weight(w_meta, i)
+            _matmul(path, n_threads, w_kind[i], prog[s, P1] != 0, x, qs, qh, sc, mn, d, m, out)
         elif op == ATTN:
             row, n_head, n_head_kv = layer_rows[prog[s, P0]], prog[s, P2], prog[s, P3]
             c, co, cl = bufs[prog[s, CB]], prog[s, CO], prog[s, CL]
@@ -397,7 +440,8 @@ def _run(path, prog, fprm, arena, out_logits, out_embd, in_embd, tokens, pos, ou
                     y[yo + r * yl + j] = a[ao + out_ids[r] * al + j]
         elif op == GET_ROWS:
             i = prog[s, P0]
-            rows_q8_0_x4(w_qs[i], w_sc[i], tokens, y[yo : yo + n * cols].reshape((n, cols)))
+            qs, _, sc, _, _, _ = _weight(w_meta, i)
+            rows_q8_0_x4(qs, sc, tokens, y[yo : yo + n * cols].reshape((n, cols)))
 
 
 # One entry point per path, the path a global constant (a Tag argument would cost the dispatcher a Python typeof).
