@@ -81,20 +81,9 @@ class WeightTable:
 
 
 @intrinsic
-def _u8_at(typingctx, address):
-    """The uint8 pointer at an int64 address."""
-    sig = types.CPointer(types.uint8)(types.int64)
-
-    def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
-
-    return sig, codegen
-
-
-@intrinsic
-def _f32_at(typingctx, address):
-    """The float32 pointer at an int64 address."""
-    sig = types.CPointer(types.float32)(types.int64)
+def _pointer_at(typingctx, address, dtype):
+    """The pointer to `dtype` scalars (np.uint8, np.float32) at an int64 address."""
+    sig = types.CPointer(dtype.dtype)(types.int64, dtype)
 
     def codegen(context, builder, signature, args):
         return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
@@ -103,15 +92,17 @@ def _f32_at(typingctx, address):
 
 
 @njit(cache=True)
+def _slot(meta, i, j, dtype):
+    """Array j of WeightTable entry i (a view of memory the table keeps alive)."""
+    return carray(_pointer_at(meta[i, j, 0], dtype), (meta[i, j, 1], meta[i, j, 2]))
+
+
+@njit(cache=True)
 def _weight(meta, i):
-    """Entry i of a WeightTable's `meta` as its six arrays (views of the memory the table keeps alive)."""
-    qs = carray(_u8_at(meta[i, 0, 0]), (meta[i, 0, 1], meta[i, 0, 2]))
-    qh = carray(_u8_at(meta[i, 1, 0]), (meta[i, 1, 1], meta[i, 1, 2]))
-    sc = carray(_u8_at(meta[i, 2, 0]), (meta[i, 2, 1], meta[i, 2, 2]))
-    mn = carray(_u8_at(meta[i, 3, 0]), (meta[i, 3, 1], meta[i, 3, 2]))
-    d = carray(_f32_at(meta[i, 4, 0]), (meta[i, 4, 1], meta[i, 4, 2]))
-    m = carray(_f32_at(meta[i, 5, 0]), (meta[i, 5, 1], meta[i, 5, 2]))
-    return qs, qh, sc, mn, d, m
+    """Entry i of a WeightTable's `meta` as its six arrays (`_SLOTS`)."""
+    u8, f32 = np.uint8, np.float32
+    return (_slot(meta, i, 0, u8), _slot(meta, i, 1, u8), _slot(meta, i, 2, u8), _slot(meta, i, 3, u8),
+            _slot(meta, i, 4, f32), _slot(meta, i, 5, f32))
 
 
 # --- planning (ggml-alloc) ------------------------------------------------------------------------------------
