@@ -71,10 +71,29 @@ def attend(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, out, n_t
 
 
 @numba.njit(cache=True)
-def _query_f16(q, t, h, d_k, qv, row):
-    """qv[row] = head h of token t's query rounded to f16 (from_float of the f16 vec_dot_type)."""
-    for i in range(d_k):
-        qv[row, i] = round_f16(q[t, h * d_k + i])
+def _group_scores(q, k, cells, mask_add, scale, t, hk, r0, r1, qv, w):
+    """w[g, r] = scaled, masked kq of visible slots r0..r1-1 for the query heads g of KV head hk (qv (gqa, d_k):
+    scratch for the queries rounded to f16, from_float of the f16 vec_dot_type); each cell's K row is read once
+    for the group."""
+    gqa, d_k = qv.shape
+    for g in range(gqa):
+        for i in range(d_k):
+            qv[g, i] = round_f16(q[t, (hk * gqa + g) * d_k + i])
+    for r in range(r0, r1):
+        c = cells[t, r]
+        for g in range(gqa):
+            w[g, r] = _score(qv[g : g + 1], k, c, hk * d_k, d_k) * scale + mask_add[t, r]
+
+
+@numba.njit(cache=True)
+def _group_values(v, cells, t, hk, d_v, m, e, lanes, out, j0):
+    """out[t, columns j0 : j0 + width of each query head g of KV head hk] = kqv over visible slots 0..m-1 from the
+    probabilities e (gqa, >= m); lanes (16, width) scratch."""
+    gqa, width = e.shape[0], lanes.shape[1]
+    for g in range(gqa):
+        lanes[:, :] = _F32(0.0)
+        _accumulate_v(v, cells, t, 0, m, e[g], lanes, hk, d_v, j0, j0 + width)
+        _reduce_lanes(lanes, out, t, (hk * gqa + g) * d_v + j0, width)
 
 
 @numba.njit(cache=True)
@@ -111,18 +130,10 @@ def _attend_groups(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, 
             hk = p - t * n_head_kv
             m = n_cells[t]
             m_pad = (m + 63) // 64 * 64
-            for g in range(gqa):
-                _query_f16(q, t, hk * gqa + g, d_k, qv, g)
-            for r in range(m):
-                c = cells[t, r]
-                for g in range(gqa):
-                    w_buf[g, r] = _score(qv[g : g + 1], k, c, hk * d_k, d_k) * scale + mask_add[t, r]
+            _group_scores(q, k, cells, mask_add, scale, t, hk, 0, m, qv, w_buf)
             for g in range(gqa):
                 _soft_max(w_buf[g, :m_pad], m, e_buf[g, :m_pad])
-            for g in range(gqa):
-                lanes[:, :] = _F32(0.0)
-                _accumulate_v(v, cells, t, 0, m, e_buf[g], lanes, hk, d_v, 0, d_v)
-                _reduce_lanes(lanes, out, t, (hk * gqa + g) * d_v, d_v)
+            _group_values(v, cells, t, hk, d_v, m, e_buf, lanes, out, 0)
 
 
 @numba.njit(parallel=True, cache=True)
@@ -138,12 +149,7 @@ def _split_scores(q, k, n_head, n_head_kv, cells, n_cells, mask_add, scale, w, n
         m = n_cells[t]
         r0, r1 = b * m // n_blocks, (b + 1) * m // n_blocks
         qv = np.empty((gqa, d_k), np.float32)
-        for g in range(gqa):
-            _query_f16(q, t, hk * gqa + g, d_k, qv, g)
-        for r in range(r0, r1):
-            c = cells[t, r]
-            for g in range(gqa):
-                w[t, hk * gqa + g, r] = _score(qv[g : g + 1], k, c, hk * d_k, d_k) * scale + mask_add[t, r]
+        _group_scores(q, k, cells, mask_add, scale, t, hk, r0, r1, qv, w[t, hk * gqa : (hk + 1) * gqa])
 
 
 @numba.njit(parallel=True, cache=True)
@@ -170,17 +176,13 @@ def _split_values(v, n_head, n_head_kv, cells, n_cells, e, out, n_cols):  # prag
         hk = task // n_cols % n_head_kv
         j0 = task % n_cols * width
         lanes = np.empty((16, width), np.float32)
-        for g in range(gqa):
-            h = hk * gqa + g
-            lanes[:, :] = _F32(0.0)
-            _accumulate_v(v, cells, t, 0, n_cells[t], e[t, h], lanes, hk, d_v, j0, j0 + width)
-            _reduce_lanes(lanes, out, t, h * d_v + j0, width)
+        _group_values(v, cells, t, hk, d_v, n_cells[t], e[t, hk * gqa : (hk + 1) * gqa], lanes, out, j0)
 
 
 @numba.njit(cache=True)
 def _attend_split(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, out, n_threads):  # pragma: no cover
     """`attend` for few tokens over many cells: scores split over cell blocks, softmax per head, kqv split over
-    16-column blocks; the same sums in the same order as `_attend_groups`."""
+    column blocks (16 columns or more); the same sums in the same order as `_attend_groups`."""
     n = q.shape[0]
     d_v = v.shape[1] // n_head_kv
     m_pad = (n_cells.max() + 63) // 64 * 64

@@ -111,33 +111,29 @@ def _weight(meta, i):
 class GraphPlan:
     """A graph placed and encoded for `run_program`, rerun for every ubatch of its shape."""
 
-    def __init__(self, prog, fprm, arena_size, vectors, ropes, logits: Tensor | None, embd: Tensor,
-                 layer_swa: tuple[bool, ...]):
+    def __init__(self, prog, fprm, arena_size, vectors, ropes, logits: Tensor | None, embd: Tensor):
         self.prog, self.fprm = prog, fprm  # (n_nodes, N_COLS) int64, (n_nodes, 1) float32
-        self.layer_swa = layer_swa  # (n_layer,) whether each layer's attention is a sliding-window one
         self.arena_size = max(arena_size, 1)  # floats of the buffer every intermediate lives in
         self.vectors = vectors  # (total,) float32: norm weights and biases, at the offsets the program names
         self.ropes = ropes  # RopeParams of each RoPE table
         self.logits_shape = logits.shape if logits is not None else None
         self.embd_shape = embd.shape
 
-    def run(self, ops, table: WeightTable, arena: np.ndarray, token, embd, pos, attn, out_ids):
+    def run(self, ops, table: WeightTable, arena: np.ndarray, token, embd, pos, attn, layer_rows, out_ids):
         """One ubatch: bind the inputs and run, the intermediates in `arena` (at least arena_size floats; one
-        buffer serves every plan of a context, as they run one at a time). -> (logits (n_out, n_vocab) or None,
-        embd (n_out, n_embd))"""
+        buffer serves every plan of a context, as they run one at a time); layer_rows (n_layer,): each layer's
+        row in the cache it reads. -> (logits (n_out, n_vocab) or None, embd (n_out, n_embd))"""
         pos = np.ascontiguousarray(pos, np.int64)
         cos, sin = _rope_tables(self.ropes, pos)
         logits = np.empty(self.logits_shape or (0, 0), np.float32)
         out_embd = np.empty(self.embd_shape, np.float32)
         view, view_swa = attn.view, attn.view_swa
-        rows = np.array([(view_swa if swa else view).layer_row(il) for il, swa in enumerate(self.layer_swa)],
-                        np.int64)  # (n_layer,) each layer's row in its cache
         PROGRAMS[ops.kernel_path](
             self.prog, self.fprm, arena, logits.reshape(-1), out_embd.reshape(-1),
             np.ascontiguousarray(embd, np.float32).reshape(-1) if embd is not None else arena[:0],
             np.ascontiguousarray(token, np.int64) if token is not None else pos[:0], pos,
             np.ascontiguousarray(out_ids, np.int64), self.vectors, ops._gelu, cos, sin,
-            table.meta, table.kind, ops.threads, attn.flash, rows,
+            table.meta, table.kind, ops.threads, attn.flash, layer_rows,
             view.k_layers().view(np.uint16), view.v_layers().view(np.uint16), np.ascontiguousarray(view.idx, np.int64),
             attn.vis.cells, attn.vis.n_cells, attn.vis.mask_add,
             view_swa.k_layers().view(np.uint16), view_swa.v_layers().view(np.uint16),
@@ -193,9 +189,7 @@ def plan_graph(graph: Graph, logits: Tensor | None, embd: Tensor, weight_index, 
         if id(t) not in last_use and place[id(t)][0] == ARENA:  # computed, never read
             arena.free(place[id(t)][1], t.rows * t.cols)
     vectors = np.concatenate(graph.vectors) if graph.vectors else np.zeros(0, np.float32)
-    swa = {t.params[0]: bool(t.params[1]) for t in nodes if t.op == "attn"}  # layer -> sliding-window
-    layer_swa = tuple(swa.get(il, False) for il in range(max(swa, default=-1) + 1))
-    return GraphPlan(prog, fprm, arena.high, vectors, list(graph.ropes), logits, embd, layer_swa)
+    return GraphPlan(prog, fprm, arena.high, vectors, list(graph.ropes), logits, embd)
 
 
 class _Arena:

@@ -61,7 +61,8 @@ class FastOps(ReferenceOps):
         # op by op: LoRA (lora_matmuls), and under ggml_single_row one token or flash attention (the reference
         # kernels pick ggml's order from the shape, the program's attention is the row-invariant one)
         single = self.ggml_single_row and (len(pos) == 1 or getattr(attn, "flash", False))
-        if not _runs_as_graph(attn) or isinstance(model, AdaptedModel) or single:
+        rows = _graph_layer_rows(attn)
+        if rows is None or isinstance(model, AdaptedModel) or single:
             return build(model, self, token, embd, pos, attn, rope, out_ids, want_logits)
         key = (build, model, len(pos), len(out_ids), token is None, want_logits)
         if key not in self._plans:
@@ -75,7 +76,7 @@ class FastOps(ReferenceOps):
         plan, result = entry
         if self._arena.size < plan.arena_size:
             self._arena = np.zeros(plan.arena_size, np.float32)
-        logits, out_embd = plan.run(self, self._weight_table(), self._arena, token, embd, pos, attn, out_ids)
+        logits, out_embd = plan.run(self, self._weight_table(), self._arena, token, embd, pos, attn, rows, out_ids)
         return dataclasses.replace(result, logits=logits, embd=out_embd)
 
     def _plan(self, build, model, token, embd, pos, rope, out_ids, want_logits):
@@ -159,18 +160,20 @@ class FastOps(ReferenceOps):
         return get_rows_q8_0_packed(self._packed(weight), ids)
 
 
-def _runs_as_graph(attn) -> bool:
-    """Whether the executor has this attention input: KV cache views (models.graph.KVAttention over KVViews: one
-    cache holding every layer, or an iSWA pair whose SWA view may be rotated) in f16, with or without flash
-    attention; other memories (recurrent, hybrid) and quantized caches run op by op."""
+def _graph_layer_rows(attn) -> np.ndarray | None:
+    """Each layer's row in the cache it reads, (n_layer,) int64, where the executor has this attention input: KV
+    cache views (models.graph.KVAttention over KVViews: one cache holding every layer, or an iSWA pair whose SWA
+    view may be rotated) in f16, with or without flash attention. None: op by op (recurrent and hybrid memories,
+    quantized caches)."""
     if not isinstance(attn, KVAttention):
-        return False
+        return None
     views = (attn.view, attn.view_swa)
     if not all(isinstance(v, KVView) and v.type_k == "f16" and v.type_v == "f16" for v in views):
-        return False
-    # each layer in the cache its kind reads (the program indexes a cache's rows by layer)
+        return None
     hp = attn.hp
-    return all((attn.view_swa if hp.is_swa(il) else attn.view).layer_row(il) >= 0 for il in range(hp.n_layer))
+    rows = np.array([(attn.view_swa if hp.is_swa(il) else attn.view).layer_row(il) for il in range(hp.n_layer)],
+                    np.int64)  # (n_layer,)
+    return rows if (rows >= 0).all() else None  # each layer in the cache its kind reads
 
 
 def _column_ranges(weights) -> tuple[tuple[int, int], ...]:
