@@ -24,6 +24,9 @@ class RopeParams:
     freq_factors: np.ndarray | None = None  # (n_rot/2,) float32: rope_freqs.weight (Llama 3), divides theta
 
 
+MAX_LANE_GAP = 4096  # VisibleCells.on_lanes: the largest span of empty slots a token's lanes may hold
+
+
 @dataclass(frozen=True, slots=True)
 class VisibleCells:
     """Each token's KV cells in the slots the attention kernel sums over: slot r is on lane r % 16 (r % 64 for one
@@ -62,7 +65,9 @@ class VisibleCells:
         -inf (an exact zero in every sum) and a neighbouring cell, so consecutive cells stay consecutive.
         lane_index: (n_kv,) the cells' absolute indices (ggml's own order) or their positions (the same for a
         sequence that fills the cache from cell 0, and independent of placement). None when two visible cells
-        of a token share an index (positions after seq_div)."""
+        of a token share an index (positions after seq_div), or when a token's indices span more than
+        MAX_LANE_GAP slots beyond 64 per visible cell (positions thousands apart, e.g. from a restored state):
+        the slots would take memory in proportion to the span, not to the cells."""
         n, n_kv = mask.shape
         visible = mask > -np.inf  # (n, n_kv)
         t, c = np.nonzero(visible)  # (nnz,) each: token-major, the visible cells
@@ -76,6 +81,8 @@ class VisibleCells:
             lo[has] = np.minimum.reduceat(key, starts) // 64 * 64
             hi[has] = np.maximum.reduceat(key, starts)
         n_cells = np.where(has, hi - lo + 1, 0).astype(np.int64)  # (n,)
+        if (n_cells > 64 * counts + MAX_LANE_GAP).any():
+            return None
         width = max(int(n_cells.max(initial=0)), 1)
         slot = key - lo[t]  # (nnz,)
         filled = np.zeros((n, width), bool)  # (n, width)

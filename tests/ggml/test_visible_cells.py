@@ -47,3 +47,13 @@ def test_position_lanes_give_the_same_bits_wherever_the_cells_are():
         vis = VisibleCells.on_lanes(window_mask(cell_pos, tok, 100), cell_pos)
         outs.append(attention_f16_cells(q, kc, vc, 1, vis, 0.125))
     assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
+
+
+def test_lanes_of_positions_far_apart_fall_back_to_ranks():
+    """Positions 100 million apart (a restored state may hold them) would need a slot per position: on_lanes
+    declines, and the ranks in position order take bounded memory."""
+    mask = np.zeros((1, 3), np.float32)  # one token sees three cells
+    pos = np.array([0, 1, 100_663_303])
+    assert VisibleCells.on_lanes(mask, pos) is None
+    vis = VisibleCells.from_mask(mask, pos)
+    assert vis.cells.shape == (1, 3) and vis.cells.tolist() == [[0, 1, 2]]
