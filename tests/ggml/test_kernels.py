@@ -427,16 +427,22 @@ def test_fast_ops_decode_equals_reference_ops(smollm):
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("t", [T.Q4_K, T.Q6_K], ids=lambda t: T(t).name)
 def test_kquants_llama_order_match_vecdot_k_bit_for_bit(t, path):
-    """llama_order=True: Q4_K as ggml's repacked gemm/gemv, Q6_K as its tiled kernel from 8 rows (vecdot_k)."""
+    """llama_order=True: Q4_K as ggml's repacked gemm/gemv, Q6_K as its tiled kernel from 8 rows (vecdot_k). From
+    16 activation rows the kernels run in tiles of 16 weight rows (ktile.py): 40 rows make partial tiles, in one
+    thread's share or both."""
+    from llamactx.ggml.kernels.ktile import TILE_MIN_ROWS
     from llamactx.ggml.vecdot_k import matmul_k
 
     check_path(path)
     rng = np.random.default_rng(20 + int(t))
-    w = random_weight(t, 512, 16, rng)
-    for n in (1, 5, 8, 9):  # gemv only, gemm + gemv tail, tiled, tiled + tail
-        x = (rng.standard_normal((n, 512)) * 2).astype(np.float32)
-        got = kernels.matmul(x, kernels.pack_weight(w), THREADS, path=path, llama_order=True)
-        assert got.view(np.uint32).tolist() == matmul_k(x, w).view(np.uint32).tolist()
+    for n_rows in (16, 40):
+        w = random_weight(t, 512, n_rows, rng)
+        # gemv only, gemm + gemv tail, Q6_K tiled, tiled + tail; then the tile kernels, with 0-3 gemv rows
+        for n in (1, 5, 8, 9, TILE_MIN_ROWS, TILE_MIN_ROWS + 3, 33, 66):
+            x = (rng.standard_normal((n, 512)) * 2).astype(np.float32)
+            for threads in {1, THREADS}:
+                got = kernels.matmul(x, kernels.pack_weight(w), threads, path=path, llama_order=True)
+                assert got.view(np.uint32).tolist() == matmul_k(x, w).view(np.uint32).tolist(), (n_rows, n, threads)
 
 
 def _mapped_file_rss(path) -> int:

@@ -22,6 +22,7 @@ from numba import njit, prange
 from llamactx.ggml.intrinsics import round_f16
 from llamactx.ggml.kernels.cpu import PATH_PORTABLE, PATH_VNNI, active_path, cpu_features, set_threads
 from llamactx.ggml.kernels.kquants import DEC_Q4K, DEC_Q5K, k45_rows, q4k_x8_rows, q6k_rows, q6k_tiled_rows
+from llamactx.ggml.kernels.ktile import TILE_MIN_ROWS, q4k_tile_rows, q6k_tile_rows
 from llamactx.ggml.kernels.legacy import DEC_Q4_0, DEC_Q4_1, DEC_Q5_0, DEC_Q5_1, DEC_Q8_0, ROWS_PER_GROUP, x4_rows
 from llamactx.ggml.kernels.quantize import quantize_q8_0, quantize_q8_1, quantize_q8_K
 from llamactx.ggml.kernels.repack import PackedWeight
@@ -128,8 +129,12 @@ def _rows_of_type(path, kind, llama_order, W, a, u0, u1, out):
         x4_rows(path, DEC_Q5_1, W, a, u0, u1, out)
     elif kind == Q8_0:
         x4_rows(path, DEC_Q8_0, W, a, u0, u1, out)
+    elif llama_order and kind == Q4_K and a[0].shape[0] >= TILE_MIN_ROWS:
+        q4k_tile_rows(path, W, a, u0, u1, out)
     elif llama_order and kind == Q4_K:
         q4k_x8_rows(path, W, a, u0, u1, out)
+    elif llama_order and kind == Q6_K and a[0].shape[0] >= TILE_MIN_ROWS:
+        q6k_tile_rows(path, W, a, u0, u1, out)
     elif llama_order and kind == Q6_K and a[0].shape[0] >= TILED_MIN_ROWS:
         q6k_tiled_rows(path, W, a, u0, u1, out)
     elif kind == Q4_K:

@@ -342,3 +342,125 @@ def reduce_add16(typingctx, v):
         return builder.fadd(builder.fadd(e[0], e[2]), builder.fadd(e[1], e[3]))
 
     return sig, codegen
+
+
+# --- int32 lanes, one per weight row (ktile.py) -------------------------------------------------------------------
+
+
+@intrinsic
+def xbcast4(typingctx, arr, row, col):
+    """4 bytes of a 2-D int8 array from [row, col], repeated 16 times -> i8x64 (four activation quants for 16
+    weight rows: `vpdpbusd`'s broadcast operand)."""
+    sig = i8x64(arr, types.intp, types.intp)
+
+    def codegen(context, builder, sig, args):
+        word = builder.load(ptr2d(context, builder, sig.args[0], *args, _I32), align=1)
+        return builder.bitcast(splat(builder, word, 16), _V64I8)
+
+    return sig, codegen
+
+
+@intrinsic
+def iload16(typingctx, arr, row, col):
+    """16 int32 of a 2-D int32 array from [row, col] -> i32x16."""
+    sig = i32x16(arr, types.intp, types.intp)
+
+    def codegen(context, builder, sig, args):
+        return builder.load(ptr2d(context, builder, sig.args[0], *args, _V16I32), align=1)
+
+    return sig, codegen
+
+
+@intrinsic
+def imul2(typingctx, a, s, b, t):
+    """a * s + b * t lane by lane in int32 (exact where it does not overflow)."""
+    sig = i32x16(i32x16, i32x16, i32x16, i32x16)
+
+    def codegen(context, builder, sig, args):
+        a, s, b, t = args
+        return builder.add(builder.mul(a, s), builder.mul(b, t))
+
+    return sig, codegen
+
+
+@intrinsic
+def imul2s(typingctx, a, s, b, t):
+    """a * s + b * t lane by lane in int32, s and t int32 broadcasts."""
+    sig = i32x16(i32x16, types.int32, i32x16, types.int32)
+
+    def codegen(context, builder, sig, args):
+        a, s, b, t = args
+        return builder.add(builder.mul(a, splat(builder, s, 16)), builder.mul(b, splat(builder, t, 16)))
+
+    return sig, codegen
+
+
+@intrinsic
+def iadd16(typingctx, a, b):
+    sig = i32x16(i32x16, i32x16)
+
+    def codegen(context, builder, sig, args):
+        return builder.add(args[0], args[1])
+
+    return sig, codegen
+
+
+@intrinsic
+def fsub16(typingctx, a, b):
+    sig = f32x16(f32x16, f32x16)
+
+    def codegen(context, builder, sig, args):
+        return builder.fsub(args[0], args[1])
+
+    return sig, codegen
+
+
+@intrinsic
+def imaddwd(typingctx, a, p):
+    """Lane r = a_lo * p_lo + a_hi * p_hi, with (a_lo, a_hi) the two int16 halves of a's lane r and (p_lo, p_hi)
+    those of the int32 broadcast p (`vpmaddwd`: exact)."""
+    sig = i32x16(i32x16, types.int32)
+
+    def codegen(context, builder, sig, args):
+        v32i16, v16i32 = ir.VectorType(ir.IntType(16), 32), _V16I32
+        a = builder.bitcast(args[0], v32i16)
+        p = builder.bitcast(splat(builder, args[1], 16), v32i16)
+
+        def half(v, odd):
+            return builder.sext(builder.shuffle_vector(v, v, lane_index([2 * i + odd for i in range(16)])), v16i32)
+
+        return builder.add(builder.mul(half(a, 0), half(p, 0)), builder.mul(half(a, 1), half(p, 1)))
+
+    return sig, codegen
+
+
+@intrinsic
+def fmul16i(typingctx, v, s):
+    """float(v) * s lane by lane (one rounding each)."""
+    sig = f32x16(i32x16, f32x16)
+
+    def codegen(context, builder, sig, args):
+        return builder.fmul(builder.sitofp(args[0], _V16F32), args[1])
+
+    return sig, codegen
+
+
+@intrinsic
+def ishl16(typingctx, v, n):
+    """v << n lane by lane (n a literal-sized int: multiplies by 2**n exactly)."""
+    sig = i32x16(i32x16, types.int32)
+
+    def codegen(context, builder, sig, args):
+        return builder.shl(args[0], splat(builder, args[1], 16))
+
+    return sig, codegen
+
+
+@intrinsic
+def isub16(typingctx, a, b):
+    sig = i32x16(i32x16, i32x16)
+
+    def codegen(context, builder, sig, args):
+        return builder.sub(args[0], args[1])
+
+    return sig, codegen

@@ -1,0 +1,315 @@
+"""K-quant matmuls for prompt-sized batches: 16 weight rows per tile, one int32 lane per row.
+
+llama.cpp runs Q4_K (rows repacked to `block_q4_Kx8`) through ggml_gemm_q4_K_8x8_q8_K for activation rows in groups
+of four and ggml_gemv_q4_K_8x8_q8_K for the rest (arch/x86/repack.cpp); `kquants.q4k_x8_rows` computes that order
+one weight row at a time, which costs a horizontal integer sum per 64 elements and row pair. Every integer sum is
+exact, so only where the integers become floats has to match, and this module gets the integers another way:
+
+- a tile transposes 16 weight rows once into a scratch buffer (per super-block and 32-element sub-block, eight
+  registers of 16 rows x 4 nibbles, decoded to bytes; the rows' scales, mins, d and dmin likewise as 16 lanes);
+- every activation row then streams through the tile: `vpdpbusd` of a register against four activation quants
+  broadcast to all lanes adds row r's four products to lane r, so a sub-block's dot products for the 16 rows
+  accumulate in one register with no horizontal sum;
+- per 64 elements (gemm rows) or per super-block (gemv rows) the lanes are scaled and converted exactly as
+  `q4k_x8_rows` does, lane r standing for weight row r: the same fma32 chain per output, the same bits.
+
+Transposing a tile costs about what 16 activation rows do, so `matmul` takes this path only for ubatches of
+`TILE_MIN_ROWS` rows or more (prompts), and the row-at-a-time kernels for decode.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from llamactx.ggml.kernels.vnni import izero16, vdot16
+from llamactx.ggml.kernels.wide import (
+    ffma16s,
+    fload16,
+    fmul16i,
+    fstore16,
+    fsub16,
+    iadd16,
+    iload16,
+    imaddwd,
+    imul2,
+    ishl16,
+    isub16,
+    wfmadd,
+    wload,
+    wscale,
+    wzero,
+    xbcast4,
+)
+
+TILE = 16  # weight rows per tile: one int32 lane each
+TILE_MIN_ROWS = 16  # activation rows from which a tile's transposition pays for itself
+
+_NIB = np.uint32(0x0F0F0F0F)
+
+
+# --- Q4_K ----------------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def _q4k_tile(W, r0, r1, tile):
+    """Rows r0..r0+15 of Q4_K weights (a row past r1 - 1 repeats row r1 - 1) into the tile's arrays:
+    wq (nb*64, 64) u8: register (8 b + s) * 8 + q = bytes 4q..4q+3 of sub-block s of super-block b, for the
+    16 rows side by side, decoded to 0..15; sc (nb*8, 16) i32 the 6-bit scales; mn2 (nb*4, 32) i16 the mins of
+    sub-blocks 2c, 2c+1 as pairs per lane; d, dm (nb, 16) f32."""
+    qs, _, sc, mn, d, dmin = W
+    wq, tsc, tmn2, td, tdm = tile
+    w32 = wq.view(np.uint32)  # (nb*64, 16)
+    nb = d.shape[1]
+    for lane in range(TILE):
+        r = min(r0 + lane, r1 - 1)
+        q32 = qs[r].view(np.uint32)  # (nb*32,) 32 bytes of nibbles per 64 elements
+        for b in range(nb):
+            td[b, lane] = d[r, b]
+            tdm[b, lane] = dmin[r, b]
+            for s in range(8):
+                tsc[b * 8 + s, lane] = sc[r, b * 8 + s]
+                tmn2[b * 4 + s // 2, 2 * lane + s % 2] = mn[r, b * 8 + s]
+            for c in range(4):
+                for q in range(8):
+                    v = q32[b * 32 + c * 8 + q]
+                    w32[(b * 8 + 2 * c) * 8 + q, lane] = v & _NIB
+                    w32[(b * 8 + 2 * c + 1) * 8 + q, lane] = (v >> np.uint32(4)) & _NIB
+
+
+@njit(cache=True, inline="always")
+def _sub_dots(path, wq, s, xq, i, j, lo, hi):
+    """lo + the tile's sub-block s . x[i, j:j+32] and hi + sub-block s+1 . x[i, j+32:j+64], lane r = row r."""
+    for q in range(8):
+        lo = vdot16(path, lo, wload(wq, s * 8 + q, 0), xbcast4(xq, i, j + 4 * q))
+        hi = vdot16(path, hi, wload(wq, (s + 1) * 8 + q, 0), xbcast4(xq, i, j + 32 + 4 * q))
+    return lo, hi
+
+
+@njit(cache=True)
+def _q4k_gemm4(path, tile, xq, xd, pairs, i):
+    """Activation rows i..i+3 against the tile as ggml_gemm_q4_K_8x8_q8_K: per 64 elements
+    acc = fma(float(sc0 dot0 + sc1 dot1), d_w d_x, acc) and acc_min = fma(float(m0 S0 + m1 S1), dmin_w d_x,
+    acc_min). -> four f32x16 of acc - acc_min, lane r = weight row r."""
+    wq, tsc, tmn2, td, tdm = tile
+    a0, a1, a2, a3 = wzero(), wzero(), wzero(), wzero()
+    m0, m1, m2, m3 = wzero(), wzero(), wzero(), wzero()
+    for b in range(td.shape[0]):
+        dw, mw = fload16(td, b, 0), fload16(tdm, b, 0)
+        d0, d1 = wscale(dw, xd[i, b]), wscale(dw, xd[i + 1, b])
+        d2, d3 = wscale(dw, xd[i + 2, b]), wscale(dw, xd[i + 3, b])
+        e0, e1 = wscale(mw, xd[i, b]), wscale(mw, xd[i + 1, b])
+        e2, e3 = wscale(mw, xd[i + 2, b]), wscale(mw, xd[i + 3, b])
+        for c in range(4):
+            s, j = b * 8 + 2 * c, b * 256 + c * 64
+            lo0, hi0 = _sub_dots(path, wq, s, xq, i, j, izero16(), izero16())
+            lo1, hi1 = _sub_dots(path, wq, s, xq, i + 1, j, izero16(), izero16())
+            lo2, hi2 = _sub_dots(path, wq, s, xq, i + 2, j, izero16(), izero16())
+            lo3, hi3 = _sub_dots(path, wq, s, xq, i + 3, j, izero16(), izero16())
+            sc0, sc1 = iload16(tsc, s, 0), iload16(tsc, s + 1, 0)
+            a0 = wfmadd(a0, imul2(lo0, sc0, hi0, sc1), d0)
+            a1 = wfmadd(a1, imul2(lo1, sc0, hi1, sc1), d1)
+            a2 = wfmadd(a2, imul2(lo2, sc0, hi2, sc1), d2)
+            a3 = wfmadd(a3, imul2(lo3, sc0, hi3, sc1), d3)
+            mn = iload16(tmn2, b * 4 + c, 0)
+            m0 = wfmadd(m0, imaddwd(mn, pairs[i, b * 4 + c]), e0)
+            m1 = wfmadd(m1, imaddwd(mn, pairs[i + 1, b * 4 + c]), e1)
+            m2 = wfmadd(m2, imaddwd(mn, pairs[i + 2, b * 4 + c]), e2)
+            m3 = wfmadd(m3, imaddwd(mn, pairs[i + 3, b * 4 + c]), e3)
+    return fsub16(a0, m0), fsub16(a1, m1), fsub16(a2, m2), fsub16(a3, m3)
+
+
+@njit(cache=True)
+def _q4k_gemv(path, tile, xq, xd, pairs, i):
+    """Activation row i against the tile as ggml_gemv_q4_K_8x8_q8_K: one fma per super-block. -> f32x16."""
+    wq, tsc, tmn2, td, tdm = tile
+    acc, acc_min = wzero(), wzero()
+    for b in range(td.shape[0]):
+        isum, imin = izero16(), izero16()
+        for c in range(4):
+            s, j = b * 8 + 2 * c, b * 256 + c * 64
+            lo, hi = _sub_dots(path, wq, s, xq, i, j, izero16(), izero16())
+            isum = iadd16(isum, imul2(lo, iload16(tsc, s, 0), hi, iload16(tsc, s + 1, 0)))
+            imin = iadd16(imin, imaddwd(iload16(tmn2, b * 4 + c, 0), pairs[i, b * 4 + c]))
+        acc = wfmadd(acc, isum, wscale(fload16(td, b, 0), xd[i, b]))
+        acc_min = wfmadd(acc_min, imin, wscale(fload16(tdm, b, 0), xd[i, b]))
+    return fsub16(acc, acc_min)
+
+
+@njit(cache=True)
+def _store_tile(out, i, r0, r1, v, buf):
+    """out[i, r0:r0+16] = v, clipped to r1."""
+    if r0 + TILE <= r1:
+        fstore16(out, i, r0, v)
+    else:
+        fstore16(buf, 0, 0, v)
+        for lane in range(r1 - r0):
+            out[i, r0 + lane] = buf[0, lane]
+
+
+@njit(cache=True)
+def q4k_tile_rows(path, W, a, r0, r1, out):
+    """out[:, r0:r1] for Q4_K weights in llama.cpp's repacked order (`kquants.q4k_x8_rows`), 16 rows per tile:
+    activation rows in groups of four as gemm, the last n % 4 as gemv."""
+    xq, xd, bsums, _ = a
+    nb = W[4].shape[1]
+    n = xq.shape[0]
+    n_gemm = n - n % 4
+    pairs = np.empty((n, nb * 4), np.int32)  # (S_2c, S_2c+1): the activation sums of 32 that meet the mins
+    _packed_pairs(bsums, 2, pairs)
+    tile = (
+        np.empty((nb * 64, 64), np.uint8),
+        np.empty((nb * 8, TILE), np.int32),
+        np.empty((nb * 4, 2 * TILE), np.int16),
+        np.empty((nb, TILE), np.float32),
+        np.empty((nb, TILE), np.float32),
+    )
+    buf = np.empty((1, TILE), np.float32)
+    for t0 in range(r0, r1, TILE):
+        t1 = min(t0 + TILE, r1)
+        _q4k_tile(W, t0, t1, tile)
+        for i in range(0, n_gemm, 4):
+            y0, y1, y2, y3 = _q4k_gemm4(path, tile, xq, xd, pairs, i)
+            _store_tile(out, i, t0, t1, y0, buf)
+            _store_tile(out, i + 1, t0, t1, y1, buf)
+            _store_tile(out, i + 2, t0, t1, y2, buf)
+            _store_tile(out, i + 3, t0, t1, y3, buf)
+        for i in range(n_gemm, n):
+            _store_tile(out, i, t0, t1, _q4k_gemv(path, tile, xq, xd, pairs, i), buf)
+
+
+@njit(cache=True)
+def _packed_pairs(v, stride, out):
+    """out[i, p] = the int16 pair (v[i, stride*p] + .. + v[i, stride*p + stride - 1], the next stride) packed low
+    half first into an int32: `imaddwd`'s broadcast operand. v: sums that fit int16 (Q8_K's sums of 16 and of 32)."""
+    for i in range(out.shape[0]):
+        for p in range(out.shape[1]):
+            lo = 0
+            hi = 0
+            for e in range(stride):
+                lo += v[i, 2 * stride * p + e]
+                hi += v[i, 2 * stride * p + stride + e]
+            out[i, p] = (lo & 0xFFFF) | (hi << 16)
+
+
+# --- Q6_K ----------------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def _q6k_tile(W, r0, r1, tile):
+    """Rows r0..r0+15 of Q6_K weights (past r1 - 1 repeating it) into the tile: wq (nb*64, 64) u8, register
+    64 b + g = elements 4g..4g+3 of super-block b for the 16 rows, decoded to 0..63 (stored value, offset 32);
+    sc (nb*16, 16) i32 the int8 scales; sc2 (nb*8, 32) i16 the scales of sub-blocks 2p, 2p+1 as pairs per lane;
+    d (nb, 16) f32."""
+    ql, qh, sc, _, d, _ = W
+    wq, tsc, tsc2, td = tile
+    w32 = wq.view(np.uint32)
+    lo2 = np.uint32(0x03030303)
+    nb = d.shape[1]
+    for lane in range(TILE):
+        r = min(r0 + lane, r1 - 1)
+        l32, h32, s8 = ql[r].view(np.uint32), qh[r].view(np.uint32), sc[r].view(np.int8)
+        for b in range(nb):
+            td[b, lane] = d[r, b]
+            for s in range(16):
+                tsc[b * 16 + s, lane] = s8[b * 16 + s]
+                tsc2[b * 8 + s // 2, 2 * lane + s % 2] = s8[b * 16 + s]
+            for h in range(2):
+                for q in range(8):
+                    l0 = l32[b * 32 + h * 16 + q]
+                    l1 = l32[b * 32 + h * 16 + 8 + q]
+                    hb = h32[b * 16 + h * 8 + q]
+                    g = b * 64 + 32 * h + q
+                    w32[g, lane] = (l0 & _NIB) | ((hb & lo2) << np.uint32(4))
+                    w32[g + 8, lane] = (l1 & _NIB) | (((hb >> np.uint32(2)) & lo2) << np.uint32(4))
+                    w32[g + 16, lane] = ((l0 >> np.uint32(4)) & _NIB) | (((hb >> np.uint32(4)) & lo2) << np.uint32(4))
+                    w32[g + 24, lane] = ((l1 >> np.uint32(4)) & _NIB) | (((hb >> np.uint32(6)) & lo2) << np.uint32(4))
+
+
+@njit(cache=True, inline="always")
+def _q6k_dot(path, wq, b, s, xq, i):
+    """Sub-block s (16 elements) of super-block b of the tile . x[i], lane r = row r (stored values 0..63)."""
+    acc = izero16()
+    for q in range(4):
+        acc = vdot16(path, acc, wload(wq, b * 64 + 4 * s + q, 0), xbcast4(xq, i, b * 256 + 16 * s + 4 * q))
+    return acc
+
+
+@njit(cache=True, inline="always")
+def _q6k_pair(path, isum, wq, b, s, xq, i, sc0, sc1):
+    """isum + sc_s (sub-block s . x[i]) + sc_s+1 (sub-block s+1 . x[i]), lane r = row r."""
+    return iadd16(isum, imul2(_q6k_dot(path, wq, b, s, xq, i), sc0, _q6k_dot(path, wq, b, s + 1, xq, i), sc1))
+
+
+@njit(cache=True, inline="always")
+def _q6k_step(acc, isum, tsc2, pairs, xd, i, b, dw):
+    """End of super-block b for activation row i as tiled_run_micro_vnni_8x16: s1 = isum - 32 sum(sc bsum),
+    acc = fma(float(s1) * d_w, d_x, acc)."""
+    off = izero16()
+    for p in range(8):
+        off = iadd16(off, imaddwd(iload16(tsc2, b * 8 + p, 0), pairs[i, b * 8 + p]))
+    return ffma16s(acc, fmul16i(isub16(isum, ishl16(off, 5)), dw), xd[i, b])
+
+
+@njit(cache=True)
+def _q6k_gemm4(path, tile, xq, xd, pairs, i):
+    """Activation rows i..i+3 against the tile, llama.cpp's tiled Q6_K order. -> four f32x16."""
+    wq, tsc, tsc2, td = tile
+    a0, a1, a2, a3 = wzero(), wzero(), wzero(), wzero()
+    for b in range(td.shape[0]):
+        i0, i1, i2, i3 = izero16(), izero16(), izero16(), izero16()
+        for s in range(0, 16, 2):
+            sc0, sc1 = iload16(tsc, b * 16 + s, 0), iload16(tsc, b * 16 + s + 1, 0)
+            i0 = _q6k_pair(path, i0, wq, b, s, xq, i, sc0, sc1)
+            i1 = _q6k_pair(path, i1, wq, b, s, xq, i + 1, sc0, sc1)
+            i2 = _q6k_pair(path, i2, wq, b, s, xq, i + 2, sc0, sc1)
+            i3 = _q6k_pair(path, i3, wq, b, s, xq, i + 3, sc0, sc1)
+        dw = fload16(td, b, 0)
+        a0 = _q6k_step(a0, i0, tsc2, pairs, xd, i, b, dw)
+        a1 = _q6k_step(a1, i1, tsc2, pairs, xd, i + 1, b, dw)
+        a2 = _q6k_step(a2, i2, tsc2, pairs, xd, i + 2, b, dw)
+        a3 = _q6k_step(a3, i3, tsc2, pairs, xd, i + 3, b, dw)
+    return a0, a1, a2, a3
+
+
+@njit(cache=True)
+def _q6k_gemv(path, tile, xq, xd, pairs, i):
+    """Activation row i against the tile (the same order as the gemm rows). -> f32x16."""
+    wq, tsc, tsc2, td = tile
+    acc = wzero()
+    for b in range(td.shape[0]):
+        isum = izero16()
+        for s in range(0, 16, 2):
+            sc0, sc1 = iload16(tsc, b * 16 + s, 0), iload16(tsc, b * 16 + s + 1, 0)
+            isum = _q6k_pair(path, isum, wq, b, s, xq, i, sc0, sc1)
+        acc = _q6k_step(acc, isum, tsc2, pairs, xd, i, b, fload16(td, b, 0))
+    return acc
+
+
+@njit(cache=True)
+def q6k_tile_rows(path, W, a, r0, r1, out):
+    """out[:, r0:r1] for Q6_K weights in llama.cpp's tiled order (`kquants.q6k_tiled_rows`), 16 rows per tile."""
+    xq, xd, bsums, _ = a
+    nb = W[4].shape[1]
+    n = xq.shape[0]
+    pairs = np.empty((n, nb * 8), np.int32)
+    _packed_pairs(bsums, 1, pairs)
+    tile = (
+        np.empty((nb * 64, 64), np.uint8),
+        np.empty((nb * 16, TILE), np.int32),
+        np.empty((nb * 8, 2 * TILE), np.int16),
+        np.empty((nb, TILE), np.float32),
+    )
+    buf = np.empty((1, TILE), np.float32)
+    n4 = n - n % 4
+    for t0 in range(r0, r1, TILE):
+        t1 = min(t0 + TILE, r1)
+        _q6k_tile(W, t0, t1, tile)
+        for i in range(0, n4, 4):
+            y0, y1, y2, y3 = _q6k_gemm4(path, tile, xq, xd, pairs, i)
+            _store_tile(out, i, t0, t1, y0, buf)
+            _store_tile(out, i + 1, t0, t1, y1, buf)
+            _store_tile(out, i + 2, t0, t1, y2, buf)
+            _store_tile(out, i + 3, t0, t1, y3, buf)
+        for i in range(n4, n):
+            _store_tile(out, i, t0, t1, _q6k_gemv(path, tile, xq, xd, pairs, i), buf)
