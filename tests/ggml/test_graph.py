@@ -114,7 +114,7 @@ def test_graph_records_instead_of_computing():
 
 
 @pytest.mark.parametrize("n, n_head, n_head_kv, d, n_kv", [
-    (1, 9, 3, 64, 150), (7, 9, 3, 64, 150), (5, 4, 1, 256, 150), (1, 4, 1, 256, 150),
+    (1, 9, 3, 64, 150), (7, 9, 3, 64, 150), (5, 4, 1, 256, 150), (1, 4, 1, 256, 150), (3, 9, 3, 64, 20),
     (1, 9, 3, 64, 1500), (2, 9, 3, 64, 1300), (1, 4, 1, 256, 1200)])  # the last three split over cells
 def test_fast_attention_matches_the_reference_kernel(n, n_head, n_head_kv, d, n_kv):
     """kernels.attention (512-bit lanes, only visible cells read) against ggml.attention (ReferenceOps), bit for

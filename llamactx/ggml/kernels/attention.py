@@ -18,35 +18,19 @@ import numpy as np
 
 from llamactx.ggml.attention import _soft_max
 from llamactx.ggml.intrinsics import round_f16
-from llamactx.ggml.kernels.wide import fadd16, ffma16, ffma16s, fload16, fstore16, hload16, reduce_add16, wzero
+from llamactx.ggml.kernels.wide import (
+    fadd16,
+    ffma16,
+    ffma16s,
+    fload16,
+    fstore16,
+    hload16,
+    reduce_add16x16,
+    wscale,
+    wzero,
+)
 
 _F32 = np.float32
-
-
-@numba.njit(cache=True)
-def _score(qv, k, c, k0, d_k):
-    """kq of cell c against the f16-rounded query qv (1, d_k): 16 FMA lanes over the head dimension from zero,
-    reduced as `_mm512_reduce_add_ps` (tinyBLAS<16, __m512>)."""
-    acc = wzero()
-    for i in range(0, d_k, 16):
-        acc = ffma16(acc, hload16(k, c, k0 + i), fload16(qv, 0, i))
-    return reduce_add16(acc)
-
-
-@numba.njit(cache=True)
-def _reduce_lanes(lanes, out, t, o, d):
-    """out[t, o : o + d] = `_mm512_reduce_add_ps` of lanes[0:16, :d], 16 dimensions at a time."""
-    for j in range(0, d, 16):
-        t0 = fadd16(fload16(lanes, 8, j), fload16(lanes, 0, j))
-        t1 = fadd16(fload16(lanes, 9, j), fload16(lanes, 1, j))
-        t2 = fadd16(fload16(lanes, 10, j), fload16(lanes, 2, j))
-        t3 = fadd16(fload16(lanes, 11, j), fload16(lanes, 3, j))
-        t4 = fadd16(fload16(lanes, 12, j), fload16(lanes, 4, j))
-        t5 = fadd16(fload16(lanes, 13, j), fload16(lanes, 5, j))
-        t6 = fadd16(fload16(lanes, 14, j), fload16(lanes, 6, j))
-        t7 = fadd16(fload16(lanes, 15, j), fload16(lanes, 7, j))
-        u0, u1, u2, u3 = fadd16(t4, t0), fadd16(t5, t1), fadd16(t6, t2), fadd16(t7, t3)
-        fstore16(out, t, o + j, fadd16(fadd16(u0, u2), fadd16(u1, u3)))
 
 
 SPLIT_MIN_CELLS = 512  # few tokens over at least this many cells: attention in three passes split over cells
@@ -70,43 +54,104 @@ def attend(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, out, n_t
         _attend_groups(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, out, n_threads)
 
 
+@numba.njit(cache=True, inline="always")
+def _chain(qv, g, k, c, k0, d_k):
+    """tinyBLAS's 16 FMA lanes of one score: cell c's key row against query head g of qv, from zero."""
+    acc = wzero()
+    for i in range(0, d_k, 16):
+        acc = ffma16(acc, hload16(k, c, k0 + i), fload16(qv, g, i))
+    return acc
+
+
 @numba.njit(cache=True)
-def _group_scores(q, k, cells, mask_add, scale, t, hk, r0, r1, qv, w):
-    """w[g, r] = scaled, masked kq of visible slots r0..r1-1 for the query heads g of KV head hk (qv (gqa, d_k):
-    scratch for the queries rounded to f16, from_float of the f16 vec_dot_type); each cell's K row is read once
-    for the group."""
+def _scores16(qv, g, k, cl, r, k0, d_k):
+    """kq of the 16 slots r..r+15 (cells cl[r..r+15]) for query head g -> f32x16: per slot 16 FMA lanes over the
+    head dimension from zero, reduced as `_mm512_reduce_add_ps` (tinyBLAS<16, __m512>), the 16 horizontal sums
+    done together."""
+    return reduce_add16x16((
+        _chain(qv, g, k, cl[r], k0, d_k), _chain(qv, g, k, cl[r + 1], k0, d_k),
+        _chain(qv, g, k, cl[r + 2], k0, d_k), _chain(qv, g, k, cl[r + 3], k0, d_k),
+        _chain(qv, g, k, cl[r + 4], k0, d_k), _chain(qv, g, k, cl[r + 5], k0, d_k),
+        _chain(qv, g, k, cl[r + 6], k0, d_k), _chain(qv, g, k, cl[r + 7], k0, d_k),
+        _chain(qv, g, k, cl[r + 8], k0, d_k), _chain(qv, g, k, cl[r + 9], k0, d_k),
+        _chain(qv, g, k, cl[r + 10], k0, d_k), _chain(qv, g, k, cl[r + 11], k0, d_k),
+        _chain(qv, g, k, cl[r + 12], k0, d_k), _chain(qv, g, k, cl[r + 13], k0, d_k),
+        _chain(qv, g, k, cl[r + 14], k0, d_k), _chain(qv, g, k, cl[r + 15], k0, d_k),
+    ))
+
+
+@numba.njit(cache=True)
+def _slot_cells(cells, t, m, cl):
+    """cl[r] = token t's r-th visible cell for r < m, its last one for m <= r < len(cl): whole 16-slot blocks
+    read valid rows (the extra slots' scores are dropped, their probabilities are 0)."""
+    for r in range(cl.shape[0]):
+        cl[r] = cells[t, min(r, m - 1)] if m > 0 else 0
+
+
+@numba.njit(cache=True)
+def _group_scores(q, k, cl, mask_add, scale, t, hk, r0, r1, qv, w, tmp):
+    """w[g, r] = scaled, masked kq of visible slots r0..r1-1 (cells cl[r]) for the query heads g of KV head hk,
+    16 slots at a time (a block's K rows come from L1 for the group's other heads). qv (gqa, d_k): scratch for
+    the queries rounded to f16 (from_float of the f16 vec_dot_type); tmp (1, 16) scratch."""
     gqa, d_k = qv.shape
     for g in range(gqa):
         for i in range(d_k):
             qv[g, i] = round_f16(q[t, (hk * gqa + g) * d_k + i])
-    for r in range(r0, r1):
-        c = cells[t, r]
+    for r in range(r0, r1, 16):
         for g in range(gqa):
-            w[g, r] = _score(qv[g : g + 1], k, c, hk * d_k, d_k) * scale + mask_add[t, r]
+            s = wscale(_scores16(qv, g, k, cl, r, hk * d_k, d_k), scale)
+            if r + 16 <= r1:
+                fstore16(w, g, r, fadd16(s, fload16(mask_add, t, r)))
+            else:
+                fstore16(tmp, 0, 0, s)
+                for j in range(r1 - r):
+                    w[g, r + j] = tmp[0, j] + mask_add[t, r + j]
+
+
+@numba.njit(cache=True, inline="always")
+def _value_lane(acc, v, cl, p, g, r, col):
+    """acc + f16(probability) * V row of slot r, columns col..col+15 (one of tinyBLAS's kqv lanes)."""
+    return ffma16s(acc, hload16(v, cl[r], col), p[g, r])
 
 
 @numba.njit(cache=True)
-def _group_values(v, cells, t, hk, d_v, m, e, lanes, out, j0):
-    """out[t, columns j0 : j0 + width of each query head g of KV head hk] = kqv over visible slots 0..m-1 from the
-    probabilities e (gqa, >= m); lanes (16, width) scratch."""
-    gqa, width = e.shape[0], lanes.shape[1]
+def _group_values(v, cl, hk, d_v, m, e, p, out, t, j0, width):
+    """out[t, columns j0 : j0 + width of each query head g of KV head hk] = kqv over visible slots 0..m-1 (cells
+    cl[r]) from the probabilities e (gqa, >= m rounded up to 16, zero past m); p (like e) scratch for them
+    rounded to f16. The 16 lanes of a 16-column block (lane = rank mod 16, tinyBLAS's kqv lanes) stay in
+    registers over all the slots (a slot past m adds 0 * a valid row: exactly nothing), then reduce as
+    `_mm512_reduce_add_ps`."""
+    gqa = e.shape[0]
+    m16 = (m + 15) // 16 * 16
     for g in range(gqa):
-        lanes[:, :] = _F32(0.0)
-        _accumulate_v(v, cells, t, 0, m, e[g], lanes, hk, d_v, j0, j0 + width)
-        _reduce_lanes(lanes, out, t, (hk * gqa + g) * d_v + j0, width)
-
-
-@numba.njit(cache=True)
-def _accumulate_v(v, cells, t, r0, r1, e, lanes, hk, d_v, j0, j1):
-    """lanes[r % 16, j0:j1] += f16(e[r]) * V[cells[t, r], head hk, j0:j1] over visible slots r0..r1-1, in order
-    (tinyBLAS's kqv lanes: lane = rank mod 16)."""
-    for r in range(r0, r1):
-        pr = round_f16(e[r])
-        if pr == 0:
-            continue  # adds an exact zero (fma(0, v, acc) = acc)
-        c, ln = cells[t, r], r % 16
-        for j in range(j0, j1, 16):
-            fstore16(lanes, ln, j - j0, ffma16s(fload16(lanes, ln, j - j0), hload16(v, c, hk * d_v + j), pr))
+        for r in range(m16):
+            p[g, r] = round_f16(e[g, r])
+    for g in range(gqa):
+        for j in range(j0, j0 + width, 16):
+            col = hk * d_v + j
+            a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = wzero()
+            a8 = a9 = a10 = a11 = a12 = a13 = a14 = a15 = wzero()
+            for r in range(0, m16, 16):
+                a0 = _value_lane(a0, v, cl, p, g, r, col)
+                a1 = _value_lane(a1, v, cl, p, g, r + 1, col)
+                a2 = _value_lane(a2, v, cl, p, g, r + 2, col)
+                a3 = _value_lane(a3, v, cl, p, g, r + 3, col)
+                a4 = _value_lane(a4, v, cl, p, g, r + 4, col)
+                a5 = _value_lane(a5, v, cl, p, g, r + 5, col)
+                a6 = _value_lane(a6, v, cl, p, g, r + 6, col)
+                a7 = _value_lane(a7, v, cl, p, g, r + 7, col)
+                a8 = _value_lane(a8, v, cl, p, g, r + 8, col)
+                a9 = _value_lane(a9, v, cl, p, g, r + 9, col)
+                a10 = _value_lane(a10, v, cl, p, g, r + 10, col)
+                a11 = _value_lane(a11, v, cl, p, g, r + 11, col)
+                a12 = _value_lane(a12, v, cl, p, g, r + 12, col)
+                a13 = _value_lane(a13, v, cl, p, g, r + 13, col)
+                a14 = _value_lane(a14, v, cl, p, g, r + 14, col)
+                a15 = _value_lane(a15, v, cl, p, g, r + 15, col)
+            t0, t1, t2, t3 = fadd16(a8, a0), fadd16(a9, a1), fadd16(a10, a2), fadd16(a11, a3)
+            t4, t5, t6, t7 = fadd16(a12, a4), fadd16(a13, a5), fadd16(a14, a6), fadd16(a15, a7)
+            u0, u1, u2, u3 = fadd16(t4, t0), fadd16(t5, t1), fadd16(t6, t2), fadd16(t7, t3)
+            fstore16(out, t, (hk * gqa + g) * d_v + j, fadd16(fadd16(u0, u2), fadd16(u1, u3)))
 
 
 @numba.njit(parallel=True, cache=True)
@@ -124,20 +169,23 @@ def _attend_groups(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, 
         qv = np.empty((gqa, d_k), np.float32)
         w_buf = np.zeros((gqa, m_max), np.float32)
         e_buf = np.zeros((gqa, m_max), np.float32)
-        lanes = np.empty((16, d_v), np.float32)
+        p_buf = np.empty((gqa, m_max), np.float32)
+        cl = np.empty(m_max, np.int64)
+        tmp = np.empty((1, 16), np.float32)
         for p in range(task, n_g, n_tasks):
             t = p // n_head_kv
             hk = p - t * n_head_kv
             m = n_cells[t]
             m_pad = (m + 63) // 64 * 64
-            _group_scores(q, k, cells, mask_add, scale, t, hk, 0, m, qv, w_buf)
+            _slot_cells(cells, t, m, cl[: (m + 15) // 16 * 16])
+            _group_scores(q, k, cl, mask_add, scale, t, hk, 0, m, qv, w_buf, tmp)
             for g in range(gqa):
                 _soft_max(w_buf[g, :m_pad], m, e_buf[g, :m_pad])
-            _group_values(v, cells, t, hk, d_v, m, e_buf, lanes, out, 0)
+            _group_values(v, cl, hk, d_v, m, e_buf, p_buf, out, t, 0, d_v)
 
 
 @numba.njit(parallel=True, cache=True)
-def _split_scores(q, k, n_head, n_head_kv, cells, n_cells, mask_add, scale, w, n_blocks):  # pragma: no cover
+def _split_scores(q, k, n_head, n_head_kv, cl, n_cells, mask_add, scale, w, n_blocks):  # pragma: no cover
     """w[t, h, r] = scaled, masked kq of every visible slot, in (token, KV head, cell block) tasks."""
     n = q.shape[0]
     d_k = q.shape[1] // n_head
@@ -149,7 +197,8 @@ def _split_scores(q, k, n_head, n_head_kv, cells, n_cells, mask_add, scale, w, n
         m = n_cells[t]
         r0, r1 = b * m // n_blocks, (b + 1) * m // n_blocks
         qv = np.empty((gqa, d_k), np.float32)
-        _group_scores(q, k, cells, mask_add, scale, t, hk, r0, r1, qv, w[t, hk * gqa : (hk + 1) * gqa])
+        tmp = np.empty((1, 16), np.float32)
+        _group_scores(q, k, cl[t], mask_add, scale, t, hk, r0, r1, qv, w[t, hk * gqa : (hk + 1) * gqa], tmp)
 
 
 @numba.njit(parallel=True, cache=True)
@@ -164,7 +213,7 @@ def _split_soft_max(w, n_cells, e):  # pragma: no cover
 
 
 @numba.njit(parallel=True, cache=True)
-def _split_values(v, n_head, n_head_kv, cells, n_cells, e, out, n_cols):  # pragma: no cover
+def _split_values(v, n_head, n_head_kv, cl, n_cells, e, out, n_cols):  # pragma: no cover
     """out = kqv in (token, KV head, column block) tasks: a block's columns of V summed in every slot's order,
     as a whole row would be (each column's sum is its own)."""
     n = e.shape[0]
@@ -175,8 +224,8 @@ def _split_values(v, n_head, n_head_kv, cells, n_cells, e, out, n_cols):  # prag
         t = task // (n_head_kv * n_cols)
         hk = task // n_cols % n_head_kv
         j0 = task % n_cols * width
-        lanes = np.empty((16, width), np.float32)
-        _group_values(v, cells, t, hk, d_v, n_cells[t], e[t, hk * gqa : (hk + 1) * gqa], lanes, out, j0)
+        p = np.empty((gqa, e.shape[2]), np.float32)
+        _group_values(v, cl[t], hk, d_v, n_cells[t], e[t, hk * gqa : (hk + 1) * gqa], p, out, t, j0, width)
 
 
 @numba.njit(cache=True)
@@ -188,11 +237,14 @@ def _attend_split(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, o
     m_pad = (n_cells.max() + 63) // 64 * 64
     w = np.empty((n, n_head, m_pad), np.float32)
     e = np.empty((n, n_head, m_pad), np.float32)
+    cl = np.empty((n, m_pad), np.int64)
+    for t in range(n):
+        _slot_cells(cells, t, n_cells[t], cl[t])
     groups = n * n_head_kv
     n_blocks = 4 * n_threads  # a multiple of the threads: every thread gets as many blocks
-    _split_scores(q, k, n_head, n_head_kv, cells, n_cells, mask_add, scale, w, n_blocks)
+    _split_scores(q, k, n_head, n_head_kv, cl, n_cells, mask_add, scale, w, n_blocks)
     _split_soft_max(w, n_cells, e)
     n_cols = 1
     while groups * n_cols < 2 * n_threads and d_v % (32 * n_cols) == 0:
         n_cols *= 2
-    _split_values(v, n_head, n_head_kv, cells, n_cells, e, out, n_cols)
+    _split_values(v, n_head, n_head_kv, cl, n_cells, e, out, n_cols)

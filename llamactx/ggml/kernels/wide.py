@@ -464,3 +464,39 @@ def isub16(typingctx, a, b):
         return builder.sub(args[0], args[1])
 
     return sig, codegen
+
+
+@intrinsic
+def reduce_add16x16(typingctx, vs):
+    """Lane c = `reduce_add16(vs[c])` for 16 vectors at once: the same three halvings and final pairs per vector
+    (so the same bits), done on pairs of vectors with shuffles instead of one horizontal sum each."""
+    if not (isinstance(vs, types.UniTuple) and vs.count == 16 and vs.dtype == f32x16):
+        return None
+    sig = f32x16(vs)
+
+    def codegen(context, builder, sig, args):
+        v = [builder.extract_value(args[0], c) for c in range(16)]
+
+        def combine(a, b, hi, lo):
+            shuffled = builder.shuffle_vector(a, b, lane_index(hi)), builder.shuffle_vector(a, b, lane_index(lo))
+            return builder.fadd(*shuffled)
+
+        # lanes i + 8 and i: two cells' 8 partial sums per vector (cells 2p, 2p + 1)
+        l1 = [combine(v[2 * p], v[2 * p + 1], [*range(8, 16), *range(24, 32)], [*range(8), *range(16, 24)])
+              for p in range(8)]
+
+        def quarters(offsets):  # lanes off..off+3 of each 8-lane cell group, over the 4 cells of a pair of vectors
+            return [o + e for o in offsets for e in range(4)]
+
+        # lanes i + 4 and i of each cell: four cells' 4 partial sums per vector (cells 4q..4q+3)
+        l2 = [combine(l1[2 * q], l1[2 * q + 1], quarters([4, 12, 20, 28]), quarters([0, 8, 16, 24])) for q in range(4)]
+
+        def pairs(first):  # lanes first, first+1 of each 4-lane cell over the 8 cells of a pair of vectors
+            return [4 * cell + first + e for cell in range(8) for e in range(2)]
+
+        # (e0 + e2, e1 + e3) per cell: eight cells per vector (cells 8s..8s+7)
+        l3 = [combine(l2[2 * s], l2[2 * s + 1], pairs(0), pairs(2)) for s in range(2)]
+        # (e0 + e2) + (e1 + e3) per cell
+        return combine(l3[0], l3[1], [2 * c for c in range(16)], [2 * c + 1 for c in range(16)])
+
+    return sig, codegen
