@@ -89,14 +89,20 @@ def _slot_cells(cells, t, m, cl):
 
 
 @numba.njit(cache=True)
-def _group_scores(q, k, cl, mask_add, scale, t, hk, r0, r1, qv, w, tmp):
-    """w[g, r] = scaled, masked kq of visible slots r0..r1-1 (cells cl[r]) for the query heads g of KV head hk,
-    16 slots at a time (a block's K rows come from L1 for the group's other heads). qv (gqa, d_k): scratch for
-    the queries rounded to f16 (from_float of the f16 vec_dot_type); tmp (1, 16) scratch."""
+def _round_queries(q, t, hk, qv):
+    """qv[g] = query head g of KV head hk of token t rounded to f16 (from_float of the f16 vec_dot_type)."""
     gqa, d_k = qv.shape
     for g in range(gqa):
         for i in range(d_k):
             qv[g, i] = round_f16(q[t, (hk * gqa + g) * d_k + i])
+
+
+@numba.njit(cache=True)
+def _group_scores(k, cl, mask_add, scale, t, hk, r0, r1, qv, w, tmp):
+    """w[g, r] = scaled, masked kq of visible slots r0..r1-1 (cells cl[r]) for the query heads g of KV head hk
+    (qv: `_round_queries`), 16 slots at a time (a block's K rows come from L1 for the group's other heads);
+    tmp (1, 16) scratch."""
+    gqa, d_k = qv.shape
     for r in range(r0, r1, 16):
         for g in range(gqa):
             s = wscale(_scores16(qv, g, k, cl, r, hk * d_k, d_k), scale)
@@ -178,7 +184,8 @@ def _attend_groups(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, 
             m = n_cells[t]
             m_pad = (m + 63) // 64 * 64
             _slot_cells(cells, t, m, cl[: (m + 15) // 16 * 16])
-            _group_scores(q, k, cl, mask_add, scale, t, hk, 0, m, qv, w_buf, tmp)
+            _round_queries(q, t, hk, qv)
+            _group_scores(k, cl, mask_add, scale, t, hk, 0, m, qv, w_buf, tmp)
             for g in range(gqa):
                 _soft_max(w_buf[g, :m_pad], m, e_buf[g, :m_pad])
             _group_values(v, cl, hk, d_v, m, e_buf, p_buf, out, t, 0, d_v)
@@ -186,19 +193,25 @@ def _attend_groups(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, 
 
 @numba.njit(parallel=True, cache=True)
 def _split_scores(q, k, n_head, n_head_kv, cl, n_cells, mask_add, scale, w, n_blocks):  # pragma: no cover
-    """w[t, h, r] = scaled, masked kq of every visible slot, in (token, KV head, cell block) tasks."""
+    """w[t, h, r] = scaled, masked kq of every visible slot, in (token, cell block) tasks over all heads: each
+    thread reads its own contiguous share of the K rows, once (every KV head's columns of a row together)."""
     n = q.shape[0]
     d_k = q.shape[1] // n_head
     gqa = n_head // n_head_kv
-    for task in numba.prange(n * n_head_kv * n_blocks):
-        t = task // (n_head_kv * n_blocks)
-        hk = task // n_blocks % n_head_kv
-        b = task % n_blocks
+    for task in numba.prange(n * n_blocks):
+        t, b = task // n_blocks, task % n_blocks
         m = n_cells[t]
-        r0, r1 = b * m // n_blocks, (b + 1) * m // n_blocks
-        qv = np.empty((gqa, d_k), np.float32)
+        r0, r1 = b * m // n_blocks // 16 * 16, (b + 1) * m // n_blocks // 16 * 16
+        if b == n_blocks - 1:
+            r1 = m
+        qv = np.empty((n_head_kv, gqa, d_k), np.float32)
+        for hk in range(n_head_kv):
+            _round_queries(q, t, hk, qv[hk])
         tmp = np.empty((1, 16), np.float32)
-        _group_scores(q, k, cl[t], mask_add, scale, t, hk, r0, r1, qv, w[t, hk * gqa : (hk + 1) * gqa], tmp)
+        for r in range(r0, r1, 16):
+            for hk in range(n_head_kv):
+                rows = w[t, hk * gqa : (hk + 1) * gqa]
+                _group_scores(k, cl[t], mask_add, scale, t, hk, r, min(r + 16, r1), qv[hk], rows, tmp)
 
 
 @numba.njit(parallel=True, cache=True)
@@ -212,26 +225,66 @@ def _split_soft_max(w, n_cells, e):  # pragma: no cover
         _soft_max(w[t, h, :m_pad], m, e[t, h, :m_pad])
 
 
+@numba.njit(cache=True, inline="always")
+def _lane_step(acc, v, c, col, pr):
+    """acc + pr * V[c, col:col+16]."""
+    return ffma16s(acc, hload16(v, c, col), pr)
+
+
 @numba.njit(parallel=True, cache=True)
-def _split_values(v, n_head, n_head_kv, cl, n_cells, e, out, n_cols):  # pragma: no cover
-    """out = kqv in (token, KV head, column block) tasks: a block's columns of V summed in every slot's order,
-    as a whole row would be (each column's sum is its own)."""
+def _split_values(v, n_head, n_head_kv, cl, n_cells, e, lanes):  # pragma: no cover
+    """lanes[t, h, l] = tinyBLAS's kqv lane l (slots r = l, l + 16, ... in order) of every head, in (token,
+    lane) tasks: lane l reads only its own slots' V rows (all heads' columns of a row while they are in cache),
+    so each thread streams its own rows of V, once."""
     n = e.shape[0]
     d_v = v.shape[1] // n_head_kv
     gqa = n_head // n_head_kv
-    width = d_v // n_cols
-    for task in numba.prange(n * n_head_kv * n_cols):
-        t = task // (n_head_kv * n_cols)
-        hk = task // n_cols % n_head_kv
-        j0 = task % n_cols * width
-        p = np.empty((gqa, e.shape[2]), np.float32)
-        _group_values(v, cl[t], hk, d_v, n_cells[t], e[t, hk * gqa : (hk + 1) * gqa], p, out, t, j0, width)
+    for task in numba.prange(n * 16):
+        t, ln = task // 16, task % 16
+        m = n_cells[t]
+        for h in range(n_head):
+            hk = h // gqa
+            for j in range(0, d_v, 64):
+                a0 = a1 = a2 = a3 = wzero()
+                for r in range(ln, m, 16):
+                    c, pr = cl[t, r], round_f16(e[t, h, r])
+                    a0 = _lane_step(a0, v, c, hk * d_v + j, pr)
+                    if j + 16 < d_v:
+                        a1 = _lane_step(a1, v, c, hk * d_v + j + 16, pr)
+                    if j + 32 < d_v:
+                        a2 = _lane_step(a2, v, c, hk * d_v + j + 32, pr)
+                    if j + 48 < d_v:
+                        a3 = _lane_step(a3, v, c, hk * d_v + j + 48, pr)
+                row = lanes[t, h]
+                fstore16(row, ln, j, a0)
+                if j + 16 < d_v:
+                    fstore16(row, ln, j + 16, a1)
+                if j + 32 < d_v:
+                    fstore16(row, ln, j + 32, a2)
+                if j + 48 < d_v:
+                    fstore16(row, ln, j + 48, a3)
+
+
+@numba.njit(parallel=True, cache=True)
+def _split_reduce(lanes, out):  # pragma: no cover
+    """out[t, h * d_v + j] = `_mm512_reduce_add_ps` of lanes[t, h, 0:16, j], 16 columns at a time."""
+    n, n_head, _, d_v = lanes.shape
+    for task in numba.prange(n * n_head):
+        t, h = task // n_head, task % n_head
+        x = lanes[t, h]
+        for j in range(0, d_v, 16):
+            t0, t1 = fadd16(fload16(x, 8, j), fload16(x, 0, j)), fadd16(fload16(x, 9, j), fload16(x, 1, j))
+            t2, t3 = fadd16(fload16(x, 10, j), fload16(x, 2, j)), fadd16(fload16(x, 11, j), fload16(x, 3, j))
+            t4, t5 = fadd16(fload16(x, 12, j), fload16(x, 4, j)), fadd16(fload16(x, 13, j), fload16(x, 5, j))
+            t6, t7 = fadd16(fload16(x, 14, j), fload16(x, 6, j)), fadd16(fload16(x, 15, j), fload16(x, 7, j))
+            u0, u1, u2, u3 = fadd16(t4, t0), fadd16(t5, t1), fadd16(t6, t2), fadd16(t7, t3)
+            fstore16(out, t, h * d_v + j, fadd16(fadd16(u0, u2), fadd16(u1, u3)))
 
 
 @numba.njit(cache=True)
 def _attend_split(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, out, n_threads):  # pragma: no cover
     """`attend` for few tokens over many cells: scores split over cell blocks, softmax per head, kqv split over
-    column blocks (16 columns or more); the same sums in the same order as `_attend_groups`."""
+    its 16 lanes, then the lanes reduced; the same sums in the same order as `_attend_groups`."""
     n = q.shape[0]
     d_v = v.shape[1] // n_head_kv
     m_pad = (n_cells.max() + 63) // 64 * 64
@@ -240,11 +293,8 @@ def _attend_split(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, o
     cl = np.empty((n, m_pad), np.int64)
     for t in range(n):
         _slot_cells(cells, t, n_cells[t], cl[t])
-    groups = n * n_head_kv
-    n_blocks = 4 * n_threads  # a multiple of the threads: every thread gets as many blocks
-    _split_scores(q, k, n_head, n_head_kv, cl, n_cells, mask_add, scale, w, n_blocks)
+    _split_scores(q, k, n_head, n_head_kv, cl, n_cells, mask_add, scale, w, 4 * n_threads)
     _split_soft_max(w, n_cells, e)
-    n_cols = 1
-    while groups * n_cols < 2 * n_threads and d_v % (32 * n_cols) == 0:
-        n_cols *= 2
-    _split_values(v, n_head, n_head_kv, cl, n_cells, e, out, n_cols)
+    lanes = np.empty((n, n_head, 16, d_v), np.float32)
+    _split_values(v, n_head, n_head_kv, cl, n_cells, e, lanes)
+    _split_reduce(lanes, out)
