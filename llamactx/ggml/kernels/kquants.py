@@ -15,7 +15,21 @@ from numba import njit
 from numba.extending import overload
 
 from llamactx.ggml.intrinsics import fma32
-from llamactx.ggml.kernels.simd import Tag, TagType, fmadd_i, fsum, fzero, vfield, vhi, vlo, vload, vload_i32, vor
+from llamactx.ggml.kernels.legacy import PREFETCH_BYTES
+from llamactx.ggml.kernels.simd import (
+    Tag,
+    TagType,
+    fmadd_i,
+    fsum,
+    fzero,
+    prefetch,
+    vfield,
+    vhi,
+    vlo,
+    vload,
+    vload_i32,
+    vor,
+)
 from llamactx.ggml.kernels.vnni import (
     ihsum,
     imul,
@@ -33,6 +47,28 @@ _F0 = np.float32(0.0)
 
 DEC_Q4K = Tag("dec_q4k")  # Q4_K: 128 bytes of nibbles per super-block
 DEC_Q5K = Tag("dec_q5k")  # Q5_K: nibbles + 32 bytes of fifth bits
+
+
+# --- decode: software prefetch ------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def _ahead(W):
+    """Rows to prefetch ahead of the one being read when few activation rows stream the weights."""
+    return max(1, PREFETCH_BYTES // max(1, W[0].shape[1] + W[1].shape[1] + W[2].shape[1]))
+
+
+@njit(cache=True)
+def _prefetch_row(W, r, r1):
+    """Prefetch row r's quants, high bits and scales (if r < r1)."""
+    if r < r1:
+        qs, qh, sc = W[0], W[1], W[2]
+        for col in range(0, qs.shape[1], 64):
+            prefetch(qs, r, col)
+        for col in range(0, qh.shape[1], 64):
+            prefetch(qh, r, col)
+        for col in range(0, sc.shape[1], 64):
+            prefetch(sc, r, col)
 
 
 # --- Q4_K / Q5_K ---------------------------------------------------------------------------------------------
@@ -118,7 +154,12 @@ def k45_rows(path, dec, W, a, r0, r1, out):
     q5 = _is_q5(dec)
     z = (_F0, _F0, _F0, _F0)
     n = xq.shape[0]
+    ahead = _ahead(W) if n < 4 else 0  # decode streams the weights: prefetch ahead (legacy.x4_rows)
+    for r in range(r0, min(r0 + ahead, r1)):
+        _prefetch_row(W, r, r1)
     for r in range(r0, r1):
+        if ahead:
+            _prefetch_row(W, r + ahead, r1)
         for i in range(0, n - n % 4, 4):
             a0, a1, a2, a3 = fzero(), fzero(), fzero(), fzero()
             m0, m1, m2, m3 = z, z, z, z
@@ -236,7 +277,12 @@ def q6k_rows(path, W, a, r0, r1, out):
     ql, qh, sc, _, d, _ = W
     xq, xd, bsums, _ = a
     n = xq.shape[0]
+    ahead = _ahead(W) if n < 4 else 0  # decode streams the weights: prefetch ahead (legacy.x4_rows)
+    for r in range(r0, min(r0 + ahead, r1)):
+        _prefetch_row(W, r, r1)
     for r in range(r0, r1):
+        if ahead:
+            _prefetch_row(W, r + ahead, r1)
         for i in range(0, n - n % 4, 4):
             a0, a1, a2, a3 = fzero(), fzero(), fzero(), fzero()
             for b in range(d.shape[1]):
@@ -275,7 +321,12 @@ def q4k_x8_rows(path, W, a, r0, r1, out):
     xq, xd, bsums, _ = a
     n = xq.shape[0]
     n_gemm = n - n % 4
+    ahead = _ahead(W) if n < 4 else 0  # decode streams the weights: prefetch ahead (legacy.x4_rows)
+    for r in range(r0, min(r0 + ahead, r1)):
+        _prefetch_row(W, r, r1)
     for r in range(r0, r1):
+        if ahead:
+            _prefetch_row(W, r + ahead, r1)
         for i in range(0, n_gemm, 4):
             a0, a1, a2, a3 = _F0, _F0, _F0, _F0
             m0, m1, m2, m3 = _F0, _F0, _F0, _F0
