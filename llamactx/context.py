@@ -149,6 +149,8 @@ class Context:
             res = self._forward(ub, self._memory_input(view, ub), np.flatnonzero(ub.output), want_logits=True)
             logits_parts.append(res.logits)
             embd_parts.append(res.embd)
+        if len(logits_parts) == 1:  # one ubatch: its outputs are fresh arrays already (no 1 MiB copy per token)
+            return logits_parts[0], embd_parts[0] if self.params.embeddings else None
         logits = np.concatenate(logits_parts)
         embd = np.concatenate(embd_parts) if self.params.embeddings else None
         return logits, embd
