@@ -15,14 +15,13 @@ from numba import njit
 from numba.extending import overload
 
 from llamactx.ggml.intrinsics import fma32
-from llamactx.ggml.kernels.legacy import PREFETCH_BYTES
+from llamactx.ggml.kernels.legacy import prefetch_distance, prefetch_rows
 from llamactx.ggml.kernels.simd import (
     Tag,
     TagType,
     fmadd_i,
     fsum,
     fzero,
-    prefetch,
     vfield,
     vhi,
     vlo,
@@ -55,20 +54,14 @@ DEC_Q5K = Tag("dec_q5k")  # Q5_K: nibbles + 32 bytes of fifth bits
 @njit(cache=True)
 def _ahead(W):
     """Rows to prefetch ahead of the one being read when few activation rows stream the weights."""
-    return max(1, PREFETCH_BYTES // max(1, W[0].shape[1] + W[1].shape[1] + W[2].shape[1]))
+    return prefetch_distance(W[0], W[1], W[2])
 
 
 @njit(cache=True)
 def _prefetch_row(W, r, r1):
     """Prefetch row r's quants, high bits and scales (if r < r1)."""
     if r < r1:
-        qs, qh, sc = W[0], W[1], W[2]
-        for col in range(0, qs.shape[1], 64):
-            prefetch(qs, r, col)
-        for col in range(0, qh.shape[1], 64):
-            prefetch(qh, r, col)
-        for col in range(0, sc.shape[1], 64):
-            prefetch(sc, r, col)
+        prefetch_rows(W[0], W[1], W[2], r, 1)
 
 
 # --- Q4_K / Q5_K ---------------------------------------------------------------------------------------------

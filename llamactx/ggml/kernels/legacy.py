@@ -121,8 +121,14 @@ def _x4_block_scales(dec, sc, g, b):
 
 
 @njit(cache=True)
-def _prefetch_groups(qs, qh, sc, g, count):
-    """Prefetch every line of row groups g..g+count-1 (their quants, fifth bits and scales)."""
+def prefetch_distance(qs, qh, sc):
+    """Rows (or row groups) of these slots in PREFETCH_BYTES, at least 2: how far ahead decode prefetches."""
+    return max(2, PREFETCH_BYTES // max(1, qs.shape[1] + qh.shape[1] + sc.shape[1]))
+
+
+@njit(cache=True)
+def prefetch_rows(qs, qh, sc, g, count):
+    """Prefetch every line of rows (row groups) g..g+count-1 of the quants, high bits and scales."""
     for h in range(g, g + count):
         for col in range(0, qs.shape[1], 64):
             prefetch(qs, h, col)
@@ -157,13 +163,13 @@ def x4_rows(path, dec, W, a, g0, g1, out):
             _x4_store(dec, out, i + 1, c, a1, b1, m1)
             _x4_store(dec, out, i + 2, c, a2, b2, m2)
             _x4_store(dec, out, i + 3, c, a3, b3, m3)
-    ahead = max(2, PREFETCH_BYTES // max(1, qs.shape[1] + qh.shape[1] + sc.shape[1]))
+    ahead = prefetch_distance(qs, qh, sc)
     for i in range(n4, n):  # single activation rows: two groups at a time, four FMA chains in flight
         if i == n4 and g0 + 2 < g1:
-            _prefetch_groups(qs, qh, sc, g0 + 2, min(ahead, g1 - g0 - 2))
+            prefetch_rows(qs, qh, sc, g0 + 2, min(ahead, g1 - g0 - 2))
         for g in range(g0, g1 - 1, 2):
             if i == n4 and g + ahead + 2 <= g1:  # the hardware prefetcher alone reaches ~60% of the bandwidth
-                _prefetch_groups(qs, qh, sc, g + ahead, 2)
+                prefetch_rows(qs, qh, sc, g + ahead, 2)
             a0, b0, m0 = wzero(), wzero(), wzero4()
             a1, b1, m1 = wzero(), wzero(), wzero4()
             for b in range(nb):
