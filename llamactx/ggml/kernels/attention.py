@@ -55,28 +55,34 @@ def attend(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, out, n_t
 
 
 @numba.njit(cache=True, inline="always")
-def _chain(qv, g, k, c, k0, d_k):
-    """tinyBLAS's 16 FMA lanes of one score: cell c's key row against query head g of qv, from zero."""
+def _chain(qv, g, kf, c, d_k):
+    """tinyBLAS's 16 FMA lanes of one score: key row c of kf against query head g of qv, from zero."""
     acc = wzero()
     for i in range(0, d_k, 16):
-        acc = ffma16(acc, hload16(k, c, k0 + i), fload16(qv, g, i))
+        acc = ffma16(acc, fload16(kf, c, i), fload16(qv, g, i))
     return acc
 
 
 @numba.njit(cache=True)
-def _scores16(qv, g, k, cl, r, k0, d_k):
-    """kq of the 16 slots r..r+15 (cells cl[r..r+15]) for query head g -> f32x16: per slot 16 FMA lanes over the
+def _widen_rows(src, cl, r0, count, col0, width, dst):
+    """dst[i, :width] = the f16 row cl[r0 + i] of src (uint16 bits), columns col0.., widened exactly to f32, for
+    i < count: a block of K or V rows converted once for every query head of the group."""
+    for i in range(count):
+        c = cl[r0 + i]
+        for j in range(0, width, 16):
+            fstore16(dst, i, j, hload16(src, c, col0 + j))
+
+
+@numba.njit(cache=True)
+def _scores16(qv, g, kf, d_k):
+    """kq of the 16 key rows of kf (a block of slots) for query head g -> f32x16: per slot 16 FMA lanes over the
     head dimension from zero, reduced as `_mm512_reduce_add_ps` (tinyBLAS<16, __m512>), the 16 horizontal sums
     done together."""
     return reduce_add16x16((
-        _chain(qv, g, k, cl[r], k0, d_k), _chain(qv, g, k, cl[r + 1], k0, d_k),
-        _chain(qv, g, k, cl[r + 2], k0, d_k), _chain(qv, g, k, cl[r + 3], k0, d_k),
-        _chain(qv, g, k, cl[r + 4], k0, d_k), _chain(qv, g, k, cl[r + 5], k0, d_k),
-        _chain(qv, g, k, cl[r + 6], k0, d_k), _chain(qv, g, k, cl[r + 7], k0, d_k),
-        _chain(qv, g, k, cl[r + 8], k0, d_k), _chain(qv, g, k, cl[r + 9], k0, d_k),
-        _chain(qv, g, k, cl[r + 10], k0, d_k), _chain(qv, g, k, cl[r + 11], k0, d_k),
-        _chain(qv, g, k, cl[r + 12], k0, d_k), _chain(qv, g, k, cl[r + 13], k0, d_k),
-        _chain(qv, g, k, cl[r + 14], k0, d_k), _chain(qv, g, k, cl[r + 15], k0, d_k),
+        _chain(qv, g, kf, 0, d_k), _chain(qv, g, kf, 1, d_k), _chain(qv, g, kf, 2, d_k), _chain(qv, g, kf, 3, d_k),
+        _chain(qv, g, kf, 4, d_k), _chain(qv, g, kf, 5, d_k), _chain(qv, g, kf, 6, d_k), _chain(qv, g, kf, 7, d_k),
+        _chain(qv, g, kf, 8, d_k), _chain(qv, g, kf, 9, d_k), _chain(qv, g, kf, 10, d_k), _chain(qv, g, kf, 11, d_k),
+        _chain(qv, g, kf, 12, d_k), _chain(qv, g, kf, 13, d_k), _chain(qv, g, kf, 14, d_k), _chain(qv, g, kf, 15, d_k),
     ))
 
 
@@ -98,14 +104,15 @@ def _round_queries(q, t, hk, qv):
 
 
 @numba.njit(cache=True)
-def _group_scores(k, cl, mask_add, scale, t, hk, r0, r1, qv, w, tmp):
+def _group_scores(k, cl, mask_add, scale, t, hk, r0, r1, qv, w, tmp, kf):
     """w[g, r] = scaled, masked kq of visible slots r0..r1-1 (cells cl[r]) for the query heads g of KV head hk
-    (qv: `_round_queries`), 16 slots at a time (a block's K rows come from L1 for the group's other heads);
-    tmp (1, 16) scratch."""
+    (qv: `_round_queries`), 16 slots at a time, a block's K rows widened once into kf (16, d_k) for the group's
+    heads; tmp (1, 16) scratch."""
     gqa, d_k = qv.shape
     for r in range(r0, r1, 16):
+        _widen_rows(k, cl, r, 16, hk * d_k, d_k, kf)
         for g in range(gqa):
-            s = wscale(_scores16(qv, g, k, cl, r, hk * d_k, d_k), scale)
+            s = wscale(_scores16(qv, g, kf, d_k), scale)
             if r + 16 <= r1:
                 fstore16(w, g, r, fadd16(s, fload16(mask_add, t, r)))
             else:
@@ -115,49 +122,92 @@ def _group_scores(k, cl, mask_add, scale, t, hk, r0, r1, qv, w, tmp):
 
 
 @numba.njit(cache=True, inline="always")
-def _value_lane(acc, v, cl, p, g, r, col):
-    """acc + f16(probability) * V row of slot r, columns col..col+15 (one of tinyBLAS's kqv lanes)."""
-    return ffma16s(acc, hload16(v, cl[r], col), p[g, r])
+def _value_lane(acc, vf, p, g, r, c0, j):
+    """acc + f16(probability) * V row of slot r (row r - c0 of the widened chunk vf), columns j..j+15 (one of
+    tinyBLAS's kqv lanes)."""
+    return ffma16s(acc, fload16(vf, r - c0, j), p[g, r])
+
+
+V_CHUNK_BYTES = 16384  # kqv widens a KV head's V rows in chunks of about this size (as f16), each used from L1
 
 
 @numba.njit(cache=True)
-def _group_values(v, cl, hk, d_v, m, e, p, out, t, j0, width):
-    """out[t, columns j0 : j0 + width of each query head g of KV head hk] = kqv over visible slots 0..m-1 (cells
-    cl[r]) from the probabilities e (gqa, >= m rounded up to 16, zero past m); p (like e) scratch for them
-    rounded to f16. The 16 lanes of a 16-column block (lane = rank mod 16, tinyBLAS's kqv lanes) stay in
-    registers over all the slots (a slot past m adds 0 * a valid row: exactly nothing), then reduce as
-    `_mm512_reduce_add_ps`."""
+def v_chunk(d_v):
+    """Slots per chunk of V rows (a multiple of 16)."""
+    return max(16, V_CHUNK_BYTES // (2 * d_v) // 16 * 16)
+
+
+@numba.njit(cache=True)
+def _group_values(v, cl, hk, d_v, m, e, p, lanes, vf, out, t):
+    """out[t, columns of each query head g of KV head hk] = kqv over visible slots 0..m-1 (cells cl[r]) from the
+    probabilities e (gqa, >= m rounded up to 16, zero past m); p (like e) scratch for them rounded to f16;
+    lanes (gqa * d_v, 16) and vf (v_chunk(d_v), d_v) scratch. The V rows are widened to f32 a chunk at a time
+    (once for every head and column block, from L1). tinyBLAS's 16 lanes of a 16-column block (lane = rank mod
+    16) are 16 registers while a chunk passes, saved between chunks (each lane's sum continues in slot order; a
+    slot past m adds 0 * a valid row: exactly nothing), and reduced as `_mm512_reduce_add_ps` at the end."""
     gqa = e.shape[0]
     m16 = (m + 15) // 16 * 16
     for g in range(gqa):
         for r in range(m16):
             p[g, r] = round_f16(e[g, r])
-    for g in range(gqa):
-        for j in range(j0, j0 + width, 16):
-            col = hk * d_v + j
-            a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = wzero()
-            a8 = a9 = a10 = a11 = a12 = a13 = a14 = a15 = wzero()
-            for r in range(0, m16, 16):
-                a0 = _value_lane(a0, v, cl, p, g, r, col)
-                a1 = _value_lane(a1, v, cl, p, g, r + 1, col)
-                a2 = _value_lane(a2, v, cl, p, g, r + 2, col)
-                a3 = _value_lane(a3, v, cl, p, g, r + 3, col)
-                a4 = _value_lane(a4, v, cl, p, g, r + 4, col)
-                a5 = _value_lane(a5, v, cl, p, g, r + 5, col)
-                a6 = _value_lane(a6, v, cl, p, g, r + 6, col)
-                a7 = _value_lane(a7, v, cl, p, g, r + 7, col)
-                a8 = _value_lane(a8, v, cl, p, g, r + 8, col)
-                a9 = _value_lane(a9, v, cl, p, g, r + 9, col)
-                a10 = _value_lane(a10, v, cl, p, g, r + 10, col)
-                a11 = _value_lane(a11, v, cl, p, g, r + 11, col)
-                a12 = _value_lane(a12, v, cl, p, g, r + 12, col)
-                a13 = _value_lane(a13, v, cl, p, g, r + 13, col)
-                a14 = _value_lane(a14, v, cl, p, g, r + 14, col)
-                a15 = _value_lane(a15, v, cl, p, g, r + 15, col)
-            t0, t1, t2, t3 = fadd16(a8, a0), fadd16(a9, a1), fadd16(a10, a2), fadd16(a11, a3)
-            t4, t5, t6, t7 = fadd16(a12, a4), fadd16(a13, a5), fadd16(a14, a6), fadd16(a15, a7)
-            u0, u1, u2, u3 = fadd16(t4, t0), fadd16(t5, t1), fadd16(t6, t2), fadd16(t7, t3)
-            fstore16(out, t, (hk * gqa + g) * d_v + j, fadd16(fadd16(u0, u2), fadd16(u1, u3)))
+    chunk = v_chunk(d_v)
+    for c0 in range(0, max(m16, 1), chunk):  # (no visible slot: one pass that stores zeros)
+        c1 = min(c0 + chunk, m16)
+        _widen_rows(v, cl, c0, c1 - c0, hk * d_v, d_v, vf)
+        for g in range(gqa):
+            for j in range(0, d_v, 16):
+                x = g * d_v + j  # lanes row of this head and column block's lane 0
+                if c0 == 0:
+                    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = wzero()
+                    a8 = a9 = a10 = a11 = a12 = a13 = a14 = a15 = wzero()
+                else:
+                    a0, a1 = fload16(lanes, x, 0), fload16(lanes, x + 1, 0)
+                    a2, a3 = fload16(lanes, x + 2, 0), fload16(lanes, x + 3, 0)
+                    a4, a5 = fload16(lanes, x + 4, 0), fload16(lanes, x + 5, 0)
+                    a6, a7 = fload16(lanes, x + 6, 0), fload16(lanes, x + 7, 0)
+                    a8, a9 = fload16(lanes, x + 8, 0), fload16(lanes, x + 9, 0)
+                    a10, a11 = fload16(lanes, x + 10, 0), fload16(lanes, x + 11, 0)
+                    a12, a13 = fload16(lanes, x + 12, 0), fload16(lanes, x + 13, 0)
+                    a14, a15 = fload16(lanes, x + 14, 0), fload16(lanes, x + 15, 0)
+                for r in range(c0, c1, 16):
+                    a0 = _value_lane(a0, vf, p, g, r, c0, j)
+                    a1 = _value_lane(a1, vf, p, g, r + 1, c0, j)
+                    a2 = _value_lane(a2, vf, p, g, r + 2, c0, j)
+                    a3 = _value_lane(a3, vf, p, g, r + 3, c0, j)
+                    a4 = _value_lane(a4, vf, p, g, r + 4, c0, j)
+                    a5 = _value_lane(a5, vf, p, g, r + 5, c0, j)
+                    a6 = _value_lane(a6, vf, p, g, r + 6, c0, j)
+                    a7 = _value_lane(a7, vf, p, g, r + 7, c0, j)
+                    a8 = _value_lane(a8, vf, p, g, r + 8, c0, j)
+                    a9 = _value_lane(a9, vf, p, g, r + 9, c0, j)
+                    a10 = _value_lane(a10, vf, p, g, r + 10, c0, j)
+                    a11 = _value_lane(a11, vf, p, g, r + 11, c0, j)
+                    a12 = _value_lane(a12, vf, p, g, r + 12, c0, j)
+                    a13 = _value_lane(a13, vf, p, g, r + 13, c0, j)
+                    a14 = _value_lane(a14, vf, p, g, r + 14, c0, j)
+                    a15 = _value_lane(a15, vf, p, g, r + 15, c0, j)
+                if c1 < m16:
+                    fstore16(lanes, x, 0, a0)
+                    fstore16(lanes, x + 1, 0, a1)
+                    fstore16(lanes, x + 2, 0, a2)
+                    fstore16(lanes, x + 3, 0, a3)
+                    fstore16(lanes, x + 4, 0, a4)
+                    fstore16(lanes, x + 5, 0, a5)
+                    fstore16(lanes, x + 6, 0, a6)
+                    fstore16(lanes, x + 7, 0, a7)
+                    fstore16(lanes, x + 8, 0, a8)
+                    fstore16(lanes, x + 9, 0, a9)
+                    fstore16(lanes, x + 10, 0, a10)
+                    fstore16(lanes, x + 11, 0, a11)
+                    fstore16(lanes, x + 12, 0, a12)
+                    fstore16(lanes, x + 13, 0, a13)
+                    fstore16(lanes, x + 14, 0, a14)
+                    fstore16(lanes, x + 15, 0, a15)
+                else:
+                    t0, t1, t2, t3 = fadd16(a8, a0), fadd16(a9, a1), fadd16(a10, a2), fadd16(a11, a3)
+                    t4, t5, t6, t7 = fadd16(a12, a4), fadd16(a13, a5), fadd16(a14, a6), fadd16(a15, a7)
+                    u0, u1, u2, u3 = fadd16(t4, t0), fadd16(t5, t1), fadd16(t6, t2), fadd16(t7, t3)
+                    fstore16(out, t, (hk * gqa + g) * d_v + j, fadd16(fadd16(u0, u2), fadd16(u1, u3)))
 
 
 @numba.njit(parallel=True, cache=True)
@@ -176,6 +226,9 @@ def _attend_groups(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, 
         w_buf = np.zeros((gqa, m_max), np.float32)
         e_buf = np.zeros((gqa, m_max), np.float32)
         p_buf = np.empty((gqa, m_max), np.float32)
+        lanes = np.empty((gqa * d_v, 16), np.float32)
+        kf = np.empty((16, d_k), np.float32)
+        vf = np.empty((v_chunk(d_v), d_v), np.float32)
         cl = np.empty(m_max, np.int64)
         tmp = np.empty((1, 16), np.float32)
         for p in range(task, n_g, n_tasks):
@@ -185,10 +238,10 @@ def _attend_groups(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, 
             m_pad = (m + 63) // 64 * 64
             _slot_cells(cells, t, m, cl[: (m + 15) // 16 * 16])
             _round_queries(q, t, hk, qv)
-            _group_scores(k, cl, mask_add, scale, t, hk, 0, m, qv, w_buf, tmp)
+            _group_scores(k, cl, mask_add, scale, t, hk, 0, m, qv, w_buf, tmp, kf)
             for g in range(gqa):
                 _soft_max(w_buf[g, :m_pad], m, e_buf[g, :m_pad])
-            _group_values(v, cl, hk, d_v, m, e_buf, p_buf, out, t, 0, d_v)
+            _group_values(v, cl, hk, d_v, m, e_buf, p_buf, lanes, vf, out, t)
 
 
 @numba.njit(parallel=True, cache=True)
@@ -208,10 +261,11 @@ def _split_scores(q, k, n_head, n_head_kv, cl, n_cells, mask_add, scale, w, n_bl
         for hk in range(n_head_kv):
             _round_queries(q, t, hk, qv[hk])
         tmp = np.empty((1, 16), np.float32)
+        kf = np.empty((16, d_k), np.float32)
         for r in range(r0, r1, 16):
             for hk in range(n_head_kv):
                 rows = w[t, hk * gqa : (hk + 1) * gqa]
-                _group_scores(k, cl[t], mask_add, scale, t, hk, r, min(r + 16, r1), qv[hk], rows, tmp)
+                _group_scores(k, cl[t], mask_add, scale, t, hk, r, min(r + 16, r1), qv[hk], rows, tmp, kf)
 
 
 @numba.njit(parallel=True, cache=True)
