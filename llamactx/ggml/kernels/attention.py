@@ -3,12 +3,13 @@
 The arithmetic is llamactx.ggml.attention's (ReferenceOps), which follows llama.cpp bit for bit: q rounded to f16,
 kq in tinyBLAS order (16 FMA lanes over the head dimension, `_mm512_reduce_add_ps`), `ggml_vec_soft_max_f32`,
 probabilities rounded to f16, kqv in tinyBLAS order over the token's visible cells by rank (lane = rank mod 16).
-Here the lanes are 512-bit registers (wide.py): a cell's key row is read as f16 and widened in registers, its
-value row is added into the 16 lane rows with one FMA per 16 dimensions, and only the cells a token sees are read,
-wherever they sit in the cache, so attention over many sequences costs what their own cells cost. The query heads
-of one KV head are computed together (a cell's K and V rows are read once for the group). Parallel over (token, KV
-head) groups dealt round robin (rows of a causal prefill see more cells the later they come); a few tokens over
-many cells (decode at depth) split their cells and columns into even blocks instead.
+Here the lanes are 512-bit registers (wide.py) and only the cells a token sees are read, wherever they sit in the
+cache, so attention over many sequences costs what their own cells cost. The query heads of one KV head are
+computed together: a block of 16 cells' K rows is widened to f32 once for the group, their 16 scores are reduced
+together (`reduce_add16x16`, each score's own tree), and V rows are widened a chunk at a time while each 16-column
+block's 16 lanes stay in registers. Parallel over (token, KV head) groups dealt round robin (rows of a causal
+prefill see more cells the later they come); a few tokens over many cells (decode at depth) split instead: scores
+by cell blocks (each thread its own K rows), kqv by lane (each thread its own V rows), then the lanes reduced.
 """
 
 from __future__ import annotations
