@@ -55,15 +55,6 @@ def attend(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, out, n_t
         _attend_groups(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, out, n_threads)
 
 
-@numba.njit(cache=True, inline="always")
-def _chain(qv, g, kf, c, d_k):
-    """tinyBLAS's 16 FMA lanes of one score: key row c of kf against query head g of qv, from zero."""
-    acc = wzero()
-    for i in range(0, d_k, 16):
-        acc = ffma16(acc, fload16(kf, c, i), fload16(qv, g, i))
-    return acc
-
-
 @numba.njit(cache=True)
 def _widen_rows(src, cl, r0, count, col0, width, dst):
     """dst[i, :width] = the f16 row cl[r0 + i] of src (uint16 bits), columns col0.., widened exactly to f32, for
@@ -77,14 +68,21 @@ def _widen_rows(src, cl, r0, count, col0, width, dst):
 @numba.njit(cache=True)
 def _scores16(qv, g, kf, d_k):
     """kq of the 16 key rows of kf (a block of slots) for query head g -> f32x16: per slot 16 FMA lanes over the
-    head dimension from zero, reduced as `_mm512_reduce_add_ps` (tinyBLAS<16, __m512>), the 16 horizontal sums
-    done together."""
-    return reduce_add16x16((
-        _chain(qv, g, kf, 0, d_k), _chain(qv, g, kf, 1, d_k), _chain(qv, g, kf, 2, d_k), _chain(qv, g, kf, 3, d_k),
-        _chain(qv, g, kf, 4, d_k), _chain(qv, g, kf, 5, d_k), _chain(qv, g, kf, 6, d_k), _chain(qv, g, kf, 7, d_k),
-        _chain(qv, g, kf, 8, d_k), _chain(qv, g, kf, 9, d_k), _chain(qv, g, kf, 10, d_k), _chain(qv, g, kf, 11, d_k),
-        _chain(qv, g, kf, 12, d_k), _chain(qv, g, kf, 13, d_k), _chain(qv, g, kf, 14, d_k), _chain(qv, g, kf, 15, d_k),
-    ))
+    head dimension from zero (tinyBLAS<16, __m512>; the 16 slots' chains interleaved), reduced as
+    `_mm512_reduce_add_ps`, the 16 horizontal sums done together."""
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = wzero()
+    a8 = a9 = a10 = a11 = a12 = a13 = a14 = a15 = wzero()
+    for i in range(0, d_k, 16):
+        x = fload16(qv, g, i)
+        a0, a1 = ffma16(a0, fload16(kf, 0, i), x), ffma16(a1, fload16(kf, 1, i), x)
+        a2, a3 = ffma16(a2, fload16(kf, 2, i), x), ffma16(a3, fload16(kf, 3, i), x)
+        a4, a5 = ffma16(a4, fload16(kf, 4, i), x), ffma16(a5, fload16(kf, 5, i), x)
+        a6, a7 = ffma16(a6, fload16(kf, 6, i), x), ffma16(a7, fload16(kf, 7, i), x)
+        a8, a9 = ffma16(a8, fload16(kf, 8, i), x), ffma16(a9, fload16(kf, 9, i), x)
+        a10, a11 = ffma16(a10, fload16(kf, 10, i), x), ffma16(a11, fload16(kf, 11, i), x)
+        a12, a13 = ffma16(a12, fload16(kf, 12, i), x), ffma16(a13, fload16(kf, 13, i), x)
+        a14, a15 = ffma16(a14, fload16(kf, 14, i), x), ffma16(a15, fload16(kf, 15, i), x)
+    return reduce_add16x16((a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15))
 
 
 @numba.njit(cache=True)
