@@ -15,7 +15,7 @@ from numba import njit
 from numba.extending import overload
 
 from llamactx.ggml.intrinsics import fma32
-from llamactx.ggml.kernels.legacy import prefetch_distance, prefetch_rows
+from llamactx.ggml.kernels.legacy import prefetch_ahead, prefetch_distance
 from llamactx.ggml.kernels.simd import (
     Tag,
     TagType,
@@ -46,22 +46,6 @@ _F0 = np.float32(0.0)
 
 DEC_Q4K = Tag("dec_q4k")  # Q4_K: 128 bytes of nibbles per super-block
 DEC_Q5K = Tag("dec_q5k")  # Q5_K: nibbles + 32 bytes of fifth bits
-
-
-# --- decode: software prefetch ------------------------------------------------------------------------------
-
-
-@njit(cache=True)
-def _ahead(W):
-    """Rows to prefetch ahead of the one being read when few activation rows stream the weights."""
-    return prefetch_distance(W[0], W[1], W[2])
-
-
-@njit(cache=True)
-def _prefetch_row(W, r, r1):
-    """Prefetch row r's quants, high bits and scales (if r < r1)."""
-    if r < r1:
-        prefetch_rows(W[0], W[1], W[2], r, 1)
 
 
 # --- Q4_K / Q5_K ---------------------------------------------------------------------------------------------
@@ -147,12 +131,10 @@ def k45_rows(path, dec, W, a, r0, r1, out):
     q5 = _is_q5(dec)
     z = (_F0, _F0, _F0, _F0)
     n = xq.shape[0]
-    ahead = _ahead(W) if n < 4 else 0  # decode streams the weights: prefetch ahead (legacy.x4_rows)
-    for r in range(r0, min(r0 + ahead, r1)):
-        _prefetch_row(W, r, r1)
+    ahead = prefetch_distance(W[0], W[1], W[2]) if n < 4 else 0  # decode streams the weights (legacy.x4_rows)
     for r in range(r0, r1):
         if ahead:
-            _prefetch_row(W, r + ahead, r1)
+            prefetch_ahead(W[0], W[1], W[2], r, r0, r1, ahead, 1)
         for i in range(0, n - n % 4, 4):
             a0, a1, a2, a3 = fzero(), fzero(), fzero(), fzero()
             m0, m1, m2, m3 = z, z, z, z
@@ -270,12 +252,10 @@ def q6k_rows(path, W, a, r0, r1, out):
     ql, qh, sc, _, d, _ = W
     xq, xd, bsums, _ = a
     n = xq.shape[0]
-    ahead = _ahead(W) if n < 4 else 0  # decode streams the weights: prefetch ahead (legacy.x4_rows)
-    for r in range(r0, min(r0 + ahead, r1)):
-        _prefetch_row(W, r, r1)
+    ahead = prefetch_distance(W[0], W[1], W[2]) if n < 4 else 0  # decode streams the weights (legacy.x4_rows)
     for r in range(r0, r1):
         if ahead:
-            _prefetch_row(W, r + ahead, r1)
+            prefetch_ahead(W[0], W[1], W[2], r, r0, r1, ahead, 1)
         for i in range(0, n - n % 4, 4):
             a0, a1, a2, a3 = fzero(), fzero(), fzero(), fzero()
             for b in range(d.shape[1]):
@@ -314,12 +294,10 @@ def q4k_x8_rows(path, W, a, r0, r1, out):
     xq, xd, bsums, _ = a
     n = xq.shape[0]
     n_gemm = n - n % 4
-    ahead = _ahead(W) if n < 4 else 0  # decode streams the weights: prefetch ahead (legacy.x4_rows)
-    for r in range(r0, min(r0 + ahead, r1)):
-        _prefetch_row(W, r, r1)
+    ahead = prefetch_distance(W[0], W[1], W[2]) if n < 4 else 0  # decode streams the weights (legacy.x4_rows)
     for r in range(r0, r1):
         if ahead:
-            _prefetch_row(W, r + ahead, r1)
+            prefetch_ahead(W[0], W[1], W[2], r, r0, r1, ahead, 1)
         for i in range(0, n_gemm, 4):
             a0, a1, a2, a3 = _F0, _F0, _F0, _F0
             m0, m1, m2, m3 = _F0, _F0, _F0, _F0

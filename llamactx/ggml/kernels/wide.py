@@ -384,18 +384,6 @@ def imul2(typingctx, a, s, b, t):
 
 
 @intrinsic
-def imul2s(typingctx, a, s, b, t):
-    """a * s + b * t lane by lane in int32, s and t int32 broadcasts."""
-    sig = i32x16(i32x16, types.int32, i32x16, types.int32)
-
-    def codegen(context, builder, sig, args):
-        a, s, b, t = args
-        return builder.add(builder.mul(a, splat(builder, s, 16)), builder.mul(b, splat(builder, t, 16)))
-
-    return sig, codegen
-
-
-@intrinsic
 def iadd16(typingctx, a, b):
     sig = i32x16(i32x16, i32x16)
 
