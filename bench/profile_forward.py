@@ -84,7 +84,7 @@ def _steps(ctx: Context, n_seq: int, n_prompt: int, n_gen: int, n_depth: int, ti
 def profile(model, args, graph: bool, clock) -> dict:
     ctx = Context(model, ContextParams(n_ctx=args.B * (args.n_depth + args.n_prompt + args.n_gen + 1) + 256,
                                        n_seq_max=args.B, n_threads=args.threads, n_threads_batch=args.threads,
-                                       kv_unified=True))
+                                       kv_unified=True, flash_attn=args.flash_attn))
     ops = ctx.ops
     timer = Timer(clock)
     orig_run = None
@@ -139,6 +139,8 @@ def main() -> None:
     ap.add_argument("-d", "--n-depth", type=int, default=0)
     ap.add_argument("-B", type=int, default=1, help="sequences decoding together")
     ap.add_argument("-t", "--threads", type=int, default=1)
+    ap.add_argument("-fa", "--flash-attn", default="disabled", choices=("enabled", "disabled", "auto"),
+                    help="flash attention (default disabled)")
     ap.add_argument("--wall", action="store_true", help="wall time instead of the thread's CPU time")
     args = ap.parse_args()
     clock = time.perf_counter if args.wall else time.thread_time

@@ -231,23 +231,6 @@ def _flash(q, k, v, n_head_kv, cells, n_cells, scale, mask_add, mode, n_split, f
         out[t, h] = fin
 
 
-@numba.njit(cache=True)
-def flash_attn_rows(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, out):  # pragma: no cover
-    """`flash_attn_f16_cells` by default (the tiled kernel's arithmetic for every token) on flat rows, for the
-    compiled forward: q (n, n_head * d_k) float32, k / v the f16 cache's rows as uint16 bits, out (n, n_head *
-    d_v)."""
-    n = q.shape[0]
-    d_k = q.shape[1] // n_head
-    d_v = v.shape[1] // n_head_kv
-    n_conv = min(cells.max() + 1, k.shape[0]) if n >= 2 else 0
-    kt = np.empty((n_head_kv, d_k, n_conv), np.float32)  # (n_head_kv, d_k, n_conv)
-    vf = np.empty((n_head_kv, n_conv, d_v), np.float32)  # (n_head_kv, n_conv, d_v)
-    if n_conv:
-        kv_to_f32(k, v, n_head_kv, kt, vf)
-    _flash(q.reshape((n, n_head, d_k)), k, v, n_head_kv, cells, n_cells, scale, mask_add, 0, np.zeros(2, np.int64),
-           False, kt, vf, out.reshape((n, n_head, d_v)))
-
-
 def flash_attn_f16_cells(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_head_kv: int, vis: VisibleCells,
                          kq_scale: float, kv_size: int, n_threads: int, ggml_shapes: bool = False) -> np.ndarray:
     """ggml_flash_attn_ext over an f16 cache's rows (module docstring). q: (n, n_head, d_k) float32; k (n_kv,

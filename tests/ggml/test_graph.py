@@ -12,9 +12,11 @@ import pytest
 
 from llamactx import Batch, Context, ContextParams
 from llamactx.ggml.attention import attention_f16_cells
+from llamactx.ggml.flash_attn import flash_attn_f16_cells
 from llamactx.ggml.graph import Graph, GraphUnsupported
 from llamactx.ggml.inputs import VisibleCells
 from llamactx.ggml.kernels.attention import attend
+from llamactx.ggml.kernels.flash import flash_attend
 from llamactx.ggml.ops import ReferenceOps
 
 
@@ -76,7 +78,7 @@ def test_iswa_memory_runs_as_a_graph_with_the_reference_bits(gemma):
 
 @pytest.mark.parametrize("name", ["smollm", "gemma"])
 def test_graph_flash_attention_gives_the_reference_bits(request, name):
-    """Flash attention inside the program (flash_attn_rows: the tiled kernel's arithmetic for every token) against
+    """Flash attention inside the program (kernels.flash: the tiled kernel's arithmetic for every token) against
     the reference ops' flash attention, on the server-style steps (Gemma on its iSWA caches)."""
     model = request.getfixturevalue(name)
     fast, ctx = _server_steps(model, None, swa_full=False, flash_attn="enabled")
@@ -133,3 +135,34 @@ def test_fast_attention_matches_the_reference_kernel(n, n_head, n_head_kv, d, n_
     attend(q.reshape(n, -1), k.view(np.uint16), v.view(np.uint16), n_head, n_head_kv, vis.cells, vis.n_cells,
            vis.mask_add, np.float32(0.125), got, 4)
     assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist()
+
+
+@pytest.mark.parametrize("n, n_head, n_head_kv, d, n_kv, causal", [
+    (1, 9, 3, 64, 150, False), (7, 9, 3, 64, 150, False), (5, 4, 1, 256, 150, False), (3, 4, 2, 32, 90, False),
+    (70, 9, 3, 64, 200, True), (66, 4, 1, 256, 130, True), (3, 9, 3, 64, 20, False),
+    (1, 9, 3, 64, 1500, False), (2, 9, 3, 64, 1300, True), (1, 4, 1, 256, 1200, False), (1, 6, 2, 48, 700, True)])
+def test_fast_flash_attention_matches_the_reference_kernel(n, n_head, n_head_kv, d, n_kv, causal):
+    """kernels.flash (K tiles transposed in registers, V chains 16 columns to a register) against
+    ggml.flash_attn's tiled arithmetic (ReferenceOps), bit for bit: scattered visible cells of several sequences
+    or a causal prompt, tiles without a visible cell, probabilities that underflow to zero, head sizes that are
+    not a multiple of 64; few tokens over many cells take the pass split over tiles and column blocks."""
+    rng = np.random.default_rng(n * d + n_kv)
+    k = (rng.standard_normal((n_kv, n_head_kv * d)) * 3).astype(np.float16)
+    v = rng.standard_normal((n_kv, n_head_kv * d)).astype(np.float16)
+    q = rng.standard_normal((n, n_head, d)).astype(np.float32)
+    if causal:  # the last n cells are the ubatch's own tokens, each sees the cells before it
+        visible = np.arange(n_kv)[None, :] <= np.arange(n_kv - n, n_kv)[:, None]
+        visible[:, 64:128] = False  # a tile no token sees
+        order = None
+    else:
+        visible = rng.random((n, n_kv)) < 0.5
+        visible[:, 3] = True
+        order = rng.permutation(n_kv)  # sums in a position order unlike cell order
+    mask = np.where(visible, 0.0, -np.inf).astype(np.float32)  # (n, n_kv)
+    vis = VisibleCells.from_mask(mask, order)
+    want = flash_attn_f16_cells(q, k, v, n_head_kv, vis, 0.125, n_kv, 1)
+    for n_threads in (1, 4):
+        got = np.full((n, n_head * d), np.nan, np.float32)
+        flash_attend(q.reshape(n, -1), k.view(np.uint16), v.view(np.uint16), n_head, n_head_kv, vis.cells,
+                     vis.n_cells, vis.mask_add, np.float32(0.125), got, n_threads)
+        assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist()

@@ -19,11 +19,11 @@ from numba import carray, njit, prange, types
 from numba.extending import intrinsic, overload
 
 from llamactx.ggml import vec as ggml_vec
-from llamactx.ggml.flash_attn import flash_attn_rows
 from llamactx.ggml.graph import Graph, GraphUnsupported, Tensor
 from llamactx.ggml.intrinsics import f16_bits
 from llamactx.ggml.kernels.attention import attend
 from llamactx.ggml.kernels.cpu import PATH_PORTABLE, PATH_VNNI
+from llamactx.ggml.kernels.flash import flash_attend
 from llamactx.ggml.kernels.get_rows import rows_q8_0_x4
 from llamactx.ggml.kernels.matmul import Q8_0, matmul_portable, matmul_vnni
 from llamactx.ggml.kernels.simd import PORTABLE, VNNI, TagType
@@ -348,7 +348,7 @@ def _run(path, prog, fprm, arena, out_logits, out_embd, in_embd, tokens, pos, ou
                 swa_k_cache, swa_v_cache, swa_kv_cells, swa_cells, swa_n_cells, swa_mask_add):  # pragma: no cover
     """Execute `prog` (module docstring) in order, with the matmul kernel of `path`. The attention of a layer
     stores into and reads its cache (the SWA one for sliding-window layers: the same arrays when one cache holds
-    every layer) at row layer_rows[il]; `flash`: ggml's flash attention (flash_attn_rows) instead of
+    every layer) at row layer_rows[il]; `flash`: ggml's flash attention (kernels.flash) instead of
     kq / softmax / kqv."""
     bufs = (arena, out_logits, out_embd, in_embd)
     no_table = gelu[:0]
@@ -372,8 +372,8 @@ def _run(path, prog, fprm, arena, out_logits, out_embd, in_embd, tokens, pos, ou
                 _store_kv(swa_k_cache, row, swa_kv_cells, b, bo, bl, n, swa_k_cache.shape[2])
                 _store_kv(swa_v_cache, row, swa_kv_cells, c, co, cl, n, swa_v_cache.shape[2])
                 if flash:
-                    flash_attn_rows(q, swa_k_cache[row], swa_v_cache[row], n_head, n_head_kv, swa_cells, swa_n_cells,
-                                    swa_mask_add, fprm[s, 0], out)
+                    flash_attend(q, swa_k_cache[row], swa_v_cache[row], n_head, n_head_kv, swa_cells, swa_n_cells,
+                                 swa_mask_add, fprm[s, 0], out, n_threads)
                 else:
                     attend(q, swa_k_cache[row], swa_v_cache[row], n_head, n_head_kv, swa_cells, swa_n_cells,
                            swa_mask_add, fprm[s, 0], out, n_threads)
@@ -381,8 +381,8 @@ def _run(path, prog, fprm, arena, out_logits, out_embd, in_embd, tokens, pos, ou
                 _store_kv(k_cache, row, kv_cells, b, bo, bl, n, k_cache.shape[2])
                 _store_kv(v_cache, row, kv_cells, c, co, cl, n, v_cache.shape[2])
                 if flash:
-                    flash_attn_rows(q, k_cache[row], v_cache[row], n_head, n_head_kv, cells, n_cells, mask_add,
-                                    fprm[s, 0], out)
+                    flash_attend(q, k_cache[row], v_cache[row], n_head, n_head_kv, cells, n_cells, mask_add,
+                                 fprm[s, 0], out, n_threads)
                 else:
                     attend(q, k_cache[row], v_cache[row], n_head, n_head_kv, cells, n_cells, mask_add, fprm[s, 0],
                            out, n_threads)

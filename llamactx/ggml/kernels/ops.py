@@ -18,6 +18,7 @@ from llamactx.ggml.graph import Graph, GraphAttention, GraphUnsupported
 from llamactx.ggml.kernels.attention import attend
 from llamactx.ggml.kernels.compute import WeightTable, plan_graph
 from llamactx.ggml.kernels.cpu import active_path, set_threads
+from llamactx.ggml.kernels.flash import flash_attend
 from llamactx.ggml.kernels.get_rows import get_rows, get_rows_q8_0_packed
 from llamactx.ggml.kernels.matmul import matmul
 from llamactx.ggml.kernels.repack import can_pack, pack_weight, pack_weights
@@ -139,14 +140,17 @@ class FastOps(ReferenceOps):
         return True if can_pack(weight.ggml_type) and is_exact_k(weight) else None
 
     def attention_kv(self, q, kv, il, mask, vis, kq_scale, flash, n_threads=1):
-        # an f16 cache without flash attention is read in place, only the cells each token sees
+        # an f16 cache is read in place, only the cells each token sees
         d_v = kv.v_stored(il).shape[1] // (kv.n_embd_k_gqa // q.shape[-1])
-        single = self.ggml_single_row and q.shape[0] == 1  # ggml's vec_dot order: the reference kernel has it
-        if kv.type_k != "f16" or kv.type_v != "f16" or flash or q.shape[-1] % 16 or d_v % 16 or single:
+        # ggml's kernel picked from the ubatch's shape (vec_dot order for one token; flash attention's three
+        # kernels): the reference has it
+        single = self.ggml_single_row and (q.shape[0] == 1 or flash)
+        if kv.type_k != "f16" or kv.type_v != "f16" or q.shape[-1] % 16 or d_v % 16 or single:
             return super().attention_kv(q, kv, il, mask, vis, kq_scale, flash, n_threads)
         n, n_head, _ = q.shape
         out = np.empty((n, n_head * d_v), np.float32)  # (n, n_head * d_v)
-        attend(np.ascontiguousarray(q, np.float32).reshape(n, -1), kv.k_stored(il).view(np.uint16),
+        kernel = flash_attend if flash else attend
+        kernel(np.ascontiguousarray(q, np.float32).reshape(n, -1), kv.k_stored(il).view(np.uint16),
                kv.v_stored(il).view(np.uint16), n_head, kv.n_embd_k_gqa // q.shape[-1], vis.cells, vis.n_cells,
                vis.mask_add, np.float32(kq_scale), out, self.threads)
         return out

@@ -488,3 +488,43 @@ def reduce_add16x16(typingctx, vs):
         return combine(l3[0], l3[1], [2 * c for c in range(16)], [2 * c + 1 for c in range(16)])
 
     return sig, codegen
+
+
+def _transpose16(builder, rows):
+    """The 16 x 16 transpose of 16 f32x16 rows: four butterfly stages, each swapping the off-diagonal b x b
+    blocks of row pairs (i, i + b) for b = 8, 4, 2, 1 (one two-source shuffle per output vector)."""
+    rows = list(rows)
+    for b in (8, 4, 2, 1):
+        lo = [j if j & b == 0 else 16 + j - b for j in range(16)]
+        hi = [j + b if j & b == 0 else 16 + j for j in range(16)]
+        out = list(rows)
+        for i in range(16):
+            if i & b == 0:
+                out[i] = builder.shuffle_vector(rows[i], rows[i + b], lane_index(lo))
+                out[i + b] = builder.shuffle_vector(rows[i], rows[i + b], lane_index(hi))
+        rows = out
+    return rows
+
+
+@intrinsic
+def htranspose16(typingctx, src, cl, ci, r, col, dst, drow, dcol):
+    """dst[drow + j, dcol + s] = src[cl[ci, r + s], col + j] widened exactly to f32, for j, s < 16: 16 f16 rows
+    (a KV cache's bits, the rows named by 16 consecutive entries of a 2-D int64 cell list) transposed in
+    registers, so that 16 rows' elements of one column are one f32x16."""
+    sig = types.void(src, cl, types.intp, types.intp, types.intp, dst, types.intp, types.intp)
+
+    def codegen(context, builder, sig, args):
+        src_a, cl_a, ci_a, r_a, col_a, dst_a, drow_a, dcol_a = args
+        vh = ir.VectorType(ir.IntType(16), 16)
+        rows = []
+        for s in range(16):
+            cell_ptr = ptr2d(context, builder, sig.args[1], cl_a, ci_a, builder.add(r_a, ir.Constant(_I64, s)), _I64)
+            cell = builder.load(cell_ptr)
+            h = builder.load(ptr2d(context, builder, sig.args[0], src_a, cell, col_a, vh), align=1)
+            rows.append(builder.fpext(builder.bitcast(h, ir.VectorType(ir.HalfType(), 16)), _V16F32))
+        for j, v in enumerate(_transpose16(builder, rows)):
+            row = builder.add(drow_a, ir.Constant(_I64, j))
+            builder.store(v, ptr2d(context, builder, sig.args[5], dst_a, row, dcol_a, _V16F32), align=1)
+        return context.get_dummy_value()
+
+    return sig, codegen

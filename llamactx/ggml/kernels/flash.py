@@ -1,0 +1,353 @@
+"""Flash attention over the f16 KV cache (ggml-cpu's `ggml_compute_forward_flash_attn_ext_f16`, the arithmetic of
+its tiled kernel), fast.
+
+The arithmetic is llamactx.ggml.flash_attn's default (ReferenceOps), which is llama.cpp's tiled kernel bit for bit:
+per score one FMA chain over the head dimension, from zero, of the f32 query (not rounded) and the f16 K row
+widened; times scale, plus the mask; per tile of 64 cells (by rank) an online softmax: the tile's max, on a new
+max VKQ and S scaled by `expf(M_old - M)`, `ggml_v_expf` of each score, the tile's sum in double; VKQ += P V as one
+FMA chain over the cells per output element (a zero probability adds nothing); out = VKQ / S.
+
+Here 16 cells' scores are one register: a block of 16 K rows is transposed 16 x 16 in registers (`htranspose16`),
+and the query heads of one KV head share it. VKQ runs 16 columns to a register over V rows widened to f32 once for
+the group. Parallel over (token, KV head) groups dealt round robin; few tokens over many cells (decode at depth)
+split instead, in three passes: scores by cell tiles (each thread its own K rows), the softmax per head, VKQ by
+column blocks (the chain over cells is sequential; its columns are independent).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+from llamactx.ggml.kernels.attention import SPLIT_MIN_CELLS, _widen_rows, v_chunk
+from llamactx.ggml.kernels.wide import fadd16, ffma16s, fload16, fstore16, hload16, htranspose16, wscale, wzero
+from llamactx.ggml.vec import reduce_add16, v_expf
+
+_F32 = np.float32
+TILE = 64  # GGML_FA_TILE_KV: cells per online-softmax step
+
+
+@numba.njit(cache=True)
+def flash_attend(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, out, n_threads):  # pragma: no cover
+    """out (n, n_head * d_v) = flash attention of q (n, n_head * d_k) float32 over the cells each token sees: k
+    (n_kv, n_head_kv * d_k) and v (n_kv, n_head_kv * d_v) are an f16 cache's rows as uint16 bits; cells (n, max
+    visible) lists token t's n_cells[t] visible cells in cell order, mask_add their mask values. d_k, d_v
+    multiples of 16 (checked by the callers). Few tokens over many cells run in three passes split evenly over
+    `n_threads` (`_flash_split`); else each thread takes (token, KV head) groups round robin (`_flash_groups`)."""
+    n = q.shape[0]
+    if n == 0:
+        return
+    n_pad = (n_cells.max() + TILE - 1) // TILE * TILE
+    cl = np.empty((n, max(n_pad, TILE)), np.int64)
+    for t in range(n):
+        _slot_cells(cells, t, n_cells[t], cl[t])
+    if n * n_head_kv < 2 * n_threads and n_cells.max() >= SPLIT_MIN_CELLS:
+        _flash_split(q, k, v, n_head, n_head_kv, cl, n_cells, mask_add, scale, out, n_threads)
+        return
+    d_k = q.shape[1] // n_head
+    ref, shared = _shared_slots(cl, n_cells)
+    if shared.sum() < 2:
+        shared[:] = False
+    kt = np.empty((n_head_kv * (n_cells[ref] + TILE - 1) // TILE * d_k if shared.any() else 0, TILE), np.float32)
+    if kt.shape[0]:
+        _k_tiles(k, cl, ref, n_cells[ref], n_head_kv, d_k, kt)
+    _flash_groups(q, k, v, n_head, n_head_kv, cl, n_cells, mask_add, scale, out, n_threads, shared, kt)
+
+
+@numba.njit(cache=True)
+def _slot_cells(cells, t, m, cl):
+    """cl[r] = token t's r-th visible cell for r < m, its last one (cell 0 if none) past m: whole tiles read
+    valid rows; the extra slots' scores are replaced by -inf."""
+    for r in range(cl.shape[0]):
+        cl[r] = cells[t, min(r, m - 1)] if m > 0 else 0
+
+
+@numba.njit(cache=True)
+def _k_tile(k, cl, t, r0, hk, d_k, kt, kr0):
+    """kt[kr0 + i, s] = K row of slot r0 + s (cell cl[t, r0 + s]), element i of KV head hk, as f32, for s < TILE:
+    a tile's K rows transposed, so that 16 slots' scores are one register."""
+    for b in range(0, TILE, 16):
+        for i in range(0, d_k, 16):
+            htranspose16(k, cl, t, r0 + b, hk * d_k + i, kt, kr0 + i, b)
+
+
+@numba.njit(parallel=True, cache=True)
+def _k_tiles(k, cl, t, m, n_head_kv, d_k, kt):  # pragma: no cover
+    """Every tile of token t's m slots through `_k_tile`, once for the tokens that share them: tile ti of KV head
+    hk at kt rows (hk * n_tiles + ti) * d_k."""
+    n_tiles = (m + TILE - 1) // TILE
+    for task in numba.prange(n_head_kv * n_tiles):
+        hk, ti = task // n_tiles, task % n_tiles
+        _k_tile(k, cl, t, ti * TILE, hk, d_k, kt, task * d_k)
+
+
+@numba.njit(cache=True)
+def _shared_slots(cl, n_cells):
+    """The token with the most visible cells, and which tokens see a prefix of its slots (a prompt's tokens under
+    a causal mask): those read its K tiles, transposed once (`_k_tiles`). -> (ref, shared (n,) bool)"""
+    ref = np.argmax(n_cells)
+    shared = np.zeros(cl.shape[0], np.bool_)
+    for t in range(cl.shape[0]):
+        shared[t] = True
+        for r in range(n_cells[t]):
+            if cl[t, r] != cl[ref, r]:
+                shared[t] = False
+                break
+    return ref, shared
+
+
+@numba.njit(cache=True)
+def _tile_scores(q, t, h, d_k, kt, kr0, mask_add, scale, m, r0, w, wr):
+    """w[wr, r0:r0 + TILE] = scaled, masked kq of query head h of token t with the tile's K rows kt[kr0:kr0 +
+    d_k] (d_k, TILE): per slot one FMA chain over the head dimension (the four 16-slot registers' chains
+    interleaved); slots past m get -inf."""
+    a0 = a1 = a2 = a3 = wzero()
+    qo = h * d_k
+    for i in range(d_k):
+        x = q[t, qo + i]
+        a0 = ffma16s(a0, fload16(kt, kr0 + i, 0), x)
+        a1 = ffma16s(a1, fload16(kt, kr0 + i, 16), x)
+        a2 = ffma16s(a2, fload16(kt, kr0 + i, 32), x)
+        a3 = ffma16s(a3, fload16(kt, kr0 + i, 48), x)
+    if r0 + TILE <= m:
+        fstore16(w, wr, r0, fadd16(wscale(a0, scale), fload16(mask_add, t, r0)))
+        fstore16(w, wr, r0 + 16, fadd16(wscale(a1, scale), fload16(mask_add, t, r0 + 16)))
+        fstore16(w, wr, r0 + 32, fadd16(wscale(a2, scale), fload16(mask_add, t, r0 + 32)))
+        fstore16(w, wr, r0 + 48, fadd16(wscale(a3, scale), fload16(mask_add, t, r0 + 48)))
+        return
+    fstore16(w, wr, r0, wscale(a0, scale))
+    fstore16(w, wr, r0 + 16, wscale(a1, scale))
+    fstore16(w, wr, r0 + 32, wscale(a2, scale))
+    fstore16(w, wr, r0 + 48, wscale(a3, scale))
+    for r in range(r0, r0 + TILE):
+        w[wr, r] = w[wr, r] + mask_add[t, r] if r < m else _F32(-np.inf)
+
+
+@numba.njit(cache=True, inline="always")
+def _tile_max(w):
+    """The max of w[:TILE] (ggml_vec_max_f32; -inf if all are), in 8 interleaved chains: a max does not depend on
+    the order, NaNs are skipped in each."""
+    mx0 = mx1 = mx2 = mx3 = mx4 = mx5 = mx6 = mx7 = _F32(-np.inf)
+    for r in range(0, TILE, 8):
+        mx0 = w[r] if w[r] > mx0 else mx0
+        mx1 = w[r + 1] if w[r + 1] > mx1 else mx1
+        mx2 = w[r + 2] if w[r + 2] > mx2 else mx2
+        mx3 = w[r + 3] if w[r + 3] > mx3 else mx3
+        mx4 = w[r + 4] if w[r + 4] > mx4 else mx4
+        mx5 = w[r + 5] if w[r + 5] > mx5 else mx5
+        mx6 = w[r + 6] if w[r + 6] > mx6 else mx6
+        mx7 = w[r + 7] if w[r + 7] > mx7 else mx7
+    mx = _F32(-np.inf)
+    for x in (mx0, mx1, mx2, mx3, mx4, mx5, mx6, mx7):
+        mx = x if x > mx else mx
+    return mx
+
+
+@numba.njit(cache=True, error_model="numpy")
+def _online_soft_max(w, m, e, f):  # pragma: no cover - compiled
+    """The tiled kernel's online softmax over w[:m] (scaled, masked scores; -inf up to the tile's end): e gets
+    each tile's `ggml_v_expf(kq - M)` (zeros for a tile without a visible cell), f[tile] the factor VKQ is scaled
+    by before the tile (`expf(M_old - M)` on a new max, else 1: the same bits as not scaling). -> S"""
+    big_m = _F32(-np.inf)
+    s = _F32(0.0)
+    for ti in range((m + TILE - 1) // TILE):
+        r0 = ti * TILE
+        wt, et = w[r0 : r0 + TILE], e[r0 : r0 + TILE]
+        tile_max = _tile_max(wt)
+        f[ti] = _F32(1.0)
+        if tile_max == _F32(-np.inf):
+            et[:] = _F32(0.0)
+            continue
+        m_new = max(big_m, tile_max)
+        if m_new > big_m:
+            ms = _F32(math.exp(big_m - m_new))
+            f[ti] = ms
+            s = s * ms
+        big_m = m_new
+        for j in range(TILE):
+            et[j] = v_expf(wt[j] - m_new)
+        tot = 0.0
+        for g in range(0, TILE, 16):
+            tot += np.float64(reduce_add16(et, g))
+        s = _F32(np.float64(s) + tot)
+    return s
+
+
+@numba.njit(cache=True, inline="always")
+def _cols4(j, d_v):
+    """The first columns of the four 16-column registers from column j. Past d_v a register repeats the last one
+    (computed, never stored), so that the loops have no branch for a narrow tail. -> (j0, j1, j2, j3, stored)"""
+    return j, min(j + 16, d_v - 16), min(j + 32, d_v - 16), min(j + 48, d_v - 16), min(4, (d_v - j) // 16)
+
+
+@numba.njit(cache=True, inline="always")
+def _tile_scale(a0, a1, a2, a3, f, row, r):
+    """At a tile's first slot r, the registers times the tile's factor f[row, tile] (unless it is 1)."""
+    if r % TILE == 0 and f[row, r // TILE] != _F32(1.0):
+        x = f[row, r // TILE]
+        return wscale(a0, x), wscale(a1, x), wscale(a2, x), wscale(a3, x)
+    return a0, a1, a2, a3
+
+
+@numba.njit(cache=True)
+def _store4(x, row, col, nb, a0, a1, a2, a3):
+    """Store the first nb (1-4) registers at x[row, col + 16 i]."""
+    fstore16(x, row, col, a0)
+    if nb > 1:
+        fstore16(x, row, col + 16, a1)
+    if nb > 2:
+        fstore16(x, row, col + 32, a2)
+    if nb > 3:
+        fstore16(x, row, col + 48, a3)
+
+
+@numba.njit(cache=True)
+def _group_values(v, cl, t, hk, gqa, d_v, m, e, f, s, acc, vf, out):
+    """out[t, columns of query head g of KV head hk] = (sum over slots of e[g, r] * V row of slot r, one FMA chain
+    per column, scaled by f[g, tile] at each tile's start) / s[g]. V rows are widened to f32 a chunk at a time
+    (vf), once for the group's heads; acc (gqa, d_v) carries the chains across chunks."""
+    chunk = v_chunk(d_v)
+    for c0 in range(0, max(m, 1), chunk):
+        c1 = min(c0 + chunk, m)
+        _widen_rows(v, cl[t], c0, c1 - c0, hk * d_v, d_v, vf)
+        for g in range(gqa):
+            for j in range(0, d_v, 64):
+                j0, j1, j2, j3, nb = _cols4(j, d_v)
+                a0 = a1 = a2 = a3 = wzero()
+                if c0 > 0:
+                    a0, a1, a2, a3 = fload16(acc, g, j0), fload16(acc, g, j1), fload16(acc, g, j2), fload16(acc, g, j3)
+                r = c0
+                while r < c1:  # tile by tile: the factor at a tile's start, then its slots
+                    a0, a1, a2, a3 = _tile_scale(a0, a1, a2, a3, f, g, r)
+                    r_end = min(c1, (r // TILE + 1) * TILE)
+                    for rr in range(r, r_end):
+                        p = e[g, rr]
+                        if p != _F32(0.0):
+                            a0 = ffma16s(a0, fload16(vf, rr - c0, j0), p)
+                            a1 = ffma16s(a1, fload16(vf, rr - c0, j1), p)
+                            a2 = ffma16s(a2, fload16(vf, rr - c0, j2), p)
+                            a3 = ffma16s(a3, fload16(vf, rr - c0, j3), p)
+                    r = r_end
+                if c1 < m:  # (a register past d_v stores the same values as the one it repeats)
+                    fstore16(acc, g, j0, a0)
+                    fstore16(acc, g, j1, a1)
+                    fstore16(acc, g, j2, a2)
+                    fstore16(acc, g, j3, a3)
+                else:
+                    inv = _F32(0.0) if s[g] == _F32(0.0) else _F32(1.0) / s[g]
+                    _store4(out, t, (hk * gqa + g) * d_v + j, nb, wscale(a0, inv), wscale(a1, inv), wscale(a2, inv),
+                            wscale(a3, inv))
+
+
+
+@numba.njit(parallel=True, cache=True)
+def _flash_groups(q, k, v, n_head, n_head_kv, cl, n_cells, mask_add, scale, out, n_threads, shared,
+                  kts):  # pragma: no cover
+    """`flash_attend` with (token, KV head) groups dealt round robin to the threads, each with its own scratch;
+    a token with shared[t] reads the K tiles in kts (`_k_tiles`), the others transpose their own."""
+    n = q.shape[0]
+    d_k = q.shape[1] // n_head
+    d_v = v.shape[1] // n_head_kv
+    gqa = n_head // n_head_kv
+    n_g = n * n_head_kv
+    n_tasks = max(min(n_threads, n_g), 1)
+    m_max = cl.shape[1]
+    for task in numba.prange(n_tasks):
+        w = np.empty((gqa, m_max), np.float32)
+        e = np.empty((gqa, m_max), np.float32)
+        f = np.empty((gqa, m_max // TILE), np.float32)
+        s = np.empty(gqa, np.float32)
+        kt = np.empty((d_k, TILE), np.float32)
+        acc = np.empty((gqa, d_v), np.float32)
+        vf = np.empty((v_chunk(d_v), d_v), np.float32)
+        for p in range(task, n_g, n_tasks):
+            t = p // n_head_kv
+            hk = p - t * n_head_kv
+            m = n_cells[t]
+            n_tiles = (m + TILE - 1) // TILE
+            for ti in range(n_tiles):
+                if shared[t]:
+                    src, kr0 = kts, (hk * (kts.shape[0] // d_k // n_head_kv) + ti) * d_k
+                else:
+                    _k_tile(k, cl, t, ti * TILE, hk, d_k, kt, 0)
+                    src, kr0 = kt, 0
+                for g in range(gqa):
+                    _tile_scores(q, t, hk * gqa + g, d_k, src, kr0, mask_add, scale, m, ti * TILE, w, g)
+            for g in range(gqa):
+                s[g] = _online_soft_max(w[g], m, e[g], f[g])
+            _group_values(v, cl, t, hk, gqa, d_v, m, e, f, s, acc, vf, out)
+
+
+@numba.njit(parallel=True, cache=True)
+def _split_scores(q, k, n_head, n_head_kv, cl, n_cells, mask_add, scale, w, n_blocks):  # pragma: no cover
+    """w[t, h, r] = scaled, masked kq of every slot, in (token, run of tiles) tasks over all heads: each thread
+    transposes its own contiguous share of the K rows, once per KV head."""
+    n = q.shape[0]
+    d_k = q.shape[1] // n_head
+    gqa = n_head // n_head_kv
+    for task in numba.prange(n * n_blocks):
+        t, b = task // n_blocks, task % n_blocks
+        m = n_cells[t]
+        n_tiles = (m + TILE - 1) // TILE
+        kt = np.empty((d_k, TILE), np.float32)
+        for ti in range(b * n_tiles // n_blocks, (b + 1) * n_tiles // n_blocks):
+            for hk in range(n_head_kv):
+                _k_tile(k, cl, t, ti * TILE, hk, d_k, kt, 0)
+                for g in range(gqa):
+                    _tile_scores(q, t, hk * gqa + g, d_k, kt, 0, mask_add, scale, m, ti * TILE, w[t], hk * gqa + g)
+
+
+@numba.njit(parallel=True, cache=True)
+def _split_soft_max(w, n_cells, e, f, s):  # pragma: no cover
+    """`_online_soft_max` of every (token, head): e, f, s[t, h]."""
+    n, n_head = w.shape[0], w.shape[1]
+    for task in numba.prange(n * n_head):
+        t, h = task // n_head, task % n_head
+        s[t, h] = _online_soft_max(w[t, h], n_cells[t], e[t, h], f[t, h])
+
+
+@numba.njit(parallel=True, cache=True)
+def _split_values(v, n_head, n_head_kv, cl, n_cells, e, f, s, out):  # pragma: no cover
+    """out = VKQ / S in (token, head, 64-column block) tasks: each streams its columns of the V rows of every
+    slot (one FMA chain per column), read and widened in place."""
+    n = e.shape[0]
+    d_v = v.shape[1] // n_head_kv
+    gqa = n_head // n_head_kv
+    n_col = (d_v + 63) // 64
+    for task in numba.prange(n * n_head * n_col):
+        t, rest = task // (n_head * n_col), task % (n_head * n_col)
+        h, j = rest // n_col, rest % n_col * 64
+        j0, j1, j2, j3, nb = _cols4(j, d_v)
+        col = h // gqa * d_v
+        m = n_cells[t]
+        ft, et, ct = f[t], e[t, h], cl[t]
+        a0 = a1 = a2 = a3 = wzero()
+        for r0 in range(0, m, TILE):
+            a0, a1, a2, a3 = _tile_scale(a0, a1, a2, a3, ft, h, r0)
+            for r in range(r0, min(r0 + TILE, m)):
+                p = et[r]
+                if p != _F32(0.0):
+                    c = ct[r]
+                    a0 = ffma16s(a0, hload16(v, c, col + j0), p)
+                    a1 = ffma16s(a1, hload16(v, c, col + j1), p)
+                    a2 = ffma16s(a2, hload16(v, c, col + j2), p)
+                    a3 = ffma16s(a3, hload16(v, c, col + j3), p)
+        inv = _F32(0.0) if s[t, h] == _F32(0.0) else _F32(1.0) / s[t, h]
+        _store4(out, t, h * d_v + j, nb, wscale(a0, inv), wscale(a1, inv), wscale(a2, inv), wscale(a3, inv))
+
+
+@numba.njit(cache=True)
+def _flash_split(q, k, v, n_head, n_head_kv, cl, n_cells, mask_add, scale, out, n_threads):  # pragma: no cover
+    """`flash_attend` for few tokens over many cells: scores split over runs of tiles, the online softmax per
+    head, VKQ split over heads and column blocks; the same sums in the same order as `_flash_groups`."""
+    n = q.shape[0]
+    n_pad = cl.shape[1]
+    w = np.empty((n, n_head, n_pad), np.float32)
+    e = np.empty((n, n_head, n_pad), np.float32)
+    f = np.empty((n, n_head, n_pad // TILE), np.float32)
+    s = np.empty((n, n_head), np.float32)
+    _split_scores(q, k, n_head, n_head_kv, cl, n_cells, mask_add, scale, w, 4 * n_threads)
+    _split_soft_max(w, n_cells, e, f, s)
+    _split_values(v, n_head, n_head_kv, cl, n_cells, e, f, s, out)
