@@ -29,13 +29,14 @@ def llama_bench(binary: Path, model: str, n_prompt: int, n_gen: int, n_depth: in
     return float(json.loads(out.stdout)[0]["avg_ts"])
 
 
-def ours(model: str, n_prompt: int, n_gen: int, n_depth: int, threads: int, pythonpath: str | None) -> float:
+def ours(model: str, n_prompt: int, n_gen: int, n_depth: int, threads: int, fa: str,
+         pythonpath: str | None) -> float:
     env = dict(os.environ)
     if pythonpath:  # `python -m` puts the working directory first on sys.path: run from the checkout
         env["PYTHONPATH"] = pythonpath
     out = subprocess.run([sys.executable, "-m", "llamactx", "bench", "-m", model, "-p", str(n_prompt),
                           "-n", str(n_gen), *(["-d", str(n_depth)] if n_depth else []), "-r", "1", "-t", str(threads),
-                          "-o", "json"],
+                          "-fa", fa, "-o", "json"],
                          capture_output=True, text=True, check=True, env=env, cwd=pythonpath)
     return float(json.loads(out.stdout)[0]["avg_ts"])
 
@@ -51,7 +52,8 @@ def main() -> None:
     ap.add_argument("-d", "--n-depth", type=int, default=0)
     ap.add_argument("-r", "--repetitions", type=int, default=3)
     ap.add_argument("-t", "--threads", type=int, default=2)
-    ap.add_argument("--fa", choices=("off", "on"), default="off", help="llama.cpp's flash attention")
+    ap.add_argument("--fa", choices=("off", "on"), default="off",
+                    help="flash attention on both sides (default off; both programs default to on)")
     args = ap.parse_args()
     binary = Path(args.llamacpp) / "bin" / "llama-bench"
     if not binary.exists():
@@ -60,7 +62,8 @@ def main() -> None:
     from llamactx.embedded import resolve_model_path
 
     path = str(resolve_model_path(args.model))
-    print(f"{Path(path).name}, {args.threads} threads, {args.repetitions} alternating rounds, llama.cpp -fa {args.fa}")
+    print(f"{Path(path).name}, {args.threads} threads, {args.repetitions} alternating rounds, "
+          f"-fa {args.fa} on both sides")
     print("| test | llama.cpp t/s | llamactx t/s | ratio |\n| --- | ---: | ---: | ---: |")
     for n_prompt, n_gen in ((args.n_prompt, 0), (0, args.n_gen)):
         if not (n_prompt or n_gen):
@@ -68,7 +71,7 @@ def main() -> None:
         theirs, mine = [], []
         for _ in range(args.repetitions):
             theirs.append(llama_bench(binary, path, n_prompt, n_gen, args.n_depth, args.threads, args.fa))
-            mine.append(ours(path, n_prompt, n_gen, args.n_depth, args.threads, args.pythonpath))
+            mine.append(ours(path, n_prompt, n_gen, args.n_depth, args.threads, args.fa, args.pythonpath))
         t_ts, o_ts = statistics.median(theirs), statistics.median(mine)
         name = (f"pp{n_prompt}" if n_prompt else f"tg{n_gen}") + (f" @ d{args.n_depth}" if args.n_depth else "")
         print(f"| {name} | {t_ts:.1f} | {o_ts:.1f} | {o_ts / t_ts:.2f}x |")

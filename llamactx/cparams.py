@@ -180,10 +180,9 @@ def _resolve(p: ContextParams, hp: HParams, flash: str) -> ResolvedParams:
         ext_factor = 1.0 if scaling == "yarn" else 0.0
     attn_factor = _yarn_attn_factor(p.yarn_attn_factor if p.yarn_attn_factor >= 0 else hp.yarn_attn_factor,
                                     ext_factor, freq_scale, hp.rope_yarn_log_mul, hp.rope_attn_factor)
-    # A quantized V cache needs flash attention in llama.cpp; "auto" picks it exactly then. llama.cpp's "auto" is
-    # on for every CPU model; here it stays off for f16 caches: the compiled forward runs flash attention, but its
-    # single-token decode (the row-invariant tiled arithmetic) is ~3x slower at depth (docs/numerics.md).
-    flash_attn = flash == "enabled" or (flash == "auto" and p.type_v not in ("f16", "f32"))
+    # llama.cpp's "auto" turns flash attention on wherever the device runs it, which a CPU does for every model
+    # (llama_context's probe of the FA op): the same here. A quantized V cache requires it.
+    flash_attn = flash != "disabled"
     if flash == "disabled" and p.type_v not in ("f16", "f32"):
         raise ContextParamsError(f"type_v = {p.type_v!r} requires flash_attn (got flash_attn = 'disabled')")
     return ResolvedParams(

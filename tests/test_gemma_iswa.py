@@ -34,8 +34,10 @@ def iswa_ref():
 
 
 def _rows(model, meta, exact: bool) -> np.ndarray:
-    """llamactx's logits at the reference rows: the last 64 prompt positions, then each greedy step. (96, n_vocab)"""
-    ctx = Context(model, ContextParams(n_ctx=2048, n_batch=512, n_ubatch=512, kv_layout_exact=exact))
+    """llamactx's logits at the reference rows: the last 64 prompt positions, then each greedy step, flash
+    attention off as in the reference. (96, n_vocab)"""
+    ctx = Context(model, ContextParams(n_ctx=2048, n_batch=512, n_ubatch=512, kv_layout_exact=exact,
+                                       flash_attn="disabled"))
     assert isinstance(ctx.memory, KVCacheISWA)
     ctx.ops.ggml_single_row = True  # llama.cpp decodes one token through ggml's single-row kernels
     prompt, first = meta["prompt"], meta["first_pos"]

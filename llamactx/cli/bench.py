@@ -79,7 +79,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-ctk", "--cache-type-k", default="f16", help="K cache types, e.g. f16,q8_0")
     p.add_argument("-ctv", "--cache-type-v", default="f16", help="V cache types")
     p.add_argument("-fa", "--flash-attn", default="auto", choices=("0", "1", "on", "off", "auto"),
-                   help="flash attention (llama-bench's -fa; default auto: off for f16 caches here)")
+                   help="flash attention (llama-bench's -fa; default auto: on, as on a CPU)")
     p.add_argument("--swa-full", action="store_true", help="a full-size cache for sliding-window layers")
     p.add_argument("-r", "--repetitions", type=int, default=5)
     p.add_argument("-o", "--output", choices=("md", "json", "jsonl"), default="md")

@@ -21,7 +21,8 @@ def tiny(request):
 
 
 def new_ctx(model, ops=None, **kw) -> Context:
-    return Context(model, ContextParams(n_ctx=512, n_batch=512, n_threads=2, **kw), ops=ops)
+    """The references are llama.cpp's with flash attention off (lfm2's attention layers)."""
+    return Context(model, ContextParams(n_ctx=512, n_batch=512, n_threads=2, flash_attn="disabled", **kw), ops=ops)
 
 
 def decode_all(ctx: Context, tokens, seq: int = 0, pos0: int = 0) -> np.ndarray:
