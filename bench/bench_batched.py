@@ -6,7 +6,7 @@ grow with B while each sequence attends over its own KV cells. The mixed row is 
 ubatch of 8 sequences' next tokens plus a 64-token chunk of a ninth sequence's prompt; it should cost about what
 its 72-row matmuls cost, less than the decode step and the chunk run one after the other (the last column).
 
-Usage: python bench/bench_batched.py [-m smollm2] [-B 1,2,4,8,16] [-n 64] [-p 32] [-t 2] [--mixed 8,64]
+Usage: python bench/bench_batched.py [-m smollm2] [-B 1,2,4,8,16] [-n 64] [-p 32] [-t 2] [--mixed 8,64] [--fa on|off]
 """
 
 from __future__ import annotations
@@ -19,10 +19,12 @@ import numpy as np
 from llamactx import Batch, Context, ContextParams, Model
 from llamactx.embedded import resolve_model_path
 
+FLASH = "auto"  # --fa
+
 
 def _context(model: Model, n_seq: int, n_ctx: int, threads: int) -> Context:
     return Context(model, ContextParams(n_ctx=n_ctx, n_batch=2048, n_seq_max=n_seq, n_threads=threads,
-                                        n_threads_batch=threads, kv_unified=True))
+                                        n_threads_batch=threads, kv_unified=True, flash_attn=FLASH))
 
 
 def _prompts(ctx: Context, n_seq: int, n_prompt: int, rng) -> None:
@@ -96,7 +98,10 @@ def main() -> None:
     ap.add_argument("-p", "--n-prompt", type=int, default=32)
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--mixed", default="8,64", help="sequences, chunk tokens of the mixed row ('' for none)")
+    ap.add_argument("--fa", choices=("on", "off", "auto"), default="auto", help="flash attention (default auto: on)")
     args = ap.parse_args()
+    global FLASH
+    FLASH = {"on": "enabled", "off": "disabled", "auto": "auto"}[args.fa]
     model = Model.load(resolve_model_path(args.model))
     aggregate_tps(model, 1, 8, 4, args.threads)  # warm up / compile
     print(f"{model.desc}, {args.threads} threads, prompt {args.n_prompt}, {args.n_gen} steps")

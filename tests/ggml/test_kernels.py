@@ -135,12 +135,12 @@ def test_round_f16_matches_numpy():
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("t", EXACT + CLOSE, ids=lambda t: T(t).name)
 def test_matmul_random_weights(t, path):
-    """n = 1, 3, 17 activation rows (the 4-row and 1-row code), 19 weight rows (not a multiple of the 16-row
-    task), rows of 96 / 512 / 37 elements."""
+    """n = 1, 3, 17, 21 activation rows (the 8-row, 4-row and 1-row code), 19 weight rows (not a multiple of the
+    16-row task), rows of 96 / 512 / 37 elements."""
     check_path(path)
     rng = np.random.default_rng(int(t))
     w = random_weight(t, row_length(t), 19, rng)
-    for n in (1, 3, 17):
+    for n in (1, 3, 17, 21):
         x = (rng.standard_normal((n, w.shape[0])) * 2).astype(np.float32)  # (n, k)
         assert_matches_reference(x, w, path)
 
