@@ -32,7 +32,7 @@ from numba.extending import overload
 
 from llamactx.ggml.inputs import VisibleCells
 from llamactx.ggml.intrinsics import f16_to_f32, fma32, round_f16
-from llamactx.ggml.vec import dot_tinyblas, dot_vec, reduce_add16, v_expf
+from llamactx.ggml.vec import dot_tinyblas, dot_vec, reduce_add16, v_expf, vec_max
 
 _F32 = np.float32
 
@@ -40,26 +40,10 @@ _F32 = np.float32
 @numba.njit(cache=True, error_model="numpy")
 def _soft_max(w, m, e):  # pragma: no cover - compiled
     """ggml_vec_soft_max_f32 over w[:m] (already scaled and masked) in 16-lane groups; writes the normalized
-    probabilities to e[:m] and zeros to e[m:] (the masked cells of the group). The max is taken in 8 interleaved
-    chains (the same value: a max does not depend on the order; NaNs are skipped in each), and the loops run
-    over slices under numpy's error model so that LLVM vectorizes them."""
+    probabilities to e[:m] and zeros to e[m:] (the masked cells of the group). The max is `vec_max`'s, and the
+    loops run over slices under numpy's error model so that LLVM vectorizes them."""
     wv, ev = w[:m], e[:m]
-    m8 = m // 8 * 8
-    mx0 = mx1 = mx2 = mx3 = mx4 = mx5 = mx6 = mx7 = _F32(-np.inf)
-    for r in range(0, m8, 8):
-        mx0 = wv[r] if wv[r] > mx0 else mx0
-        mx1 = wv[r + 1] if wv[r + 1] > mx1 else mx1
-        mx2 = wv[r + 2] if wv[r + 2] > mx2 else mx2
-        mx3 = wv[r + 3] if wv[r + 3] > mx3 else mx3
-        mx4 = wv[r + 4] if wv[r + 4] > mx4 else mx4
-        mx5 = wv[r + 5] if wv[r + 5] > mx5 else mx5
-        mx6 = wv[r + 6] if wv[r + 6] > mx6 else mx6
-        mx7 = wv[r + 7] if wv[r + 7] > mx7 else mx7
-    mx = _F32(-np.inf)
-    for x in (mx0, mx1, mx2, mx3, mx4, mx5, mx6, mx7):
-        mx = x if x > mx else mx
-    for r in range(m8, m):
-        mx = wv[r] if wv[r] > mx else mx
+    mx = vec_max(wv, m)
     for r in range(m):
         ev[r] = v_expf(wv[r] - mx)
     for r in range(m, e.shape[0]):

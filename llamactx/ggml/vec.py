@@ -57,6 +57,29 @@ def v_expf(x):  # pragma: no cover - compiled
     return y if ok else sat
 
 
+@numba.njit(cache=True, inline="always")
+def vec_max(w, m):  # pragma: no cover - compiled
+    """The max of w[:m] (ggml_vec_max_f32; -inf for none) in 8 interleaved chains: a max does not depend on the
+    order, and NaNs are skipped in each chain."""
+    m8 = m // 8 * 8
+    mx0 = mx1 = mx2 = mx3 = mx4 = mx5 = mx6 = mx7 = np.float32(-np.inf)
+    for r in range(0, m8, 8):
+        mx0 = w[r] if w[r] > mx0 else mx0
+        mx1 = w[r + 1] if w[r + 1] > mx1 else mx1
+        mx2 = w[r + 2] if w[r + 2] > mx2 else mx2
+        mx3 = w[r + 3] if w[r + 3] > mx3 else mx3
+        mx4 = w[r + 4] if w[r + 4] > mx4 else mx4
+        mx5 = w[r + 5] if w[r + 5] > mx5 else mx5
+        mx6 = w[r + 6] if w[r + 6] > mx6 else mx6
+        mx7 = w[r + 7] if w[r + 7] > mx7 else mx7
+    mx = np.float32(-np.inf)
+    for x in (mx0, mx1, mx2, mx3, mx4, mx5, mx6, mx7):
+        mx = x if x > mx else mx
+    for r in range(m8, m):
+        mx = w[r] if w[r] > mx else mx
+    return mx
+
+
 @numba.njit(cache=True)
 def reduce_add16(a, off):  # pragma: no cover - compiled
     """GCC's `_mm512_reduce_add_ps` over a[off:off+16]: 8 pair sums, then 4, then (0+2) + (1+3)."""

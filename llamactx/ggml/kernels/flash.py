@@ -23,7 +23,7 @@ import numpy as np
 
 from llamactx.ggml.kernels.attention import SPLIT_MIN_CELLS, _widen_rows, v_chunk
 from llamactx.ggml.kernels.wide import fadd16, ffma16s, fload16, fstore16, hload16, htranspose16, wscale, wzero
-from llamactx.ggml.vec import reduce_add16, v_expf
+from llamactx.ggml.vec import reduce_add16, v_expf, vec_max
 
 _F32 = np.float32
 TILE = 64  # GGML_FA_TILE_KV: cells per online-softmax step
@@ -125,26 +125,6 @@ def _tile_scores(q, t, h, d_k, kt, kr0, mask_add, scale, m, r0, w, wr):
         w[wr, r] = w[wr, r] + mask_add[t, r] if r < m else _F32(-np.inf)
 
 
-@numba.njit(cache=True, inline="always")
-def _tile_max(w):
-    """The max of w[:TILE] (ggml_vec_max_f32; -inf if all are), in 8 interleaved chains: a max does not depend on
-    the order, NaNs are skipped in each."""
-    mx0 = mx1 = mx2 = mx3 = mx4 = mx5 = mx6 = mx7 = _F32(-np.inf)
-    for r in range(0, TILE, 8):
-        mx0 = w[r] if w[r] > mx0 else mx0
-        mx1 = w[r + 1] if w[r + 1] > mx1 else mx1
-        mx2 = w[r + 2] if w[r + 2] > mx2 else mx2
-        mx3 = w[r + 3] if w[r + 3] > mx3 else mx3
-        mx4 = w[r + 4] if w[r + 4] > mx4 else mx4
-        mx5 = w[r + 5] if w[r + 5] > mx5 else mx5
-        mx6 = w[r + 6] if w[r + 6] > mx6 else mx6
-        mx7 = w[r + 7] if w[r + 7] > mx7 else mx7
-    mx = _F32(-np.inf)
-    for x in (mx0, mx1, mx2, mx3, mx4, mx5, mx6, mx7):
-        mx = x if x > mx else mx
-    return mx
-
-
 @numba.njit(cache=True, error_model="numpy")
 def _online_soft_max(w, m, e, f):  # pragma: no cover - compiled
     """The tiled kernel's online softmax over w[:m] (scaled, masked scores; -inf up to the tile's end): e gets
@@ -155,7 +135,7 @@ def _online_soft_max(w, m, e, f):  # pragma: no cover - compiled
     for ti in range((m + TILE - 1) // TILE):
         r0 = ti * TILE
         wt, et = w[r0 : r0 + TILE], e[r0 : r0 + TILE]
-        tile_max = _tile_max(wt)
+        tile_max = vec_max(wt, TILE)
         f[ti] = _F32(1.0)
         if tile_max == _F32(-np.inf):
             et[:] = _F32(0.0)
