@@ -50,8 +50,9 @@ def flash_attend(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, ou
     ref, shared = _shared_slots(cl, n_cells)
     if shared.sum() < 2:
         shared[:] = False
-    kt = np.empty((n_head_kv * (n_cells[ref] + TILE - 1) // TILE * d_k if shared.any() else 0, TILE), np.float32)
-    if kt.shape[0]:
+    n_tiles = (n_cells[ref] + TILE - 1) // TILE if shared.any() else 0  # of the shared slots
+    kt = np.empty((n_head_kv * n_tiles * d_k, TILE), np.float32)  # (n_head_kv * n_tiles * d_k, TILE)
+    if n_tiles:
         _k_tiles(k, cl, ref, n_cells[ref], n_head_kv, d_k, kt)
     _flash_groups(q, k, v, n_head, n_head_kv, cl, n_cells, mask_add, scale, out, n_threads, shared, kt)
 
@@ -219,7 +220,6 @@ def _group_values(v, cl, t, hk, gqa, d_v, m, e, f, s, acc, vf, out):
                     inv = _F32(0.0) if s[g] == _F32(0.0) else _F32(1.0) / s[g]
                     _store4(out, t, (hk * gqa + g) * d_v + j, nb, wscale(a0, inv), wscale(a1, inv), wscale(a2, inv),
                             wscale(a3, inv))
-
 
 
 @numba.njit(parallel=True, cache=True)
