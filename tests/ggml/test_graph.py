@@ -140,12 +140,14 @@ def test_fast_attention_matches_the_reference_kernel(n, n_head, n_head_kv, d, n_
 @pytest.mark.parametrize("n, n_head, n_head_kv, d, n_kv, causal", [
     (1, 9, 3, 64, 150, False), (7, 9, 3, 64, 150, False), (5, 4, 1, 256, 150, False), (3, 4, 2, 32, 90, False),
     (70, 9, 3, 64, 200, True), (66, 4, 1, 256, 130, True), (3, 9, 3, 64, 20, False),
-    (1, 9, 3, 64, 1500, False), (2, 9, 3, 64, 1300, True), (1, 4, 1, 256, 1200, False), (1, 6, 2, 48, 700, True)])
+    (1, 9, 3, 64, 1500, False), (2, 9, 3, 64, 1300, True), (1, 4, 1, 256, 1200, False), (1, 6, 2, 48, 700, True),
+    (40, 9, 3, 64, 300, "mixed")])
 def test_fast_flash_attention_matches_the_reference_kernel(n, n_head, n_head_kv, d, n_kv, causal):
     """kernels.flash (K tiles transposed in registers, V chains 16 columns to a register) against
     ggml.flash_attn's tiled arithmetic (ReferenceOps), bit for bit: scattered visible cells of several sequences
     or a causal prompt, tiles without a visible cell, probabilities that underflow to zero, head sizes that are
-    not a multiple of 64; few tokens over many cells take the pass split over tiles and column blocks."""
+    not a multiple of 64, a prompt's tokens in blocks beside other sequences' tokens; few tokens over many cells
+    take the pass split over tiles and column blocks."""
     rng = np.random.default_rng(n * d + n_kv)
     k = (rng.standard_normal((n_kv, n_head_kv * d)) * 3).astype(np.float16)
     v = rng.standard_normal((n_kv, n_head_kv * d)).astype(np.float16)
@@ -158,6 +160,9 @@ def test_fast_flash_attention_matches_the_reference_kernel(n, n_head, n_head_kv,
         visible = rng.random((n, n_kv)) < 0.5
         visible[:, 3] = True
         order = rng.permutation(n_kv)  # sums in a position order unlike cell order
+    if causal == "mixed":  # a server step: a prompt chunk's tokens (blocks sharing K tiles) beside others' tokens
+        visible[::7] = rng.random((len(visible[::7]), n_kv)) < 0.3
+        order = None
     mask = np.where(visible, 0.0, -np.inf).astype(np.float32)  # (n, n_kv)
     vis = VisibleCells.from_mask(mask, order)
     want = flash_attn_f16_cells(q, k, v, n_head_kv, vis, 0.125, n_kv, 1)

@@ -9,9 +9,11 @@ FMA chain over the cells per output element (a zero probability adds nothing); o
 
 Here 16 cells' scores are one register: a block of 16 K rows is transposed 16 x 16 in registers (`htranspose16`),
 and the query heads of one KV head share it. VKQ runs 16 columns to a register over V rows widened to f32 once for
-the group. Parallel over (token, KV head) groups dealt round robin; few tokens over many cells (decode at depth)
-split instead, in three passes: scores by cell tiles (each thread its own K rows), the softmax per head, VKQ by
-column blocks (the chain over cells is sequential; its columns are independent).
+the group. A prompt's tokens see prefixes of the same slots: their K tiles are transposed once per call, and
+blocks of up to TOKEN_BLOCK of them share each K tile and V chunk while it is in L1. Parallel over (token block,
+KV head) groups dealt round robin; few tokens over many cells (decode at depth) split instead, in three passes:
+scores by cell tiles (each thread its own K rows), the softmax per head, VKQ by column blocks (the chain over cells
+is sequential; its columns are independent).
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ def flash_attend(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, ou
     (n_kv, n_head_kv * d_k) and v (n_kv, n_head_kv * d_v) are an f16 cache's rows as uint16 bits; cells (n, max
     visible) lists token t's n_cells[t] visible cells in cell order, mask_add their mask values. d_k, d_v
     multiples of 16 (checked by the callers). Few tokens over many cells run in three passes split evenly over
-    `n_threads` (`_flash_split`); else each thread takes (token, KV head) groups round robin (`_flash_groups`)."""
+    `n_threads` (`_flash_split`); else each thread takes (token block, KV head) groups round robin
+    (`_flash_groups`)."""
     n = q.shape[0]
     if n == 0:
         return
@@ -48,13 +51,12 @@ def flash_attend(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, ou
         return
     d_k = q.shape[1] // n_head
     ref, shared = _shared_slots(cl, n_cells)
-    if shared.sum() < 2:
-        shared[:] = False
-    n_tiles = (n_cells[ref] + TILE - 1) // TILE if shared.any() else 0  # of the shared slots
+    blocks = _token_blocks(shared)
+    n_tiles = (n_cells[ref] + TILE - 1) // TILE if blocks.shape[0] <= n else 0  # of the shared slots
     kt = np.empty((n_head_kv * n_tiles * d_k, TILE), np.float32)  # (n_head_kv * n_tiles * d_k, TILE)
     if n_tiles:
         _k_tiles(k, cl, ref, n_cells[ref], n_head_kv, d_k, kt)
-    _flash_groups(q, k, v, n_head, n_head_kv, cl, n_cells, mask_add, scale, out, n_threads, shared, kt)
+    _flash_groups(q, k, v, n_head, n_head_kv, cl, n_cells, mask_add, scale, out, n_threads, blocks, kt)
 
 
 @numba.njit(cache=True)
@@ -97,6 +99,28 @@ def _shared_slots(cl, n_cells):
                 shared[t] = False
                 break
     return ref, shared
+
+
+TOKEN_BLOCK = 8  # tokens of a prompt that share their K tiles and V chunks while these are in L1
+
+
+@numba.njit(cache=True)
+def _token_blocks(shared):
+    """Block boundaries over the tokens: runs of up to TOKEN_BLOCK consecutive shared tokens, every other token
+    alone. -> (n_blocks + 1,) int64; fewer than n + 1 entries when some block holds several tokens."""
+    n = shared.shape[0]
+    bounds = np.empty(n + 1, np.int64)
+    nb, t = 0, 0
+    while t < n:
+        bounds[nb] = t
+        nb += 1
+        t1 = t + 1
+        if shared[t]:
+            while t1 < n and t1 - t < TOKEN_BLOCK and shared[t1]:
+                t1 += 1
+        t = t1
+    bounds[nb] = n
+    return bounds[: nb + 1]
 
 
 @numba.njit(cache=True)
@@ -185,79 +209,105 @@ def _store4(x, row, col, nb, a0, a1, a2, a3):
 
 
 @numba.njit(cache=True)
-def _group_values(v, cl, t, hk, gqa, d_v, m, e, f, s, acc, vf, out):
-    """out[t, columns of query head g of KV head hk] = (sum over slots of e[g, r] * V row of slot r, one FMA chain
-    per column, scaled by f[g, tile] at each tile's start) / s[g]. V rows are widened to f32 a chunk at a time
-    (vf), once for the group's heads; acc (gqa, d_v) carries the chains across chunks."""
+def _block_values(v, cl, t0, t1, hk, gqa, d_v, n_cells, e, f, s, acc, vf, out):
+    """out[t, columns of query head g of KV head hk] for the tokens t0..t1-1 of a block that see prefixes of the
+    same slots = (sum over slots of e[x, r] * V row of slot r, one FMA chain per column, scaled by f[x, tile] at
+    each tile's start) / s[x], x = (t - t0) * gqa + g. V rows are widened to f32 a chunk at a time (vf), once for
+    the block's tokens and heads; acc (block * gqa, d_v) carries the chains across chunks."""
     chunk = v_chunk(d_v)
-    for c0 in range(0, max(m, 1), chunk):
-        c1 = min(c0 + chunk, m)
-        _widen_rows(v, cl[t], c0, c1 - c0, hk * d_v, d_v, vf)
-        for g in range(gqa):
-            for j in range(0, d_v, 64):
-                j0, j1, j2, j3, nb = _cols4(j, d_v)
-                a0 = a1 = a2 = a3 = wzero()
-                if c0 > 0:
-                    a0, a1, a2, a3 = fload16(acc, g, j0), fload16(acc, g, j1), fload16(acc, g, j2), fload16(acc, g, j3)
-                r = c0
-                while r < c1:  # tile by tile: the factor at a tile's start, then its slots
-                    a0, a1, a2, a3 = _tile_scale(a0, a1, a2, a3, f, g, r)
-                    r_end = min(c1, (r // TILE + 1) * TILE)
-                    for rr in range(r, r_end):
-                        p = e[g, rr]
-                        if p != _F32(0.0):
-                            a0 = ffma16s(a0, fload16(vf, rr - c0, j0), p)
-                            a1 = ffma16s(a1, fload16(vf, rr - c0, j1), p)
-                            a2 = ffma16s(a2, fload16(vf, rr - c0, j2), p)
-                            a3 = ffma16s(a3, fload16(vf, rr - c0, j3), p)
-                    r = r_end
-                if c1 < m:  # (a register past d_v stores the same values as the one it repeats)
-                    fstore16(acc, g, j0, a0)
-                    fstore16(acc, g, j1, a1)
-                    fstore16(acc, g, j2, a2)
-                    fstore16(acc, g, j3, a3)
-                else:
-                    inv = _F32(0.0) if s[g] == _F32(0.0) else _F32(1.0) / s[g]
-                    _store4(out, t, (hk * gqa + g) * d_v + j, nb, wscale(a0, inv), wscale(a1, inv), wscale(a2, inv),
-                            wscale(a3, inv))
+    ref, m_max = t0, 0
+    for t in range(t0, t1):
+        if n_cells[t] > m_max:
+            ref, m_max = t, n_cells[t]
+    for c0 in range(0, max(m_max, 1), chunk):
+        c1_all = min(c0 + chunk, m_max)
+        _widen_rows(v, cl[ref], c0, c1_all - c0, hk * d_v, d_v, vf)
+        for t in range(t0, t1):
+            m = n_cells[t]
+            if c0 >= max(m, 1):
+                continue
+            c1 = min(c1_all, m)
+            for g in range(gqa):
+                x = (t - t0) * gqa + g
+                for j in range(0, d_v, 64):
+                    j0, j1, j2, j3, nb = _cols4(j, d_v)
+                    a0 = a1 = a2 = a3 = wzero()
+                    if c0 > 0:
+                        a0, a1 = fload16(acc, x, j0), fload16(acc, x, j1)
+                        a2, a3 = fload16(acc, x, j2), fload16(acc, x, j3)
+                    r = c0
+                    while r < c1:  # tile by tile: the factor at a tile's start, then its slots
+                        a0, a1, a2, a3 = _tile_scale(a0, a1, a2, a3, f, x, r)
+                        r_end = min(c1, (r // TILE + 1) * TILE)
+                        for rr in range(r, r_end):
+                            p = e[x, rr]
+                            if p != _F32(0.0):
+                                a0 = ffma16s(a0, fload16(vf, rr - c0, j0), p)
+                                a1 = ffma16s(a1, fload16(vf, rr - c0, j1), p)
+                                a2 = ffma16s(a2, fload16(vf, rr - c0, j2), p)
+                                a3 = ffma16s(a3, fload16(vf, rr - c0, j3), p)
+                        r = r_end
+                    if c1 < m:  # (a register past d_v stores the same values as the one it repeats)
+                        fstore16(acc, x, j0, a0)
+                        fstore16(acc, x, j1, a1)
+                        fstore16(acc, x, j2, a2)
+                        fstore16(acc, x, j3, a3)
+                    else:
+                        inv = _F32(0.0) if s[x] == _F32(0.0) else _F32(1.0) / s[x]
+                        _store4(out, t, (hk * gqa + g) * d_v + j, nb, wscale(a0, inv), wscale(a1, inv),
+                                wscale(a2, inv), wscale(a3, inv))
 
 
 @numba.njit(parallel=True, cache=True)
-def _flash_groups(q, k, v, n_head, n_head_kv, cl, n_cells, mask_add, scale, out, n_threads, shared,
+def _flash_groups(q, k, v, n_head, n_head_kv, cl, n_cells, mask_add, scale, out, n_threads, blocks,
                   kts):  # pragma: no cover
-    """`flash_attend` with (token, KV head) groups dealt round robin to the threads, each with its own scratch;
-    a token with shared[t] reads the K tiles in kts (`_k_tiles`), the others transpose their own."""
-    n = q.shape[0]
+    """`flash_attend` with (token block, KV head) groups dealt round robin to the threads, each with its own
+    scratch. blocks (n_blocks + 1,): block b is tokens blocks[b]..blocks[b+1]-1; a block of more than one token
+    sees prefixes of the shared slots, reads their K tiles in kts (`_k_tiles`) and widens their V rows once; a
+    single token of its own transposes its own."""
     d_k = q.shape[1] // n_head
     d_v = v.shape[1] // n_head_kv
     gqa = n_head // n_head_kv
-    n_g = n * n_head_kv
+    n_b = blocks.shape[0] - 1
+    n_g = n_b * n_head_kv
     n_tasks = max(min(n_threads, n_g), 1)
     m_max = cl.shape[1]
+    tb = 1
+    for b in range(n_b):
+        tb = max(tb, blocks[b + 1] - blocks[b])
+    shared_tiles = kts.shape[0] // d_k // n_head_kv
     for task in numba.prange(n_tasks):
-        w = np.empty((gqa, m_max), np.float32)
-        e = np.empty((gqa, m_max), np.float32)
-        f = np.empty((gqa, m_max // TILE), np.float32)
-        s = np.empty(gqa, np.float32)
+        w = np.empty((tb * gqa, m_max), np.float32)  # row (t - t0) * gqa + g
+        e = np.empty((tb * gqa, m_max), np.float32)
+        f = np.empty((tb * gqa, m_max // TILE), np.float32)
+        s = np.empty(tb * gqa, np.float32)
         kt = np.empty((d_k, TILE), np.float32)
-        acc = np.empty((gqa, d_v), np.float32)
+        acc = np.empty((tb * gqa, d_v), np.float32)
         vf = np.empty((v_chunk(d_v), d_v), np.float32)
         for p in range(task, n_g, n_tasks):
-            t = p // n_head_kv
-            hk = p - t * n_head_kv
-            m = n_cells[t]
-            n_tiles = (m + TILE - 1) // TILE
-            for ti in range(n_tiles):
-                if shared[t]:
-                    src, kr0 = kts, (hk * (kts.shape[0] // d_k // n_head_kv) + ti) * d_k
+            b = p // n_head_kv
+            hk = p - b * n_head_kv
+            t0, t1 = blocks[b], blocks[b + 1]
+            m_b = 0
+            for t in range(t0, t1):
+                m_b = max(m_b, n_cells[t])
+            for ti in range((m_b + TILE - 1) // TILE):  # a tile's K rows for every token of the block
+                if t1 - t0 > 1:
+                    src, kr0 = kts, (hk * shared_tiles + ti) * d_k
                 else:
-                    _k_tile(k, cl, t, ti * TILE, hk, d_k, kt, 0)
+                    _k_tile(k, cl, t0, ti * TILE, hk, d_k, kt, 0)
                     src, kr0 = kt, 0
+                for t in range(t0, t1):
+                    m = n_cells[t]
+                    if ti * TILE < m:
+                        for g in range(gqa):
+                            x = (t - t0) * gqa + g
+                            _tile_scores(q, t, hk * gqa + g, d_k, src, kr0, mask_add, scale, m, ti * TILE, w, x)
+            for t in range(t0, t1):
                 for g in range(gqa):
-                    _tile_scores(q, t, hk * gqa + g, d_k, src, kr0, mask_add, scale, m, ti * TILE, w, g)
-            for g in range(gqa):
-                s[g] = _online_soft_max(w[g], m, e[g], f[g])
-            _group_values(v, cl, t, hk, gqa, d_v, m, e, f, s, acc, vf, out)
+                    x = (t - t0) * gqa + g
+                    s[x] = _online_soft_max(w[x], n_cells[t], e[x], f[x])
+            _block_values(v, cl, t0, t1, hk, gqa, d_v, n_cells, e, f, s, acc, vf, out)
 
 
 @numba.njit(parallel=True, cache=True)
