@@ -87,8 +87,9 @@ def _scores16(qv, g, kf, d_k):
 
 @numba.njit(cache=True)
 def _slot_cells(cells, t, m, cl):
-    """cl[r] = token t's r-th visible cell for r < m, its last one for m <= r < len(cl): whole 16-slot blocks
-    read valid rows (the extra slots' scores are dropped, their probabilities are 0)."""
+    """cl[r] = token t's r-th visible cell for r < m, its last one (cell 0 if none) for m <= r < len(cl): whole
+    16-slot blocks (64-slot tiles in kernels.flash) read valid rows (the extra slots' scores are dropped, their
+    probabilities are 0)."""
     for r in range(cl.shape[0]):
         cl[r] = cells[t, min(r, m - 1)] if m > 0 else 0
 

@@ -23,7 +23,7 @@ import math
 import numba
 import numpy as np
 
-from llamactx.ggml.kernels.attention import SPLIT_MIN_CELLS, _widen_rows, v_chunk
+from llamactx.ggml.kernels.attention import SPLIT_MIN_CELLS, _slot_cells, _widen_rows, v_chunk
 from llamactx.ggml.kernels.wide import fadd16, ffma16s, fload16, fstore16, hload16, htranspose16, wscale, wzero
 from llamactx.ggml.vec import reduce_add16, v_expf, vec_max
 
@@ -43,7 +43,7 @@ def flash_attend(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, ou
     if n == 0:
         return
     n_pad = (n_cells.max() + TILE - 1) // TILE * TILE
-    cl = np.empty((n, max(n_pad, TILE)), np.int64)
+    cl = np.empty((n, max(n_pad, TILE)), np.int64)  # whole tiles of valid rows; slots past m score -inf
     for t in range(n):
         _slot_cells(cells, t, n_cells[t], cl[t])
     if n * n_head_kv < 2 * n_threads and n_cells.max() >= SPLIT_MIN_CELLS:
@@ -57,14 +57,6 @@ def flash_attend(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, ou
     if n_tiles:
         _k_tiles(k, cl, ref, n_cells[ref], n_head_kv, d_k, kt)
     _flash_groups(q, k, v, n_head, n_head_kv, cl, n_cells, mask_add, scale, out, n_threads, blocks, kt)
-
-
-@numba.njit(cache=True)
-def _slot_cells(cells, t, m, cl):
-    """cl[r] = token t's r-th visible cell for r < m, its last one (cell 0 if none) past m: whole tiles read
-    valid rows; the extra slots' scores are replaced by -inf."""
-    for r in range(cl.shape[0]):
-        cl[r] = cells[t, min(r, m - 1)] if m > 0 else 0
 
 
 @numba.njit(cache=True)

@@ -113,6 +113,34 @@ def _x4_store(dec, out, i, c, accA, accB, macc):
 
 
 @njit(cache=True)
+def _x4_zero4():
+    """Zeroed (accA, accB, macc) of four activation rows, flat."""
+    z, z4 = wzero(), wzero4()
+    return z, z, z4, z, z, z4, z, z, z4, z, z, z4
+
+
+@njit(cache=True)
+def _x4_rows4(path, dec, wA, wB, d16, m4, a, i, b, acc):
+    """`_x4_row` for activation rows i..i+3 against one decoded block; acc: their accumulators (`_x4_zero4`)."""
+    a0, b0, m0, a1, b1, m1, a2, b2, m2, a3, b3, m3 = acc
+    a0, b0, m0 = _x4_row(path, dec, wA, wB, d16, m4, a, i, b, a0, b0, m0)
+    a1, b1, m1 = _x4_row(path, dec, wA, wB, d16, m4, a, i + 1, b, a1, b1, m1)
+    a2, b2, m2 = _x4_row(path, dec, wA, wB, d16, m4, a, i + 2, b, a2, b2, m2)
+    a3, b3, m3 = _x4_row(path, dec, wA, wB, d16, m4, a, i + 3, b, a3, b3, m3)
+    return a0, b0, m0, a1, b1, m1, a2, b2, m2, a3, b3, m3
+
+
+@njit(cache=True)
+def _x4_store4(dec, out, i, c, acc):
+    """`_x4_store` of activation rows i..i+3."""
+    a0, b0, m0, a1, b1, m1, a2, b2, m2, a3, b3, m3 = acc
+    _x4_store(dec, out, i, c, a0, b0, m0)
+    _x4_store(dec, out, i + 1, c, a1, b1, m1)
+    _x4_store(dec, out, i + 2, c, a2, b2, m2)
+    _x4_store(dec, out, i + 3, c, a3, b3, m3)
+
+
+@njit(cache=True)
 def _x4_block_scales(dec, sc, g, b):
     """(d of the four rows spread over their lanes, their mins) of block b."""
     if has_min(dec):
@@ -159,49 +187,21 @@ def x4_rows(path, dec, W, a, g0, g1, out):
     for g in range(g0, g1):
         c = g * ROWS_PER_GROUP
         for i in range(0, n8, 8):
-            a0, b0, m0 = wzero(), wzero(), wzero4()
-            a1, b1, m1 = wzero(), wzero(), wzero4()
-            a2, b2, m2 = wzero(), wzero(), wzero4()
-            a3, b3, m3 = wzero(), wzero(), wzero4()
-            a4, b4, m4_ = wzero(), wzero(), wzero4()
-            a5, b5, m5 = wzero(), wzero(), wzero4()
-            a6, b6, m6 = wzero(), wzero(), wzero4()
-            a7, b7, m7 = wzero(), wzero(), wzero4()
+            lo, hi = _x4_zero4(), _x4_zero4()
             for b in range(nb):
                 wA, wB = decode_x4(dec, qs, qh, g, b)
                 d16, m4 = _x4_block_scales(dec, sc, g, b)
-                a0, b0, m0 = _x4_row(path, dec, wA, wB, d16, m4, a, i, b, a0, b0, m0)
-                a1, b1, m1 = _x4_row(path, dec, wA, wB, d16, m4, a, i + 1, b, a1, b1, m1)
-                a2, b2, m2 = _x4_row(path, dec, wA, wB, d16, m4, a, i + 2, b, a2, b2, m2)
-                a3, b3, m3 = _x4_row(path, dec, wA, wB, d16, m4, a, i + 3, b, a3, b3, m3)
-                a4, b4, m4_ = _x4_row(path, dec, wA, wB, d16, m4, a, i + 4, b, a4, b4, m4_)
-                a5, b5, m5 = _x4_row(path, dec, wA, wB, d16, m4, a, i + 5, b, a5, b5, m5)
-                a6, b6, m6 = _x4_row(path, dec, wA, wB, d16, m4, a, i + 6, b, a6, b6, m6)
-                a7, b7, m7 = _x4_row(path, dec, wA, wB, d16, m4, a, i + 7, b, a7, b7, m7)
-            _x4_store(dec, out, i, c, a0, b0, m0)
-            _x4_store(dec, out, i + 1, c, a1, b1, m1)
-            _x4_store(dec, out, i + 2, c, a2, b2, m2)
-            _x4_store(dec, out, i + 3, c, a3, b3, m3)
-            _x4_store(dec, out, i + 4, c, a4, b4, m4_)
-            _x4_store(dec, out, i + 5, c, a5, b5, m5)
-            _x4_store(dec, out, i + 6, c, a6, b6, m6)
-            _x4_store(dec, out, i + 7, c, a7, b7, m7)
+                lo = _x4_rows4(path, dec, wA, wB, d16, m4, a, i, b, lo)
+                hi = _x4_rows4(path, dec, wA, wB, d16, m4, a, i + 4, b, hi)
+            _x4_store4(dec, out, i, c, lo)
+            _x4_store4(dec, out, i + 4, c, hi)
         for i in range(n8, n4, 4):
-            a0, b0, m0 = wzero(), wzero(), wzero4()
-            a1, b1, m1 = wzero(), wzero(), wzero4()
-            a2, b2, m2 = wzero(), wzero(), wzero4()
-            a3, b3, m3 = wzero(), wzero(), wzero4()
+            acc = _x4_zero4()
             for b in range(nb):
                 wA, wB = decode_x4(dec, qs, qh, g, b)
                 d16, m4 = _x4_block_scales(dec, sc, g, b)
-                a0, b0, m0 = _x4_row(path, dec, wA, wB, d16, m4, a, i, b, a0, b0, m0)
-                a1, b1, m1 = _x4_row(path, dec, wA, wB, d16, m4, a, i + 1, b, a1, b1, m1)
-                a2, b2, m2 = _x4_row(path, dec, wA, wB, d16, m4, a, i + 2, b, a2, b2, m2)
-                a3, b3, m3 = _x4_row(path, dec, wA, wB, d16, m4, a, i + 3, b, a3, b3, m3)
-            _x4_store(dec, out, i, c, a0, b0, m0)
-            _x4_store(dec, out, i + 1, c, a1, b1, m1)
-            _x4_store(dec, out, i + 2, c, a2, b2, m2)
-            _x4_store(dec, out, i + 3, c, a3, b3, m3)
+                acc = _x4_rows4(path, dec, wA, wB, d16, m4, a, i, b, acc)
+            _x4_store4(dec, out, i, c, acc)
     ahead = prefetch_distance(qs, qh, sc)
     for i in range(n4, n):  # single activation rows: two groups at a time, four FMA chains in flight
         for g in range(g0, g1 - 1, 2):
