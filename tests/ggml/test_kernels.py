@@ -100,10 +100,10 @@ def test_activation_quantizers_match_quants_cpu():
     assert (ref[..., 2:].view(np.int8).reshape(n, k) == xq).all()
     assert (ref[..., :2].copy().view(np.float16)[..., 0].astype(np.float32) == xd).all()
     assert (xq.reshape(n, -1, 4).sum(-1) == lanes).all()
-    s = np.zeros((n, k // 32), np.float32)
+    s = np.zeros((k // 32, n), np.float32)  # block-major
     KQ.quantize_q8_1(x, xq, xd, s)
     ref = QC.quantize_q8_1(x).reshape(n, -1, 36)
-    assert (ref[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) == s).all()
+    assert (ref[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) == s.T).all()
     xdk = np.zeros((n, k // 256), np.float32)
     bsums = np.zeros((n, k // 16), np.int32)
     KQ.quantize_q8_K(x, xq, xdk, bsums)
@@ -156,6 +156,25 @@ def test_matmul_extreme_activations_stay_exact():
     with np.errstate(over="ignore"):  # the reference's f16 scale of the 1e30 block overflows to inf, as ggml's
         for t in EXACT:
             assert_matches_reference(x, random_weight(t, 96, 7, rng), kernels.active_path())
+
+
+@pytest.mark.parametrize("t", EXACT, ids=lambda t: T(t).name)
+def test_matmul_largest_lanes_stay_exact(t):
+    """Every quant byte 0x00 / 0x7F / 0x80 / 0xFF (the extreme weight quants: Q8_0's -128) against activations
+    of +-1 (quants of +-127): the largest integer lanes the kernels convert (|lane| up to 4 * 128 * 127)."""
+    rng = np.random.default_rng(5)
+    w = random_weight(t, 96, 8, rng)
+    data = np.repeat(np.array([0x00, 0x7F, 0x80, 0xFF] * 2, np.uint8)[:, None], w.data.shape[1], axis=1)
+    for off in SCALE_OFFSETS[t]:  # keep the random finite scales
+        nb, size = 96 // 32, w.data.shape[1] // 3
+        for b in range(nb):
+            data[:, b * size + off : b * size + off + 2] = w.data[:, b * size + off : b * size + off + 2]
+    data.flags.writeable = False
+    w = Weight(w.name, w.ggml_type, w.shape, data)
+    x = np.ones((9, 96), np.float32)  # (9, 96)
+    x[1::2] = -1.0
+    x[4, 1::2] = -1.0
+    assert_matches_reference(x, w, kernels.active_path())
 
 
 @pytest.fixture(scope="module")

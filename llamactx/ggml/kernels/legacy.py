@@ -9,8 +9,10 @@ each lane's integer dot as its start value -o * (its 4 activation quants), so ev
 signed (q - o) . x.
 
 Four weight rows are one group, held in two 512-bit registers (wide.py), so each instruction serves four rows
-and a group's bytes are read once for every activation row: rows of activations four at a time (prompts, batched
-decode), then one at a time.
+and a group's bytes are read once for every activation row: rows of activations eight (Q4_1/Q5_1) or four at a
+time (prompts, batched decode), then one at a time. Four activation rows' Q4_1/Q5_1 min chains share one register
+(lane 4j + r: weight row j, activation row r; the activations' s are stored block-major for it), so eight rows'
+accumulators fit the 32 registers without spilling.
 """
 
 from __future__ import annotations
@@ -21,12 +23,15 @@ from numba.extending import overload
 from llamactx.ggml.kernels.simd import Tag, TagType, prefetch
 from llamactx.ggml.kernels.vnni import izero16, vdot16
 from llamactx.ggml.kernels.wide import (
+    fbcast4,
+    ffma16,
     hsum_rows,
     wadd4,
     wbits,
     wfma4,
     wfmadd,
     whi,
+    wlanes4,
     wlo,
     wload,
     wmins,
@@ -88,19 +93,35 @@ def _has_min(dec):
 
 
 @njit(cache=True)
-def _x4_row(path, dec, wA, wB, d16, m4, a, i, b, accA, accB, macc):
+def _x4_row(path, dec, wA, wB, d16, a, i, b, accA, accB):
     """Block b of the group against activation row i: ggml's lanes of the four rows, each scaled by d_w * d_x and
-    accumulated (fmadd), and for Q4_1/Q5_1 the min chains fma(m_w, s_x, summs)."""
-    xq, xd, xoff, xs = a
+    accumulated (fmadd)."""
+    xq, xd, xoff, _ = a
     if has_min(dec):
         la = vdot16(path, izero16(), wA, xbcast16(xq, i, b * 32))
         lb = vdot16(path, izero16(), wB, xbcast16(xq, i, b * 32 + 16))
-        macc = wfma4(macc, m4, xs[i, b])
     else:
         la = vdot16(path, xbcast_i4(xoff, i, b * 8), wA, xbcast16(xq, i, b * 32))
         lb = vdot16(path, xbcast_i4(xoff, i, b * 8 + 4), wB, xbcast16(xq, i, b * 32 + 16))
     s = wscale(d16, xd[i, b])
-    return wfmadd(accA, la, s), wfmadd(accB, lb, s), macc
+    return wfmadd(accA, la, s), wfmadd(accB, lb, s)
+
+
+@njit(cache=True)
+def _x4_min1(dec, m4, a, i, b, macc):
+    """Q4_1/Q5_1: the four rows' min chains fma(m_w, s_x, summs) of activation row i (f32x4)."""
+    if has_min(dec):
+        return wfma4(macc, m4, a[3][b, i])
+    return macc
+
+
+@njit(cache=True)
+def _x4_min4(dec, m16, a, i, b, macc):
+    """Q4_1/Q5_1: the min chains of activation rows i..i+3 in one register, lane 4j + r = fma(m_j, s_{i+r}, .):
+    m16 spreads the four rows' mins (lane 4j + r = m_j), the block-major s puts rows i..i+3 side by side."""
+    if has_min(dec):
+        return ffma16(macc, m16, fbcast4(a[3], b, i))
+    return macc
 
 
 @njit(cache=True)
@@ -114,30 +135,30 @@ def _x4_store(dec, out, i, c, accA, accB, macc):
 
 @njit(cache=True)
 def _x4_zero4():
-    """Zeroed (accA, accB, macc) of four activation rows, flat."""
-    z, z4 = wzero(), wzero4()
-    return z, z, z4, z, z, z4, z, z, z4, z, z, z4
+    """Zeroed accumulators of four activation rows, flat: (accA, accB) per row, then their min chains."""
+    z = wzero()
+    return z, z, z, z, z, z, z, z, z
 
 
 @njit(cache=True)
-def _x4_rows4(path, dec, wA, wB, d16, m4, a, i, b, acc):
-    """`_x4_row` for activation rows i..i+3 against one decoded block; acc: their accumulators (`_x4_zero4`)."""
-    a0, b0, m0, a1, b1, m1, a2, b2, m2, a3, b3, m3 = acc
-    a0, b0, m0 = _x4_row(path, dec, wA, wB, d16, m4, a, i, b, a0, b0, m0)
-    a1, b1, m1 = _x4_row(path, dec, wA, wB, d16, m4, a, i + 1, b, a1, b1, m1)
-    a2, b2, m2 = _x4_row(path, dec, wA, wB, d16, m4, a, i + 2, b, a2, b2, m2)
-    a3, b3, m3 = _x4_row(path, dec, wA, wB, d16, m4, a, i + 3, b, a3, b3, m3)
-    return a0, b0, m0, a1, b1, m1, a2, b2, m2, a3, b3, m3
+def _x4_rows4(path, dec, wA, wB, d16, m16, a, i, b, acc):
+    """`_x4_row` and the min chains for activation rows i..i+3 against one decoded block; acc: `_x4_zero4`."""
+    a0, b0, a1, b1, a2, b2, a3, b3, m = acc
+    a0, b0 = _x4_row(path, dec, wA, wB, d16, a, i, b, a0, b0)
+    a1, b1 = _x4_row(path, dec, wA, wB, d16, a, i + 1, b, a1, b1)
+    a2, b2 = _x4_row(path, dec, wA, wB, d16, a, i + 2, b, a2, b2)
+    a3, b3 = _x4_row(path, dec, wA, wB, d16, a, i + 3, b, a3, b3)
+    return a0, b0, a1, b1, a2, b2, a3, b3, _x4_min4(dec, m16, a, i, b, m)
 
 
 @njit(cache=True)
 def _x4_store4(dec, out, i, c, acc):
     """`_x4_store` of activation rows i..i+3."""
-    a0, b0, m0, a1, b1, m1, a2, b2, m2, a3, b3, m3 = acc
-    _x4_store(dec, out, i, c, a0, b0, m0)
-    _x4_store(dec, out, i + 1, c, a1, b1, m1)
-    _x4_store(dec, out, i + 2, c, a2, b2, m2)
-    _x4_store(dec, out, i + 3, c, a3, b3, m3)
+    a0, b0, a1, b1, a2, b2, a3, b3, m = acc
+    _x4_store(dec, out, i, c, a0, b0, wlanes4(m, 0))
+    _x4_store(dec, out, i + 1, c, a1, b1, wlanes4(m, 1))
+    _x4_store(dec, out, i + 2, c, a2, b2, wlanes4(m, 2))
+    _x4_store(dec, out, i + 3, c, a3, b3, wlanes4(m, 3))
 
 
 @njit(cache=True)
@@ -146,6 +167,14 @@ def _x4_block_scales(dec, sc, g, b):
     if has_min(dec):
         return wscales(sc, g, b * 16), wmins(sc, g, b * 16 + 8)
     return wscales(sc, g, b * 8), wzero4()
+
+
+@njit(cache=True)
+def _x4_block_scales16(dec, sc, g, b):
+    """(d, mins) of block b, both spread over the rows' lanes (lane 4j + l = row j's), for `_x4_rows4`."""
+    if has_min(dec):
+        return wscales(sc, g, b * 16), wscales(sc, g, b * 16 + 8)
+    return wscales(sc, g, b * 8), wzero()
 
 
 @njit(cache=True)
@@ -190,17 +219,17 @@ def x4_rows(path, dec, W, a, g0, g1, out):
             lo, hi = _x4_zero4(), _x4_zero4()
             for b in range(nb):
                 wA, wB = decode_x4(dec, qs, qh, g, b)
-                d16, m4 = _x4_block_scales(dec, sc, g, b)
-                lo = _x4_rows4(path, dec, wA, wB, d16, m4, a, i, b, lo)
-                hi = _x4_rows4(path, dec, wA, wB, d16, m4, a, i + 4, b, hi)
+                d16, m16 = _x4_block_scales16(dec, sc, g, b)
+                lo = _x4_rows4(path, dec, wA, wB, d16, m16, a, i, b, lo)
+                hi = _x4_rows4(path, dec, wA, wB, d16, m16, a, i + 4, b, hi)
             _x4_store4(dec, out, i, c, lo)
             _x4_store4(dec, out, i + 4, c, hi)
         for i in range(n8, n4, 4):
             acc = _x4_zero4()
             for b in range(nb):
                 wA, wB = decode_x4(dec, qs, qh, g, b)
-                d16, m4 = _x4_block_scales(dec, sc, g, b)
-                acc = _x4_rows4(path, dec, wA, wB, d16, m4, a, i, b, acc)
+                d16, m16 = _x4_block_scales16(dec, sc, g, b)
+                acc = _x4_rows4(path, dec, wA, wB, d16, m16, a, i, b, acc)
             _x4_store4(dec, out, i, c, acc)
     ahead = prefetch_distance(qs, qh, sc)
     for i in range(n4, n):  # single activation rows: two groups at a time, four FMA chains in flight
@@ -212,10 +241,12 @@ def x4_rows(path, dec, W, a, g0, g1, out):
             for b in range(nb):
                 wA, wB = decode_x4(dec, qs, qh, g, b)
                 d16, m4 = _x4_block_scales(dec, sc, g, b)
-                a0, b0, m0 = _x4_row(path, dec, wA, wB, d16, m4, a, i, b, a0, b0, m0)
+                a0, b0 = _x4_row(path, dec, wA, wB, d16, a, i, b, a0, b0)
+                m0 = _x4_min1(dec, m4, a, i, b, m0)
                 wA, wB = decode_x4(dec, qs, qh, g + 1, b)
                 d16, m4 = _x4_block_scales(dec, sc, g + 1, b)
-                a1, b1, m1 = _x4_row(path, dec, wA, wB, d16, m4, a, i, b, a1, b1, m1)
+                a1, b1 = _x4_row(path, dec, wA, wB, d16, a, i, b, a1, b1)
+                m1 = _x4_min1(dec, m4, a, i, b, m1)
             _x4_store(dec, out, i, g * ROWS_PER_GROUP, a0, b0, m0)
             _x4_store(dec, out, i, (g + 1) * ROWS_PER_GROUP, a1, b1, m1)
         if (g1 - g0) % 2:
@@ -224,5 +255,6 @@ def x4_rows(path, dec, W, a, g0, g1, out):
             for b in range(nb):
                 wA, wB = decode_x4(dec, qs, qh, g, b)
                 d16, m4 = _x4_block_scales(dec, sc, g, b)
-                a0, b0, m0 = _x4_row(path, dec, wA, wB, d16, m4, a, i, b, a0, b0, m0)
+                a0, b0 = _x4_row(path, dec, wA, wB, d16, a, i, b, a0, b0)
+                m0 = _x4_min1(dec, m4, a, i, b, m0)
             _x4_store(dec, out, i, g * ROWS_PER_GROUP, a0, b0, m0)

@@ -55,7 +55,7 @@ def _activations(kind, x):
 
     Q4_0/Q5_0/Q8_0: Q8_0 quants, f16 scales, xi (n, k/4) = -o * (sum of each 4 quants): the weights' offset o
     (8 / 16 / 128) times the activations of one `vdot` lane, so every lane holds ggml's signed (q - o) . x;
-    Q4_1/Q5_1: Q8_1 quants, f16 scales, xf = s; K-quants: Q8_K quants, f32 scales, xi = bsums;
+    Q4_1/Q5_1: Q8_1 quants, f16 scales, xf = s (nblk, n), block-major; K-quants: Q8_K quants, f32 scales, xi = bsums;
     F32: xf = x; F16: xf = x rounded to f16. Unused arrays are (n, 0)."""
     n, k = x.shape
     none_i = np.empty((n, 0), np.int32)
@@ -69,7 +69,7 @@ def _activations(kind, x):
     xq = np.empty((n, k), np.int8)
     if kind == Q4_1 or kind == Q5_1:
         xd = np.empty((n, k // 32), np.float32)
-        xs = np.empty((n, k // 32), np.float32)
+        xs = np.empty((k // 32, n), np.float32)  # block-major
         quantize_q8_1(x, xq, xd, xs)
         return xq, xd, none_i, xs
     if kind == Q4_K or kind == Q5_K or kind == Q6_K:

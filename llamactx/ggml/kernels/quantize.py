@@ -8,7 +8,8 @@ packed blocks the kernels get separate arrays, per activation row:
     xq    int8  (n, k)       the quants
     xd    f32   (n, nblk)    the block scale as the dot product uses it (f16-rounded for Q8_0/Q8_1)
     xoff  int32 (n, k/4)     Q8_0: -offset * (sum of each 4 quants), the start value of one `vdot` lane
-    xs    f32   (n, nblk)    Q8_1: s = f16(d * sum(q)), the term a Q4_1/Q5_1 min multiplies
+    xs    f32   (nblk, n)    Q8_1: s = f16(d * sum(q)), the term a Q4_1/Q5_1 min multiplies; block-major, so
+                             four rows' terms of a block are one load
     bsums int32 (n, k/16)    Q8_K: sums of 16 quants
 
 The blocks are processed 32 floats at a time in vector registers (simd.vabsmax32 / vquant32).
@@ -61,13 +62,13 @@ def quantize_q8_0(x, xq, xd, xoff, offset) -> None:
 
 @njit(cache=True)
 def quantize_q8_1(x, xq, xd, xs) -> None:
-    """Rows of x (n, k) float32 -> Q8_1 arrays: as Q8_0 plus s = f16(d * sum(q)) with the f32 d."""
+    """Rows of x (n, k) float32 -> Q8_1 arrays: as Q8_0 plus xs (k/32, n) = f16(d * sum(q)) with the f32 d."""
     for i in range(x.shape[0]):
         for b in range(x.shape[1] // QK8_0):
             d = _q8_block(x, i, b * QK8_0, xq)
             lo, hi = ihalves(ilanesum4(vload(xq, i, b * QK8_0)))
             xd[i, b] = round_f16(d)
-            xs[i, b] = round_f16(d * np.float32(lo + hi))
+            xs[b, i] = round_f16(d * np.float32(lo + hi))
 
 
 @njit(cache=True)

@@ -115,6 +115,18 @@ def xbcast_i4(typingctx, arr, row, col):
     return sig, codegen
 
 
+@intrinsic
+def fbcast4(typingctx, arr, row, col):
+    """4 float32 of a 2-D float32 array from [row, col], repeated four times -> f32x16 (lane 4j + r = value r)."""
+    sig = f32x16(arr, types.intp, types.intp)
+
+    def codegen(context, builder, sig, args):
+        v = builder.load(ptr2d(context, builder, sig.args[0], *args, _V4F32), align=4)
+        return builder.shuffle_vector(v, v, lane_index(list(range(4)) * 4))
+
+    return sig, codegen
+
+
 def _halves4(context, builder, arrty, arr, row, col):
     """4 IEEE halves at byte [row, col] of a 2-D uint8 array, widened exactly -> <4 x float>."""
     h = builder.load(ptr2d(context, builder, arrty, arr, row, col, ir.VectorType(ir.IntType(16), 4)), align=1)
@@ -191,6 +203,20 @@ def wfmadd(typingctx, acc, v, s):
 
     def codegen(context, builder, sig, args):
         return _fma(builder, _V16F32, builder.sitofp(args[1], _V16F32), args[2], args[0])
+
+    return sig, codegen
+
+
+@intrinsic
+def wlanes4(typingctx, v, r):
+    """Lanes r, 4 + r, 8 + r, 12 + r of v -> f32x4 (one activation row's four chains of a (4 x 4) register)."""
+    if not isinstance(r, types.IntegerLiteral) or not 0 <= r.literal_value <= 3:
+        return None
+    q = r.literal_value
+    sig = f32x4(f32x16, r)
+
+    def codegen(context, builder, sig, args):
+        return builder.shuffle_vector(args[0], args[0], lane_index([4 * j + q for j in range(4)]))
 
     return sig, codegen
 
