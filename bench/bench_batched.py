@@ -6,13 +6,24 @@ grow with B while each sequence attends over its own KV cells. The mixed row is 
 ubatch of 8 sequences' next tokens plus a 64-token chunk of a ninth sequence's prompt; it should cost about what
 its 72-row matmuls cost, less than the decode step and the chunk run one after the other (the last column).
 
+With `--llamacpp`, each row first runs llama.cpp's native `llama-batched-bench` on the same model, sequences,
+prompt and steps (its S_TG column: the generation phase's aggregate tokens/s), then ours, and adds a ratio.
+../shared/tools/build_llamacpp.sh builds llama-bench, llama-server and llama-perplexity; build this one from the same
+tree with `cmake --build $LLAMACPP/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp/build --target llama-batched-bench`
+and copy build/bin/llama-batched-bench and build/bin/libllama-batched-bench-impl.so into $LLAMACPP/bin.
+
 Usage: python bench/bench_batched.py [-m smollm2] [-B 1,2,4,8,16] [-n 64] [-p 32] [-t 2] [--mixed 8,64] [--fa on|off]
+           [--llamacpp [DIR] (default $LLAMACPP or ~/.cache/llamactx-llamacpp)]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -90,6 +101,18 @@ def mixed_step_ms(model: Model, n_seq: int, n_chunk: int, n_prompt: int, n_steps
     return float(np.median(mixed)) * 1e3, float(np.median(split)) * 1e3
 
 
+def llama_batched_tps(binary: Path, model_path: str, n_seq: int, n_prompt: int, n_gen: int, threads: int,
+                      fa: str) -> float:
+    """llama-batched-bench's aggregate generation tokens/s (speed_tg) for n_seq sequences of n_prompt + n_gen."""
+    out = subprocess.run([str(binary), "-m", model_path, "-c", str(n_seq * (n_prompt + n_gen) + 256),
+                          "-npp", str(n_prompt), "-ntg", str(n_gen), "-npl", str(n_seq), "-t", str(threads),
+                          "-fa", fa, "--output-format", "jsonl"],
+                         capture_output=True, text=True, check=True,
+                         env={**os.environ, "LD_LIBRARY_PATH": str(binary.parent)})
+    rows = [json.loads(line) for line in out.stdout.splitlines() + out.stderr.splitlines() if line.startswith("{")]
+    return float(rows[-1]["speed_tg"])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-m", "--model", default="smollm2")
@@ -99,18 +122,33 @@ def main() -> None:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--mixed", default="8,64", help="sequences, chunk tokens of the mixed row ('' for none)")
     ap.add_argument("--fa", choices=("on", "off", "auto"), default="auto", help="flash attention (default auto: on)")
+    llamacpp = os.environ.get("LLAMACPP", str(Path.home() / ".cache/llamactx-llamacpp"))
+    ap.add_argument("--llamacpp", nargs="?", const=llamacpp,
+                    help="also run llama.cpp's llama-batched-bench from DIR/bin, alternately")
     args = ap.parse_args()
+    binary = None
+    if args.llamacpp:
+        binary = Path(args.llamacpp) / "bin" / "llama-batched-bench"
+        if not binary.exists():
+            ap.error(f"{binary} not found: build it as the module docstring says")
     global FLASH
     FLASH = {"on": "enabled", "off": "disabled", "auto": "auto"}[args.fa]
     model = Model.load(resolve_model_path(args.model))
     aggregate_tps(model, 1, 8, 4, args.threads)  # warm up / compile
     print(f"{model.desc}, {args.threads} threads, prompt {args.n_prompt}, {args.n_gen} steps")
-    print("| B | aggregate t/s | per sequence t/s | vs B=1 |\n| ---: | ---: | ---: | ---: |")
-    base = None
+    extra = " llama.cpp t/s | its vs B=1 | ours / llama.cpp |" if binary else ""
+    print(f"| B | aggregate t/s | per sequence t/s | vs B=1 |{extra}\n| ---: | ---: | ---: | ---: |"
+          + " ---: | ---: | ---: |" * bool(binary))
+    base = ref_base = None
     for b in (int(x) for x in args.batches.split(",")):
+        ref = None
+        if binary:
+            ref = llama_batched_tps(binary, str(model.path), b, args.n_prompt, args.n_gen, args.threads, args.fa)
+            ref_base = ref_base or ref
         tps = aggregate_tps(model, b, args.n_prompt, args.n_gen, args.threads)
         base = base or tps
-        print(f"| {b} | {tps:.1f} | {tps / b:.1f} | {tps / base:.2f}x |", flush=True)
+        cells = f" {ref:.1f} | {ref / ref_base:.2f}x | {tps / ref:.2f}x |" if ref else ""
+        print(f"| {b} | {tps:.1f} | {tps / b:.1f} | {tps / base:.2f}x |{cells}", flush=True)
     if args.mixed:
         n_seq, n_chunk = (int(x) for x in args.mixed.split(","))
         ms, split = mixed_step_ms(model, n_seq, n_chunk, args.n_prompt, 8, args.threads)
