@@ -8,7 +8,7 @@ max VKQ and S scaled by `expf(M_old - M)`, `ggml_v_expf` of each score, the tile
 FMA chain over the cells per output element (a zero probability adds nothing); out = VKQ / S.
 
 Here 16 cells' scores are one register: a block of 16 K rows is transposed 16 x 16 in registers (`htranspose16`),
-and the query heads of one KV head share it. VKQ runs 16 columns to a register over V rows widened to f32 once for
+and the query heads of one KV head share it, three heads' chains at a time (twelve in flight, not four). VKQ runs 16 columns to a register over V rows widened to f32 once for
 the group. A prompt's tokens see prefixes of the same slots: their K tiles are transposed once per call, and
 blocks of up to TOKEN_BLOCK of them share each K tile and V chunk while it is in L1. Parallel over (token block,
 KV head) groups dealt round robin; few tokens over many cells (decode at depth) split instead, in three passes:
@@ -116,18 +116,8 @@ def _token_blocks(shared):
 
 
 @numba.njit(cache=True)
-def _tile_scores(q, t, h, d_k, kt, kr0, mask_add, scale, m, r0, w, wr):
-    """w[wr, r0:r0 + TILE] = scaled, masked kq of query head h of token t with the tile's K rows kt[kr0:kr0 +
-    d_k] (d_k, TILE): per slot one FMA chain over the head dimension (the four 16-slot registers' chains
-    interleaved); slots past m get -inf."""
-    a0 = a1 = a2 = a3 = wzero()
-    qo = h * d_k
-    for i in range(d_k):
-        x = q[t, qo + i]
-        a0 = ffma16s(a0, fload16(kt, kr0 + i, 0), x)
-        a1 = ffma16s(a1, fload16(kt, kr0 + i, 16), x)
-        a2 = ffma16s(a2, fload16(kt, kr0 + i, 32), x)
-        a3 = ffma16s(a3, fload16(kt, kr0 + i, 48), x)
+def _store_scores(w, wr, r0, m, mask_add, t, scale, a0, a1, a2, a3):
+    """w[wr, r0:r0 + TILE] = the four 16-slot registers times scale, plus the mask; slots past m get -inf."""
     if r0 + TILE <= m:
         fstore16(w, wr, r0, fadd16(wscale(a0, scale), fload16(mask_add, t, r0)))
         fstore16(w, wr, r0 + 16, fadd16(wscale(a1, scale), fload16(mask_add, t, r0 + 16)))
@@ -140,6 +130,50 @@ def _tile_scores(q, t, h, d_k, kt, kr0, mask_add, scale, m, r0, w, wr):
     fstore16(w, wr, r0 + 48, wscale(a3, scale))
     for r in range(r0, r0 + TILE):
         w[wr, r] = w[wr, r] + mask_add[t, r] if r < m else _F32(-np.inf)
+
+
+@numba.njit(cache=True)
+def _tile_scores1(q, t, h, d_k, kt, kr0, mask_add, scale, m, r0, w, wr):
+    """w[wr, r0:r0 + TILE] = scaled, masked kq of query head h of token t with the tile's K rows kt[kr0:kr0 +
+    d_k] (d_k, TILE): per slot one FMA chain over the head dimension (the four 16-slot registers' chains
+    interleaved); slots past m get -inf."""
+    a0 = a1 = a2 = a3 = wzero()
+    qo = h * d_k
+    for i in range(d_k):
+        x = q[t, qo + i]
+        a0 = ffma16s(a0, fload16(kt, kr0 + i, 0), x)
+        a1 = ffma16s(a1, fload16(kt, kr0 + i, 16), x)
+        a2 = ffma16s(a2, fload16(kt, kr0 + i, 32), x)
+        a3 = ffma16s(a3, fload16(kt, kr0 + i, 48), x)
+    _store_scores(w, wr, r0, m, mask_add, t, scale, a0, a1, a2, a3)
+
+
+@numba.njit(cache=True)
+def _tile_scores3(q, t, h, d_k, kt, kr0, mask_add, scale, m, r0, w, wr):
+    """`_tile_scores1` of query heads h..h+2 into rows wr..wr+2: twelve chains in flight instead of four (one
+    head's four wait on the FMA latency), each K element loaded once for the three."""
+    a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = c0 = c1 = c2 = c3 = wzero()
+    qa, qb, qc = h * d_k, (h + 1) * d_k, (h + 2) * d_k
+    for i in range(d_k):
+        k0, k1 = fload16(kt, kr0 + i, 0), fload16(kt, kr0 + i, 16)
+        k2, k3 = fload16(kt, kr0 + i, 32), fload16(kt, kr0 + i, 48)
+        x, y, z = q[t, qa + i], q[t, qb + i], q[t, qc + i]
+        a0, a1, a2, a3 = ffma16s(a0, k0, x), ffma16s(a1, k1, x), ffma16s(a2, k2, x), ffma16s(a3, k3, x)
+        b0, b1, b2, b3 = ffma16s(b0, k0, y), ffma16s(b1, k1, y), ffma16s(b2, k2, y), ffma16s(b3, k3, y)
+        c0, c1, c2, c3 = ffma16s(c0, k0, z), ffma16s(c1, k1, z), ffma16s(c2, k2, z), ffma16s(c3, k3, z)
+    _store_scores(w, wr, r0, m, mask_add, t, scale, a0, a1, a2, a3)
+    _store_scores(w, wr + 1, r0, m, mask_add, t, scale, b0, b1, b2, b3)
+    _store_scores(w, wr + 2, r0, m, mask_add, t, scale, c0, c1, c2, c3)
+
+
+@numba.njit(cache=True)
+def _tile_scores(q, t, h, nh, d_k, kt, kr0, mask_add, scale, m, r0, w, wr):
+    """`_tile_scores1` of query heads h..h+nh-1 (those of one KV head) into rows wr..wr+nh-1, three at a time."""
+    n3 = nh - nh % 3
+    for g in range(0, n3, 3):
+        _tile_scores3(q, t, h + g, d_k, kt, kr0, mask_add, scale, m, r0, w, wr + g)
+    for g in range(n3, nh):
+        _tile_scores1(q, t, h + g, d_k, kt, kr0, mask_add, scale, m, r0, w, wr + g)
 
 
 @numba.njit(cache=True, error_model="numpy")
@@ -292,9 +326,8 @@ def _flash_groups(q, k, v, n_head, n_head_kv, cl, n_cells, mask_add, scale, out,
                 for t in range(t0, t1):
                     m = n_cells[t]
                     if ti * TILE < m:
-                        for g in range(gqa):
-                            x = (t - t0) * gqa + g
-                            _tile_scores(q, t, hk * gqa + g, d_k, src, kr0, mask_add, scale, m, ti * TILE, w, x)
+                        _tile_scores(q, t, hk * gqa, gqa, d_k, src, kr0, mask_add, scale, m, ti * TILE, w,
+                                     (t - t0) * gqa)
             for t in range(t0, t1):
                 for g in range(gqa):
                     x = (t - t0) * gqa + g
@@ -317,8 +350,7 @@ def _split_scores(q, k, n_head, n_head_kv, cl, n_cells, mask_add, scale, w, n_bl
         for ti in range(b * n_tiles // n_blocks, (b + 1) * n_tiles // n_blocks):
             for hk in range(n_head_kv):
                 _k_tile(k, cl, t, ti * TILE, hk, d_k, kt, 0)
-                for g in range(gqa):
-                    _tile_scores(q, t, hk * gqa + g, d_k, kt, 0, mask_add, scale, m, ti * TILE, w[t], hk * gqa + g)
+                _tile_scores(q, t, hk * gqa, gqa, d_k, kt, 0, mask_add, scale, m, ti * TILE, w[t], hk * gqa)
 
 
 @numba.njit(parallel=True, cache=True)
