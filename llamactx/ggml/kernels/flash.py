@@ -8,9 +8,10 @@ max VKQ and S scaled by `expf(M_old - M)`, `ggml_v_expf` of each score, the tile
 FMA chain over the cells per output element (a zero probability adds nothing); out = VKQ / S.
 
 Here 16 cells' scores are one register: a block of 16 K rows is transposed 16 x 16 in registers (`htranspose16`),
-and the query heads of one KV head share it, three heads' chains at a time (twelve in flight, not four). VKQ runs 16 columns to a register over V rows widened to f32 once for
-the group. A prompt's tokens see prefixes of the same slots: their K tiles are transposed once per call, and
-blocks of up to TOKEN_BLOCK of them share each K tile and V chunk while it is in L1. Parallel over (token block,
+and the query heads of one KV head share it, three heads' chains at a time (twelve in flight, not four). VKQ runs
+16 columns to a register over V rows widened to f32 once for the group. A prompt's tokens see prefixes of the same
+slots: their K tiles are transposed once per call, and blocks of up to TOKEN_BLOCK of them share each K tile and V
+chunk while it is in L1. Parallel over (token block,
 KV head) groups dealt round robin; few tokens over many cells (decode at depth) split instead, in three passes:
 scores by cell tiles (each thread its own K rows), the softmax per head, VKQ by column blocks (the chain over cells
 is sequential; its columns are independent).
