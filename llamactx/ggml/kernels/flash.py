@@ -13,8 +13,8 @@ and the query heads of one KV head share it, three heads' chains at a time (twel
 slots: their K tiles are transposed once per call, and blocks of up to TOKEN_BLOCK of them share each K tile and V
 chunk while it is in L1. Parallel over (token block,
 KV head) groups dealt round robin; few tokens over many cells (decode at depth) split instead, in three passes:
-scores by cell tiles (each thread its own K rows), the softmax per head, VKQ by column blocks (the chain over cells
-is sequential; its columns are independent).
+scores by cell tiles (each thread its own K rows), the softmax per head, VKQ by (KV head, 32-column block) for the
+group's query heads three at a time (the chain over cells is sequential; its columns and heads are independent).
 """
 
 from __future__ import annotations
@@ -363,34 +363,79 @@ def _split_soft_max(w, n_cells, e, f, s):  # pragma: no cover
         s[t, h] = _online_soft_max(w[t, h], n_cells[t], e[t, h], f[t, h])
 
 
+@numba.njit(cache=True, inline="always")
+def _pair_scale(a0, a1, f, t, h, r):
+    """At a tile's first slot r, head h's two registers times its factor f[t, h, tile] (unless it is 1)."""
+    if r % TILE == 0 and f[t, h, r // TILE] != _F32(1.0):
+        x = f[t, h, r // TILE]
+        return wscale(a0, x), wscale(a1, x)
+    return a0, a1
+
+
+@numba.njit(cache=True, inline="always")
+def _pair_fma(a0, a1, x0, x1, p):
+    """The two registers' chains += p * V columns (x0, x1), skipped for a zero probability."""
+    if p != _F32(0.0):
+        return ffma16s(a0, x0, p), ffma16s(a1, x1, p)
+    return a0, a1
+
+
+@numba.njit(cache=True)
+def _store_pair(out, t, h, d_v, j, nb, s, a0, a1):
+    """out[t, columns j.. of head h] = the first nb (1-2) registers / S."""
+    inv = _F32(0.0) if s[t, h] == _F32(0.0) else _F32(1.0) / s[t, h]
+    _store4(out, t, h * d_v + j, nb, wscale(a0, inv), wscale(a1, inv), a1, a1)
+
+
+@numba.njit(cache=True)
+def _values3(v, t, h, col, j, d_v, ct, m, e, f, s, out):
+    """VKQ / S of query heads h..h+2 (one KV head, V columns from col) for 32 columns from j: six chains over the
+    slots, each V element read and widened once for the three heads."""
+    j0, j1, nb = j, min(j + 16, d_v - 16), min(2, (d_v - j) // 16)
+    a0 = a1 = b0 = b1 = c0 = c1 = wzero()
+    for r in range(m):
+        a0, a1 = _pair_scale(a0, a1, f, t, h, r)
+        b0, b1 = _pair_scale(b0, b1, f, t, h + 1, r)
+        c0, c1 = _pair_scale(c0, c1, f, t, h + 2, r)
+        x0, x1 = hload16(v, ct[r], col + j0), hload16(v, ct[r], col + j1)
+        a0, a1 = _pair_fma(a0, a1, x0, x1, e[t, h, r])
+        b0, b1 = _pair_fma(b0, b1, x0, x1, e[t, h + 1, r])
+        c0, c1 = _pair_fma(c0, c1, x0, x1, e[t, h + 2, r])
+    _store_pair(out, t, h, d_v, j, nb, s, a0, a1)
+    _store_pair(out, t, h + 1, d_v, j, nb, s, b0, b1)
+    _store_pair(out, t, h + 2, d_v, j, nb, s, c0, c1)
+
+
+@numba.njit(cache=True)
+def _values1(v, t, h, col, j, d_v, ct, m, e, f, s, out):
+    """`_values3` for one query head."""
+    j0, j1, nb = j, min(j + 16, d_v - 16), min(2, (d_v - j) // 16)
+    a0 = a1 = wzero()
+    for r in range(m):
+        a0, a1 = _pair_scale(a0, a1, f, t, h, r)
+        p = e[t, h, r]
+        if p != _F32(0.0):
+            a0, a1 = _pair_fma(a0, a1, hload16(v, ct[r], col + j0), hload16(v, ct[r], col + j1), p)
+    _store_pair(out, t, h, d_v, j, nb, s, a0, a1)
+
+
 @numba.njit(parallel=True, cache=True)
 def _split_values(v, n_head, n_head_kv, cl, n_cells, e, f, s, out):  # pragma: no cover
-    """out = VKQ / S in (token, head, 64-column block) tasks: each streams its columns of the V rows of every
-    slot (one FMA chain per column), read and widened in place."""
+    """out = VKQ / S in (token, KV head, 32-column block) tasks: each streams those columns of the V rows of every
+    slot, read and widened in place, for the group's query heads three at a time (one FMA chain per column and
+    head)."""
     n = e.shape[0]
     d_v = v.shape[1] // n_head_kv
     gqa = n_head // n_head_kv
-    n_col = (d_v + 63) // 64
-    for task in numba.prange(n * n_head * n_col):
-        t, rest = task // (n_head * n_col), task % (n_head * n_col)
-        h, j = rest // n_col, rest % n_col * 64
-        j0, j1, j2, j3, nb = _cols4(j, d_v)
-        col = h // gqa * d_v
-        m = n_cells[t]
-        ft, et, ct = f[t], e[t, h], cl[t]
-        a0 = a1 = a2 = a3 = wzero()
-        for r0 in range(0, m, TILE):
-            a0, a1, a2, a3 = _tile_scale(a0, a1, a2, a3, ft, h, r0)
-            for r in range(r0, min(r0 + TILE, m)):
-                p = et[r]
-                if p != _F32(0.0):
-                    c = ct[r]
-                    a0 = ffma16s(a0, hload16(v, c, col + j0), p)
-                    a1 = ffma16s(a1, hload16(v, c, col + j1), p)
-                    a2 = ffma16s(a2, hload16(v, c, col + j2), p)
-                    a3 = ffma16s(a3, hload16(v, c, col + j3), p)
-        inv = _F32(0.0) if s[t, h] == _F32(0.0) else _F32(1.0) / s[t, h]
-        _store4(out, t, h * d_v + j, nb, wscale(a0, inv), wscale(a1, inv), wscale(a2, inv), wscale(a3, inv))
+    n3 = gqa - gqa % 3
+    n_col = (d_v + 31) // 32
+    for task in numba.prange(n * n_head_kv * n_col):
+        t, rest = task // (n_head_kv * n_col), task % (n_head_kv * n_col)
+        hk, j = rest // n_col, rest % n_col * 32
+        for g in range(0, n3, 3):
+            _values3(v, t, hk * gqa + g, hk * d_v, j, d_v, cl[t], n_cells[t], e, f, s, out)
+        for g in range(n3, gqa):
+            _values1(v, t, hk * gqa + g, hk * d_v, j, d_v, cl[t], n_cells[t], e, f, s, out)
 
 
 @numba.njit(cache=True)
