@@ -65,11 +65,12 @@ def _step(ctx: Context, batch: Batch, n_seq: int, pos: int, rng, chunk: np.ndarr
 
 
 def aggregate_tps(model: Model, n_seq: int, n_prompt: int, n_gen: int, threads: int) -> float:
-    ctx = _context(model, n_seq, n_seq * (n_prompt + n_gen) + 256, threads)
+    ctx = _context(model, n_seq, n_seq * (n_prompt + n_gen + 1) + 256, threads)
     rng = np.random.default_rng(0)
     _prompts(ctx, n_seq, n_prompt, rng)
     step = Batch(n_seq)
-    seconds = sum(_step(ctx, step, n_seq, n_prompt + j, rng) for j in range(n_gen))
+    _step(ctx, step, n_seq, n_prompt, rng)  # warm-up, untimed (as llama-bench's): the plan for this shape
+    seconds = sum(_step(ctx, step, n_seq, n_prompt + 1 + j, rng) for j in range(n_gen))
     return n_seq * n_gen / seconds
 
 
