@@ -235,13 +235,69 @@ def _store4(x, row, col, nb, a0, a1, a2, a3):
         fstore16(x, row, col + 48, a3)
 
 
+@numba.njit(cache=True, inline="always")
+def _p_fma4(a, p, w0, w1, w2, w3):
+    """One head's four registers += p * a V row's four 16-column pieces, skipped for a zero probability."""
+    if p != _F32(0.0):
+        return ffma16s(a[0], w0, p), ffma16s(a[1], w1, p), ffma16s(a[2], w2, p), ffma16s(a[3], w3, p)
+    return a
+
+
+@numba.njit(cache=True)
+def _chunk_vkq(vf, c0, c1, x, nh, j0, j1, j2, j3, e, f, a, b, c):
+    """Slots c0..c1-1 of the widened chunk vf (row r - c0) into the chains of nh (1 or 3) heads, rows x.. of e / f,
+    their 64 columns' registers a, b, c (b and c unused for one head): tile by tile, the factor at a tile's start,
+    then its slots, each V piece loaded once for the heads."""
+    r = c0
+    while r < c1:
+        a = _tile_scale(a[0], a[1], a[2], a[3], f, x, r)
+        if nh == 3:
+            b = _tile_scale(b[0], b[1], b[2], b[3], f, x + 1, r)
+            c = _tile_scale(c[0], c[1], c[2], c[3], f, x + 2, r)
+        r_end = min(c1, (r // TILE + 1) * TILE)
+        for rr in range(r, r_end):
+            w0, w1 = fload16(vf, rr - c0, j0), fload16(vf, rr - c0, j1)
+            w2, w3 = fload16(vf, rr - c0, j2), fload16(vf, rr - c0, j3)
+            a = _p_fma4(a, e[x, rr], w0, w1, w2, w3)
+            if nh == 3:
+                b = _p_fma4(b, e[x + 1, rr], w0, w1, w2, w3)
+                c = _p_fma4(c, e[x + 2, rr], w0, w1, w2, w3)
+        r = r_end
+    return a, b, c
+
+
+@numba.njit(cache=True)
+def _chain_start(acc, x, c0, j0, j1, j2, j3):
+    """Row x's four registers: zero at the first chunk, else the chains carried in acc."""
+    if c0 == 0:
+        z = wzero()
+        return z, z, z, z
+    return fload16(acc, x, j0), fload16(acc, x, j1), fload16(acc, x, j2), fload16(acc, x, j3)
+
+
+@numba.njit(cache=True)
+def _chain_end(acc, x, j0, j1, j2, j3, a, more, s, out, t, col, nb):
+    """Carry row x's chains in acc when more chunks follow, else out[t, col..] = the first nb registers / S. (A
+    register past d_v stores the same values as the one it repeats.)"""
+    if more:
+        fstore16(acc, x, j0, a[0])
+        fstore16(acc, x, j1, a[1])
+        fstore16(acc, x, j2, a[2])
+        fstore16(acc, x, j3, a[3])
+        return
+    inv = _F32(0.0) if s[x] == _F32(0.0) else _F32(1.0) / s[x]
+    _store4(out, t, col, nb, wscale(a[0], inv), wscale(a[1], inv), wscale(a[2], inv), wscale(a[3], inv))
+
+
 @numba.njit(cache=True)
 def _block_values(v, cl, t0, t1, hk, gqa, d_v, n_cells, e, f, s, acc, vf, out):
     """out[t, columns of query head g of KV head hk] for the tokens t0..t1-1 of a block that see prefixes of the
     same slots = (sum over slots of e[x, r] * V row of slot r, one FMA chain per column, scaled by f[x, tile] at
     each tile's start) / s[x], x = (t - t0) * gqa + g. V rows are widened to f32 a chunk at a time (vf), once for
-    the block's tokens and heads; acc (block * gqa, d_v) carries the chains across chunks."""
+    the block's tokens and heads; acc (block * gqa, d_v) carries the chains across chunks. A token's heads go three
+    at a time (twelve chains in flight), the rest one at a time."""
     chunk = v_chunk(d_v)
+    n3 = gqa - gqa % 3
     ref, m_max = t0, 0
     for t in range(t0, t1):
         if n_cells[t] > m_max:
@@ -254,35 +310,23 @@ def _block_values(v, cl, t0, t1, hk, gqa, d_v, n_cells, e, f, s, acc, vf, out):
             if c0 >= max(m, 1):
                 continue
             c1 = min(c1_all, m)
-            for g in range(gqa):
-                x = (t - t0) * gqa + g
+            for g in range(0, gqa):
+                if g % 3 and g < n3:  # done with its triple
+                    continue
+                nh = 3 if g < n3 else 1
+                x, col = (t - t0) * gqa + g, (hk * gqa + g) * d_v
                 for j in range(0, d_v, 64):
                     j0, j1, j2, j3, nb = _cols4(j, d_v)
-                    a0 = a1 = a2 = a3 = wzero()
-                    if c0 > 0:
-                        a0, a1 = fload16(acc, x, j0), fload16(acc, x, j1)
-                        a2, a3 = fload16(acc, x, j2), fload16(acc, x, j3)
-                    r = c0
-                    while r < c1:  # tile by tile: the factor at a tile's start, then its slots
-                        a0, a1, a2, a3 = _tile_scale(a0, a1, a2, a3, f, x, r)
-                        r_end = min(c1, (r // TILE + 1) * TILE)
-                        for rr in range(r, r_end):
-                            p = e[x, rr]
-                            if p != _F32(0.0):
-                                a0 = ffma16s(a0, fload16(vf, rr - c0, j0), p)
-                                a1 = ffma16s(a1, fload16(vf, rr - c0, j1), p)
-                                a2 = ffma16s(a2, fload16(vf, rr - c0, j2), p)
-                                a3 = ffma16s(a3, fload16(vf, rr - c0, j3), p)
-                        r = r_end
-                    if c1 < m:  # (a register past d_v stores the same values as the one it repeats)
-                        fstore16(acc, x, j0, a0)
-                        fstore16(acc, x, j1, a1)
-                        fstore16(acc, x, j2, a2)
-                        fstore16(acc, x, j3, a3)
-                    else:
-                        inv = _F32(0.0) if s[x] == _F32(0.0) else _F32(1.0) / s[x]
-                        _store4(out, t, (hk * gqa + g) * d_v + j, nb, wscale(a0, inv), wscale(a1, inv),
-                                wscale(a2, inv), wscale(a3, inv))
+                    a = _chain_start(acc, x, c0, j0, j1, j2, j3)
+                    b = c = a
+                    if nh == 3:
+                        b = _chain_start(acc, x + 1, c0, j0, j1, j2, j3)
+                        c = _chain_start(acc, x + 2, c0, j0, j1, j2, j3)
+                    a, b, c = _chunk_vkq(vf, c0, c1, x, nh, j0, j1, j2, j3, e, f, a, b, c)
+                    _chain_end(acc, x, j0, j1, j2, j3, a, c1 < m, s, out, t, col + j, nb)
+                    if nh == 3:
+                        _chain_end(acc, x + 1, j0, j1, j2, j3, b, c1 < m, s, out, t, col + d_v + j, nb)
+                        _chain_end(acc, x + 2, j0, j1, j2, j3, c, c1 < m, s, out, t, col + 2 * d_v + j, nb)
 
 
 @numba.njit(parallel=True, cache=True)
