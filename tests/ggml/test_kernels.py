@@ -165,9 +165,9 @@ def test_matmul_largest_lanes_stay_exact(t):
     rng = np.random.default_rng(5)
     w = random_weight(t, 96, 8, rng)
     data = np.repeat(np.array([0x00, 0x7F, 0x80, 0xFF] * 2, np.uint8)[:, None], w.data.shape[1], axis=1)
+    size = w.data.shape[1] // 3  # bytes per block: 3 blocks of 32
     for off in SCALE_OFFSETS[t]:  # keep the random finite scales
-        nb, size = 96 // 32, w.data.shape[1] // 3
-        for b in range(nb):
+        for b in range(3):
             data[:, b * size + off : b * size + off + 2] = w.data[:, b * size + off : b * size + off + 2]
     data.flags.writeable = False
     w = Weight(w.name, w.ggml_type, w.shape, data)

@@ -11,10 +11,10 @@ Here 16 cells' scores are one register: a block of 16 K rows is transposed 16 x 
 and the query heads of one KV head share it, three heads' chains at a time (twelve in flight, not four). VKQ runs
 16 columns to a register over V rows widened to f32 once for the group. A prompt's tokens see prefixes of the same
 slots: their K tiles are transposed once per call, and blocks of up to TOKEN_BLOCK of them share each K tile and V
-chunk while it is in L1. Parallel over (token block,
-KV head) groups dealt round robin; few tokens over many cells (decode at depth) split instead, in three passes:
-scores by cell tiles (each thread its own K rows), the softmax per head, VKQ by (KV head, 32-column block) for the
-group's query heads three at a time (the chain over cells is sequential; its columns and heads are independent).
+chunk while it is in L1. Parallel over (token block, KV head) groups dealt round robin; few tokens over many cells
+(decode at depth) split instead, in three passes: scores by cell tiles (each thread its own K rows), the softmax
+per head, VKQ by (KV head, 32-column block) for the group's query heads three at a time (the chain over cells is
+sequential; its columns and heads are independent).
 """
 
 from __future__ import annotations
@@ -310,9 +310,8 @@ def _block_values(v, cl, t0, t1, hk, gqa, d_v, n_cells, e, f, s, acc, vf, out):
             if c0 >= max(m, 1):
                 continue
             c1 = min(c1_all, m)
-            for g in range(0, gqa):
-                if g % 3 and g < n3:  # done with its triple
-                    continue
+            g = 0
+            while g < gqa:  # three heads at a time, then one
                 nh = 3 if g < n3 else 1
                 x, col = (t - t0) * gqa + g, (hk * gqa + g) * d_v
                 for j in range(0, d_v, 64):
@@ -327,6 +326,7 @@ def _block_values(v, cl, t0, t1, hk, gqa, d_v, n_cells, e, f, s, acc, vf, out):
                     if nh == 3:
                         _chain_end(acc, x + 1, j0, j1, j2, j3, b, c1 < m, s, out, t, col + d_v + j, nb)
                         _chain_end(acc, x + 2, j0, j1, j2, j3, c, c1 < m, s, out, t, col + 2 * d_v + j, nb)
+                g += nh
 
 
 @numba.njit(parallel=True, cache=True)
