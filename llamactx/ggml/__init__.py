@@ -9,6 +9,8 @@
     ssm.py          ssm_conv / ssm_scan (Mamba-2, and the short convolutions of lfm2), ggml_silu
     quants_cpu.py   the activation / KV-cache quantizers (`from_float`) as built for x86
     inputs.py       RopeParams, VisibleCells: the plain-data inputs the graph builds (numpy only)
+    cpu.py          the target CPU numba compiles for (NUMBA_CPU_NAME), its features, kernel path and arithmetic
+                    variant, and the thread counts
     intrinsics.py   the scalar LLVM intrinsics the numba code shares (fma, f16 <-> f32, bit casts)
     libm.py         libm's logf / fmaf for the scalars computed outside kernels (YaRN factors)
     kernels/        the fast numba kernels (FastOps, the default ops): the same bits, much faster

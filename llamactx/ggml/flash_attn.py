@@ -40,7 +40,6 @@ import numpy as np
 from llamactx.ggml.attention import kv_to_f32
 from llamactx.ggml.inputs import VisibleCells
 from llamactx.ggml.intrinsics import f16_to_f32, fma32, round_f16, round_f16_f64
-from llamactx.ggml.kernels.cpu import cpu_features
 from llamactx.ggml.vec import dot_vec, reduce_add16, v_expf
 
 _F32 = np.float32
@@ -232,13 +231,15 @@ def _flash(q, k, v, n_head_kv, cells, n_cells, scale, mask_add, mode, n_split, f
 
 
 def flash_attn_f16_cells(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_head_kv: int, vis: VisibleCells,
-                         kq_scale: float, kv_size: int, n_threads: int, ggml_shapes: bool = False) -> np.ndarray:
+                         kq_scale: float, kv_size: int, n_threads: int, ggml_shapes: bool = False,
+                         fp16: bool = False) -> np.ndarray:
     """ggml_flash_attn_ext over an f16 cache's rows (module docstring). q: (n, n_head, d_k) float32; k (n_kv,
     n_head_kv * d_k) and v (n_kv, n_head_kv * d_v) np.float16 rows as stored; vis: each token's visible cells by
     rank; kv_size: the cache's cells (bounds the padded n_kv of the split rule); n_threads: the threads ggml would
     split one token's cells over. ggml_shapes: pick the kernel from the ubatch's shape as ggml does (a token's
     bits then depend on how many tokens share its ubatch); by default every token goes through the tiled kernel's
     arithmetic, so that its result does not depend on the rest of the batch (what ggml gives for n >= 64).
+    fp16: the one-chunk kernel's f16 vector ops in half precision, as ggml built with AVX512-FP16 runs them.
     -> (n, n_head * d_v) float32"""
     n, n_head, _ = q.shape
     d_v = v.shape[1] // n_head_kv
@@ -257,5 +258,5 @@ def flash_attn_f16_cells(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_head_kv:
     if n_conv:
         kv_to_f32(k16, v16, n_head_kv, kt, vf)
     _flash(np.ascontiguousarray(q, np.float32), k16, v16, n_head_kv, vis.cells, vis.n_cells, _F32(kq_scale),
-           vis.mask_add, mode, np.array(split, np.int64), bool(cpu_features()["avx512fp16"]), kt, vf, out)
+           vis.mask_add, mode, np.array(split, np.int64), fp16, kt, vf, out)
     return out.reshape(n, -1)

@@ -3,6 +3,12 @@
 numba has no float16 scalar type and does not contract `a*b + c`, but ggml's arithmetic depends on both (GCC
 builds it with `-ffp-contract=fast` and F16C), so these few operations are emitted as LLVM IR directly. They are
 callable from compiled code only; the vector types and loads of the fast kernels are in `kernels/simd.py`.
+
+No conversion may become a library call: numba's JIT cannot resolve compiler-rt's `__truncdfhf2` /
+`__truncsfhf2` / `__extendhfsf2`, and an unresolved symbol aborts the process. LLVM emits one instruction for
+f32 <-> f16 only with F16C, and for f64 -> f16 only with AVX512-FP16, so `widen_half`, `narrow_f32` and
+`narrow_f64` (used by every kernel that converts) emit the instruction where the target has it and the same
+rounding in integer IR elsewhere (round to nearest, ties to even; overflow to inf; NaN stays a quiet NaN).
 """
 
 from __future__ import annotations
@@ -11,8 +17,98 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
+from llamactx.ggml.cpu import cpu_features
+
 _F32 = ir.FloatType()
+_F64 = ir.DoubleType()
+_I16 = ir.IntType(16)
 _I32 = ir.IntType(32)
+_I64 = ir.IntType(64)
+
+
+def _has(feature: str) -> bool:
+    """Whether the target numba compiles for (not necessarily the host) has `feature`."""
+    return bool(cpu_features()[feature])
+
+
+def _like(v, ty, value):
+    """A constant of integer or float type `ty`, splatted when v is a vector."""
+    if isinstance(v.type, ir.VectorType):
+        return ir.Constant(ir.VectorType(ty, v.type.count), [value] * v.type.count)
+    return ir.Constant(ty, value)
+
+
+def _retype(v, ty):
+    return ir.VectorType(ty, v.type.count) if isinstance(v.type, ir.VectorType) else ty
+
+
+def widen_half(builder, h):
+    """IEEE half bits (i16 or <n x i16>) -> float32, exact (`vcvtph2ps` with F16C; integer IR elsewhere)."""
+    if _has("f16c"):
+        return builder.fpext(builder.bitcast(h, _retype(h, ir.HalfType())), _retype(h, _F32))
+    x = builder.zext(h, _retype(h, _I32))
+    sign = builder.shl(builder.and_(x, _like(x, _I32, 0x8000)), _like(x, _I32, 16))
+    e = builder.and_(x, _like(x, _I32, 0x7C00))
+    m = builder.and_(x, _like(x, _I32, 0x3FF))
+    normal = builder.add(builder.shl(builder.and_(x, _like(x, _I32, 0x7FFF)), _like(x, _I32, 13)),
+                         _like(x, _I32, 112 << 23))
+    special = builder.or_(builder.shl(m, _like(x, _I32, 13)), _like(x, _I32, 0x7F800000))
+    tiny = builder.fmul(builder.uitofp(m, _retype(x, _F32)), _like(x, _F32, 2.0 ** -24))  # m * 2^-24, exact
+    tiny = builder.bitcast(tiny, _retype(x, _I32))
+    bits = builder.select(builder.icmp_unsigned("==", e, _like(x, _I32, 0x7C00)), special,
+                          builder.select(builder.icmp_unsigned("==", e, _like(x, _I32, 0)), tiny, normal))
+    return builder.bitcast(builder.or_(bits, sign), _retype(x, _F32))
+
+
+def _narrow_bits(builder, x, ity, mant_bits: int, bias: int):
+    """The IEEE half bits (i16) nearest to the float whose bits are x (an integer of type ity: mant_bits fraction
+    bits, exponent bias `bias`): round to nearest, ties to even, as the hardware conversions do."""
+    def c(v):
+        return ir.Constant(ity, v)
+
+    sign = builder.trunc(builder.lshr(x, c(ity.width - 16)), _I16)
+    sign = builder.and_(sign, ir.Constant(_I16, 0x8000))
+    mag = builder.and_(x, c((1 << (ity.width - 1)) - 1))
+    e = builder.lshr(mag, c(mant_bits))  # biased exponent
+    frac = builder.and_(mag, c((1 << mant_bits) - 1))
+    # value = sig * 2^(e - bias - mant_bits) with sig = frac | implicit bit; in units of half's last place:
+    # normal halves (e - bias >= -14): ulp 2^(e - bias - 10), subnormal ones: 2^-24; shift = the bits dropped
+    unb = builder.sub(e, c(bias))
+    normal = builder.icmp_signed(">=", unb, c(-14))
+    sig = builder.or_(frac, c(1 << mant_bits))
+    shift = builder.select(normal, c(mant_bits - 10), builder.sub(c(mant_bits - 24), unb))
+    shift = builder.select(builder.icmp_signed(">", shift, c(mant_bits + 2)), c(mant_bits + 2), shift)
+    kept = builder.select(normal, frac, sig)
+    q = builder.lshr(kept, shift)
+    rem = builder.and_(kept, builder.sub(builder.shl(c(1), shift), c(1)))
+    halfway = builder.shl(c(1), builder.sub(shift, c(1)))
+    up = builder.or_(builder.icmp_unsigned(">", rem, halfway),
+                     builder.and_(builder.icmp_unsigned("==", rem, halfway),
+                                  builder.icmp_unsigned("!=", builder.and_(q, c(1)), c(0))))
+    q = builder.add(q, builder.zext(up, ity))
+    q = builder.select(normal, builder.add(q, builder.shl(builder.add(unb, c(15)), c(10))), q)  # carry may reach inf
+    inf = c(0x7C00)
+    q = builder.select(builder.icmp_signed(">", unb, c(15)), inf, q)
+    q = builder.select(builder.icmp_unsigned("==", e, c(0)), c(0), q)  # zero / subnormal source: far below 2^-24
+    nan = builder.or_(c(0x7E00), builder.lshr(frac, c(mant_bits - 10)))
+    is_special = builder.icmp_unsigned("==", e, c((1 << (ity.width - 1 - mant_bits)) - 1))
+    q = builder.select(is_special, builder.select(builder.icmp_unsigned("==", frac, c(0)), inf, nan), q)
+    return builder.or_(builder.trunc(q, _I16), sign)
+
+
+def narrow_f32(builder, x):
+    """float32 -> the bits (i16) of the nearest IEEE half, ties to even (F16C `vcvtps2ph` or integer IR)."""
+    if _has("f16c"):
+        return builder.bitcast(builder.fptrunc(x, ir.HalfType()), _I16)
+    return _narrow_bits(builder, builder.bitcast(x, _I32), _I32, 23, 127)
+
+
+def narrow_f64(builder, x):
+    """float64 -> the bits (i16) of the nearest IEEE half in one rounding (`vcvtsd2sh` with AVX512-FP16, integer
+    IR elsewhere: without it LLVM would call `__truncdfhf2`)."""
+    if _has("avx512fp16"):
+        return builder.bitcast(builder.fptrunc(x, ir.HalfType()), _I16)
+    return _narrow_bits(builder, builder.bitcast(x, _I64), _I64, 52, 1023)
 
 
 @intrinsic
@@ -33,7 +129,7 @@ def round_f16(typingctx, x):
     sig = types.float32(types.float32)
 
     def codegen(context, builder, signature, args):
-        return builder.fpext(builder.fptrunc(args[0], ir.HalfType()), _F32)
+        return widen_half(builder, narrow_f32(builder, args[0]))
 
     return sig, codegen
 
@@ -45,7 +141,7 @@ def round_f16_f64(typingctx, x):
     sig = types.float32(types.float64)
 
     def codegen(context, builder, signature, args):
-        return builder.fpext(builder.fptrunc(args[0], ir.HalfType()), _F32)
+        return widen_half(builder, narrow_f64(builder, args[0]))
 
     return sig, codegen
 
@@ -57,7 +153,7 @@ def f16_bits(typingctx, x):
     sig = types.uint16(types.float32)
 
     def codegen(context, builder, signature, args):
-        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+        return narrow_f32(builder, args[0])
 
     return sig, codegen
 
@@ -69,29 +165,7 @@ def f16_to_f32(typingctx, h):
     sig = types.float32(types.uint16)
 
     def codegen(context, builder, signature, args):
-        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), _F32)
-
-    return sig, codegen
-
-
-@intrinsic
-def f32_bits(typingctx, x):
-    """The IEEE bits of a float32 as uint32."""
-    sig = types.uint32(types.float32)
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], _I32)
-
-    return sig, codegen
-
-
-@intrinsic
-def bits_f32(typingctx, u):
-    """The float32 whose IEEE bits are `u`."""
-    sig = types.float32(types.uint32)
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], _F32)
+        return widen_half(builder, args[0])
 
     return sig, codegen
 

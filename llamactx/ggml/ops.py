@@ -15,6 +15,7 @@ from gguf import GGMLQuantizationType as T
 from llamactx.ggml import ssm as ggml_ssm
 from llamactx.ggml import vec as ggml_vec
 from llamactx.ggml.attention import attention_f16, attention_f16_cells
+from llamactx.ggml.cpu import arithmetic
 from llamactx.ggml.flash_attn import flash_attn_f16_cells
 from llamactx.ggml.inputs import RopeParams, VisibleCells
 from llamactx.ggml.quants_cpu import fake_quant, vec_dot_type
@@ -40,6 +41,9 @@ class ReferenceOps:
         depends on the row count (llamactx.ggml.vecdot_k)."""
         self._gelu = ggml_vec.gelu_table()  # (65536,) float32
         self.ggml_single_row = ggml_single_row
+        # flash attention's one-chunk kernel (ggml_single_row only) accumulates in half precision as ggml built
+        # with AVX512-FP16 does: the target's choice (ggml.cpu.arithmetic), computed exactly on any CPU
+        self.fp16_accumulator = bool(arithmetic()["fp16_accumulator"])
 
     # -- graphs -------------------------------------------------------------------------------------------------
 
@@ -158,7 +162,7 @@ class ReferenceOps:
         n_head_kv = kv.n_embd_k_gqa // q.shape[-1]
         if flash and kv.type_k == "f16" and kv.type_v == "f16":
             return flash_attn_f16_cells(q, kv.k_stored(il), kv.v_stored(il), n_head_kv, vis, kq_scale, kv.kv_size,
-                                        n_threads, self.ggml_single_row)
+                                        n_threads, self.ggml_single_row, self.fp16_accumulator)
         if kv.type_k == "f16" and not flash and q.shape[-1] % 16 == 0:
             return attention_f16_cells(q, kv.k_rows(il), kv.v_rows(il), n_head_kv, vis, kq_scale,
                                        self.ggml_single_row)
@@ -191,7 +195,7 @@ class ReferenceOps:
             k16 = k.astype(np.float16).reshape(n_kv, -1)  # (n_kv, n_head_kv * d_k)
             v16 = v.astype(np.float16).reshape(n_kv, -1)  # (n_kv, n_head_kv * d_v)
             return flash_attn_f16_cells(q, k16, v16, n_head_kv, VisibleCells.from_mask(mask), kq_scale, n_kv, 1,
-                                        self.ggml_single_row)
+                                        self.ggml_single_row, self.fp16_accumulator)
         n, n_head, _ = q.shape
         n_head_kv = k.shape[1]
         qc = self.activations_for(q.reshape(n * n_head, -1), _KV_TYPE_IDS[k_type]).reshape(q.shape)

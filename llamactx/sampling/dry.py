@@ -19,6 +19,7 @@ from typing import Protocol
 import numpy as np
 from numba import njit
 
+from llamactx.ggml import cpu as _target  # noqa: F401  (numba compiles for the checked target)
 from llamactx.sampling.samplers import F32, SamplerBase, f32_param, int_param
 from llamactx.sampling.token_data import SamplingParamsError, TokenDataArray, find_tokens
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from llamactx.ggml import cpu as _target  # noqa: F401  (numba compiles for the checked target)
+
 _BLOCK = 64  # values per vectorised "can any of these enter?" check
 _STRIDE = 32  # top_k_scan's sample: every 32nd value ...
 _SAMPLE_MIN_N = 4096  # ... of an array at least this long

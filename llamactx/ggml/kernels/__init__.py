@@ -4,7 +4,8 @@
     pw = pack_weights([wq, wk, wv])       # or several (same type and k) as one matrix: one call, rows stacked
     y = matmul(x, pw, n_threads)          # (n, k) float32 -> (n, n_rows), as ggml_mul_mat
     e = get_rows(weight, ids)             # (n, k) float32, as ggml_get_rows
-    cpu_features(), active_path()         # {"vnni": True, ...}, "vnni" | "portable" (LLAMACTX_NO_VNNI=1)
+    cpu_features(), active_path()         # the target's {"vnni": True, ...}, "vnni" | "portable" (LLAMACTX_NO_VNNI=1)
+    arithmetic(), check_target()          # which llama.cpp build's bits; TargetError for a bad NUMBA_CPU_NAME
     set_threads(n)                        # numba + BLAS thread counts
 
 attention.py runs attention over the f16 KV cache, flash.py flash attention over it (the tiled kernel's
@@ -17,7 +18,16 @@ only tracks the file of each entry point: after editing a module under kernels/,
 kernels/__pycache__/*.nbi and *.nbc.
 """
 
-from llamactx.ggml.kernels.cpu import active_path, cache_is_warm, cpu_features, path_for, set_threads
+from llamactx.ggml.cpu import (
+    TargetError,
+    active_path,
+    arithmetic,
+    cache_is_warm,
+    check_target,
+    cpu_features,
+    path_for,
+    set_threads,
+)
 from llamactx.ggml.kernels.get_rows import get_rows
 from llamactx.ggml.kernels.matmul import matmul
 from llamactx.ggml.kernels.repack import PACKABLE_TYPES, PackedWeight, can_pack, pack_weight, pack_weights
@@ -25,9 +35,12 @@ from llamactx.ggml.kernels.repack import PACKABLE_TYPES, PackedWeight, can_pack,
 __all__ = [
     "PACKABLE_TYPES",
     "PackedWeight",
+    "TargetError",
     "active_path",
+    "arithmetic",
     "cache_is_warm",
     "can_pack",
+    "check_target",
     "cpu_features",
     "get_rows",
     "matmul",

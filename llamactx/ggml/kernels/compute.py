@@ -19,10 +19,10 @@ from numba import carray, njit, prange, types
 from numba.extending import intrinsic, overload
 
 from llamactx.ggml import vec as ggml_vec
+from llamactx.ggml.cpu import PATH_PORTABLE, PATH_VNNI
 from llamactx.ggml.graph import Graph, GraphUnsupported, Tensor
 from llamactx.ggml.intrinsics import f16_bits
 from llamactx.ggml.kernels.attention import attend
-from llamactx.ggml.kernels.cpu import PATH_PORTABLE, PATH_VNNI
 from llamactx.ggml.kernels.flash import flash_attend
 from llamactx.ggml.kernels.get_rows import rows_q8_0_x4
 from llamactx.ggml.kernels.matmul import Q8_0, matmul_portable, matmul_vnni

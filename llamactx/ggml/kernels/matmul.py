@@ -19,8 +19,8 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import njit, prange
 
+from llamactx.ggml.cpu import PATH_PORTABLE, PATH_VNNI, active_path, cpu_features, set_threads
 from llamactx.ggml.intrinsics import round_f16
-from llamactx.ggml.kernels.cpu import PATH_PORTABLE, PATH_VNNI, active_path, cpu_features, set_threads
 from llamactx.ggml.kernels.kquants import DEC_Q4K, DEC_Q5K, k45_rows, q4k_x8_rows, q6k_rows, q6k_tiled_rows
 from llamactx.ggml.kernels.ktile import TILE_MIN_ROWS, q4k_tile_rows, q6k_tile_rows
 from llamactx.ggml.kernels.legacy import DEC_Q4_0, DEC_Q4_1, DEC_Q5_0, DEC_Q5_1, DEC_Q8_0, ROWS_PER_GROUP, x4_rows

@@ -14,10 +14,10 @@ import numba
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
+from llamactx.ggml.cpu import active_path, check_target, set_threads
 from llamactx.ggml.graph import Graph, GraphAttention, GraphUnsupported
 from llamactx.ggml.kernels.attention import attend
 from llamactx.ggml.kernels.compute import WeightTable, plan_graph
-from llamactx.ggml.kernels.cpu import active_path, set_threads
 from llamactx.ggml.kernels.flash import flash_attend
 from llamactx.ggml.kernels.get_rows import get_rows, get_rows_q8_0_packed
 from llamactx.ggml.kernels.matmul import matmul
@@ -42,6 +42,7 @@ class FastOps(ReferenceOps):
     MAX_PLANS = 16  # graphs kept per context, by ubatch shape
 
     def __init__(self, model) -> None:
+        check_target()  # an unusable NUMBA_CPU_NAME / NUMBA_CPU_FEATURES is a TargetError, before any compile
         super().__init__()
         self.model = model
         self.threads = 1

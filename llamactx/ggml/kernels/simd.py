@@ -17,6 +17,8 @@ from numba.core import cgutils
 from numba.core.imputils import lower_constant
 from numba.extending import intrinsic, models, register_model, typeof_impl
 
+from llamactx.ggml.intrinsics import widen_half
+
 _I8 = ir.IntType(8)
 _I16 = ir.IntType(16)
 _I32 = ir.IntType(32)
@@ -131,20 +133,6 @@ def vload(typingctx, arr, row, col):
 
 
 @intrinsic
-def vload_nib(typingctx, arr, row, col):
-    """16 packed bytes from [row, col] -> i8x32 [low nibbles, high nibbles] (Q4_0/Q4_1/Q5_x element order)."""
-    sig = i8x32(arr, types.intp, types.intp)
-
-    def codegen(context, builder, sig, args):
-        v = builder.load(ptr2d(context, builder, sig.args[0], args[0], args[1], args[2], _V16I8), align=1)
-        lo = builder.and_(v, ir.Constant(_V16I8, [0x0F] * 16))
-        hi = builder.lshr(v, ir.Constant(_V16I8, [4] * 16))
-        return builder.shuffle_vector(lo, hi, lane_index(range(32)))
-
-    return sig, codegen
-
-
-@intrinsic
 def vload_f32(typingctx, arr, row, col):
     """8 float32 from byte [row, col] of a 2-D uint8 array (or element [row, col] of a float32 array) -> f32x8."""
     sig = f32x8(arr, types.intp, types.intp)
@@ -162,7 +150,7 @@ def vload_f16(typingctx, arr, row, col):
 
     def codegen(context, builder, sig, args):
         h = builder.load(ptr2d(context, builder, sig.args[0], args[0], args[1], args[2], _V8I16), align=1)
-        return builder.fpext(builder.bitcast(h, ir.VectorType(ir.HalfType(), 8)), _V8F32)
+        return widen_half(builder, h)
 
     return sig, codegen
 
@@ -184,8 +172,8 @@ def load_f16(typingctx, arr, row, col):
     sig = types.float32(arr, types.intp, types.intp)
 
     def codegen(context, builder, sig, args):
-        h = builder.load(ptr2d(context, builder, sig.args[0], args[0], args[1], args[2], ir.HalfType()), align=1)
-        return builder.fpext(h, _F32)
+        h = builder.load(ptr2d(context, builder, sig.args[0], args[0], args[1], args[2], ir.IntType(16)), align=1)
+        return widen_half(builder, h)
 
     return sig, codegen
 
@@ -262,20 +250,6 @@ def vfield(typingctx, v, shift, mask):
         s = splat(builder, builder.trunc(args[1], _I8), 32)
         m = splat(builder, builder.trunc(args[2], _I8), 32)
         return builder.shl(builder.and_(builder.lshr(args[0], s), m), _const8(4))
-
-    return sig, codegen
-
-
-@intrinsic
-def vbits16(typingctx, arr, row, col):
-    """The little-endian uint32 at byte [row, col] of a 2-D uint8 array, bit j = element j's fifth bit (Q5_0/Q5_1 `qh`)
-    -> i8x32 of 0 / 16."""
-    sig = i8x32(arr, types.intp, types.intp)
-
-    def codegen(context, builder, sig, args):
-        word = builder.load(ptr2d(context, builder, sig.args[0], args[0], args[1], args[2], _I32), align=1)
-        bits = builder.bitcast(word, ir.VectorType(ir.IntType(1), 32))
-        return builder.shl(builder.zext(bits, _V32I8), _const8(4))
 
     return sig, codegen
 

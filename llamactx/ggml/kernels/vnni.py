@@ -20,7 +20,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from llamactx.ggml.kernels.cpu import cpu_features
+from llamactx.ggml.cpu import cpu_features
 from llamactx.ggml.kernels.simd import TagType, i8x32, i32x8, lane_index, ptr2d, splat
 from llamactx.ggml.kernels.wide import i8x64, i32x16
 

@@ -18,6 +18,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from llamactx.ggml.intrinsics import widen_half
 from llamactx.ggml.kernels.simd import VecType, lane_index, ptr2d, splat
 
 _I8 = ir.IntType(8)
@@ -130,7 +131,7 @@ def fbcast4(typingctx, arr, row, col):
 def _halves4(context, builder, arrty, arr, row, col):
     """4 IEEE halves at byte [row, col] of a 2-D uint8 array, widened exactly -> <4 x float>."""
     h = builder.load(ptr2d(context, builder, arrty, arr, row, col, ir.VectorType(ir.IntType(16), 4)), align=1)
-    return builder.fpext(builder.bitcast(h, ir.VectorType(ir.HalfType(), 4)), _V4F32)
+    return widen_half(builder, h)
 
 
 @intrinsic
@@ -293,7 +294,7 @@ def hload16(typingctx, arr, row, col):
 
     def codegen(context, builder, sig, args):
         h = builder.load(ptr2d(context, builder, sig.args[0], *args, ir.VectorType(ir.IntType(16), 16)), align=1)
-        return builder.fpext(builder.bitcast(h, ir.VectorType(ir.HalfType(), 16)), _V16F32)
+        return widen_half(builder, h)
 
     return sig, codegen
 
@@ -547,7 +548,7 @@ def htranspose16(typingctx, src, cl, ci, r, col, dst, drow, dcol):
             cell_ptr = ptr2d(context, builder, sig.args[1], cl_a, ci_a, builder.add(r_a, ir.Constant(_I64, s)), _I64)
             cell = builder.load(cell_ptr)
             h = builder.load(ptr2d(context, builder, sig.args[0], src_a, cell, col_a, vh), align=1)
-            rows.append(builder.fpext(builder.bitcast(h, ir.VectorType(ir.HalfType(), 16)), _V16F32))
+            rows.append(widen_half(builder, h))
         for j, v in enumerate(_transpose16(builder, rows)):
             row = builder.add(drow_a, ir.Constant(_I64, j))
             builder.store(v, ptr2d(context, builder, sig.args[5], dst_a, row, dcol_a, _V16F32), align=1)
