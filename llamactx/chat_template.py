@@ -75,6 +75,9 @@ BUILTIN_TEMPLATES = {
 TOKEN_NULL = -1  # llama.h LLAMA_TOKEN_NULL
 
 
+# the variables render() sets itself, and jinja's own `self`: chat_template_kwargs may not name them
+RENDER_VARIABLES = frozenset({"messages", "bos_token", "eos_token", "add_generation_prompt", "tools", "self"})
+
 class ChatTemplateError(LlamactxError, ValueError):
     """A chat template could not be compiled or rendered: its own raise_exception, or a jinja error."""
 
@@ -362,17 +365,22 @@ class ChatTemplate:
         messages: Sequence[Mapping[str, Any]],
         add_generation_prompt: bool = True,
         tools: Sequence[Mapping[str, Any]] | None = None,
-        **extra: Any,
+        extra: Mapping[str, Any] | None = None,
     ) -> str:
         """The prompt for `messages`; `tools` (OpenAI function specs) are passed only when given, `extra`
         becomes further template variables (llama-server's chat_template_kwargs, e.g. enable_thinking).
 
         Raises ValueError for malformed messages (naming index and field) and ChatTemplateError (a ValueError)
         carrying the template's own message when it calls raise_exception or fails to render, or when it runs
-        past its bounds (steps, seconds, output characters, recursion).
+        past its bounds (steps, seconds, output characters, recursion), or when `extra` names one of the
+        variables render sets itself.
         """
+        taken = sorted(set(extra or ()) & RENDER_VARIABLES)
+        if taken:
+            raise ChatTemplateError(f"chat_template_kwargs: {taken[0]!r} is reserved (the names render sets "
+                                    f"itself: {', '.join(sorted(RENDER_VARIABLES))})")
         variables: dict[str, Any] = {
-            **extra,
+            **(extra or {}),
             "messages": validate_messages(messages),
             "bos_token": self.bos_token,
             "eos_token": self.eos_token,

@@ -104,10 +104,6 @@ class HParams:
     def n_embd_v_gqa(self) -> int:
         return self.n_embd_head_v * self.n_head_kv
 
-    @property
-    def n_gqa(self) -> int:
-        return self.n_head // self.n_head_kv
-
     def is_swa(self, il: int) -> bool:
         return self.swa_layers[il]
 

@@ -279,7 +279,7 @@ class Llama:
     def _run(self, tokens: list[int], gen: P.GenerationRequest, renderer: Renderer,
              processors: LogitsProcessorList | None, criteria: StoppingCriteriaList | None) -> Iterator[dict]:
         """Generate on the engine; yields stream chunks, and the whole response last (marked by `_last`)."""
-        chain = gen.chain(self._model, self._grammar(gen))
+        chain = gen.chain(self._model, self._engine.n_ctx_slot, self._grammar(gen))
         if processors:
             chain.samplers.insert(0, _ProcessorSampler(LogitsProcessorList(processors), tokens))
         seq = self._engine.add_request(tokens, chain, gen.limits, n_probs=gen.n_probs)

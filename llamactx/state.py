@@ -111,7 +111,7 @@ def load_file(path: str | os.PathLike, n_token_capacity: int, n_vocab: int) -> t
         data = f.read()
     r = StateReader(data)
     if bytes(r.take(8, "file magic")) != FILE_MAGIC:
-        raise StateError(f"'{path}' is not a llamactx session file: wrong magic")
+        raise StateError(f"'{os.path.basename(path)}' is not a llamactx session file: wrong magic")
     version = r.u32("file version")
     if version != STATE_VERSION:
         raise StateError(f"session file version {version} is not supported (expected {STATE_VERSION})")

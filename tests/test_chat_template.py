@@ -183,8 +183,17 @@ def test_hf_environment_globals_and_extensions():
     )
     two = [*USER, {"role": "assistant", "content": "second"}]
     year = datetime.datetime.now().year
-    rendered = ChatTemplate(source).render(two, enable_thinking=False)
+    rendered = ChatTemplate(source).render(two, extra={"enable_thinking": False})
     assert rendered in (f"Hi there|{year}|False", f"Hi there|{year + 1}|False")
+
+
+@pytest.mark.parametrize("key", ["messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "self"])
+def test_extra_variables_cannot_replace_the_ones_render_sets(key):
+    """llama-server's chat_template_kwargs name further variables; one that render sets itself (or jinja's
+    `self`) is refused, naming the key (it was a TypeError, a 500 in the server)."""
+    with pytest.raises(ChatTemplateError, match=f"chat_template_kwargs: '{key}' is reserved"):
+        ChatTemplate("{{ messages }}").render(USER, extra={key: 1})
+    assert ChatTemplate("{{ enable_thinking }}").render(USER, extra={"enable_thinking": 2}) == "2"
 
 
 def test_trim_and_lstrip_blocks():

@@ -4,27 +4,32 @@ llama-server's flag names. Binds 127.0.0.1:8080 by default; the chat page is at 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from pathlib import Path
 
-from llamactx.cli.args import add_lora
+from llamactx.cli.args import (
+    CommandError,
+    add_common,
+    add_context,
+    add_llama_cpp_flags,
+    add_lora,
+    add_sampling,
+    read_text,
+)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server: many users, one model (llama-server)")
-    p.add_argument("-m", "--model", default=None, help="GGUF path or embedded model name (default smollm2)")
+    add_common(p)
+    add_context(p, n_ctx=4096)
+    add_llama_cpp_flags(p)
+    add_sampling(p)  # every request's defaults, as llama-server's sampling flags
     p.add_argument("-a", "--alias", default=None, help="model name in the API (default: the file name)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
-    p.add_argument("-c", "--ctx-size", type=int, default=4096, help="KV cells shared by all slots (default 4096)")
     p.add_argument("-np", "--parallel", type=int, default=4, help="slots: requests decoded together (default 4)")
-    p.add_argument("-b", "--batch-size", type=int, default=2048, help="tokens per step (default 2048)")
-    p.add_argument("-ub", "--ubatch-size", type=int, default=512, help="physical batch size (default 512)")
-    p.add_argument("-t", "--threads", type=int, default=2, help="threads (default 2)")
-    p.add_argument("-tb", "--threads-batch", type=int, default=0, help="threads for prompt batches (default: -t)")
-    p.add_argument("-ctk", "--cache-type-k", default="f16", help="K cache type: f32, f16, q8_0, q4_0")
-    p.add_argument("-ctv", "--cache-type-v", default="f16", help="V cache type: f32, f16, q8_0, q4_0")
     p.add_argument("--api-key", action="append", default=[], help="API key (repeatable); none: no auth")
     p.add_argument("--api-key-file", default=None, help="file with one API key per line")
     p.add_argument("--cors-origin", action="append", default=[],
@@ -34,7 +39,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--no-slots", dest="slots", action="store_false", help="disable GET /slots")
     p.add_argument("--no-webui", action="store_true", help="do not serve the chat page")
     p.add_argument("--context-shift", action="store_true", help="shift the context instead of stopping when full")
-    p.add_argument("--swa-full", action="store_true", help="a full-size cache for sliding-window layers (Gemma 3)")
     p.add_argument("--slot-save-path", default=None, help="directory for POST /slots/{id}?action=save|restore")
     p.add_argument("-to", "--timeout", type=float, default=600.0, help="a request's deadline in seconds (600)")
     p.add_argument("--max-queue", type=int, default=64,
@@ -61,12 +65,33 @@ def config_from_args(args):
     if args.slot_save_path and not Path(args.slot_save_path).is_dir():
         raise ValueError(f"--slot-save-path {args.slot_save_path!r} is not a directory")
     return ServerConfig(model=args.model, alias=args.alias, n_ctx=args.ctx_size, n_slots=args.parallel,
+                        flash_attn=args.flash_attn, sampling=request_defaults(args),
                         n_batch=args.batch_size, n_ubatch=args.ubatch_size, n_threads=args.threads,
                         n_threads_batch=args.threads_batch, type_k=args.cache_type_k, type_v=args.cache_type_v,
                         api_keys=keys, cors_origins=origins, metrics=args.metrics, slots=args.slots,
                         webui=not args.no_webui, context_shift=args.context_shift, swa_full=args.swa_full,
                         slot_save_path=args.slot_save_path, timeout=args.timeout, max_queue=args.max_queue,
                         lora=[(path, 0.0 if args.lora_init_without_apply else scale) for path, scale in args.lora])
+
+
+def request_defaults(args) -> dict:
+    """The sampling flags as the request fields they set when a request leaves them out (llama-server's
+    `params.sampling` defaults)."""
+    out = {"n_predict": args.n_predict, "temperature": args.temp, "top_k": args.top_k, "top_p": args.top_p,
+           "min_p": args.min_p, "repeat_penalty": args.repeat_penalty, "seed": args.seed}
+    if args.grammar_file:
+        out["grammar"] = read_text(args.grammar_file, "grammar file")
+    elif args.grammar:
+        out["grammar"] = args.grammar
+    if args.json_schema:
+        try:
+            out["json_schema"] = json.loads(args.json_schema)
+        except json.JSONDecodeError as e:
+            raise CommandError(f"--json-schema is not JSON: {e}") from None
+    from llamactx.server import protocol as P
+
+    P.validate(P.CompletionRequest, {"prompt": "x", **out})  # a bad default is a start-up error, not every request's
+    return out
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -142,6 +142,8 @@ class Sequence:
         swallowed it) and, when this token finished the sequence, the held-back tail."""
         if self.t_first_token is None:
             self.t_first_token = time.perf_counter()
+        if self.limits.max_tokens == 0:  # n_predict 0: the prompt is processed, nothing is generated
+            return self.finish("length")
         if vocab.is_eog(token) and not self.limits.ignore_eos:
             return self.finish("stop")
         self.tokens.append(token)

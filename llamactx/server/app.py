@@ -19,6 +19,7 @@ import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -54,6 +55,8 @@ class ServerConfig:
     n_threads_batch: int = 0  # -tb (0: = -t)
     type_k: str = "f16"  # -ctk
     type_v: str = "f16"  # -ctv
+    flash_attn: str = "auto"  # -fa on|off|auto
+    sampling: dict[str, Any] = field(default_factory=dict)  # --temp, --seed, -n ...: request fields' defaults
     api_keys: list[str] = field(default_factory=list)  # --api-key / --api-key-file
     cors_origins: list[str] = field(default_factory=list)  # --cors-origin (an allowlist)
     metrics: bool = False  # --metrics
@@ -102,12 +105,12 @@ class ServerState:
             self.engine = Engine(self.model, n_slots=c.n_slots, n_ctx=c.n_ctx, n_batch=c.n_batch, lora=lora,
                                  n_ubatch=c.n_ubatch, n_threads=c.n_threads,
                                  n_threads_batch=c.n_threads_batch or c.n_threads, type_k=c.type_k, type_v=c.type_v,
-                                 swa_full=c.swa_full)
+                                 swa_full=c.swa_full, flash_attn=c.flash_attn)
             self.template = ChatTemplate.from_model(self.model, name=self.alias)
             if self.template.is_fallback:
                 log.info(self.template.message)
             self.embedder = Embedder(self.model, n_ctx=min(c.n_ctx, 8192), lora=lora, n_threads=c.n_threads,
-                                     n_threads_batch=c.n_threads_batch or c.n_threads)
+                                     n_threads_batch=c.n_threads_batch or c.n_threads, flash_attn=c.flash_attn)
             self.engine.warmup()
             self.worker = EngineWorker(self.engine, c.n_slots + c.max_queue, c.timeout)
             self.worker.start()
@@ -177,8 +180,7 @@ def create_app(config: ServerConfig, load_in_background: bool = True) -> Starlet
     if config.cors_origins:
         middleware.insert(0, Middleware(CORSMiddleware, allow_origins=config.cors_origins, allow_methods=["*"],
                                         allow_headers=["*"]))
-    handlers = {HTTPException: _http_error, LlamactxError: _user_error, _BodyTooLarge: _user_error,
-                Exception: _server_error}
+    handlers = {HTTPException: _http_error, LlamactxError: _user_error, Exception: _server_error}
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan, exception_handlers=handlers)
     app.state.llamactx = state
     return app
@@ -223,8 +225,9 @@ def _key_ok(headers: dict[str, str], keys: list[str]) -> bool:
     return ok
 
 
-class _BodyTooLarge(Exception):
-    pass
+class _BodyTooLarge(P.ProtocolError):
+    def __init__(self) -> None:
+        super().__init__("request body exceeds the size limit", 413)
 
 
 def _bounded(receive, limit: int):
@@ -252,9 +255,7 @@ async def _http_error(request: HttpRequest, exc: HTTPException) -> Response:
 
 async def _user_error(request: HttpRequest, exc: Exception) -> Response:
     """The user's input, named by the exception: a 4xx (a ProtocolError carries its own status and type)."""
-    if isinstance(exc, _BodyTooLarge):
-        err = P.ProtocolError("request body exceeds the size limit", 413)
-    elif isinstance(exc, P.ProtocolError):
+    if isinstance(exc, P.ProtocolError):
         err = exc
     else:
         err = P.ProtocolError(str(exc))
@@ -309,7 +310,10 @@ def _routes(state: ServerState) -> list:
         state.check_ready()
         body = await _json(request)
         state.check_request_lora(body)
-        req = P.validate(P.CompletionRequest, body)
+        req = P.validate(P.CompletionRequest, {**cfg.sampling, **body})
+        if req.n > 1 and renderer_cls is NativeRenderer:
+            raise P.ProtocolError(f"n: /completion returns one completion (got n = {req.n}); "
+                                  "/v1/completions returns n choices")
         if req.suffix:
             raise P.ProtocolError("suffix: infill is not supported by this server", 400)
         prompts, text = await asyncio.to_thread(_prompts, state, req.prompt, req.n_keep)
@@ -322,7 +326,7 @@ def _routes(state: ServerState) -> list:
         state.check_ready()
         body = await _json(request)
         state.check_request_lora(body)
-        req = P.validate(P.ChatCompletionRequest, body)
+        req = P.validate(P.ChatCompletionRequest, {**cfg.sampling, **body})
         prompt_text, fns = await asyncio.to_thread(_render_chat, state, req)
         tokens = await asyncio.to_thread(state.model.vocab.tokenize, prompt_text, True, True)
         tokens = _fit_prompt(state, tokens, req.n_keep)
@@ -372,7 +376,7 @@ def _routes(state: ServerState) -> list:
         state.check_ready()
         req = P.validate(P.ApplyTemplateRequest, await _json(request))
         prompt = await asyncio.to_thread(state.template.render, req.messages, True, req.tools,
-                                         **(req.chat_template_kwargs or {}))
+                                         req.chat_template_kwargs)
         return JSONResponse({"prompt": prompt})
 
     async def slots_get(request):
@@ -490,8 +494,7 @@ def _render_chat(state: ServerState, req: P.ChatCompletionRequest) -> tuple[str,
     """The chat prompt, with the tools in it (unless tool_choice is "none"), and the tools' functions."""
     fns = tool_calls.functions(req.tools) if req.tool_choice != "none" else []
     messages, pass_tools = tool_calls.prepare(state.template.source, req.messages, fns)
-    prompt = state.template.render(messages, True, req.tools if pass_tools else None,
-                                   **(req.chat_template_kwargs or {}))
+    prompt = state.template.render(messages, True, req.tools if pass_tools else None, req.chat_template_kwargs)
     return prompt, fns
 
 

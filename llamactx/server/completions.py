@@ -44,10 +44,14 @@ async def serve(state, http: HttpRequest, prompts: list[list[int]], gen: P.Gener
     for p_index, prompt in enumerate(prompts):
         for k in range(gen.n):
             index = p_index * gen.n + k
-            sampler = gen.chain(state.model, grammar.clone() if grammar is not None else None, choice=k)
+            grammar_k = grammar.clone() if grammar is not None else None
+            sampler = gen.chain(state.model, state.n_ctx_slot(), grammar_k, choice=k)
             req = Request(prompt, sampler, gen.limits, {"id_slot": gen.id_slot, "cache_prompt": gen.cache_prompt,
                                                         "n_probs": gen.n_probs}, loop, events, index=index)
             choices.append(LiveChoice(index, request=req))
+    if len(choices) > state.worker.max_in_flight:  # would wait forever for room: the request's own mistake
+        raise P.ProtocolError(f"n: {len(prompts)} prompt(s) x n = {gen.n} is {len(choices)} choices, more than this "
+                              f"server ever holds at once (slots + --max-queue = {state.worker.max_in_flight})")
     try:
         for c in choices:
             state.worker.submit(c.request)

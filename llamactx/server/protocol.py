@@ -241,14 +241,15 @@ class GenerationRequest:
                    _grammar_of(req), req.n, n_probs, req.stream,
                    bool(req.stream_options and req.stream_options.include_usage), req.id_slot, req.cache_prompt)
 
-    def chain(self, model, grammar_sampler=None, choice: int = 0) -> SamplerChain:
-        """A fresh sampler chain for choice `choice` (choices get consecutive seeds, so they differ)."""
+    def chain(self, model, n_ctx: int, grammar_sampler=None, choice: int = 0) -> SamplerChain:
+        """A fresh sampler chain for choice `choice` (choices get consecutive seeds, so they differ). n_ctx: the
+        slot's context size, which `repeat_last_n` / `dry_penalty_last_n` = -1 mean."""
         params = self.sampling
         if choice and params.seed != -1 and params.seed < 2**32 - 1:
             from dataclasses import replace
 
             params = replace(params, seed=params.seed + choice)
-        return SamplerChain.default(params, model.hparams.n_vocab, model.vocab, n_ctx=4096,
+        return SamplerChain.default(params, model.hparams.n_vocab, model.vocab, n_ctx=n_ctx,
                                     n_ctx_train=model.hparams.n_ctx_train, grammar=grammar_sampler)
 
 

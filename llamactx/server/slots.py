@@ -52,6 +52,8 @@ def _idle(engine: Engine, id_slot: int) -> None:
 
 def save(engine: Engine, id_slot: int, path: Path) -> dict:
     _idle(engine, id_slot)
+    if path.is_dir():
+        raise ProtocolError(f"filename {path.name!r} names a directory under --slot-save-path, not a file")
     t0 = time.perf_counter()
     tokens = list(engine.scheduler.cache.slots[id_slot].tokens)
     engine.ctx.state_seq_save_file(path, id_slot, tokens)

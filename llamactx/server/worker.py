@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llamactx.engine import Chunk, Engine, Limits, Sequence
+from llamactx.errors import LlamactxError
 from llamactx.sampling import SamplerChain
 
 log = logging.getLogger("llamactx.server")
@@ -46,8 +47,8 @@ class Request:
             pass
 
 
-class QueueFull(Exception):
-    """More requests are in flight than the slots plus --max-queue."""
+class QueueFull(LlamactxError, RuntimeError):
+    """More requests are in flight than the slots plus --max-queue (the handler answers 503)."""
 
 
 class EngineWorker:
@@ -74,10 +75,6 @@ class EngineWorker:
         self._stop.set()
         self._commands.put(("wake", None))
         self._thread.join(timeout=10)
-
-    @property
-    def in_flight(self) -> int:
-        return self._in_flight
 
     def submit(self, req: Request) -> None:
         """Queue `req` for the engine; raises QueueFull past the bound (the handler answers 503)."""

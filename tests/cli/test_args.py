@@ -84,3 +84,27 @@ def test_bad_flags_are_one_line_and_status_1(argv, message, capsys):
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_serve_takes_the_context_and_sampling_flags_llama_server_takes():
+    """`serve -fa off --temp 0.8 --seed 42 --n-predict 64` (what llama.cpp's server tests pass to every server):
+    the context flags are the other tools' (one declaration), the sampling flags become every request's
+    defaults."""
+    from llamactx.cli.serve import config_from_args
+
+    args = build_parser().parse_args(["serve", "-fa", "off", "--temp", "0.5", "--seed", "42", "--n-predict", "64",
+                                      "-c", "2048", "--top-k", "7", "--swa-full", "-ngl", "99"])
+    cfg = config_from_args(args)
+    assert (cfg.flash_attn, cfg.n_ctx, cfg.swa_full) == ("disabled", 2048, True)
+    assert cfg.sampling == {"n_predict": 64, "temperature": 0.5, "top_k": 7, "top_p": 0.95, "min_p": 0.05,
+                            "repeat_penalty": 1.0, "seed": 42}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--temp", "1000"], "temperature"),
+    (["--json-schema", "{nope"], "--json-schema is not JSON"),
+])
+def test_serve_refuses_a_bad_sampling_default_at_start(argv, message, capsys):
+    assert main(["serve", *argv]) == 1
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1

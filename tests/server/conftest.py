@@ -15,7 +15,7 @@ import uvicorn
 
 from llamactx.server.app import ServerConfig, create_app
 
-START_TIMEOUT_S = 180
+START_TIMEOUT_S = 600  # a cold numba cache compiles every kernel first: ~4 min on a 2-core Zen 3
 
 
 def free_port() -> int:

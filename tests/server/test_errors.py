@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -44,6 +45,16 @@ BAD = [
     ("/detokenize", {"tokens": [10**9]}, 400, "invalid_request_error", "outside the vocab"),
     ("/apply-template", {"messages": [{"role": "user"}]}, 400, "invalid_request_error", "content"),
     ("/slots/0?action=fly", {}, 400, "invalid_request_error", "action"),
+    # more choices than the server ever holds (4 slots + 64 queued) can never be admitted: not a 503 to retry
+    ("/v1/completions", {"prompt": ["a"] * 16, "n": 16}, 400, "invalid_request_error", "ever holds at once"),
+    ("/completion", {"prompt": "x", "n": 4}, 400, "invalid_request_error", "n: /completion returns one"),
+    ("/v1/chat/completions", {**OK_CHAT, "chat_template_kwargs": {"tools": []}}, 400, "invalid_request_error",
+     "chat_template_kwargs: 'tools'"),
+    ("/apply-template", {"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"messages": 1}},
+     400, "invalid_request_error", "chat_template_kwargs: 'messages'"),
+    ("/apply-template", {"messages": [{"role": "user", "content": "x"}],
+                         "chat_template_kwargs": {"add_generation_prompt": False}}, 400, "invalid_request_error",
+     "chat_template_kwargs: 'add_generation_prompt'"),
     ("/no/such/endpoint", {}, 404, "not_found_error", ""),
 ]
 
@@ -123,11 +134,22 @@ def test_slot_files_round_trip_and_stay_in_their_directory(server, tmp_path):
             res = http.post("/slots/1?action=save", json={"filename": name})
             assert res.status_code == 400 and "filename" in res.json()["error"]["message"], name
         assert not outside.exists() and not (tmp_path.parent / "escape.bin").exists()
+        (Path(server.config.slot_save_path) / "a_dir").mkdir()
+        res = http.post("/slots/1?action=save", json={"filename": "a_dir"})
+        assert res.status_code == 400 and "names a directory" in res.json()["error"]["message"]
+        res = http.post("/slots/1?action=restore", json={"filename": "a_dir"})
+        assert res.status_code == 404
         corrupt = server.config.slot_save_path + "/corrupt.bin"
         with open(corrupt, "wb") as f:
             f.write(b"LLCTXSF\0garbage")
         res = http.post("/slots/1?action=restore", json={"filename": "corrupt.bin"})
         assert res.status_code == 400 and "session file version" in res.json()["error"]["message"]
+        with open(corrupt, "wb") as f:
+            f.write(b"not a session file at all")
+        res = http.post("/slots/1?action=restore", json={"filename": "corrupt.bin"})
+        message = res.json()["error"]["message"]
+        assert res.status_code == 400 and "'corrupt.bin' is not" in message
+        assert server.config.slot_save_path not in message  # no server path in an error
         res = http.post("/slots/1?action=restore", json={"filename": "missing.bin"})
         assert res.status_code == 404
         assert http.post("/slots/9?action=erase").status_code == 404
@@ -155,3 +177,12 @@ def test_api_keys_and_cors():
         res = http.get("/v1/models", headers={"Origin": "http://evil.example", "Authorization": "Bearer secret"})
         assert res.status_code == 200 and "access-control-allow-origin" not in res.headers
         assert http.get("/metrics", headers={"Authorization": "Bearer secret"}).status_code == 501
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "n_predict"])
+def test_zero_tokens_asked_for_generate_none(server, field):
+    """`max_tokens: 0` / `n_predict: 0`: the prompt is processed and nothing is generated (llama-server)."""
+    with server.client() as http:
+        res = http.post("/v1/completions", json={"prompt": "Once upon a time", field: 0, "temperature": 0}).json()
+    assert res["choices"][0]["text"] == "" and res["usage"]["completion_tokens"] == 0
+    assert res["choices"][0]["finish_reason"] == "length"

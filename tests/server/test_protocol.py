@@ -1,0 +1,32 @@
+"""The request -> sampler chain step of the server (and of `Llama`): fields that mean "the context size" get the
+slot's real one, not a fixed number."""
+
+from __future__ import annotations
+
+import pytest
+
+from llamactx.sampling.penalties import PenaltiesSampler
+from llamactx.server import protocol as P
+
+
+@pytest.mark.parametrize("n_ctx", [256, 1024, 8192])
+def test_repeat_last_n_minus_one_is_the_slots_context_size(smollm, n_ctx):
+    req = P.validate(P.CompletionRequest, {"prompt": "x", "repeat_last_n": -1, "repeat_penalty": 1.1})
+    chain = P.GenerationRequest.from_fields(req, smollm.vocab, n_probs=0).chain(smollm, n_ctx)
+    penalties = [s for s in chain.samplers if isinstance(s, PenaltiesSampler)]
+    assert [s.penalty_last_n for s in penalties] == [n_ctx]
+
+
+def test_the_servers_sampling_flags_are_every_requests_defaults():
+    """`serve --temp 0 -n 6`: a request that names neither is greedy and 6 tokens long, as one that names both;
+    a request's own value still wins."""
+    from tests.server.conftest import running_server
+
+    with running_server(n_slots=1, n_ctx=512, sampling={"temperature": 0.0, "n_predict": 6}) as srv, \
+            srv.client() as c:
+        plain = c.post("/completion", json={"prompt": "The capital of France is"}).json()
+        named = c.post("/completion", json={"prompt": "The capital of France is", "temperature": 0,
+                                             "n_predict": 6}).json()
+        longer = c.post("/completion", json={"prompt": "The capital of France is", "n_predict": 9}).json()
+    assert plain["content"] == named["content"] and plain["tokens_predicted"] == 6
+    assert longer["tokens_predicted"] == 9 and longer["content"].startswith(plain["content"])
