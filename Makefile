@@ -32,7 +32,7 @@ test: $(STAMP) chromium
 # the exactness tests once more, compiled for another CPU (an AVX2 one by default; any target this CPU can run,
 # e.g. make test-target CPU=znver4 on an AVX-512 machine), with its own numba cache: CI runs it after `make test`
 CPU ?= haswell
-EXACT_TESTS := tests/test_reference.py tests/test_flash_attn.py tests/ggml/test_ops_exact.py tests/ggml/test_graph.py
+EXACT_TESTS := tests/test_reference.py tests/test_flash_attn.py
 test-target: $(STAMP)
 	NUMBA_CPU_NAME=$(CPU) NUMBA_CACHE_DIR=$(CURDIR)/.numba-$(CPU) $(VPY) -m pytest $(EXACT_TESTS)
 

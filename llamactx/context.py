@@ -26,7 +26,7 @@ from llamactx.memory.kv_cache_iswa import KVCacheISWA
 from llamactx.memory.recurrent import RecurrentMemory, RecurrentView
 from llamactx.model import Model
 from llamactx.models import arch_module, memory_type
-from llamactx.models.graph import BatchAttention, HybridInput, KVAttention, LayerMappedAttention, rope_config
+from llamactx.models.graph_inputs import BatchAttention, HybridInput, KVAttention, LayerMappedAttention, rope_config
 
 
 class DecodeStatus(IntEnum):
@@ -453,6 +453,6 @@ def _readonly(a: np.ndarray) -> np.ndarray:
 
 def _fast_ops(model: Model):
     """The default ops: the numba kernels, imported on first use (an import of llamactx compiles nothing)."""
-    from llamactx.ggml.kernels.ops import FastOps
+    from llamactx.backend.fast import FastOps
 
     return FastOps(model)

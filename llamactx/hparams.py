@@ -11,14 +11,13 @@ import struct
 from dataclasses import dataclass
 
 from llamactx.errors import LlamactxError
+from llamactx.ggml.inputs import ROPE_TYPE_NEOX, ROPE_TYPE_NORM
 
 SUPPORTED_ARCHS = ("llama", "gemma3", "qwen2", "qwen3", "mamba2", "lfm2")
 RECURRENT_ARCHS = ("mamba2",)  # llm_arch_is_recurrent: recurrent memory only
 HYBRID_ARCHS = ("lfm2",)  # llm_arch_is_hybrid: a KV cache for attention layers + recurrent memory for the rest
 
 # llama_rope_type (include/llama.h): NORM rotates adjacent pairs, NEOX rotates the two halves of each head.
-ROPE_TYPE_NORM = 0
-ROPE_TYPE_NEOX = 2
 ROPE_TYPES = {"llama": ROPE_TYPE_NORM, "gemma3": ROPE_TYPE_NEOX, "qwen2": ROPE_TYPE_NEOX, "qwen3": ROPE_TYPE_NEOX,
               "mamba2": ROPE_TYPE_NORM, "lfm2": ROPE_TYPE_NEOX}  # mamba2 has no RoPE (LLAMA_ROPE_TYPE_NONE)
 ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")  # llama_rope_scaling_type_from_string

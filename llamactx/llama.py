@@ -7,9 +7,9 @@
     for chunk in llm.create_completion("Once", stream=True): ...              # stream chunks
     llm.create_embedding("text")["data"][0]["embedding"]
 
-It is a one-slot user of the engine (the decode loop the server runs), and its dicts come from the server's
-renderers (server/responses.py): one implementation of the OpenAI shapes. Options are validated as the
-server validates a request (server/protocol.py): a bad value raises a ProtocolError (a ValueError) naming it.
+It is a one-slot user of the engine (the decode loop the server runs), and its dicts come from the renderers
+the server uses too (api/responses.py): one implementation of the OpenAI shapes. Options are validated as the
+server validates a request (api/protocol.py): a bad value raises a ProtocolError (a ValueError) naming it.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 
 from llamactx import tool_calls
+from llamactx.api import protocol as P
+from llamactx.api.responses import ChatRenderer, Choice, Renderer
 from llamactx.chat_template import ChatTemplate
 from llamactx.embedded import resolve_model_path
 from llamactx.embedding import Embedder
@@ -31,8 +33,6 @@ from llamactx.lora import load_adapters
 from llamactx.model import Model
 from llamactx.sampling.rng import LLAMA_DEFAULT_SEED
 from llamactx.sampling.samplers import SamplerBase
-from llamactx.server import protocol as P
-from llamactx.server.responses import ChatRenderer, Choice, Renderer
 
 LogitsProcessor = Callable[[np.ndarray, np.ndarray], np.ndarray]
 StoppingCriteria = Callable[[np.ndarray, np.ndarray], bool]
@@ -173,17 +173,17 @@ class Llama:
 
     def reset(self) -> None:
         """Forget the cached prompt."""
-        self._engine.scheduler.cache.clear_slot(0)
+        self._engine.clear_slot(0)
 
     def save_state(self) -> LlamaState:
-        tokens = np.array(self._engine.scheduler.cache.slots[0].held, np.intc)
+        tokens = np.array(self._engine.slot_tokens(0), np.intc)
         blob = self._engine.ctx.state_get_data()
         return LlamaState(tokens, blob, len(blob), self._seed)
 
     def load_state(self, state: LlamaState) -> None:
         """Restore a `save_state`; StateError (nothing changed) if it does not fit this context."""
         self._engine.ctx.state_set_data(state.llama_state)
-        self._engine.scheduler.cache.set_tokens(0, [int(t) for t in state.input_ids])
+        self._engine.set_slot_tokens(0, [int(t) for t in state.input_ids])
         self._seed = state.seed
 
     # -- completion -------------------------------------------------------------------------------------------

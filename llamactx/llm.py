@@ -56,7 +56,7 @@ class LLM:
     @property
     def tokens(self) -> list[int]:
         """The tokens the conversation's sequence holds in memory (what the next prompt can reuse)."""
-        return list(self.engine.scheduler.cache.slots[0].held)
+        return self.engine.slot_tokens(0)
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         return self.model.vocab.tokenize(text, add_special=add_special, parse_special=parse_special)
@@ -129,12 +129,12 @@ class LLM:
         """Replace the conversation's KV state with a session file's (StateError, with nothing changed, if it
         does not fit); returns its tokens."""
         tokens = self.ctx.state_seq_load_file(path, 0)
-        self.engine.scheduler.cache.set_tokens(0, tokens)
+        self.engine.set_slot_tokens(0, tokens)
         return tokens
 
     def reset(self) -> None:
         """Forget the conversation (the KV cache of the sequence)."""
-        self.engine.scheduler.cache.clear_slot(0)
+        self.engine.clear_slot(0)
 
 
 def _grammar(vocab, grammar: str | None, json_schema: Mapping | str | None):

@@ -15,19 +15,19 @@ import numpy as np
 import pytest
 
 from llamactx import Batch, Context, ContextParams
-from llamactx.ggml.kernels.ops import FastOps
+from llamactx.backend.fast import FastOps
 
 DATA = Path(__file__).parent / "data" / "flash_attn"
 REF = json.loads((DATA / "reference.json").read_text())
 
 
-def last_row(model, tokens, n_prompt: int, then: int, flash="enabled", ggml_shapes=True,
+def last_row(model, tokens, n_prompt: int, then: int, flash="enabled", ggml_single_row=True,
              fp16=REF["made_on"]["fp16_accumulator"]) -> np.ndarray:
     """Decode as llama-cpp-python's eval did: the prompt in ubatches of 512, then single tokens; last output.
-    ggml_shapes: the ops pick flash attention's kernel from the ubatch's shape as ggml does; fp16: the variant
+    ggml_single_row: the ops pick flash attention's kernel from the ubatch's shape as ggml does; fp16: the variant
     of the one-chunk kernel (by default the references')."""
     ops = FastOps(model)
-    ops.ggml_single_row = ggml_shapes
+    ops.ggml_single_row = ggml_single_row
     ops.fp16_accumulator = fp16
     ctx = Context(model, ContextParams(n_ctx=1024, n_batch=512, n_ubatch=512, n_threads=2, flash_attn=flash),
                   ops=ops)
@@ -70,14 +70,14 @@ def test_flash_attention_differs_from_the_non_flash_path(smollm):
 
 
 def test_by_default_a_token_gets_the_tiled_kernels_bits_whatever_its_ubatch(smollm):
-    """Without ggml_shapes every token takes the tiled kernel's arithmetic: a prompt of 100 tokens decoded as
+    """Without ggml_single_row every token takes the tiled kernel's arithmetic: a prompt of 100 tokens decoded as
     100 single tokens ends on llama.cpp's tiled-kernel row bit for bit (batch invariance), and the prompt itself
     is llama.cpp's."""
     tokens = REF["models"]["smollm2"]["tokens"]
     with np.load(DATA / "smollm2.npz") as npz:
         want = npz["tiled"]
-    np.testing.assert_array_equal(last_row(smollm, tokens, 100, 0, ggml_shapes=False), want)
-    np.testing.assert_array_equal(last_row(smollm, tokens, 1, 99, ggml_shapes=False), want)
+    np.testing.assert_array_equal(last_row(smollm, tokens, 100, 0, ggml_single_row=False), want)
+    np.testing.assert_array_equal(last_row(smollm, tokens, 1, 99, ggml_single_row=False), want)
 
 
 def test_the_fp16_accumulator_is_a_real_variant(gemma):

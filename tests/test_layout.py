@@ -44,3 +44,56 @@ def test_every_llamactx_exception_class_has_the_base():
                     and not issubclass(obj, LlamactxError)):
                 missing.append(f"{name}.{obj.__name__}")
     assert missing == []
+
+
+def _imports(path) -> set[str]:
+    """The llamactx modules a source file imports, at its top or inside functions."""
+    import ast
+
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("llamactx")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("llamactx"):
+            out |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return out
+
+
+# (modules, what they may not import): the layers only import downwards
+FORBIDDEN = [
+    ("llamactx.ggml", lambda m: not m.startswith(("llamactx.ggml", "llamactx.gguf", "llamactx.errors"))),
+    ("llamactx.engine", lambda m: m.startswith(("llamactx.server", "llamactx.api", "llamactx.cli", "llamactx.llama",
+                                                "llamactx.llm"))),
+    ("llamactx", lambda m: m.startswith(("llamactx.server", "llamactx.cli"))),  # the library, below the front ends
+]
+
+
+def test_imports_run_downwards_only():
+    """ggml/ is arithmetic and imports nothing above it (the file format and the error base only); the engine
+    knows no front end; no library module imports the HTTP server or the command line (llamactx.api holds the
+    wire shapes they share)."""
+    from pathlib import Path
+
+    root = Path(llamactx.__file__).parent
+    bad = []
+    for path in sorted(root.rglob("*.py")):
+        name = ".".join(("llamactx", *path.relative_to(root).with_suffix("").parts)).removesuffix(".__init__")
+        if name.startswith(("llamactx.server", "llamactx.cli", "llamactx.__main__")):
+            continue
+        for prefix, forbidden in FORBIDDEN:
+            if name == prefix or name.startswith(prefix + "."):
+                bad += [f"{name} -> {m}" for m in sorted(_imports(path)) if forbidden(m)]
+    assert bad == []
+
+
+def test_nothing_outside_the_engine_reaches_into_it():
+    """Front ends use Engine's methods (add_request, step, abort, the slot API), never its scheduler or prefix
+    cache."""
+    import re
+    from pathlib import Path
+
+    root = Path(llamactx.__file__).parent
+    bad = [str(p.relative_to(root)) for p in root.rglob("*.py")
+           if "engine" not in p.relative_to(root).parts and re.search(r"\.scheduler\b|\bPrefixCache\b",
+                                                                        p.read_text(encoding="utf-8"))]
+    assert bad == []

@@ -12,10 +12,10 @@ import gguf
 import numpy as np
 import pytest
 
+from llamactx.backend.reference import ReferenceOps
 from llamactx.batch import Batch
 from llamactx.context import Context
 from llamactx.cparams import ContextParams
-from llamactx.ggml.ops import ReferenceOps
 from llamactx.lora import LoraAdapter, LoraError
 
 DATA = Path(__file__).parent / "data" / "lora"

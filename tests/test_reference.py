@@ -1,8 +1,8 @@
 """The forward pass against llama.cpp's own outputs (tests/data/*/reference.json, made with llama.cpp 0c1e570).
 
-Two ops backends run the same model code: `ReferenceOps` (llamactx/ops.py), which follows the x86 kernels llama.cpp
-runs for every shape (docs/numerics.md) and reproduces its prompt-processing logits bit for bit, and the default
-`FastOps` (llamactx/kernels), which must match it.
+Two ops backends run the same model code: `ReferenceOps` (llamactx/backend/reference.py), which follows the x86
+kernels llama.cpp runs for every shape (docs/numerics.md) and reproduces its prompt-processing logits bit for bit,
+and the default `FastOps` (llamactx/backend/fast.py), which must match it.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from llamactx import Batch, Context, ContextParams
-from llamactx.ggml.ops import ReferenceOps
+from llamactx.backend.reference import ReferenceOps
 from tests.conftest import reference_logits
 
 MODELS = ["smollm", "gemma"]

@@ -88,7 +88,7 @@ def request_defaults(args) -> dict:
             out["json_schema"] = json.loads(args.json_schema)
         except json.JSONDecodeError as e:
             raise CommandError(f"--json-schema is not JSON: {e}") from None
-    from llamactx.server import protocol as P
+    from llamactx.api import protocol as P
 
     P.validate(P.CompletionRequest, {"prompt": "x", **out})  # a bad default is a start-up error, not every request's
     return out

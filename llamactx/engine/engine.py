@@ -123,13 +123,37 @@ class Engine:
         self.scheduler.add(seq)
         return seq
 
-    def abort(self, seq: Sequence) -> list[Chunk]:
-        """Stop `seq` now ("abort"): it is never decoded again; its slot is free for the next step."""
+    def abort(self, seq: Sequence, reason: str = "abort") -> list[Chunk]:
+        """Stop `seq` now with finish_reason `reason` ("abort"; "length" at a deadline, "error" when the engine
+        failed): it is never decoded again; its slot is free for the next step."""
         if seq.is_finished:
             return []
-        chunks = seq.finish("abort")
+        chunks = seq.finish(reason)
         self._finished(seq)
         return chunks
+
+    @property
+    def load(self) -> tuple[int, int, int]:
+        """(requests running, requests waiting for a slot or memory, preemptions so far): /metrics' gauges."""
+        return len(self.scheduler.running), len(self.scheduler.waiting), self.scheduler.n_preempted
+
+    # -- slots: what llama-server's /slots, slot files and a one-conversation API read and set ---------------
+
+    def slot_request(self, id_slot: int) -> Sequence | None:
+        """The request running on slot `id_slot`, None when it is idle."""
+        return self.scheduler.cache.slots[id_slot].holder
+
+    def slot_tokens(self, id_slot: int) -> list[int]:
+        """The tokens slot `id_slot` holds in memory now (a running request's decoded ones), in position order."""
+        return list(self.scheduler.cache.slots[id_slot].held)
+
+    def clear_slot(self, id_slot: int) -> None:
+        """Forget an idle slot's cache (its cells and tokens)."""
+        self.scheduler.cache.clear_slot(id_slot)
+
+    def set_slot_tokens(self, id_slot: int, tokens: list[int]) -> None:
+        """An idle slot's memory now holds `tokens` (after a state or slot file was loaded into its sequence)."""
+        self.scheduler.cache.set_tokens(id_slot, tokens)
 
     def step(self) -> list[StepOutput]:
         """One decode of every scheduled sequence's tokens; returns what each sampled sequence produced."""

@@ -1,6 +1,5 @@
 """ggml-cpu's arithmetic, reproduced: what llama.cpp computes on an x86 CPU, operation for operation.
 
-    ops.py          ReferenceOps: the ops a forward pass calls (matmul, norms, RoPE, attention), the oracle
     vec.py          ggml_vec: softmax's expf, SwiGLU, the GELU table, RMSNorm, RoPE (ggml-cpu/vec.h, ops.cpp)
     vecdot.py       quantized and float dot products of the 32-block types (arch/x86/quants.c, tinyBLAS)
     vecdot_k.py     K-quant matmuls in llama.cpp's repacked / tiled orders (arch/x86/repack.cpp)
@@ -13,7 +12,10 @@
                     variant, and the thread counts
     intrinsics.py   the scalar LLVM intrinsics the numba code shares (fma, f16 <-> f32, bit casts)
     libm.py         libm's logf / fmaf for the scalars computed outside kernels (YaRN factors)
-    kernels/        the fast numba kernels (FastOps, the default ops): the same bits, much faster
+    kernels/        the fast numba kernels (what FastOps runs): the same bits, much faster
+
+The backend that calls these (ReferenceOps, FastOps) is llamactx.backend. ggml imports nothing above it: only
+llamactx.gguf (block formats) and llamactx.errors.
 
 Nothing here is imported by `import llamactx`; the kernels compile (or load numba's cache) on first use.
 """

@@ -19,10 +19,10 @@ ggml picks one of three kernels for the whole op, from the ubatch's shape:
   (ceil(n_kv / n_threads) each); each chunk runs the one-chunk loop from M = -inf, and the chunks are merged in
   order with `VKQ = VKQ * expf(M_old - M) + VKQ_c * expf(M_c - M)` (first product fused), same for S.
 
-By default (`ggml_shapes=False`, as ReferenceOps computes one row like several elsewhere) every token takes the
+By default (`ggml_single_row=False`, as ReferenceOps computes one row like several elsewhere) every token takes the
 tiled kernel's arithmetic, which is row invariant: llama.cpp's bits for n >= 64 (prompts, perplexity), and for
-fewer tokens the same answer a token would get in a larger batch. `ggml_shapes=True` (ReferenceOps'
-`ggml_single_row`) picks the kernel from the shape as ggml does and reproduces llama.cpp's decode too.
+fewer tokens the same answer a token would get in a larger batch. `ggml_single_row=True` (the ReferenceOps
+setting of that name) picks the kernel from the shape as ggml does and reproduces llama.cpp's decode too.
 
 As in llamactx.ggml.attention, the lanes and tiles follow each token's visible cells by rank (0, 1, ...) instead
 of absolute cell indices: identical to ggml for a sequence that fills the cache from cell 0 (the references'
@@ -231,12 +231,12 @@ def _flash(q, k, v, n_head_kv, cells, n_cells, scale, mask_add, mode, n_split, f
 
 
 def flash_attn_f16_cells(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_head_kv: int, vis: VisibleCells,
-                         kq_scale: float, kv_size: int, n_threads: int, ggml_shapes: bool = False,
+                         kq_scale: float, kv_size: int, n_threads: int, ggml_single_row: bool = False,
                          fp16: bool = False) -> np.ndarray:
     """ggml_flash_attn_ext over an f16 cache's rows (module docstring). q: (n, n_head, d_k) float32; k (n_kv,
     n_head_kv * d_k) and v (n_kv, n_head_kv * d_v) np.float16 rows as stored; vis: each token's visible cells by
     rank; kv_size: the cache's cells (bounds the padded n_kv of the split rule); n_threads: the threads ggml would
-    split one token's cells over. ggml_shapes: pick the kernel from the ubatch's shape as ggml does (a token's
+    split one token's cells over. ggml_single_row: pick the kernel from the ubatch's shape as ggml does (a token's
     bits then depend on how many tokens share its ubatch); by default every token goes through the tiled kernel's
     arithmetic, so that its result does not depend on the rest of the batch (what ggml gives for n >= 64).
     fp16: the one-chunk kernel's f16 vector ops in half precision, as ggml built with AVX512-FP16 runs them.
@@ -245,7 +245,7 @@ def flash_attn_f16_cells(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_head_kv:
     d_v = v.shape[1] // n_head_kv
     out = np.empty((n, n_head, d_v), np.float32)  # (n, n_head, d_v)
     n_conv = 0
-    if n >= TILE_Q or not ggml_shapes:
+    if n >= TILE_Q or not ggml_single_row:
         mode, split = 0, (0, 1)
         # the tokens of a prompt share their cells: widen the used cells of K and V to float32 once per call
         n_conv = min(int(vis.cells.max(initial=0)) + 1, k.shape[0]) if n >= 2 else 0

@@ -199,7 +199,7 @@ class Graph:
 
 class GraphAttention:
     """The attention input a forward sees while its graph is built: records `Graph.attention` nodes for the
-    attention input the executor binds at run time (models.graph.KVAttention)."""
+    attention input the executor binds at run time (models.graph_inputs.KVAttention)."""
 
     def __init__(self, graph: Graph, hparams) -> None:
         self.graph, self.hparams = graph, hparams

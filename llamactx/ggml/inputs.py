@@ -7,6 +7,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+ROPE_TYPE_NORM = 0  # GGML_ROPE_TYPE_NORM: rotate pairs (2i, 2i + 1)
+ROPE_TYPE_NEOX = 2  # GGML_ROPE_TYPE_NEOX: rotate pairs (i, i + n_dims / 2)
+
 
 @dataclass(frozen=True, slots=True)
 class RopeParams:

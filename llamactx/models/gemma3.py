@@ -11,7 +11,7 @@ import numpy as np
 
 from llamactx.hparams import HParams
 from llamactx.models import llama
-from llamactx.models.graph import AttentionInput, ForwardResult, RopeConfig
+from llamactx.models.graph_inputs import AttentionInput, ForwardResult, RopeConfig
 from llamactx.models.llama import output_weight_name
 
 

@@ -21,7 +21,7 @@ import math
 import numpy as np
 
 from llamactx.hparams import HParams
-from llamactx.models.graph import ForwardResult, HybridInput, RecurrentInput, RopeConfig
+from llamactx.models.graph_inputs import ForwardResult, HybridInput, RecurrentInput, RopeConfig
 from llamactx.models.llama import output_weight_name
 
 MEMORY = "hybrid"  # llama_model::create_memory: llama_memory_hybrid

@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from llamactx.hparams import HParams
-from llamactx.models.graph import AttentionInput, ForwardResult, RopeConfig
+from llamactx.models.graph_inputs import AttentionInput, ForwardResult, RopeConfig
 
 
 def tensor_shapes(hp: HParams) -> dict[str, tuple[tuple[int, ...], bool]]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from llamactx.hparams import HParams
-from llamactx.models.graph import ForwardResult, RecurrentInput
+from llamactx.models.graph_inputs import ForwardResult, RecurrentInput
 from llamactx.models.llama import output_weight_name
 
 MEMORY = "recurrent"  # llama_model::create_memory: llama_memory_recurrent

@@ -31,10 +31,10 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from llamactx import tool_calls
+from llamactx.api import protocol as P
+from llamactx.api.responses import ChatRenderer, NativeRenderer, Renderer
 from llamactx.errors import LlamactxError
-from llamactx.server import protocol as P
 from llamactx.server.completions import serve
-from llamactx.server.responses import ChatRenderer, NativeRenderer, Renderer
 
 log = logging.getLogger("llamactx.server")
 STATIC = Path(__file__).parent / "static"

@@ -18,10 +18,10 @@ from typing import Any
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from llamactx.api import protocol as P
+from llamactx.api.responses import Choice, Renderer
 from llamactx.engine import Chunk
 from llamactx.engine import Sequence as EngineSequence
-from llamactx.server import protocol as P
-from llamactx.server.responses import Choice, Renderer
 from llamactx.server.worker import QueueFull, Request
 
 DISCONNECT_POLL_S = 0.25

@@ -12,7 +12,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class EngineCollector:
-    """A prometheus-client collector over a `ServerState` (engine stats, scheduler queues, KV usage)."""
+    """A prometheus-client collector over a `ServerState` (engine stats, its load, KV usage)."""
 
     def __init__(self, state):
         self.state = state
@@ -20,7 +20,7 @@ class EngineCollector:
     def collect(self):
         engine = self.state.engine
         st = engine.stats
-        sched = engine.scheduler
+        n_running, n_waiting, n_preempted = engine.load
 
         def counter(name: str, doc: str, value: float):
             # prometheus-client appends _total to counters; llama-server's names already carry it
@@ -50,10 +50,10 @@ class EngineCollector:
                     1e3 * st.n_tokens_predicted / st.t_predicted_ms if st.t_predicted_ms else 0.0)
         yield gauge("kv_cache_usage_ratio", "KV-cache usage. 1 means 100 percent usage.", mem.used / mem.size)
         yield gauge("kv_cache_tokens", "KV-cache tokens.", mem.used)
-        yield gauge("requests_processing", "Number of requests processing.", len(sched.running))
-        yield gauge("requests_deferred", "Number of requests deferred.", len(sched.waiting))
+        yield gauge("requests_processing", "Number of requests processing.", n_running)
+        yield gauge("requests_deferred", "Number of requests deferred.", n_waiting)
         yield counter("preemptions_total", "Requests preempted and recomputed because the KV cells ran out.",
-                      sched.n_preempted)
+                      n_preempted)
 
 
 def render(state) -> bytes:

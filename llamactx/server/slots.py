@@ -11,8 +11,8 @@ import re
 import time
 from pathlib import Path
 
+from llamactx.api.protocol import ProtocolError
 from llamactx.engine import Engine
-from llamactx.server.protocol import ProtocolError
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
 
@@ -29,11 +29,11 @@ def slot_path(directory: Path, filename: str) -> Path:
 
 def slots_info(engine: Engine) -> list[dict]:
     out = []
-    for slot in engine.scheduler.cache.slots:
-        seq = slot.holder
+    for id_slot in range(engine.n_slots):
+        seq = engine.slot_request(id_slot)
         out.append({
-            "id": slot.seq_id, "n_ctx": engine.n_ctx_slot, "is_processing": seq is not None,
-            "id_task": seq.id if seq is not None else -1, "n_tokens": len(slot.held),
+            "id": id_slot, "n_ctx": engine.n_ctx_slot, "is_processing": seq is not None,
+            "id_task": seq.id if seq is not None else -1, "n_tokens": len(engine.slot_tokens(id_slot)),
             "next_token": [{"has_next_token": seq is not None,
                             "n_remain": (seq.limits.max_tokens - seq.n_output
                                          if seq is not None and seq.limits.max_tokens >= 0 else -1),
@@ -45,7 +45,7 @@ def slots_info(engine: Engine) -> list[dict]:
 def _idle(engine: Engine, id_slot: int) -> None:
     if not 0 <= id_slot < engine.n_slots:
         raise ProtocolError(f"id_slot {id_slot} is outside [0, {engine.n_slots})", 404, "not_found_error")
-    if engine.scheduler.cache.slots[id_slot].holder is not None:
+    if engine.slot_request(id_slot) is not None:
         raise ProtocolError(f"slot {id_slot} is processing a request; try again when it is idle", 409,
                             "invalid_request_error")
 
@@ -55,7 +55,7 @@ def save(engine: Engine, id_slot: int, path: Path) -> dict:
     if path.is_dir():
         raise ProtocolError(f"filename {path.name!r} names a directory under --slot-save-path, not a file")
     t0 = time.perf_counter()
-    tokens = list(engine.scheduler.cache.slots[id_slot].tokens)
+    tokens = engine.slot_tokens(id_slot)
     engine.ctx.state_seq_save_file(path, id_slot, tokens)
     return {"id_slot": id_slot, "filename": path.name, "n_saved": len(tokens), "n_written": path.stat().st_size,
             "timings": {"save_ms": (time.perf_counter() - t0) * 1000}}
@@ -70,15 +70,15 @@ def restore(engine: Engine, id_slot: int, path: Path) -> dict:
     tokens = engine.ctx.state_seq_load_file(path, id_slot, n_token_capacity=engine.n_ctx_slot)
     bad = [t for t in tokens if not 0 <= t < engine.model.hparams.n_vocab]
     if bad:  # the KV is loaded but its tokens are not ours: forget both
-        engine.scheduler.cache.clear_slot(id_slot)
+        engine.clear_slot(id_slot)
         raise ProtocolError(f"slot file {path.name!r} holds token id {bad[0]}, outside the vocab")
-    engine.scheduler.cache.set_tokens(id_slot, tokens)
+    engine.set_slot_tokens(id_slot, tokens)
     return {"id_slot": id_slot, "filename": path.name, "n_restored": len(tokens), "n_read": path.stat().st_size,
             "timings": {"restore_ms": (time.perf_counter() - t0) * 1000}}
 
 
 def erase(engine: Engine, id_slot: int) -> dict:
     _idle(engine, id_slot)
-    n = len(engine.scheduler.cache.slots[id_slot].tokens)
-    engine.scheduler.cache.clear_slot(id_slot)
+    n = len(engine.slot_tokens(id_slot))
+    engine.clear_slot(id_slot)
     return {"id_slot": id_slot, "n_erased": n}

@@ -164,15 +164,13 @@ class EngineWorker:
         now = time.monotonic()
         for seq, req in list(self._live.items()):
             if req.deadline < now:
-                chunks = self.engine.abort(seq)
-                seq.finish_reason = "length"  # the client gets what was generated before the deadline
+                chunks = self.engine.abort(seq, "length")  # the client gets what was generated before the deadline
                 self._deliver(seq, chunks)
 
     def _fail_all(self, message: str) -> None:
         for seq in list(self._live):
             seq.error, seq.error_internal = message, True
-            self.engine.abort(seq)
-            seq.finish_reason = "error"
+            self.engine.abort(seq, "error")
             self._deliver(seq, [])
 
     def _done(self) -> None:

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from llamactx import Batch, Context, ContextParams
+from llamactx.backend.reference import ReferenceOps
 from llamactx.ggml.attention import attention_f16_cells
 from llamactx.ggml.flash_attn import flash_attn_f16_cells
 from llamactx.ggml.graph import Graph, GraphUnsupported
 from llamactx.ggml.inputs import VisibleCells
 from llamactx.ggml.kernels.attention import attend
 from llamactx.ggml.kernels.flash import flash_attend
-from llamactx.ggml.ops import ReferenceOps
 
 
 def _seq_batch(parts, outputs="last") -> Batch:

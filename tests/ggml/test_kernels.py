@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
+from llamactx.backend.reference import ReferenceOps
 from llamactx.embedded import ModelNotInstalledError
 from llamactx.ggml import kernels
 from llamactx.ggml import quants_cpu as QC
 from llamactx.ggml.intrinsics import round_f16
 from llamactx.ggml.kernels import quantize as KQ
-from llamactx.ggml.ops import ReferenceOps
 from llamactx.gguf import quants as Q
 from llamactx.gguf.quants_k import scale_min_k4
 from llamactx.model import Weight
@@ -430,8 +430,8 @@ def test_fast_ops_decode_equals_reference_ops(smollm):
     """The context's default ops (kernels) give the reference path's logits bit for bit on SmolLM2, whose matmuls
     are all 32-block types."""
     from llamactx import Batch, Context, ContextParams
-    from llamactx.ggml.kernels.ops import FastOps
-    from llamactx.ggml.ops import ReferenceOps
+    from llamactx.backend.fast import FastOps
+    from llamactx.backend.reference import ReferenceOps
 
     tokens = smollm.vocab.tokenize("The quick brown fox jumps over the lazy dog.", add_special=False)
     logits = []

@@ -16,11 +16,10 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from llamactx.ggml.inputs import RopeParams
-from llamactx.ggml.ops import ReferenceOps
+from llamactx.backend.reference import ReferenceOps
+from llamactx.ggml.inputs import ROPE_TYPE_NEOX, RopeParams
 from llamactx.ggml.vec import gelu_table, v_expf
 from llamactx.ggml.vecdot_k import is_exact_k
-from llamactx.hparams import ROPE_TYPE_NEOX
 from llamactx.model import Weight
 
 OPS_DATA = Path(__file__).parents[1] / "data" / "ops"

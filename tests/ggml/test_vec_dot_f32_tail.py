@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from llamactx.ggml.ops import ReferenceOps
+from llamactx.backend.reference import ReferenceOps
 from llamactx.model import Weight
 
 DATA = np.load(Path(__file__).parents[1] / "data" / "lora" / "f32_ranks.npz")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from llamactx import Batch, Context, ContextParams, Model
-from llamactx.ggml.ops import ReferenceOps
+from llamactx.backend.reference import ReferenceOps
 from tests.models.tiny import TINY, load_tiny
 
 NAMES = ["qwen2", "qwen3", "llama3", "yarn"]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from llamactx import Batch, Context, ContextParams
-from llamactx.ggml.ops import ReferenceOps
+from llamactx.backend.reference import ReferenceOps
 from llamactx.models import ARCHITECTURES
 from tests.models.tiny import TINY, load_tiny
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from llamactx.api import protocol as P
 from llamactx.sampling.penalties import PenaltiesSampler
-from llamactx.server import protocol as P
 
 
 @pytest.mark.parametrize("n_ctx", [256, 1024, 8192])

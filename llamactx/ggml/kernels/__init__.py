@@ -9,8 +9,8 @@
     set_threads(n)                        # numba + BLAS thread counts
 
 attention.py runs attention over the f16 KV cache, flash.py flash attention over it (the tiled kernel's
-arithmetic), compute.py a recorded forward graph (llamactx.ggml.graph) in one compiled call; FastOps (ops.py) uses
-all of them.
+arithmetic), compute.py a recorded forward graph (llamactx.ggml.graph) in one compiled call; llamactx.backend.fast
+(FastOps) uses all of them.
 
 Results are bit-identical to ggml-cpu's x86 vec_dot for every quantized type (matmul.py). The first matmul of a
 process compiles the kernel of its path (10-15 s here), later processes load numba's on-disk cache. That cache

@@ -21,13 +21,13 @@ from numba.extending import intrinsic, overload
 from llamactx.ggml import vec as ggml_vec
 from llamactx.ggml.cpu import PATH_PORTABLE, PATH_VNNI
 from llamactx.ggml.graph import Graph, GraphUnsupported, Tensor
+from llamactx.ggml.inputs import ROPE_TYPE_NEOX
 from llamactx.ggml.intrinsics import f16_bits
 from llamactx.ggml.kernels.attention import attend
 from llamactx.ggml.kernels.flash import flash_attend
 from llamactx.ggml.kernels.get_rows import rows_q8_0_x4
 from llamactx.ggml.kernels.matmul import Q8_0, matmul_portable, matmul_vnni
 from llamactx.ggml.kernels.simd import PORTABLE, VNNI, TagType
-from llamactx.hparams import ROPE_TYPE_NEOX
 
 # ops
 GET_ROWS, RMS_NORM, MUL_MAT, ADD, ADD_ROW, SCALE, ROPE, SWIGLU, GEGLU, ATTN, SELECT = range(1, 12)

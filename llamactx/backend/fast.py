@@ -1,8 +1,8 @@
-"""FastOps: the ops layer on the numba kernels. Same interface and numbers as `ReferenceOps` (llamactx/ggml/ops.py):
-matmuls run on weights packed once per model, embedding rows come from the packed table, attention reads the f16
-cache in place (kernels/attention.py); norms, RoPE and the GLUs are ggml/vec.py's. A forward pass runs as a graph
-recorded once per ubatch shape and executed in one compiled call (ggml/graph.py, kernels/compute.py), op by op
-where the executor lacks an op it uses.
+"""FastOps: the ops layer on the numba kernels (llamactx.ggml.kernels). Same interface and numbers as `ReferenceOps`
+(reference.py): matmuls run on weights packed once per model, embedding rows come from the packed table,
+attention reads the f16 cache in place (ggml/kernels/attention.py); norms, RoPE and the GLUs are ggml/vec.py's.
+A forward pass runs as a graph recorded once per ubatch shape and executed in one compiled call (ggml/graph.py,
+ggml/kernels/compute.py), op by op where the executor lacks an op it uses.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import numba
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
+from llamactx.backend.reference import ReferenceOps
 from llamactx.ggml.cpu import active_path, check_target, set_threads
 from llamactx.ggml.graph import Graph, GraphAttention, GraphUnsupported
 from llamactx.ggml.kernels.attention import attend
@@ -22,12 +23,11 @@ from llamactx.ggml.kernels.flash import flash_attend
 from llamactx.ggml.kernels.get_rows import get_rows, get_rows_q8_0_packed
 from llamactx.ggml.kernels.matmul import matmul
 from llamactx.ggml.kernels.repack import can_pack, pack_weight, pack_weights
-from llamactx.ggml.ops import ReferenceOps
 from llamactx.ggml.vecdot import EXACT_TYPES
 from llamactx.ggml.vecdot_k import is_exact_k
 from llamactx.lora import AdaptedModel, AdaptedWeight, is_adapted, lora_matmuls
 from llamactx.memory.kv_cache import KVView
-from llamactx.models.graph import KVAttention
+from llamactx.models.graph_inputs import KVAttention
 
 _Q8_0 = int(T.Q8_0)
 _KERNEL_EXACT = frozenset(int(t) for t in EXACT_TYPES)  # 32-block types: bit-identical to ggml in the kernels
@@ -167,7 +167,7 @@ class FastOps(ReferenceOps):
 
 def _graph_layer_rows(attn) -> np.ndarray | None:
     """Each layer's row in the cache it reads, (n_layer,) int64, where the executor has this attention input: KV
-    cache views (models.graph.KVAttention over KVViews: one cache holding every layer, or an iSWA pair whose SWA
+    cache views (models.graph_inputs.KVAttention over KVViews: one cache holding every layer, or an iSWA pair whose SWA
     view may be rotated) in f16, with or without flash attention. None: op by op (recurrent and hybrid memories,
     quantized caches)."""
     if not isinstance(attn, KVAttention):

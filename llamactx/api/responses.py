@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llamactx import tool_calls
+from llamactx.api import protocol as P
 from llamactx.engine import Chunk
 from llamactx.engine import Sequence as EngineSequence
-from llamactx.server import protocol as P
 
 
 @dataclass

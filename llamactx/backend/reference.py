@@ -17,12 +17,11 @@ from llamactx.ggml import vec as ggml_vec
 from llamactx.ggml.attention import attention_f16, attention_f16_cells
 from llamactx.ggml.cpu import arithmetic
 from llamactx.ggml.flash_attn import flash_attn_f16_cells
-from llamactx.ggml.inputs import RopeParams, VisibleCells
+from llamactx.ggml.inputs import ROPE_TYPE_NEOX, RopeParams, VisibleCells
 from llamactx.ggml.quants_cpu import fake_quant, vec_dot_type
 from llamactx.ggml.vecdot import EXACT_TYPES, FLOAT_TYPES, matmul_exact, matmul_float
 from llamactx.ggml.vecdot_k import is_exact_k, matmul_k
 from llamactx.gguf.quants import dequantize
-from llamactx.hparams import ROPE_TYPE_NEOX
 from llamactx.lora import AdaptedWeight, is_adapted, lora_matmuls
 
 
