@@ -279,7 +279,7 @@ class Llama:
     def _run(self, tokens: list[int], gen: P.GenerationRequest, renderer: Renderer,
              processors: LogitsProcessorList | None, criteria: StoppingCriteriaList | None) -> Iterator[dict]:
         """Generate on the engine; yields stream chunks, and the whole response last (marked by `_last`)."""
-        chain = gen.chain(self._model, self._engine.n_ctx_slot, self._grammar(gen))
+        chain = gen.chain(self._model, self._engine.n_ctx_slot, gen.grammar_sampler(self._model.vocab))
         if processors:
             chain.samplers.insert(0, _ProcessorSampler(LogitsProcessorList(processors), tokens))
         seq = self._engine.add_request(tokens, chain, gen.limits, n_probs=gen.n_probs)
@@ -305,15 +305,6 @@ class Llama:
                 yield [chunk, *seq.finish("stop")]
                 return
             yield [chunk]
-
-    def _grammar(self, gen: P.GenerationRequest):
-        if gen.grammar is None:
-            return None
-        from llamactx.sampling.grammar import GrammarSampler
-
-        kind, source = gen.grammar
-        return (GrammarSampler.from_gbnf if kind == "gbnf" else GrammarSampler.from_json_schema)(
-            self._model.vocab, source)
 
     # -- embeddings ----------------------------------------------------------------------------------------------
 

@@ -12,7 +12,6 @@ between turns: the next turn's prompt starts with the previous one, so only the 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,6 @@ from llamactx.engine import Chunk, Completion, Engine, GenerationError, Limits
 from llamactx.lora import load_adapters
 from llamactx.model import Model
 from llamactx.sampling import SamplerChain, SamplingParams
-from llamactx.sampling.token_data import SamplingParamsError
 
 _SAMPLING_FIELDS = set(SamplingParams.__dataclass_fields__)
 
@@ -140,14 +138,6 @@ class LLM:
 def _grammar(vocab, grammar: str | None, json_schema: Mapping | str | None):
     if grammar is None and json_schema is None:
         return None
-    from llamactx.sampling.grammar import GrammarError, GrammarSampler
+    from llamactx.sampling.grammar import GrammarSampler  # llguidance loads on the first constrained call
 
-    if grammar is not None and json_schema is not None:
-        raise SamplingParamsError("give either grammar or json_schema, not both")
-    if grammar is not None:
-        return GrammarSampler.from_gbnf(vocab, grammar)
-    try:
-        schema = json.loads(json_schema) if isinstance(json_schema, str) else json_schema
-    except json.JSONDecodeError as e:
-        raise GrammarError(f"json_schema: not valid JSON: {e}") from None
-    return GrammarSampler.from_json_schema(vocab, schema)
+    return GrammarSampler.build(vocab, grammar, json_schema)

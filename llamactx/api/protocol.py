@@ -241,6 +241,16 @@ class GenerationRequest:
                    _grammar_of(req), req.n, n_probs, req.stream,
                    bool(req.stream_options and req.stream_options.include_usage), req.id_slot, req.cache_prompt)
 
+    def grammar_sampler(self, vocab):
+        """The request's grammar constraint (GrammarSampler.build), or None. llguidance compiles it: call it off
+        an event loop."""
+        if self.grammar is None:
+            return None
+        from llamactx.sampling.grammar import GrammarSampler  # llguidance loads on the first constrained request
+
+        kind, source = self.grammar
+        return GrammarSampler.build(vocab, **{"grammar" if kind == "gbnf" else "json_schema": source})
+
     def chain(self, model, n_ctx: int, grammar_sampler=None, choice: int = 0) -> SamplerChain:
         """A fresh sampler chain for choice `choice` (choices get consecutive seeds, so they differ). n_ctx: the
         slot's context size, which `repeat_last_n` / `dry_penalty_last_n` = -1 mean."""

@@ -163,6 +163,23 @@ class GrammarSampler:
         return cls(vocab, kind, _compile(kind, text))
 
     @classmethod
+    def build(cls, vocab: Vocab, grammar: str | None = None,
+              json_schema: dict[str, Any] | str | None = None) -> GrammarSampler | None:
+        """The one way every front end makes its constraint: a GBNF (or %llguidance Lark) `grammar`, or a JSON
+        `json_schema` (a dict or its text), or None when neither is given. GrammarError for both, or for either
+        one that does not compile."""
+        if grammar is not None and json_schema is not None:
+            raise GrammarError("give either grammar or json_schema, not both")
+        if grammar is not None:
+            return cls.from_gbnf(vocab, grammar)
+        if isinstance(json_schema, str):
+            try:
+                json_schema = json.loads(json_schema)
+            except json.JSONDecodeError as e:
+                raise GrammarError(f"json_schema: not valid JSON: {e}") from None
+        return None if json_schema is None else cls.from_json_schema(vocab, json_schema)
+
+    @classmethod
     def from_lark(cls, vocab: Vocab, text: str) -> GrammarSampler:
         """From a grammar in llguidance's Lark dialect (start rule `start`). Raises GrammarError."""
         return cls(vocab, "lark", _compile("lark", text))

@@ -68,11 +68,7 @@ async def serve(state, http: HttpRequest, prompts: list[list[int]], gen: P.Gener
 async def _grammar(state, gen: P.GenerationRequest):
     if gen.grammar is None:
         return None
-    from llamactx.sampling.grammar import GrammarSampler
-
-    kind, source = gen.grammar
-    build = GrammarSampler.from_gbnf if kind == "gbnf" else GrammarSampler.from_json_schema
-    return await asyncio.to_thread(build, state.model.vocab, source)  # llguidance compiles off the event loop
+    return await asyncio.to_thread(gen.grammar_sampler, state.model.vocab)  # llguidance compiles off the loop
 
 
 async def _next(events: asyncio.Queue, choices: list[LiveChoice]) -> tuple[LiveChoice, list[Chunk]]:

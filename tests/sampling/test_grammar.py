@@ -268,3 +268,17 @@ def test_clone_is_independent(vocab):
     assert g.tokens == [] and c.tokens == [y, *vocab.tokenize("es", add_special=False)]
     assert set(np.flatnonzero(g.allowed()).tolist()) == _prefix_tokens(vocab, ("yes", "no"))
     assert set(np.flatnonzero(c.allowed()).tolist()) == set(vocab.eog_ids)
+
+
+def test_build_is_the_one_way_a_front_end_makes_its_constraint(vocab):
+    """GrammarSampler.build: a GBNF grammar, a JSON schema (a dict or its text), or None; both, or schema text
+    that is not JSON, is a GrammarError naming the field."""
+    assert GrammarSampler.build(vocab) is None
+    assert GrammarSampler.build(vocab, grammar='root ::= "yes"').kind == "gbnf"
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    assert GrammarSampler.build(vocab, json_schema=json.dumps(schema)).grammar == \
+        GrammarSampler.build(vocab, json_schema=schema).grammar
+    with pytest.raises(GrammarError, match="not both"):
+        GrammarSampler.build(vocab, grammar='root ::= "yes"', json_schema=schema)
+    with pytest.raises(GrammarError, match="json_schema: not valid JSON"):
+        GrammarSampler.build(vocab, json_schema="{bad")
