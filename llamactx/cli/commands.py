@@ -166,6 +166,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 
 def cmd_info(args: argparse.Namespace) -> int:
     from llamactx.context import memory_description
+    from llamactx.ggml.cpu import ISA_FEATURES
     from llamactx.ggml.kernels import active_path, arithmetic, check_target, cpu_features
 
     check_target()
@@ -173,15 +174,14 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(model.card())
     print(f"memory:         {memory_description(model.hparams, args.swa_full)}")
     feats = cpu_features()
-    isa = [f for f in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vnni", "avxvnni",
-                       "avx512bf16", "avx512fp16") if feats[f]]
+    isa = [f for f in ISA_FEATURES if feats[f]]
     arith = arithmetic()
     print(f"target:         {feats['cpu']} ({' '.join(isa) or 'no AVX'}; NUMBA_CPU_NAME / NUMBA_CPU_FEATURES set it)")
     print(f"kernels:        {active_path()} path")
     print(f"logits equal:   llama.cpp {LLAMA_CPP_BUILD} built with {arith['build']}")
     if not arith["native_build_exact"]:
-        print("                (llama.cpp built natively for this AVX2 target sums some float ops in another order: "
-              "docs/numerics.md)")
+        print("                (llama.cpp built natively for this target, without AVX-512, sums some float ops in "
+              "another order: docs/numerics.md)")
     return 0
 
 

@@ -29,7 +29,8 @@ PATH_VNNI = "vnni"
 PATH_PORTABLE = "portable"
 NO_VNNI_ENV = "LLAMACTX_NO_VNNI"
 
-_REPORTED = ("avx2", "f16c", "fma", "avx512f", "avx512bw", "avx512vl", "avx512vnni", "avxvnni", "avx512fp16",
+# the ISA features cpu_features() reports (and `llamactx info` prints): the ones that pick a kernel or arithmetic
+ISA_FEATURES = ("avx2", "f16c", "fma", "avx512f", "avx512bw", "avx512vl", "avx512vnni", "avxvnni", "avx512fp16",
              "avx512bf16")
 
 # The ISA features that matter here of the LLVM CPU names a user is likely to target (LLVM's X86.td).
@@ -66,7 +67,7 @@ def _parse_features(text: str, known: Mapping[str, bool]) -> tuple[set[str], set
 
 
 def _resolve_target(name: str | None, features: str | None) -> tuple[str, frozenset[str], str | None]:
-    """(cpu name, its features, None) for the target numba compiles for, or (name, generic features, the error
+    """(cpu name, its features, None) for the target numba compiles for, or (name, no features, the error
     message) when the environment names a CPU or features that cannot run here."""
     host = llvm.get_host_cpu_features()
     host_on = frozenset(f for f, v in host.items() if v)
@@ -82,7 +83,7 @@ def _resolve_target(name: str | None, features: str | None) -> tuple[str, frozen
         if features is not None:
             on, off = _parse_features(features, host)
             feats = (feats | on) - off
-        missing = sorted(f for f in feats & set(_REPORTED) if f not in host_on)
+        missing = sorted(f for f in feats & set(ISA_FEATURES) if f not in host_on)
         if missing:
             raise TargetError(f"the target {cpu!r} needs {', '.join(missing)}, which this CPU "
                               f"({llvm.get_host_cpu_name()}) lacks: its code would stop on an illegal instruction")
@@ -119,7 +120,7 @@ def cpu_features() -> dict[str, object]:
     "vnni": the target has a 256-bit `vpdpbusd` (AVX512-VNNI + VL or AVX-VNNI)."""
     cpu, feats, _ = _TARGET
     out: dict[str, object] = {"cpu": cpu}
-    out.update({f: f in feats for f in _REPORTED})
+    out.update({f: f in feats for f in ISA_FEATURES})
     out["vnni"] = bool((out["avx512vnni"] and out["avx512vl"]) or out["avxvnni"])
     return out
 

@@ -20,7 +20,6 @@ from numba.extending import intrinsic
 from llamactx.ggml.cpu import cpu_features
 
 _F32 = ir.FloatType()
-_F64 = ir.DoubleType()
 _I16 = ir.IntType(16)
 _I32 = ir.IntType(32)
 _I64 = ir.IntType(64)
