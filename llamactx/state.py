@@ -7,18 +7,21 @@ A state blob is self-describing and checked whole before anything is written to 
     | outputs (whole-context blobs only): u32 n_ids, i32 output_ids[n_ids], u32 n_logits, f32 logits,
       u32 n_embd_rows, f32 embd
 
-Strings are u16 length + UTF-8; all integers little-endian. A session file (`state_save_file`) is
-b"LLCTXSF\\0" | u32 version | u32 n_tokens | i32 tokens[n_tokens] | the blob.
+Strings are u16 length + UTF-8; all integers little-endian. A session file (`state_save_file`, the server's slot
+files) is b"LLCTXSF\\0" | u32 version | u32 n_tokens | i32 tokens[n_tokens] | sha256(tokens bytes + blob) | the
+blob: the checksum binds the token list to the KV it was saved with, so a file whose tokens or KV were changed,
+spliced from two files or cut short is refused before anything is parsed.
 
-What can be checked is: framing, lengths, the model and KV shape, positions (>= 0, in the order written) and
-sequence sets (each cell in >= 1 sequence of this context, no sequence over n_ctx_seq cells), output ids and
-session-file token ids. The K/V bytes themselves cannot be validated (any bytes are some f16 values), nor can
-positions be checked against the tokens they came from: a blob from an untrusted source can make the model's
-output wrong, never the process fail or another sequence change (docs/state.md).
+What can be checked is: the file's checksum, framing, lengths, the model (arch and fingerprint) and KV shape,
+positions (>= 0, in the order written), sequence sets (each cell in >= 1 sequence of this context, no sequence
+over n_ctx_seq cells), K/V values (finite), output ids and session-file token ids. The checksum is integrity,
+not authenticity: whoever can write the file can write a matching checksum, and a blob from an untrusted source
+can still make the model's output wrong, never the process fail or another sequence change (docs/state.md).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import struct
 
@@ -29,6 +32,7 @@ from llamactx.state_io import StateError, StateReader, pack_str
 STATE_MAGIC = b"LLCTXST\0"
 FILE_MAGIC = b"LLCTXSF\0"
 STATE_VERSION = 1
+FILE_VERSION = 2  # 2: the sha256 after the tokens
 KIND_FULL, KIND_SEQ = 0, 1
 
 __all__ = ["StateError", "load_file", "read_state", "save_file", "write_state"]
@@ -99,9 +103,10 @@ def _read_outputs(r: StateReader, ctx) -> tuple[np.ndarray, np.ndarray, np.ndarr
 
 
 def save_file(path: str | os.PathLike, blob: bytes, tokens) -> None:
-    toks = np.asarray(list(tokens), dtype="<i4")
+    toks = np.asarray(list(tokens), dtype="<i4").tobytes()
+    digest = hashlib.sha256(toks + blob).digest()
     with open(path, "wb") as f:
-        f.write(FILE_MAGIC + struct.pack("<II", STATE_VERSION, toks.size) + toks.tobytes() + blob)
+        f.write(FILE_MAGIC + struct.pack("<II", FILE_VERSION, len(toks) // 4) + toks + digest + blob)
 
 
 def load_file(path: str | os.PathLike, n_token_capacity: int, n_vocab: int) -> tuple[bytes, list[int]]:
@@ -113,14 +118,19 @@ def load_file(path: str | os.PathLike, n_token_capacity: int, n_vocab: int) -> t
     if bytes(r.take(8, "file magic")) != FILE_MAGIC:
         raise StateError(f"'{os.path.basename(path)}' is not a llamactx session file: wrong magic")
     version = r.u32("file version")
-    if version != STATE_VERSION:
-        raise StateError(f"session file version {version} is not supported (expected {STATE_VERSION})")
+    if version != FILE_VERSION:
+        raise StateError(f"session file version {version} is not supported (expected {FILE_VERSION})")
     n_tokens = r.u32("token count")
     if n_tokens > n_token_capacity:
         raise StateError(f"session file holds {n_tokens} tokens, more than the capacity {n_token_capacity}")
     tokens = r.array("<i4", n_tokens, "tokens")  # (n_tokens,)
+    digest = bytes(r.take(32, "checksum"))
+    blob = bytes(r.data[r.off :])
+    if hashlib.sha256(tokens.tobytes() + blob).digest() != digest:
+        raise StateError(f"'{os.path.basename(path)}' fails its checksum: its tokens or state were changed or cut "
+                         "short since it was saved")
     bad = np.flatnonzero((tokens < 0) | (tokens >= n_vocab))
     if bad.size:
         raise StateError(f"session file token {int(bad[0])} = {int(tokens[bad[0]])} is outside the vocab "
                          f"[0, {n_vocab})")
-    return bytes(r.data[r.off :]), tokens.tolist()
+    return blob, tokens.tolist()

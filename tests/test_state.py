@@ -179,3 +179,47 @@ def test_a_state_at_the_last_position_cannot_be_continued_past_int32(smollm, tok
     with pytest.raises(DecodeError, match="seq_id 0 would continue at position 2147483648, past the largest"):
         ctx.decode(Batch.get_one([42]))
     assert_same_memory(before, memory_image(ctx))
+
+
+def test_session_file_checksum_binds_tokens_to_their_kv(smollm, tokens, tmp_path):
+    """A file whose token list was changed, whose KV was changed, or that was spliced from two files is refused
+    before anything is loaded (the slot-file attack: text B's tokens over text A's KV)."""
+    src = decoded(smollm, tokens)
+    path, other = tmp_path / "a.bin", tmp_path / "b.bin"
+    src.state_seq_save_file(path, 0, tokens)
+    other_tokens = smollm.vocab.tokenize("A completely different text of the same length!", add_special=False)
+    decoded(smollm, other_tokens).state_seq_save_file(other, 0, other_tokens)
+    data, data_b = path.read_bytes(), other.read_bytes()
+    n = len(tokens)
+    head = 16 + 4 * n  # magic, version, count, tokens
+    victim = decoded(smollm, tokens[:3], n_seq_max=2)
+    before = memory_image(victim)
+    cases = {
+        "tokens changed": data[:16] + struct.pack("<i", 42) + data[20:],
+        "kv changed": data[:-1] + bytes([data[-1] ^ 1]),
+        "spliced": data_b[: 16 + 4 * len(other_tokens) + 32] + data[head + 32 :],
+        "cut short": data[: len(data) - 100],
+    }
+    for name, bad in cases.items():
+        path.write_bytes(bad)
+        with pytest.raises(StateError, match="fails its checksum"):
+            victim.state_seq_load_file(path, 1)
+        assert_same_memory(memory_image(victim), before), name
+
+
+@pytest.mark.parametrize("type_k", ["f16", "q8_0"])
+def test_non_finite_kv_is_refused(smollm, tokens, tmp_path, type_k):
+    """A state holding NaN/inf K or V values would poison every request sharing its cells: refused at load,
+    whatever checksum the file carries."""
+    src = decoded(smollm, tokens, type_k=type_k)
+    if type_k == "f16":
+        src.memory.k[3, 2, 7] = np.inf
+    else:  # a q8_0 block's f16 scale is its first two bytes
+        src.memory.k[3, 2, :2] = np.frombuffer(np.float16(np.nan).tobytes(), np.uint8)
+    path = tmp_path / "nan.bin"
+    src.state_seq_save_file(path, 0, tokens)
+    victim = decoded(smollm, tokens[:3], n_seq_max=2, type_k=type_k)
+    before = memory_image(victim)
+    with pytest.raises(StateError, match=r"K rows hold a non-finite value \(layer 3, cell 2\)"):
+        victim.state_seq_load_file(path, 1)
+    assert_same_memory(memory_image(victim), before)

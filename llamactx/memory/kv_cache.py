@@ -365,6 +365,8 @@ class KVCache(Memory):
         k_row, v_row = self.k.shape[2], self.v.shape[2]
         k = r.array(self.k.dtype, n_layer * n_cells * k_row, "K rows").reshape(n_layer, n_cells, k_row)
         v = r.array(self.v.dtype, n_layer * n_cells * v_row, "V rows").reshape(n_layer, n_cells, v_row)
+        _check_finite(self.type_k, k, self.n_embd_k_gqa, "K")
+        _check_finite(self.type_v, v, self.n_embd_v_gqa, "V")
         return KVState(pos, seq, k, v)
 
     def _read_seq_sets(self, r: StateReader, n_seq_bits: int, n_cells: int) -> np.ndarray:
@@ -414,6 +416,16 @@ class KVCache(Memory):
             self.cells.apply(idx, state.pos, [(dest_seq_id,)] * n)
         self.k[:, idx] = state.k
         self.v[:, idx] = state.v
+
+
+def _check_finite(type_name: str, rows: np.ndarray, n: int, what: str) -> None:
+    """Refuse stored rows (n_layer, n_cells, row) holding NaN or inf: loaded, they would poison every later
+    request that shares those cells (a corrupt or hostile state file)."""
+    for il, layer in enumerate(rows):  # one layer decoded at a time: bounded scratch
+        finite = np.isfinite(_decode(type_name, layer, n)).all(axis=1) if layer.shape[0] else np.ones(0, bool)
+        if not finite.all():
+            cell = int(np.flatnonzero(~finite)[0])
+            raise StateError(f"state {what} rows hold a non-finite value (layer {il}, cell {cell}); refused")
 
 
 def _read_positions(r: StateReader, n_cells: int) -> np.ndarray:

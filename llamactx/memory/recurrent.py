@@ -276,6 +276,8 @@ class RecurrentMemory(Memory):
                              f"in [0, n_seq_max = {self.n_seq_max})")
         rs = r.array(np.float32, n_layer * n_cells * n_r, "r states").reshape(n_layer, n_cells, n_r)
         ss = r.array(np.float32, n_layer * n_cells * n_s, "s states").reshape(n_layer, n_cells, n_s)
+        if not (np.isfinite(rs).all() and np.isfinite(ss).all()):
+            raise StateError("state recurrent rows hold a non-finite value; refused")
         return RecurrentState(cells[:, 0], cells[:, 1].astype(np.int32), rs, ss)
 
     def state_check_fits(self, state: RecurrentState, dest_seq_id: int | None) -> None:
