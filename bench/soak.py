@@ -1,10 +1,13 @@
 """Soak: mixed requests with random cancels against `llamactx serve` for a long time (not part of the suite).
 
 Clients send completions and chats, streamed or not, some cancelled mid-way (the connection is dropped), some
-malformed, plus embeddings and tokenize calls. Every `--every` seconds the server's RSS is sampled. At the end:
-RSS over time, requests served, errors by type, and the slots busy once the clients stop (must be 0).
+malformed, plus embeddings (one input or a batch), tokenize calls and slot save / restore / erase. Every `--every`
+seconds the server's RSS is sampled. At the end: RSS over time (printed, and plotted to `--plot` as a PNG),
+requests served, statuses by kind, and the slots busy once the clients stop. It fails (exit 1) on any 5xx, a
+transport error, a busy slot left behind, or RSS over the last third more than 100 MB above its first third.
+The server binds 127.0.0.1 on a free port; the run ends after `--minutes`.
 
-Usage: python bench/soak.py [--minutes 20] [--clients 8] [-np 4] [-c 4096] [--seed 0]
+Usage: python bench/soak.py [--minutes 20] [--clients 8] [-np 4] [-c 4096] [--seed 0] [--plot soak.png]
 """
 
 from __future__ import annotations
@@ -14,10 +17,13 @@ import collections
 import json
 import random
 import socket
+import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+import zlib
 
 import httpx
 import psutil
@@ -32,8 +38,8 @@ def free_port() -> int:
 
 
 def one(http: httpx.Client, rng: random.Random, counts: collections.Counter, lock: threading.Lock) -> None:
-    kind = rng.choices(["complete", "chat", "stream", "cancel", "bad", "embed", "tokenize"],
-                       [4, 3, 4, 2, 1, 1, 1])[0]
+    kind = rng.choices(["complete", "chat", "stream", "cancel", "bad", "embed", "embed-batch", "tokenize", "slot"],
+                       [4, 3, 4, 2, 1, 1, 1, 1, 1])[0]
     prompt = " ".join(rng.choices(WORDS, k=rng.randint(3, 40)))
     body = {"max_tokens": rng.randint(1, 96), "temperature": rng.choice([0, 0.7, 1.0]), "seed": rng.randint(0, 99)}
     try:
@@ -52,6 +58,12 @@ def one(http: httpx.Client, rng: random.Random, counts: collections.Counter, loc
                                                                     b'"top_p": 9}', b"[]"]))
         elif kind == "embed":
             res = http.post("/v1/embeddings", json={"input": prompt})
+        elif kind == "embed-batch":
+            res = http.post("/v1/embeddings", json={"input": [prompt] * rng.randint(2, 200)})
+        elif kind == "slot":  # a slot may be busy (409) or the file not saved yet (404): both are answers
+            action = rng.choice(["save", "restore", "erase"])
+            body = {} if action == "erase" else {"filename": f"soak{rng.randint(0, 3)}.bin"}
+            res = http.post(f"/slots/{rng.randint(0, 3)}?action={action}", json=body)
         else:
             res = http.post("/tokenize", json={"content": prompt})
         key = f"{kind} {res.status_code}"
@@ -69,11 +81,14 @@ def main() -> None:
     ap.add_argument("-c", "--ctx-size", type=int, default=4096)
     ap.add_argument("--every", type=float, default=30, help="seconds between RSS samples")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--plot", default="soak.png", help="RSS over time as a PNG")
     args = ap.parse_args()
+    slot_dir = tempfile.TemporaryDirectory(prefix="soak-slots-")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen([sys.executable, "-m", "llamactx", "serve", "--port", str(port), "-np",
-                               str(args.parallel), "-c", str(args.ctx_size), "--max-queue", "16", "--no-webui"],
+                               str(args.parallel), "-c", str(args.ctx_size), "--max-queue", "16", "--no-webui",
+                               "--slot-save-path", slot_dir.name],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 300
@@ -108,11 +123,46 @@ def main() -> None:
         print("RSS (MiB) over time: " + ", ".join(f"{t:.0f}s {r / 2**20:.0f}" for t, r in rss))
         print(f"requests: {sum(counts.values())}; by kind and status: {json.dumps(dict(sorted(counts.items())))}")
         print(f"slots busy after the clients stopped: {busy}")
-        if busy:
-            sys.exit(1)
+        third = max(1, len(rss) // 3)
+        first, last = [r for _, r in rss[:third]], [r for _, r in rss[-third:]]
+        drift = (sum(last) / len(last) - sum(first) / len(first)) / 2**20
+        print(f"RSS drift (mean of the last third - mean of the first third): {drift:+.0f} MiB")
+        write_plot(args.plot, rss)
+        print(f"plot: {args.plot}")
+        failures = [k for k in counts if k.split()[1][0] == "5" or not k.split()[1].isdigit()]
+        if busy or failures or drift > 100:
+            sys.exit(f"FAIL: busy slots {busy}, 5xx or transport errors {failures}, RSS drift {drift:+.0f} MiB")
+        print("pass: no 5xx, no busy slot, flat RSS")
     finally:
         server.terminate()
         server.wait(timeout=30)
+        slot_dir.cleanup()
+
+
+def write_plot(path: str, points: list[tuple[float, int]], w: int = 640, h: int = 320) -> None:
+    """RSS (MiB, y from 0 to 1.2x the largest) over seconds as a line on white, with a grid line every 100 MiB: a
+    PNG written with zlib alone."""
+    img = [[255] * w for _ in range(h)]
+    top = max(r for _, r in points) / 2**20 * 1.2
+    t_max = max(points[-1][0], 1.0)
+    for mib in range(100, int(top), 100):
+        y = h - 1 - int(mib / top * (h - 1))
+        img[y] = [200] * w
+    xy = [(int(t / t_max * (w - 1)), h - 1 - int(r / 2**20 / top * (h - 1))) for t, r in points]
+    for (x0, y0), (x1, y1) in zip(xy, xy[1:], strict=False):
+        for i in range(max(abs(x1 - x0), abs(y1 - y0), 1) + 1):
+            x = x0 + (x1 - x0) * i // max(abs(x1 - x0), abs(y1 - y0), 1)
+            y = y0 + (y1 - y0) * i // max(abs(x1 - x0), abs(y1 - y0), 1)
+            for dy in (0, 1):
+                img[min(h - 1, y + dy)][x] = 0
+    raw = b"".join(b"\0" + bytes(row) for row in img)
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    with open(path, "wb") as f:
+        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0))
+                + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
 
 
 def _up(url: str) -> bool:

@@ -7,7 +7,7 @@ memory, so its vector does not depend on the others.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 
 import numpy as np
 
@@ -35,11 +35,26 @@ class Embedder:
     def embed(self, inputs: Sequence[Sequence[int]]) -> np.ndarray:
         """One normalised vector per token list. -> (len(inputs), n_embd) float32. Raises EmbeddingError for an
         empty input or one longer than n_ctx (naming its index)."""
+        steps = self.steps(inputs)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def check(self, inputs: Sequence[Sequence[int]]) -> None:
+        """Raise EmbeddingError for an empty input or one longer than n_ctx (naming its index)."""
         for i, tokens in enumerate(inputs):
             if not len(tokens):
                 raise EmbeddingError(f"input[{i}] is empty")
             if len(tokens) > self.n_ctx:
-                raise EmbeddingError(f"input[{i}] has {len(tokens)} tokens, more than the context's {self.n_ctx}")
+                raise EmbeddingError(f"input[{i}] has {len(tokens)} tokens, more than the embedding context's "
+                                     f"n_ctx = {self.n_ctx}")
+
+    def steps(self, inputs: Sequence[Sequence[int]]) -> Generator[None, None, np.ndarray]:
+        """`embed` one input at a time: yields after each input's decode, returns the (len(inputs), n_embd)
+        vectors (the server runs it in slices between generation steps)."""
+        self.check(inputs)
         ctx = self._context()
         out = np.zeros((len(inputs), self.model.hparams.n_embd), np.float32)  # (n, n_embd)
         for i, tokens in enumerate(inputs):
@@ -51,6 +66,7 @@ class Embedder:
                 raise EmbeddingError(f"input[{i}] could not be decoded")
             vec = ctx.get_embeddings_seq(0)  # (n_embd,)
             out[i] = vec / max(float(np.linalg.norm(vec)), 1e-12)
+            yield
         return out
 
     def _context(self) -> Context:

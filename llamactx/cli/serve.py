@@ -43,6 +43,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("-to", "--timeout", type=float, default=600.0, help="a request's deadline in seconds (600)")
     p.add_argument("--max-queue", type=int, default=64,
                    help="requests waiting beyond the slots before 503 (default 64)")
+    p.add_argument("--read-timeout", type=float, default=30.0,
+                   help="seconds for a request's headers and body to arrive, else 408 and close (default 30)")
+    p.add_argument("--max-connections", type=int, default=256,
+                   help="open connections before a new one is answered 503 (default 256)")
+    p.add_argument("--embd-max-inputs", type=int, default=8192,
+                   help="inputs one /v1/embeddings request may hold (default 8192)")
     add_lora(p)
     p.add_argument("--lora-init-without-apply", action="store_true",
                    help="load the LoRA adapters at scale 0 (set scales later with POST /lora-adapters)")
@@ -59,9 +65,13 @@ def config_from_args(args):
                  if line.strip()]
     origins = [o.strip() for arg in args.cors_origin for o in arg.split(",") if o.strip()]
     for name, value, lo in (("--parallel", args.parallel, 1), ("--ctx-size", args.ctx_size, 256),
-                            ("--max-queue", args.max_queue, 0), ("--port", args.port, 0)):
+                            ("--max-queue", args.max_queue, 0), ("--port", args.port, 0),
+                            ("--max-connections", args.max_connections, 1),
+                            ("--embd-max-inputs", args.embd_max_inputs, 1)):
         if value < lo:
             raise ValueError(f"{name} = {value} must be >= {lo}")
+    if not args.read_timeout > 0:
+        raise ValueError(f"--read-timeout = {args.read_timeout} must be > 0")
     if args.slot_save_path and not Path(args.slot_save_path).is_dir():
         raise ValueError(f"--slot-save-path {args.slot_save_path!r} is not a directory")
     return ServerConfig(model=args.model, alias=args.alias, n_ctx=args.ctx_size, n_slots=args.parallel,
@@ -71,6 +81,8 @@ def config_from_args(args):
                         api_keys=keys, cors_origins=origins, metrics=args.metrics, slots=args.slots,
                         webui=not args.no_webui, context_shift=args.context_shift, swa_full=args.swa_full,
                         slot_save_path=args.slot_save_path, timeout=args.timeout, max_queue=args.max_queue,
+                        read_timeout=args.read_timeout, max_connections=args.max_connections,
+                        embd_max_inputs=args.embd_max_inputs,
                         lora=[(path, 0.0 if args.lora_init_without_apply else scale) for path, scale in args.lora])
 
 
@@ -98,6 +110,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from llamactx.server.app import create_app
+    from llamactx.server.http import uvicorn_config
 
     config = config_from_args(args)
     host = f"[{args.host}]" if ":" in args.host else args.host
@@ -106,5 +119,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     app = create_app(config)
     print(f"llamactx serve: loading {config.model or 'smollm2'}; the chat page will be at {config.url}",
           file=sys.stderr, flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)
+    uvicorn.Server(uvicorn_config(app, config.read_timeout, config.max_connections, host=args.host,
+                                  port=args.port)).run()
     return 0

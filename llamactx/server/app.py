@@ -25,6 +25,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
@@ -34,7 +35,8 @@ from llamactx import tool_calls
 from llamactx.api import protocol as P
 from llamactx.api.responses import ChatRenderer, NativeRenderer, Renderer
 from llamactx.errors import LlamactxError
-from llamactx.server.completions import serve
+from llamactx.server.completions import DISCONNECT_POLL_S, serve
+from llamactx.server.worker import Job
 
 log = logging.getLogger("llamactx.server")
 STATIC = Path(__file__).parent / "static"
@@ -68,6 +70,9 @@ class ServerConfig:
     timeout: float = 600.0  # --timeout: a request's deadline in seconds
     max_queue: int = 64  # --max-queue: requests waiting beyond the slots
     max_body_bytes: int = 8 << 20
+    read_timeout: float = 30.0  # --read-timeout: a request's headers and body must arrive within it (server/http.py)
+    max_connections: int = 256  # --max-connections: open connections past it are answered 503
+    embd_max_inputs: int = 8192  # --embd-max-inputs: inputs per embeddings request
     lora: list[tuple[str, float]] = field(default_factory=list)  # --lora / --lora-scaled: (path, scale)
     url: str = ""  # where it listens, for the start-up message
 
@@ -109,9 +114,12 @@ class ServerState:
             self.template = ChatTemplate.from_model(self.model, name=self.alias)
             if self.template.is_fallback:
                 log.info(self.template.message)
-            self.embedder = Embedder(self.model, n_ctx=min(c.n_ctx, 8192), lora=lora, n_threads=c.n_threads,
+            # an embedding input is at most one ubatch (llama-server's limit), so one slice of embedding work
+            # between two generation steps is at most one ubatch's decode
+            self.embedder = Embedder(self.model, n_ctx=min(c.n_ctx, c.n_ubatch), lora=lora, n_threads=c.n_threads,
                                      n_threads_batch=c.n_threads_batch or c.n_threads, flash_attn=c.flash_attn)
             self.engine.warmup()
+            self.embedder.embed([[0]])  # its context and kernels too, so a first embeddings request stalls nobody
             self.worker = EngineWorker(self.engine, c.n_slots + c.max_queue, c.timeout)
             self.worker.start()
             self.ready.set()
@@ -163,6 +171,9 @@ class ServerState:
 
 
 def create_app(config: ServerConfig, load_in_background: bool = True) -> Starlette:
+    from llamactx.server.http import return_large_buffers
+
+    return_large_buffers()
     state = ServerState(config)
 
     @asynccontextmanager
@@ -180,7 +191,8 @@ def create_app(config: ServerConfig, load_in_background: bool = True) -> Starlet
     if config.cors_origins:
         middleware.insert(0, Middleware(CORSMiddleware, allow_origins=config.cors_origins, allow_methods=["*"],
                                         allow_headers=["*"]))
-    handlers = {HTTPException: _http_error, LlamactxError: _user_error, Exception: _server_error}
+    handlers = {HTTPException: _http_error, LlamactxError: _user_error, ClientDisconnect: _client_gone,
+                Exception: _server_error}
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan, exception_handlers=handlers)
     app.state.llamactx = state
     return app
@@ -262,6 +274,13 @@ async def _user_error(request: HttpRequest, exc: Exception) -> Response:
     return JSONResponse(err.body(), err.status, headers=err.headers)
 
 
+async def _client_gone(request: HttpRequest, exc: ClientDisconnect) -> Response:
+    """The client went away before its request was read whole (an aborted upload, a read timeout): nobody is
+    left to answer; a debug line, not an error."""
+    log.debug("client left during %s", request.url.path)
+    return Response(status_code=499)
+
+
 async def _server_error(request: HttpRequest, exc: Exception) -> Response:
     """A bug: logged with its traceback, answered 500 server_error (Starlette re-raises it after this)."""
     log.exception("internal error on %s", request.url.path)
@@ -328,7 +347,7 @@ def _routes(state: ServerState) -> list:
         state.check_request_lora(body)
         req = P.validate(P.ChatCompletionRequest, {**cfg.sampling, **body})
         prompt_text, fns = await asyncio.to_thread(_render_chat, state, req)
-        tokens = await asyncio.to_thread(state.model.vocab.tokenize, prompt_text, True, True)
+        tokens = await asyncio.to_thread(_prompt_tokens, state, prompt_text, True)
         tokens = _fit_prompt(state, tokens, req.n_keep)
         n_probs = (req.top_logprobs or 0) if req.logprobs else -1
         gen = P.GenerationRequest.from_fields(req, state.model.vocab, n_probs, cfg.context_shift)
@@ -347,10 +366,15 @@ def _routes(state: ServerState) -> list:
         inputs = req.input if isinstance(req.input, list) else [req.input]
         if inputs and isinstance(inputs[0], int):
             inputs = [inputs]
-        vocab = state.model.vocab
-        token_lists = [P.check_tokens(x, vocab.n_tokens, f"input[{i}]") if isinstance(x, list)
-                       else vocab.tokenize(x, add_special=True, parse_special=False) for i, x in enumerate(inputs)]
-        vecs = await asyncio.wrap_future(state.worker.call(lambda _engine: state.embedder.embed(token_lists)))
+        if len(inputs) > cfg.embd_max_inputs:
+            raise P.ProtocolError(f"input holds {len(inputs)} inputs, more than --embd-max-inputs = "
+                                  f"{cfg.embd_max_inputs}")
+        token_lists = await asyncio.to_thread(_embedding_tokens, state, inputs)
+        state.embedder.check(token_lists)
+        job = state.worker.run(Job(lambda _engine: state.embedder.steps(token_lists)))
+        vecs = await _wait_job(request, job)
+        if vecs is None:
+            return Response(status_code=499)
         n_tokens = sum(len(t) for t in token_lists)
         return JSONResponse({"object": "list", "model": state.alias,
                              "data": [P.embedding_item(i, v, req.encoding_format) for i, v in enumerate(vecs)],
@@ -478,7 +502,7 @@ def _prompts(state: ServerState, prompt, n_keep: int) -> tuple[list[list[int]], 
     out = []
     for i, p in enumerate(items):
         if isinstance(p, str):
-            tokens = vocab.tokenize(p, add_special=True, parse_special=True)
+            tokens = _prompt_tokens(state, p, True)
         else:
             tokens = P.check_tokens(p, vocab.n_tokens, f"prompt[{i}]" if len(items) > 1 else "prompt")
         if not tokens:
@@ -490,12 +514,54 @@ def _prompts(state: ServerState, prompt, n_keep: int) -> tuple[list[list[int]], 
     return out, first if isinstance(first, str) else vocab.detokenize(out[0])
 
 
+def _embedding_tokens(state: ServerState, inputs: list) -> list[list[int]]:
+    vocab = state.model.vocab
+    return [P.check_tokens(x, vocab.n_tokens, f"input[{i}]") if isinstance(x, list)
+            else _embedding_input(state, x, i) for i, x in enumerate(inputs)]
+
+
+def _embedding_input(state: ServerState, text: str, i: int) -> list[int]:
+    n_min, n_ctx = state.model.vocab.min_tokens(text), state.embedder.n_ctx
+    if n_min > n_ctx:  # refused from its length, before tokenizing (see Vocab.min_tokens)
+        raise P.ProtocolError(f"input[{i}] has at least {n_min} tokens, more than the embedding context's "
+                              f"n_ctx = {n_ctx}")
+    return state.model.vocab.tokenize(text, add_special=True, parse_special=False)
+
+
+async def _wait_job(http: HttpRequest, job):
+    """The job's result; None (and the job dropped) if the client goes away first."""
+    fut = asyncio.wrap_future(job.future)
+    while True:
+        done, _ = await asyncio.wait({fut}, timeout=DISCONNECT_POLL_S)
+        if done:
+            return fut.result()
+        if await http.is_disconnected():
+            job.cancel()
+            return None
+
+
 def _render_chat(state: ServerState, req: P.ChatCompletionRequest) -> tuple[str, list[dict]]:
     """The chat prompt, with the tools in it (unless tool_choice is "none"), and the tools' functions."""
     fns = tool_calls.functions(req.tools) if req.tool_choice != "none" else []
     messages, pass_tools = tool_calls.prepare(state.template.source, req.messages, fns)
     prompt = state.template.render(messages, True, req.tools if pass_tools else None, req.chat_template_kwargs)
     return prompt, fns
+
+
+def _prompt_tokens(state: ServerState, text: str, parse_special: bool) -> list[int]:
+    """A prompt's tokens. Without --context-shift a text too long for a slot is refused from its length alone,
+    before it is tokenized (a client's huge input costs no tokenizer time or cache memory: Vocab.min_tokens)."""
+    vocab = state.model.vocab
+    n_min, n_ctx = vocab.min_tokens(text), state.n_ctx_slot()
+    if n_min >= n_ctx and not state.config.context_shift:
+        raise _exceeds_context(n_min, n_ctx, at_least=True)
+    return vocab.tokenize(text, add_special=True, parse_special=parse_special)
+
+
+def _exceeds_context(n_tokens: int, n_ctx: int, at_least: bool = False) -> P.ProtocolError:
+    return P.ProtocolError(f"the request exceeds the available context size ({'at least ' * at_least}{n_tokens} "
+                           f"prompt tokens, n_ctx = {n_ctx}); try increasing it", 400, "exceed_context_size_error",
+                           n_prompt_tokens=n_tokens, n_ctx=n_ctx)
 
 
 def _fit_prompt(state: ServerState, tokens: list[int], n_keep: int) -> list[int]:
@@ -505,9 +571,7 @@ def _fit_prompt(state: ServerState, tokens: list[int], n_keep: int) -> list[int]
     if len(tokens) < n_ctx:
         return tokens
     if not state.config.context_shift:
-        raise P.ProtocolError(f"the request exceeds the available context size ({len(tokens)} prompt tokens, "
-                              f"n_ctx = {n_ctx}); try increasing it", 400, "exceed_context_size_error",
-                              n_prompt_tokens=len(tokens), n_ctx=n_ctx)
+        raise _exceeds_context(len(tokens), n_ctx)
     n_keep = max(0, min(n_keep, n_ctx // 2 - 1))
     return tokens[:n_keep] + tokens[len(tokens) - (n_ctx // 2 - n_keep):]
 

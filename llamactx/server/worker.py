@@ -3,7 +3,10 @@
 
 HTTP handlers never call the engine. They `submit` requests and `cancel` them; both travel to the engine thread
 through a queue, which it drains between steps. Each step's output goes back to the handler's asyncio queue with
-`call_soon_threadsafe`. Work that must run beside the engine (embeddings, slot files) goes through `call`.
+`call_soon_threadsafe`. Short work that must run beside the engine (slot files, /slots) goes through `call`;
+long work (embeddings) through `run`, as a `Job` of slices that shares the engine thread with generation: after
+each generation step, jobs get as much time as that step took (at least one slice), round-robin, so a stream
+waits at most one step's worth of other work (llama-server batches embedding tasks with generation).
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +51,45 @@ class Request:
             pass
 
 
+class Job:
+    """Long work on the engine thread in slices: `slices(engine)` is a generator that yields after each slice and
+    returns the result. `future` gets the result (or the exception); `cancel()` (any thread) drops the job at its
+    next slice (the client went away)."""
+
+    def __init__(self, slices: Callable[[Engine], Iterator[Any]]):
+        self.slices = slices
+        self.future: concurrent.futures.Future = concurrent.futures.Future()
+        self.cancelled = False
+        self._gen: Iterator[Any] | None = None
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def advance(self, engine: Engine) -> bool:
+        """Run one slice; True when the job is over (done, failed or cancelled)."""
+        if self.cancelled:
+            if self._gen is not None:
+                self._gen.close()
+            if not self.future.cancel():  # already running: whoever still waits hears it was cancelled
+                self.future.set_exception(concurrent.futures.CancelledError())
+            return True
+        try:
+            if self._gen is None:
+                self.future.set_running_or_notify_cancel()
+                self._gen = self.slices(engine)
+            next(self._gen)
+        except StopIteration as stop:
+            self.future.set_result(stop.value)
+            return True
+        except Exception as e:  # noqa: BLE001 - handed to the caller (an EmbeddingError is the user's 400)
+            self.future.set_exception(e)
+            return True
+        return False
+
+
+JOB_SLICE_S = 0.05  # with no generation running, jobs run this long before the worker looks at its queue again
+
+
 class QueueFull(LlamactxError, RuntimeError):
     """More requests are in flight than the slots plus --max-queue (the handler answers 503)."""
 
@@ -60,6 +103,7 @@ class EngineWorker:
         self.timeout = timeout
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._live: dict[Sequence, Request] = {}
+        self._jobs: deque[Job] = deque()
         self._in_flight = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -97,24 +141,56 @@ class EngineWorker:
         self._commands.put(("call", (fn, fut)))
         return fut
 
+    @property
+    def n_jobs(self) -> int:
+        """Jobs queued or running on the engine thread."""
+        return len(self._jobs)
+
+    def run(self, job: Job) -> Job:
+        """Queue a long job (see Job); await `job.future` for its result."""
+        self._commands.put(("job", job))
+        return job
+
     # -- engine thread --------------------------------------------------------------------------------------------
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._drain(block=not self.engine.has_work)
+            self._drain(block=not (self.engine.has_work or self._jobs))
             if self._stop.is_set():
                 break
+            t_step = JOB_SLICE_S
             if self.engine.has_work:
-                self._expire()
-                try:
-                    outputs = self.engine.step()
-                except Exception:  # a bug, not a user's input: fail the running requests, keep serving
-                    log.exception("engine step failed")
-                    self._fail_all("internal error in the engine step")
-                    continue
-                self.t_last_step = time.monotonic()
-                for out in outputs:
-                    self._deliver(out.seq, out.chunks)
+                t0 = time.monotonic()
+                self._step()
+                t_step = time.monotonic() - t0
+            if self._jobs:
+                self._run_jobs(t_step)
+        for job in self._jobs:
+            job.cancel()
+            job.advance(self.engine)
+
+    def _step(self) -> None:
+        self._expire()
+        try:
+            outputs = self.engine.step()
+        except Exception:  # a bug, not a user's input: fail the running requests, keep serving
+            log.exception("engine step failed")
+            self._fail_all("internal error in the engine step")
+            return
+        self.t_last_step = time.monotonic()
+        for out in outputs:
+            self._deliver(out.seq, out.chunks)
+
+    def _run_jobs(self, budget_s: float) -> None:
+        """Slices of the queued jobs, round-robin, for about `budget_s` (at least one slice)."""
+        t0 = time.monotonic()
+        while self._jobs:
+            if self._jobs[0].advance(self.engine):
+                self._jobs.popleft()
+            else:
+                self._jobs.rotate(-1)
+            if time.monotonic() - t0 >= budget_s:
+                return
 
     def _drain(self, block: bool) -> None:
         try:
@@ -134,6 +210,8 @@ class EngineWorker:
         elif kind == "abort":
             if arg.seq is not None and arg.seq in self._live:
                 self._deliver(arg.seq, self.engine.abort(arg.seq))
+        elif kind == "job":
+            self._jobs.append(arg)
         elif kind == "call":
             fn, fut = arg
             if fut.set_running_or_notify_cancel():

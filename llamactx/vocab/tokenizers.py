@@ -3,7 +3,8 @@ byte-level BPE (llm_tokenizer_bpe_session).
 
 Both see one raw-text fragment at a time (special tokens were already split out) and return token ids. Both
 cache the ids of the pieces they have seen, which is what makes them fast on real text; the caches are memos
-of pure functions and bounded.
+of pure functions, bounded in entries and in bytes, and keep no piece longer than MEMO_MAX_KEY characters (a
+client's huge word is tokenized, never kept).
 """
 
 from __future__ import annotations
@@ -16,9 +17,36 @@ from typing import Any
 from llamactx.vocab.pretok import PreTokenizer
 from llamactx.vocab.special import VocabError
 
-_CACHE_MAX = 1 << 17
+MEMO_MAX_ENTRIES = 1 << 17
+MEMO_MAX_BYTES = 32 << 20  # keys' characters + 8 bytes per id, about what the entries hold beyond their overhead
+MEMO_MAX_KEY = 256
 SPM_SPACE = "\u2581"  # '▁', llama_escape_whitespace
 _SPM_LONG_SEGMENT = 64
+
+
+class Memo:
+    """piece -> token ids, forgotten whole when it would pass MEMO_MAX_ENTRIES entries or MEMO_MAX_BYTES; pieces
+    longer than MEMO_MAX_KEY characters are not kept."""
+
+    def __init__(self) -> None:
+        self._ids: dict[str, list[int]] = {}
+        self.nbytes = 0
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def get(self, key: str) -> list[int] | None:
+        return self._ids.get(key)
+
+    def put(self, key: str, ids: list[int]) -> None:
+        if len(key) > MEMO_MAX_KEY or key in self._ids:
+            return
+        size = len(key) + 8 * len(ids)
+        if len(self._ids) >= MEMO_MAX_ENTRIES or self.nbytes + size > MEMO_MAX_BYTES:
+            self._ids.clear()
+            self.nbytes = 0
+        self._ids[key] = ids
+        self.nbytes += size
 
 
 class SpmTokenizer:
@@ -36,7 +64,7 @@ class SpmTokenizer:
         self._token_to_id = token_to_id
         self._scores = scores
         self._texts = texts
-        self._cache: dict[str, list[int]] = {}
+        self._cache = Memo()
         self._pairs: frozenset[str] | None = None
         self._byte_ids: list[int | None] | None = None
         before_space = "".join(sorted(_chars_before_space(texts)))
@@ -51,9 +79,7 @@ class SpmTokenizer:
             ids = cache.get(seg)
             if ids is None:
                 ids = self._tokenize_segment(seg)
-                if len(cache) >= _CACHE_MAX:
-                    cache.clear()
-                cache[seg] = ids
+                cache.put(seg, ids)
             out += ids
         return out
 
@@ -163,7 +189,7 @@ class BpeTokenizer:
         self._merges = merges
         self._ignore_merges = ignore_merges
         self._hf: Any = None  # tokenizers.Tokenizer, built on the first unseen word
-        self._cache: dict[str, list[int]] = {}
+        self._cache = Memo()
 
     def _build(self) -> Any:
         from tokenizers import Tokenizer, models, pre_tokenizers
@@ -188,21 +214,22 @@ class BpeTokenizer:
         """Token ids of one raw-text fragment."""
         words = self.pre.split(text)
         cache = self._cache
-        if len(cache) > _CACHE_MAX:
-            cache.clear()
-        missing = list({w for w in words if w not in cache})
+        found = {w: ids for w in set(words) if (ids := cache.get(w)) is not None}
+        missing = [w for w in set(words) if w not in found]
         if missing:
-            self._encode(missing)
+            for w, ids in zip(missing, self._encode(missing), strict=True):
+                found[w] = ids
+                cache.put(w, ids)
         out: list[int] = []
         for w in words:
-            out += cache[w]
+            out += found[w]
         return out
 
-    def _encode(self, words: list[str]) -> None:
+    def _encode(self, words: list[str]) -> list[list[int]]:
         if self._hf is None:
             self._hf = self._build()
         enc = self._hf.encode(words, is_pretokenized=True, add_special_tokens=False)
         groups: list[list[int]] = [[] for _ in words]
         for tid, wid in zip(enc.ids, enc.word_ids, strict=True):
             groups[wid].append(tid)
-        self._cache.update(zip(words, groups, strict=True))
+        return groups

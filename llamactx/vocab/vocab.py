@@ -78,6 +78,7 @@ class Vocab:
         self._pieces: list[bytes | None] = [None] * self.n_tokens
         self._matchers: dict = {}  # partition's special-token matcher per parse_special
         self._nl: int | None = None
+        self._max_token_len: int | None = None
 
     # ---- loading -------------------------------------------------------------------------------------------
 
@@ -191,6 +192,15 @@ class Vocab:
         return self._nl
 
     # ---- tokenize ------------------------------------------------------------------------------------------
+
+    def min_tokens(self, text: str) -> int:
+        """A lower bound on len(tokenize(text)) from the text's length alone, to refuse an over-long prompt before
+        tokenizing it. Tokens partition the text, and no token covers more characters of it than its own text
+        has UTF-8 bytes (SPM's '▁' and BPE's byte-to-unicode mapping only lengthen a piece), so there are at
+        least len(text) / (the longest token text, in bytes) tokens."""
+        if self._max_token_len is None:
+            self._max_token_len = max(len(t.encode("utf-8", "surrogatepass")) for t in self._texts)
+        return -(-len(text) // self._max_token_len)
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         """Token ids of `text` (llama_tokenize). `add_special` adds BOS/EOS as the model asks

@@ -14,6 +14,7 @@ import pytest
 import uvicorn
 
 from llamactx.server.app import ServerConfig, create_app
+from llamactx.server.http import uvicorn_config
 
 START_TIMEOUT_S = 600  # a cold numba cache compiles every kernel first: ~4 min on a 2-core Zen 3
 
@@ -41,8 +42,7 @@ def running_server(**config) -> Iterator[Running]:
     cfg = ServerConfig(**config)
     app = create_app(cfg)
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           timeout_graceful_shutdown=5))
+    server = uvicorn.Server(uvicorn_config(app, cfg.read_timeout, cfg.max_connections, host="127.0.0.1", port=port))
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"

@@ -76,7 +76,7 @@ def test_a_dropped_stream_frees_its_slot_and_leaves_the_others_unchanged(server)
                 if n == 2:
                     break  # the client goes away mid-stream
         t_dropped = time.monotonic()
-        deadline = t_dropped + 10
+        deadline = t_dropped + 60
         while any(s["is_processing"] and s["next_token"][0]["n_remain"] > 300 for s in _slots(server.url)):
             assert time.monotonic() < deadline, "the dropped request still holds its slot"
             time.sleep(0.02)

@@ -56,6 +56,12 @@ BAD = [
                          "chat_template_kwargs": {"add_generation_prompt": False}}, 400, "invalid_request_error",
      "chat_template_kwargs: 'add_generation_prompt'"),
     ("/no/such/endpoint", {}, 404, "not_found_error", ""),
+    # refused from their length before tokenizing (issue 23: huge words cost no tokenizer time or memory)
+    ("/v1/completions", {"prompt": "x" * 1_000_000}, 400, "exceed_context_size_error", "at least"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "y" * 1_000_000}]}, 400,
+     "exceed_context_size_error", "at least"),
+    ("/v1/embeddings", {"input": ["a"] * 8193}, 400, "invalid_request_error", "--embd-max-inputs = 8192"),
+    ("/v1/embeddings", {"input": ["ok", "z" * 100_000]}, 400, "invalid_request_error", "input[1] has at least"),
 ]
 
 

@@ -34,12 +34,22 @@ def stream_text(url: str, prompt: str, **kw) -> str:
     return "".join(parts)
 
 
-def idle(url: str, timeout: float = 10) -> bool:
+def idle(url: str, timeout: float = 60) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not any(s["is_processing"] for s in httpx.get(url + "/slots", timeout=30).json()):
             return True
         time.sleep(0.05)
+    return False
+
+
+def running(url: str, timeout: float = 60) -> bool:
+    """Wait (bounded) until some slot is processing a request."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(s["is_processing"] for s in httpx.get(url + "/slots", timeout=30).json()):
+            return True
+        time.sleep(0.01)
     return False
 
 
@@ -58,17 +68,17 @@ def test_a_grammar_dead_end_ends_only_its_own_request(server):
 def test_clients_that_vanish_while_queued_are_never_decoded():
     with running_server(model="smollm2", n_slots=1, n_ctx=1024, metrics=True) as srv:
         with cf.ThreadPoolExecutor(4) as pool:
-            busy = pool.submit(complete, srv.url, PROMPTS[0], max_tokens=64)
-            time.sleep(0.3)
+            busy = pool.submit(complete, srv.url, PROMPTS[0], max_tokens=256, ignore_eos=True)
+            assert running(srv.url)  # the slot is taken: what comes next can only queue
             # three requests queue behind the busy slot, and their clients give up after 0.2 s
             gone = [pool.submit(_give_up, srv.url, p) for p in PROMPTS[1:4]]
             assert all(f.result() == "gave up" for f in gone)
-            assert busy.result().json()["usage"]["completion_tokens"] == 64
+            assert busy.result().json()["usage"]["completion_tokens"] == 256
         assert idle(srv.url)
         metrics = httpx.get(srv.url + "/metrics", timeout=30).text
         predicted = float(next(line.split()[1] for line in metrics.splitlines()
                                if line.startswith("llamacpp:tokens_predicted_total")))
-        assert predicted <= 64 + 3 * 2  # the queued ones never ran (at most a token each if admitted at once)
+        assert predicted <= 256 + 3 * 2  # the queued ones never ran (at most a token each if admitted at once)
 
 
 def _give_up(url: str, prompt: str) -> str:
