@@ -114,6 +114,19 @@ class SamplingFields(BaseModel):
     mirostat: int = Field(default=0, ge=0, le=2)
     mirostat_tau: float = Field(default=5.0, ge=0.0, allow_inf_nan=False)
     mirostat_eta: float = Field(default=0.1, ge=0.0, allow_inf_nan=False)
+    # llama-server's other samplers (ranges are SamplingParams' checks, named in the 400)
+    dry_multiplier: float = Field(default=0.0, allow_inf_nan=False)
+    dry_base: float = Field(default=1.75, allow_inf_nan=False)
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = -1
+    dry_sequence_breakers: list[str] | None = Field(default=None, max_length=MAX_STOP)
+    xtc_probability: float = Field(default=0.0, allow_inf_nan=False)
+    xtc_threshold: float = Field(default=0.1, allow_inf_nan=False)
+    top_n_sigma: float = Field(default=-1.0, allow_inf_nan=False)
+    dynatemp_range: float = Field(default=0.0, allow_inf_nan=False)
+    dynatemp_exponent: float = Field(default=1.0, allow_inf_nan=False)
+    min_keep: int = 0
+    samplers: list[str] | str | None = Field(default=None, max_length=64)
     seed: int | None = Field(default=None, ge=-1, le=2**32 - 1)
     logit_bias: dict[str, float | bool] | list[list[Any]] | None = None
     n: int = Field(default=1, ge=1, le=MAX_N)
@@ -233,7 +246,15 @@ class GenerationRequest:
                 typical_p=req.typical_p, temperature=req.temperature, repeat_penalty=req.repeat_penalty,
                 penalty_last_n=req.repeat_last_n, presence_penalty=req.presence_penalty,
                 frequency_penalty=req.frequency_penalty, mirostat=req.mirostat, mirostat_tau=req.mirostat_tau,
-                mirostat_eta=req.mirostat_eta, logit_bias=tuple(bias))
+                mirostat_eta=req.mirostat_eta, logit_bias=tuple(bias), dry_multiplier=req.dry_multiplier,
+                dry_base=req.dry_base, dry_allowed_length=req.dry_allowed_length,
+                dry_penalty_last_n=req.dry_penalty_last_n, xtc_probability=req.xtc_probability,
+                xtc_threshold=req.xtc_threshold, top_n_sigma=req.top_n_sigma, dynatemp_range=req.dynatemp_range,
+                dynatemp_exponent=req.dynatemp_exponent, min_keep=req.min_keep,
+                **({} if req.dry_sequence_breakers is None else {"dry_sequence_breakers":
+                                                                  tuple(req.dry_sequence_breakers)}),
+                **({} if req.samplers is None else {"samplers": req.samplers if isinstance(req.samplers, str)
+                                                    else tuple(req.samplers)}))
         except ValueError as e:
             raise ProtocolError(str(e)) from None
         limits = Limits(max_tokens, tuple(stops), req.ignore_eos, context_shift, max(req.n_keep, 0))

@@ -90,17 +90,62 @@ def add_context(p: argparse.ArgumentParser, n_ctx: int = 4096) -> None:
                    help="full-size cache for sliding-window layers (default: llama_kv_cache_iswa's small one)")
 
 
+# llama.cpp's sampling flags (common/arg.cpp): (flags, SamplingParams field, type, help). Each defaults to None:
+# only the flags given override SamplingParams' defaults (llama.cpp's). The request field of the same meaning has
+# the field's name, except penalty_last_n (llama-server's repeat_last_n).
+SAMPLING_FLAGS = (
+    (("--temp", "--temperature"), "temperature", float, "temperature (0 = greedy; default 0.8)"),
+    (("--top-k",), "top_k", int, "top-k (0 = off; default 40)"),
+    (("--top-p",), "top_p", float, "top-p (1 = off; default 0.95)"),
+    (("--min-p",), "min_p", float, "min-p (0 = off; default 0.05)"),
+    (("--typical", "--typical-p"), "typical_p", float, "locally typical sampling p (1 = off)"),
+    (("--top-nsigma", "--top-n-sigma"), "top_n_sigma", float, "top-n-sigma (<= 0 = off)"),
+    (("--xtc-probability",), "xtc_probability", float, "XTC probability (0 = off)"),
+    (("--xtc-threshold",), "xtc_threshold", float, "XTC threshold (default 0.1)"),
+    (("--repeat-penalty",), "repeat_penalty", float, "repetition penalty (1 = off)"),
+    (("--repeat-last-n",), "penalty_last_n", int, "tokens the penalties look back on (-1 = context; default 64)"),
+    (("--presence-penalty",), "presence_penalty", float, "presence penalty (0 = off)"),
+    (("--frequency-penalty",), "frequency_penalty", float, "frequency penalty (0 = off)"),
+    (("--dry-multiplier",), "dry_multiplier", float, "DRY multiplier (0 = off)"),
+    (("--dry-base",), "dry_base", float, "DRY base (default 1.75)"),
+    (("--dry-allowed-length",), "dry_allowed_length", int, "DRY allowed length (default 2)"),
+    (("--dry-penalty-last-n",), "dry_penalty_last_n", int, "tokens DRY looks back on (-1 = context)"),
+    (("--dynatemp-range",), "dynatemp_range", float, "dynamic temperature range (0 = off)"),
+    (("--dynatemp-exp",), "dynatemp_exponent", float, "dynamic temperature exponent (default 1)"),
+    (("--mirostat",), "mirostat", int, "0 off, 1 Mirostat, 2 Mirostat 2.0"),
+    (("--mirostat-lr",), "mirostat_eta", float, "Mirostat learning rate eta (default 0.1)"),
+    (("--mirostat-ent",), "mirostat_tau", float, "Mirostat target entropy tau (default 5)"),
+    (("--min-keep",), "min_keep", int, "candidates every sampler keeps (default 0)"),
+    (("-s", "--seed"), "seed", int, "RNG seed (-1 = random)"),
+)
+
+
 def add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("-n", "--n-predict", type=int, default=-1, help="tokens to generate (-1 = until EOS/full)")
-    p.add_argument("--temp", type=float, default=0.8, help="temperature (0 = greedy)")
-    p.add_argument("--top-k", type=int, default=40)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--min-p", type=float, default=0.05)
-    p.add_argument("--repeat-penalty", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=-1, help="RNG seed (-1 = random)")
+    for flags, field, kind, text in SAMPLING_FLAGS:
+        p.add_argument(*flags, dest=field, type=kind, default=None, help=text)
+    p.add_argument("--samplers", default=None, help="the sampler order, names separated by ';' "
+                   "(default penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature)")
+    p.add_argument("--sampling-seq", "--sampler-seq", dest="sampling_seq", default=None,
+                   help="the sampler order as characters (e.g. edskypmxt)")
+    p.add_argument("--dry-sequence-breaker", action="append", default=None, metavar="STRING",
+                   help="a DRY sequence breaker (repeatable; replaces the defaults; 'none' for none)")
     p.add_argument("--grammar", default=None, help="GBNF grammar text")
     p.add_argument("--grammar-file", default=None, help="file with a GBNF grammar")
     p.add_argument("--json-schema", "-j", default=None, help="JSON schema the output must follow")
+
+
+def sampling_options(args: argparse.Namespace) -> dict:
+    """The sampling flags given, as SamplingParams fields (what `run`, `chat` and `serve` pass on)."""
+    out = {field: getattr(args, field) for _, field, _, _ in SAMPLING_FLAGS if getattr(args, field) is not None}
+    if args.samplers is not None:
+        out["samplers"] = tuple(name for name in args.samplers.split(";") if name)
+    if args.sampling_seq is not None:
+        out["samplers"] = args.sampling_seq
+    if args.dry_sequence_breaker is not None:
+        out["dry_sequence_breakers"] = () if args.dry_sequence_breaker == ["none"] else \
+            tuple(process_escapes(b, "--dry-sequence-breaker") for b in args.dry_sequence_breaker)
+    return out
 
 
 def flash_attn_type(value: str) -> str:

@@ -34,6 +34,7 @@ from llamactx.cli.args import (
     notice_ignored,
     process_escapes,
     read_text,
+    sampling_options,
 )
 from llamactx.cli.bench import add_arguments as add_bench_arguments
 from llamactx.embedded import ModelNotInstalledError
@@ -78,8 +79,7 @@ def _llm(args):
 
 
 def _sampling(args) -> dict:
-    options = dict(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                   repeat_penalty=args.repeat_penalty, seed=args.seed)
+    options = sampling_options(args)
     if args.grammar_file:
         options["grammar"] = read_text(args.grammar_file, "grammar file")
     elif args.grammar:

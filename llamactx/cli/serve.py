@@ -17,6 +17,7 @@ from llamactx.cli.args import (
     add_lora,
     add_sampling,
     read_text,
+    sampling_options,
 )
 
 
@@ -89,8 +90,9 @@ def config_from_args(args):
 def request_defaults(args) -> dict:
     """The sampling flags as the request fields they set when a request leaves them out (llama-server's
     `params.sampling` defaults)."""
-    out = {"n_predict": args.n_predict, "temperature": args.temp, "top_k": args.top_k, "top_p": args.top_p,
-           "min_p": args.min_p, "repeat_penalty": args.repeat_penalty, "seed": args.seed}
+    out = {"repeat_last_n" if k == "penalty_last_n" else k: list(v) if isinstance(v, tuple) else v
+           for k, v in sampling_options(args).items()}
+    out["n_predict"] = args.n_predict
     if args.grammar_file:
         out["grammar"] = read_text(args.grammar_file, "grammar file")
     elif args.grammar:

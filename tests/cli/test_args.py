@@ -93,11 +93,17 @@ def test_serve_takes_the_context_and_sampling_flags_llama_server_takes():
     from llamactx.cli.serve import config_from_args
 
     args = build_parser().parse_args(["serve", "-fa", "off", "--temp", "0.5", "--seed", "42", "--n-predict", "64",
-                                      "-c", "2048", "--top-k", "7", "--swa-full", "-ngl", "99"])
+                                      "-c", "2048", "--top-k", "7", "--swa-full", "-ngl", "99",
+                                      "--dry-multiplier", "0.8", "--xtc-probability", "0.5", "--top-nsigma", "1.5",
+                                      "--dynatemp-range", "0.3", "--repeat-last-n", "32", "--samplers", "top_k;temp",
+                                      "--dry-sequence-breaker", "\\n", "--dry-sequence-breaker", "."])
     cfg = config_from_args(args)
     assert (cfg.flash_attn, cfg.n_ctx, cfg.swa_full) == ("disabled", 2048, True)
-    assert cfg.sampling == {"n_predict": 64, "temperature": 0.5, "top_k": 7, "top_p": 0.95, "min_p": 0.05,
-                            "repeat_penalty": 1.0, "seed": 42}
+    # only the flags given: a request's own fields, then llama-server's defaults, fill the rest
+    assert cfg.sampling == {"n_predict": 64, "temperature": 0.5, "top_k": 7, "seed": 42, "dry_multiplier": 0.8,
+                            "xtc_probability": 0.5, "top_n_sigma": 1.5, "dynatemp_range": 0.3,
+                            "repeat_last_n": 32, "samplers": ["top_k", "temp"],
+                            "dry_sequence_breakers": ["\n", "."]}
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -65,8 +65,6 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize(("path", "body", "status", "kind", "text"), BAD, ids=[f"{b[0]}-{i}" for i, b in
-                                                                             enumerate(BAD)])
 @pytest.fixture(scope="module")
 def undisturbed(server) -> str:
     """The fixed greedy answer every row of the table must leave unchanged."""
@@ -74,6 +72,8 @@ def undisturbed(server) -> str:
         return http.post("/v1/chat/completions", json=OK_CHAT).json()["choices"][0]["message"]["content"]
 
 
+@pytest.mark.parametrize(("path", "body", "status", "kind", "text"), BAD, ids=[f"{b[0]}-{i}" for i, b in
+                                                                             enumerate(BAD)])
 def test_bad_input_table(server, undisturbed, path, body, status, kind, text):
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
     with server.client() as http:
