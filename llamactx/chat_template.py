@@ -320,9 +320,10 @@ class ChatTemplate:
             raise ChatTemplateError(f"chat template {self.name!r}: nested too deeply to compile") from e
 
     @classmethod
-    def from_model(cls, model: ChatModel, name: str | None = None) -> ChatTemplate:
-        """The template of a loaded model (`model.chat_template`, `model.vocab`), with its BOS/EOS texts and
-        add_bos / add_eos flags (common_chat_templates_init). A missing BOS/EOS token gives an empty string.
+    def from_model(cls, model: ChatModel, name: str | None = None, source: str | None = None) -> ChatTemplate:
+        """The template of a loaded model (`model.chat_template`, `model.vocab`), or `source` instead (a built-in
+        name or Jinja text: llama-server's --chat-template), with its BOS/EOS texts and add_bos / add_eos flags
+        (common_chat_templates_init). A missing BOS/EOS token gives an empty string.
         """
         vocab = model.vocab
 
@@ -330,7 +331,7 @@ class ChatTemplate:
             return "" if token is None or token == TOKEN_NULL else vocab.token_get_text(token)
 
         return cls(
-            model.chat_template or builtin_for_vocab(vocab),
+            source or model.chat_template or builtin_for_vocab(vocab),
             text(vocab.bos),
             text(vocab.eos),
             name,

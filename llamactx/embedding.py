@@ -1,5 +1,5 @@
-"""Sentence embeddings: mean-pooled, L2-normalised final hidden states (llama-server's /v1/embeddings with
-pooling mean and embd_normalize 2; llama.cpp's tools/embedding).
+"""Sentence embeddings: pooled (mean by default, or last / cls), L2-normalised final hidden states
+(llama-server's /v1/embeddings with embd_normalize 2; llama.cpp's tools/embedding).
 
 An `Embedder` owns a context with `embeddings=True` over a shared model; each text is decoded alone from an empty
 memory, so its vector does not depend on the others.
@@ -25,8 +25,11 @@ class EmbeddingError(LlamactxError, ValueError):
 class Embedder:
     """Embeddings of token lists with one `n_ctx`-token context (created on first use)."""
 
-    def __init__(self, model: Model, n_ctx: int = 2048, lora=(), **context_params):
+    def __init__(self, model: Model, n_ctx: int = 2048, lora=(), pooling: str = "mean", **context_params):
+        if pooling not in ("mean", "last", "cls"):
+            raise EmbeddingError(f"pooling {pooling!r} is not one of mean, last, cls")
         self.model = model
+        self.pooling = pooling
         self.lora = tuple(lora)  # (LoraAdapter, scale) pairs applied to the context
         self.n_ctx = n_ctx
         self._params = dict(context_params)
@@ -71,7 +74,7 @@ class Embedder:
 
     def _context(self) -> Context:
         if self._ctx is None:
-            params = ContextParams(n_ctx=self.n_ctx, n_batch=self.n_ctx, embeddings=True, pooling_type="mean",
+            params = ContextParams(n_ctx=self.n_ctx, n_batch=self.n_ctx, embeddings=True, pooling_type=self.pooling,
                                    **self._params)
             self._ctx = Context(self.model, params)
             self.n_ctx = self._ctx.params.n_ctx

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import socket
 import sys
 from pathlib import Path
 
@@ -30,15 +31,37 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("-a", "--alias", default=None, help="model name in the API (default: the file name)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
-    p.add_argument("-np", "--parallel", type=int, default=4, help="slots: requests decoded together (default 4)")
+    p.add_argument("-np", "--parallel", type=int, default=None,
+                   help="slots: requests decoded together (default 4, sharing -c as one pool; with -np N each slot "
+                        "gets -c / N unless --kv-unified, as llama-server)")
     p.add_argument("--api-key", action="append", default=[], help="API key (repeatable); none: no auth")
     p.add_argument("--api-key-file", default=None, help="file with one API key per line")
-    p.add_argument("--cors-origin", action="append", default=[],
+    p.add_argument("--cors-origin", "--cors-origins", dest="cors_origin", action="append", default=[],
                    help="allowed browser origin (repeatable or comma-separated); none by default")
+    p.add_argument("--tags", default=None, help="comma-separated model tags shown by /v1/models")
+    p.add_argument("--chat-template", default=None, metavar="NAME|JINJA",
+                   help="a built-in template name (chatml, gemma, llama3) or a Jinja template, instead of the model's")
+    p.add_argument("--chat-template-file", default=None, help="a file with the Jinja chat template to use")
+    p.add_argument("--jinja", action="store_true", help="accepted: chat templates are always Jinja here")
+    p.add_argument("--no-jinja", action="store_true",
+                   help="accepted with a notice: the model's template is rendered with Jinja (llama.cpp's built-in "
+                        "formats give the same prompts for chatml, llama3, gemma)")
+    p.add_argument("--embedding", "--embeddings", dest="embedding", action="store_true",
+                   help="accepted: /v1/embeddings is always served beside generation")
+    p.add_argument("--pooling", choices=["mean", "last", "cls"], default="mean",
+                   help="embedding pooling (default mean)")
+    p.add_argument("--reranking", "--rerank", dest="reranking", action="store_true",
+                   help="accepted: /v1/rerank answers 400 for a model without a rank (classifier) head")
+    p.add_argument("-kvu", "--kv-unified", dest="kv_unified", action="store_true", default=None,
+                   help="each slot may use the whole -c while memory lasts (the default without -np)")
+    p.add_argument("-no-kvu", "--no-kv-unified", dest="kv_unified", action="store_false",
+                   help="each slot gets -c / -np (the default with -np)")
+    p.add_argument("-cb", "--cont-batching", action="store_true", help="accepted: batching is always continuous")
+    p.add_argument("-v", "--verbose", action="store_true", help="log every request and debug line")
     p.add_argument("--metrics", action="store_true", help="enable GET /metrics (Prometheus)")
     p.add_argument("--slots", dest="slots", action="store_true", default=True, help="enable GET /slots (default)")
     p.add_argument("--no-slots", dest="slots", action="store_false", help="disable GET /slots")
-    p.add_argument("--no-webui", action="store_true", help="do not serve the chat page")
+    p.add_argument("--no-webui", "--no-ui", dest="no_webui", action="store_true", help="do not serve the chat page")
     p.add_argument("--context-shift", action="store_true", help="shift the context instead of stopping when full")
     p.add_argument("--slot-save-path", default=None, help="directory for POST /slots/{id}?action=save|restore")
     p.add_argument("-to", "--timeout", type=float, default=600.0, help="a request's deadline in seconds (600)")
@@ -65,7 +88,9 @@ def config_from_args(args):
         keys += [line.strip() for line in Path(args.api_key_file).read_text(encoding="utf-8").splitlines()
                  if line.strip()]
     origins = [o.strip() for arg in args.cors_origin for o in arg.split(",") if o.strip()]
-    for name, value, lo in (("--parallel", args.parallel, 1), ("--ctx-size", args.ctx_size, 256),
+    n_slots = 4 if args.parallel is None else args.parallel
+    kv_unified = args.parallel is None if args.kv_unified is None else args.kv_unified  # llama-server's rule
+    for name, value, lo in (("--parallel", n_slots, 1), ("--ctx-size", args.ctx_size, 256),
                             ("--max-queue", args.max_queue, 0), ("--port", args.port, 0),
                             ("--max-connections", args.max_connections, 1),
                             ("--embd-max-inputs", args.embd_max_inputs, 1)):
@@ -75,7 +100,18 @@ def config_from_args(args):
         raise ValueError(f"--read-timeout = {args.read_timeout} must be > 0")
     if args.slot_save_path and not Path(args.slot_save_path).is_dir():
         raise ValueError(f"--slot-save-path {args.slot_save_path!r} is not a directory")
-    return ServerConfig(model=args.model, alias=args.alias, n_ctx=args.ctx_size, n_slots=args.parallel,
+    if args.no_jinja:
+        print("llamactx: --no-jinja: the chat template is rendered with Jinja all the same", file=sys.stderr)
+    template = args.chat_template
+    if args.chat_template_file:
+        template = read_text(args.chat_template_file, "chat template file")
+    if template:
+        from llamactx.chat_template import ChatTemplate
+
+        ChatTemplate(template)  # a template that does not compile stops the server at start, named
+    tags = [t.strip() for t in (args.tags or "").split(",") if t.strip()]
+    return ServerConfig(model=args.model, alias=args.alias, chat_template=template, tags=tags, pooling=args.pooling,
+                        verbose=args.verbose, n_ctx=args.ctx_size, n_slots=n_slots, kv_unified=kv_unified,
                         flash_attn=args.flash_attn, sampling=request_defaults(args),
                         n_batch=args.batch_size, n_ubatch=args.ubatch_size, n_threads=args.threads,
                         n_threads_batch=args.threads_batch, type_k=args.cache_type_k, type_v=args.cache_type_v,
@@ -115,12 +151,32 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from llamactx.server.http import uvicorn_config
 
     config = config_from_args(args)
-    host = f"[{args.host}]" if ":" in args.host else args.host
-    config.url = f"http://{host}:{args.port}/"
-    logging.basicConfig(level=logging.INFO, format="llamactx: %(message)s")
+    hosts = [h.strip() for h in args.host.split(",") if h.strip()]  # llama-server binds each of a comma list
+    if not hosts:
+        raise CommandError("--host names no address")
+    first = f"[{hosts[0]}]" if ":" in hosts[0] else hosts[0]
+    config.url = f"http://{first}:{args.port}/"
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="llamactx: %(message)s")
+    sockets = [_bind(h, args.port) for h in hosts]
     app = create_app(config)
     print(f"llamactx serve: loading {config.model or 'smollm2'}; the chat page will be at {config.url}",
           file=sys.stderr, flush=True)
-    uvicorn.Server(uvicorn_config(app, config.read_timeout, config.max_connections, host=args.host,
-                                  port=args.port)).run()
+    uvicorn.Server(uvicorn_config(app, config.read_timeout, config.max_connections, host=hosts[0],
+                                  port=args.port)).run(sockets=sockets)
     return 0
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if family == socket.AF_INET6:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise CommandError(f"--host {host} --port {port}: cannot bind: {e.strerror or e}") from None
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock

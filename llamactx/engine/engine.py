@@ -57,14 +57,16 @@ class EngineStats:
 
 class Engine:
     """`n_slots` sequences of one context over a shared, read-only `model`. Extra keyword arguments are
-    `ContextParams` fields (n_batch, n_ubatch, n_threads, type_k...). The context's KV cells are one pool
-    (kv_unified): each slot may use up to `n_ctx` tokens while memory lasts."""
+    `ContextParams` fields (n_batch, n_ubatch, n_threads, type_k...). The context's KV cells are one pool; with
+    kv_unified (the default) each slot may use up to `n_ctx` tokens while memory lasts, without it each slot's
+    context is n_ctx / n_slots (llama-server with an explicit -np)."""
 
     def __init__(self, model: Model, n_slots: int = 1, n_ctx: int = 4096, lora=(), **context_params):
         if not 1 <= n_slots <= 256:
             raise EngineError(f"n_slots = {n_slots} is outside [1, 256]")
         self.model = model
-        self.ctx = Context(model, ContextParams(n_ctx=n_ctx, n_seq_max=n_slots, kv_unified=True, **context_params))
+        context_params.setdefault("kv_unified", True)
+        self.ctx = Context(model, ContextParams(n_ctx=n_ctx, n_seq_max=n_slots, **context_params))
         self.scheduler = Scheduler(self.ctx.memory, n_slots, self.ctx.params.n_batch)
         self.set_adapters_lora(lora)
         self.stats = EngineStats()

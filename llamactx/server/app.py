@@ -49,8 +49,13 @@ class ServerConfig:
 
     model: str | None = None  # -m: GGUF path or embedded name
     alias: str | None = None  # -a
+    tags: list[str] = field(default_factory=list)  # --tags: shown by /v1/models
+    chat_template: str | None = None  # --chat-template NAME|JINJA, --chat-template-file: instead of the model's
+    pooling: str = "mean"  # --pooling: the embeddings' pooling
+    verbose: bool = False  # -v
     n_ctx: int = 4096  # -c: the whole KV pool, shared by the slots
     n_slots: int = 4  # -np
+    kv_unified: bool = True  # -kvu: a slot may use the whole -c; off: each slot gets -c / -np (llama-server's -np N)
     n_batch: int = 2048  # -b
     n_ubatch: int = 512  # -ub
     n_threads: int = 2  # -t
@@ -88,7 +93,10 @@ class ServerState:
         self.embedder = None
         self.loras: list = []  # the LoraAdapters of --lora / --lora-scaled; their index is the API's id
         self.lora_scales: list[float] = []  # the scales every request gets (POST /lora-adapters)
-        self.alias = config.alias or "llamactx"
+        # -a may list several names (comma-separated): the API's id is the first in sorted order (llama-server's
+        # std::set), and /v1/models lists them all
+        self.aliases = sorted({a.strip() for a in (config.alias or "").split(",") if a.strip()})
+        self.alias = self.aliases[0] if self.aliases else "llamactx"
         self.t_start = time.time()
 
     def load(self) -> None:
@@ -104,20 +112,21 @@ class ServerState:
         try:
             path = resolve_model_path(c.model)
             self.model = Model.load(path)
-            self.alias = c.alias or Path(path).name
+            self.alias = self.aliases[0] if self.aliases else Path(path).name
             lora = load_adapters(self.model, c.lora)
             self.loras, self.lora_scales = [a for a, _ in lora], [s for _, s in lora]
             self.engine = Engine(self.model, n_slots=c.n_slots, n_ctx=c.n_ctx, n_batch=c.n_batch, lora=lora,
                                  n_ubatch=c.n_ubatch, n_threads=c.n_threads,
                                  n_threads_batch=c.n_threads_batch or c.n_threads, type_k=c.type_k, type_v=c.type_v,
-                                 swa_full=c.swa_full, flash_attn=c.flash_attn)
-            self.template = ChatTemplate.from_model(self.model, name=self.alias)
-            if self.template.is_fallback:
+                                 swa_full=c.swa_full, flash_attn=c.flash_attn, kv_unified=c.kv_unified)
+            self.template = ChatTemplate.from_model(self.model, name=self.alias, source=c.chat_template)
+            if self.template.is_fallback and not c.chat_template:
                 log.info(self.template.message)
             # an embedding input is at most one ubatch (llama-server's limit), so one slice of embedding work
             # between two generation steps is at most one ubatch's decode
-            self.embedder = Embedder(self.model, n_ctx=min(c.n_ctx, c.n_ubatch), lora=lora, n_threads=c.n_threads,
-                                     n_threads_batch=c.n_threads_batch or c.n_threads, flash_attn=c.flash_attn)
+            self.embedder = Embedder(self.model, n_ctx=min(c.n_ctx, c.n_ubatch), lora=lora, pooling=c.pooling,
+                                     n_threads=c.n_threads, n_threads_batch=c.n_threads_batch or c.n_threads,
+                                     flash_attn=c.flash_attn)
             self.engine.warmup()
             self.embedder.embed([[0]])  # its context and kernels too, so a first embeddings request stalls nobody
             self.worker = EngineWorker(self.engine, c.n_slots + c.max_queue, c.timeout)
@@ -306,14 +315,15 @@ def _routes(state: ServerState) -> list:
         state.check_ready()
         meta = {"n_vocab": state.model.hparams.n_vocab, "n_ctx_train": state.model.hparams.n_ctx_train,
                 "n_embd": state.model.hparams.n_embd, "n_params": state.model.n_params, "size": state.model.size}
-        data = [{"id": state.alias, "object": "model", "created": int(state.t_start), "owned_by": "llamactx",
+        data = [{"id": state.alias, "aliases": state.aliases or [state.alias], "tags": cfg.tags,
+                 "object": "model", "created": int(state.t_start), "owned_by": "llamactx",
                  "meta": meta}]
         return JSONResponse({"object": "list", "data": data})
 
     async def props(request):
         state.check_ready()
         return JSONResponse({
-            "default_generation_settings": {"n_ctx": state.n_ctx_slot(), "params": {"seed": -1}},
+            "default_generation_settings": {"n_ctx": state.n_ctx_slot(), "params": _default_params(cfg)},
             "total_slots": cfg.n_slots, "model_path": str(state.model.path), "model_alias": state.alias,
             "chat_template": state.template.source, "modalities": {"vision": False, "audio": False},
             "build_info": "llamactx", "webui": cfg.webui,
@@ -512,6 +522,16 @@ def _prompts(state: ServerState, prompt, n_keep: int) -> tuple[list[list[int]], 
         raise P.ProtocolError(f"prompt: at most {P.MAX_N} prompts per request")
     first = items[0]
     return out, first if isinstance(first, str) else vocab.detokenize(out[0])
+
+
+def _default_params(cfg: ServerConfig) -> dict:
+    """A request's sampling fields when it gives none: the defaults, then the server's sampling flags (/props'
+    default_generation_settings.params)."""
+    req = P.validate(P.CompletionRequest, {"prompt": "x", **cfg.sampling})
+    params = req.model_dump(exclude={"prompt", "model", "echo", "suffix", "logprobs", "stream_options",
+                                     "response_format", "n"})
+    params["seed"] = 0xFFFFFFFF if req.seed is None or req.seed == -1 else req.seed  # LLAMA_DEFAULT_SEED: random
+    return params
 
 
 def _embedding_tokens(state: ServerState, inputs: list) -> list[list[int]]:
