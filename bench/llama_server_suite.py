@@ -55,7 +55,8 @@ def standin(kind: str, argv: list[str], llamacpp: Path) -> None:
 
 def run_suite(kind: str, sdist: Path, llamacpp: Path, select: list[str], keyword: str | None,
               work: Path) -> dict[str, tuple[str, str]]:
-    """{test id: (outcome, first line of the reason)} for one server."""
+    """{test id ("unit/test_x.py::test_y[...]"): (outcome, first line of the reason)} for one server; `select`
+    holds test files of unit/ or test ids."""
     tests = work / f"tests-{kind}"
     shutil.copytree(sdist / SUITE, tests)
     bin_path = work / f"llama-server-{kind}"
@@ -65,7 +66,7 @@ def run_suite(kind: str, sdist: Path, llamacpp: Path, select: list[str], keyword
     report = work / f"{kind}.xml"
     env = {**os.environ, "LLAMA_SERVER_BIN_PATH": str(bin_path), "LLAMA_CACHE": str(work / "cache")}
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
-           *(f"unit/{f}" for f in select)]
+           *(f if "::" in f else f"unit/{f}" for f in select)]
     if keyword:
         cmd += ["-k", keyword]
     print(f"{kind}: {' '.join(cmd[3:])}", flush=True)
@@ -76,7 +77,7 @@ def run_suite(kind: str, sdist: Path, llamacpp: Path, select: list[str], keyword
 def parse_junit(path: Path) -> dict[str, tuple[str, str]]:
     out = {}
     for case in ET.parse(path).getroot().iter("testcase"):
-        name = f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}"
+        name = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
         outcome, reason = "passed", ""
         for child in case:
             if child.tag in ("failure", "error", "skipped"):
@@ -111,6 +112,8 @@ def main() -> None:
     results = {}
     with tempfile.TemporaryDirectory(prefix="llama-server-suite-") as tmp:
         for kind in kinds:
+            if kind == "llamactx" and "llama-server" in results:  # only what the baseline passes
+                select = [t for t, (o, _) in results["llama-server"].items() if o == "passed"]
             results[kind] = run_suite(kind, args.sdist, args.llamacpp, select, args.keyword, Path(tmp))
             counts = {}
             for outcome, _ in results[kind].values():

@@ -165,8 +165,12 @@ class SamplingFields(BaseModel):
 class CompletionRequest(SamplingFields):
     """POST /v1/completions (and llama-server's /completion, which also takes `n_predict`)."""
 
-    prompt: str | list[int] | list[str] | list[list[int]] = Field(min_length=1)
+    # a prompt is text, tokens, or llama-server's {"prompt_string": text, "multimodal_data": [...]} (no media here);
+    # a list of them is several prompts
+    prompt: str | list[int] | dict[str, Any] | list[str | list[int] | dict[str, Any]] = Field(min_length=1)
     echo: bool = False
+    response_fields: list[str] | None = Field(default=None, max_length=64)  # /completion: only these (a/b paths)
+    post_sampling_probs: bool = False
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     suffix: str | None = None
 
@@ -234,8 +238,7 @@ class GenerationRequest:
 
     @classmethod
     def from_fields(cls, req: SamplingFields, vocab, n_probs: int, context_shift: bool = False) -> GenerationRequest:
-        n_vocab = vocab.n_tokens
-        bias = _logit_bias(req.logit_bias, n_vocab)
+        bias = _logit_bias(req.logit_bias, vocab)
         if req.ignore_eos:
             bias += [(t, -math.inf) for t in sorted(vocab.eog_ids)]
         max_tokens = next((v for v in (req.max_completion_tokens, req.max_tokens, req.n_predict) if v is not None), -1)
@@ -284,26 +287,34 @@ class GenerationRequest:
                                     n_ctx_train=model.hparams.n_ctx_train, grammar=grammar_sampler)
 
 
-def _logit_bias(raw, n_vocab: int) -> list[tuple[int, float]]:
-    """OpenAI's {"token id": bias} or llama-server's [[token, bias]] pairs; false (or -inf) bans a token."""
+def _logit_bias(raw, vocab) -> list[tuple[int, float]]:
+    """OpenAI's {"token id": bias} or llama-server's [[token, bias]] pairs; false (or -inf) bans a token. A key
+    that is text rather than a token id biases each of its tokens (llama-server's params_from_json)."""
     if not raw:
         return []
+    n_vocab = vocab.n_tokens
     items = raw.items() if isinstance(raw, dict) else raw
     out = []
     for key, bias in items:
-        try:
-            tok = int(key)
-        except (TypeError, ValueError):
-            raise ProtocolError(f"logit_bias: key {key!r} is not a token id") from None
-        if isinstance(key, bool) or not 0 <= tok < n_vocab:
-            raise ProtocolError(f"logit_bias: token {key!r} is outside the vocab [0, {n_vocab})")
-        if bias is False:
-            bias = -math.inf
-        if isinstance(bias, bool) or not isinstance(bias, (int, float)):
-            raise ProtocolError(f"logit_bias[{tok}]: bias {bias!r} must be a number or false")
-        if bias == math.inf or (not math.isinf(bias) and abs(bias) > 100):
-            raise ProtocolError(f"logit_bias[{tok}]: bias {bias} is outside [-100, 100] (or -inf / false to ban)")
-        out.append((tok, float(bias)))
+        if isinstance(key, str) and not key.lstrip("-").isdigit():
+            if len(key) > 4096:
+                raise ProtocolError(f"logit_bias: a text key has {len(key)} characters, more than 4096")
+            toks = vocab.tokenize(key, add_special=False, parse_special=False)
+        elif isinstance(key, bool) or not isinstance(key, (int, str)):
+            raise ProtocolError(f"logit_bias: key {key!r} is not a token id or text")
+        else:
+            toks = [int(key)]
+        for tok in toks:
+            if not 0 <= tok < n_vocab:
+                raise ProtocolError(f"logit_bias: token {key!r} is outside the vocab [0, {n_vocab})")
+            if bias is False:
+                bias = -math.inf
+            if isinstance(bias, bool) or not isinstance(bias, (int, float)):
+                raise ProtocolError(f"logit_bias[{tok}]: bias {bias!r} must be a number or false")
+            if bias == math.inf or (not math.isinf(bias) and abs(bias) > 100):
+                raise ProtocolError(f"logit_bias[{tok}]: bias {bias} is outside [-100, 100] (or -inf / false to "
+                                    "ban)")
+            out.append((tok, float(bias)))
     return out
 
 

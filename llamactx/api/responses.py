@@ -11,10 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from llamactx import tool_calls
+from llamactx import __version__, tool_calls
 from llamactx.api import protocol as P
 from llamactx.engine import Chunk
 from llamactx.engine import Sequence as EngineSequence
+
+FINGERPRINT = f"b{__version__}-llamactx"  # llama-server's "b<build>-<commit>"
 
 
 @dataclass
@@ -48,7 +50,7 @@ class Renderer:
 
     def head(self) -> dict[str, Any]:
         return {"id": self.id, "object": self.object_name, "created": self.created, "model": self.model,
-                "system_fingerprint": "llamactx"}
+                "system_fingerprint": FINGERPRINT}
 
     def response(self, choices: list[Choice]) -> dict[str, Any]:
         out = self.head()
@@ -150,21 +152,58 @@ class ChatRenderer(Renderer):
 
 
 class NativeRenderer(Renderer):
-    """llama-server's own /completion: `content`, `stop`, `stop_type`, `timings`..."""
+    """llama-server's own /completion: `content`, `stop`, `stop_type`, `timings`, `completion_probabilities` (with
+    n_probs > 0), `generation_settings`; one object per prompt (a list for several); `response_fields` keeps
+    only those fields, named by "a/b" paths."""
 
-    def response(self, choices: list[Choice]) -> dict[str, Any]:
-        c = choices[0]
-        return self._final(c)
+    def __init__(self, *args, response_fields: list[str] | None = None, **kw):
+        super().__init__(*args, **kw)
+        self.fields = response_fields or []
+
+    def response(self, choices: list[Choice]) -> dict[str, Any] | list[dict[str, Any]]:
+        out = [self._pick(self._final(c)) for c in choices]
+        return out[0] if len(out) == 1 else out
+
+    def _pick(self, obj: dict[str, Any]) -> dict[str, Any]:
+        if not self.fields:
+            return obj
+        out = {}
+        for path in self.fields:
+            value: Any = obj
+            for key in path.split("/"):
+                value = value.get(key) if isinstance(value, dict) else None
+            if value is not None:
+                out[path] = value
+        return out
 
     def _final(self, c: Choice) -> dict[str, Any]:
         seq = c.seq
         stop_type = {"stop": "word" if seq.stream.stop_word else "eos", "length": "limit"}.get(
             seq.finish_reason or "", "none")
-        return {"index": c.index, "content": c.text, "tokens": list(seq.output), "id_slot": seq.seq_id,
-                "stop": True, "model": self.model, "tokens_predicted": seq.n_output,
-                "tokens_evaluated": seq.n_prompt, "prompt": self.prompt_text, "has_new_line": "\n" in c.text,
-                "truncated": False, "stop_type": stop_type, "stopping_word": seq.stream.stop_word or "",
-                "tokens_cached": seq.n_past, "timings": P.timings(seq)}
+        out = {"index": c.index, "content": c.text, "tokens": list(seq.output), "id_slot": seq.seq_id,
+               "stop": True, "model": self.model, "tokens_predicted": seq.n_output,
+               "tokens_evaluated": seq.n_prompt, "generation_settings": self._settings(), "prompt": self.prompt_text,
+               "has_new_line": "\n" in c.text, "truncated": False, "stop_type": stop_type,
+               "stopping_word": seq.stream.stop_word or "", "tokens_cached": seq.n_past, "timings": P.timings(seq)}
+        if self.gen.n_probs > 0:
+            out["completion_probabilities"] = self._probs(c.chunks)
+        return out
+
+    def _settings(self) -> dict[str, Any]:
+        sp, lim = self.gen.sampling, self.gen.limits
+        return {"n_predict": lim.max_tokens, "seed": sp.seed, "temperature": sp.temperature, "top_k": sp.top_k,
+                "top_p": sp.top_p, "min_p": sp.min_p, "n_probs": max(self.gen.n_probs, 0),
+                "stream": self.gen.stream, "stop": list(lim.stop), "ignore_eos": lim.ignore_eos}
+
+    def _probs(self, chunks: list[Chunk]) -> list[dict[str, Any]]:
+        """llama-server's completion_probabilities: per sampled token its id, text, bytes and logprob, and the
+        n_probs most likely tokens the same way."""
+        def entry(token: int, logprob: float) -> dict[str, Any]:
+            piece = self.vocab.token_to_piece(token)
+            return {"id": token, "token": piece.decode("utf-8", "replace"), "bytes": list(piece), "logprob": logprob}
+
+        return [{**entry(ch.token, ch.logprob), "top_logprobs": [entry(t, lp) for t, lp in ch.top_logprobs]}
+                for ch in chunks if ch.token is not None and ch.logprob is not None]
 
     def first(self, c: Choice) -> list[dict[str, Any]]:
         return []
@@ -172,7 +211,12 @@ class NativeRenderer(Renderer):
     def delta(self, c: Choice, chunks: list[Chunk]) -> list[dict[str, Any]]:
         text = "".join(ch.text for ch in chunks)
         toks = [ch.token for ch in chunks if ch.token is not None]
-        return [{"index": c.index, "content": text, "tokens": toks, "stop": False}] if text or toks else []
+        if not (text or toks):
+            return []
+        out = {"index": c.index, "content": text, "tokens": toks, "stop": False}
+        if self.gen.n_probs > 0:
+            out["completion_probabilities"] = self._probs(chunks)
+        return [out]
 
     def last(self, c: Choice) -> list[dict[str, Any]]:
         out = self._final(c)

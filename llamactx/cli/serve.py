@@ -58,6 +58,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="each slot gets -c / -np (the default with -np)")
     p.add_argument("-cb", "--cont-batching", action="store_true", help="accepted: batching is always continuous")
     p.add_argument("-v", "--verbose", action="store_true", help="log every request and debug line")
+    p.add_argument("--backend-sampling", "--backend_sampling", dest="backend_sampling", action="store_true",
+                   help="accepted with a notice: sampling runs on the CPU, after the decode")
     p.add_argument("--metrics", action="store_true", help="enable GET /metrics (Prometheus)")
     p.add_argument("--slots", dest="slots", action="store_true", default=True, help="enable GET /slots (default)")
     p.add_argument("--no-slots", dest="slots", action="store_false", help="disable GET /slots")
@@ -100,6 +102,8 @@ def config_from_args(args):
         raise ValueError(f"--read-timeout = {args.read_timeout} must be > 0")
     if args.slot_save_path and not Path(args.slot_save_path).is_dir():
         raise ValueError(f"--slot-save-path {args.slot_save_path!r} is not a directory")
+    if args.backend_sampling:
+        print("llamactx: --backend-sampling ignored: sampling runs on the CPU, after the decode", file=sys.stderr)
     if args.no_jinja:
         print("llamactx: --no-jinja: the chat template is rendered with Jinja all the same", file=sys.stderr)
     template = args.chat_template

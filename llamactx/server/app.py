@@ -345,10 +345,14 @@ def _routes(state: ServerState) -> list:
                                   "/v1/completions returns n choices")
         if req.suffix:
             raise P.ProtocolError("suffix: infill is not supported by this server", 400)
+        if req.post_sampling_probs:
+            raise P.ProtocolError("post_sampling_probs: probabilities after the sampler chain are not supported by "
+                                  "this server; n_probs gives the model's own (pre-sampling) log-probabilities")
         prompts, text = await asyncio.to_thread(_prompts, state, req.prompt, req.n_keep)
         n_probs = req.logprobs if req.logprobs is not None else (req.n_probs or -1)
         gen = P.GenerationRequest.from_fields(req, state.model.vocab, n_probs, cfg.context_shift)
-        renderer = renderer_cls(state.alias, state.model.vocab, text, gen, echo=req.echo)
+        extra = {"response_fields": req.response_fields} if renderer_cls is NativeRenderer else {}
+        renderer = renderer_cls(state.alias, state.model.vocab, text, gen, echo=req.echo, **extra)
         return await serve(state, request, prompts, gen, renderer)
 
     async def chat_completions(request):
@@ -503,7 +507,7 @@ def _routes(state: ServerState) -> list:
 def _prompts(state: ServerState, prompt, n_keep: int) -> tuple[list[list[int]], str]:
     """A completion prompt as token lists (one per prompt) and the text of the first (for echo)."""
     vocab = state.model.vocab
-    if isinstance(prompt, str):
+    if isinstance(prompt, (str, dict)):
         items: list = [prompt]
     elif prompt and all(isinstance(p, int) for p in prompt):
         items = [prompt]
@@ -511,6 +515,13 @@ def _prompts(state: ServerState, prompt, n_keep: int) -> tuple[list[list[int]], 
         items = list(prompt)
     out = []
     for i, p in enumerate(items):
+        if isinstance(p, dict):  # llama-server's multimodal prompt object: its text, and no media
+            if p.get("multimodal_data"):
+                raise P.ProtocolError(f"prompt[{i}].multimodal_data: this server has no multimodal projector")
+            p = p.get("prompt_string")
+            if not isinstance(p, str):
+                raise P.ProtocolError(f"prompt[{i}].prompt_string must be a string")
+            items[i] = p
         if isinstance(p, str):
             tokens = _prompt_tokens(state, p, True)
         else:

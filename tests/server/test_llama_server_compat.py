@@ -1,0 +1,86 @@
+"""llama-server's own request and response shapes (issue 22), each as llama.cpp's server tests use them:
+/completion's completion_probabilities, several prompts, response_fields, text keys in logit_bias, the
+multimodal prompt object, aliases and tags, and the -np / -kvu rule for a slot's context."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from llamactx.cli.commands import build_parser
+from llamactx.cli.serve import config_from_args
+from tests.server.conftest import running_server
+
+PROMPT = "I believe the meaning of life is"
+
+
+def test_n_probs_gives_completion_probabilities(server):
+    with server.client() as http:
+        body = http.post("/completion", json={"prompt": PROMPT, "n_probs": 3, "temperature": 0,
+                                              "n_predict": 4}).json()
+        probs = body["completion_probabilities"]
+        assert len(probs) == 4 and [p["id"] for p in probs] == body["tokens"]
+        for p in probs:
+            assert p["logprob"] <= 0 and bytes(p["bytes"]).decode() == p["token"] and len(p["top_logprobs"]) == 3
+            assert p["top_logprobs"][0]["id"] == p["id"]  # greedy: the sampled token is the most likely
+        streamed = [c for c in _stream(http, {"prompt": PROMPT, "n_probs": 3, "temperature": 0, "n_predict": 4})
+                    if not c["stop"]]
+        assert [c["completion_probabilities"][0]["id"] for c in streamed] == body["tokens"]
+        res = http.post("/completion", json={"prompt": PROMPT, "n_probs": 3, "post_sampling_probs": True})
+        assert res.status_code == 400 and "post_sampling_probs" in res.text
+
+
+def _stream(http, body):
+    with http.stream("POST", "/completion", json={**body, "stream": True}) as res:
+        return [json.loads(line[6:]) for line in res.iter_lines() if line.startswith("data: {")]
+
+
+def test_several_prompts_give_a_list_and_fields_can_be_picked(server):
+    with server.client() as http:
+        tokens = http.post("/tokenize", json={"content": PROMPT, "add_special": True}).json()["tokens"]
+        body = http.post("/completion", json={"prompt": [tokens, PROMPT, {"prompt_string": PROMPT}],
+                                              "temperature": 0, "n_predict": 6}).json()
+        assert isinstance(body, list) and len({r["content"] for r in body}) == 1 and len(body) == 3
+        one = http.post("/completion", json={"prompt": PROMPT, "temperature": 0, "n_predict": 6,
+                                             "response_fields": ["content", "generation_settings/n_predict"]}).json()
+        assert one == {"content": body[0]["content"], "generation_settings/n_predict": 6}
+        res = http.post("/completion", json={"prompt": {"prompt_string": "x", "multimodal_data": ["AAAA"]}})
+        assert res.status_code == 400 and "multimodal" in res.text
+
+
+def test_logit_bias_text_keys_bias_their_tokens(server):
+    with server.client() as http:
+        base = {"prompt": "What is the best book", "n_predict": 24, "temperature": 0}
+        plain = http.post("/completion", json=base).json()["content"]
+        words = sorted({w for w in plain.split() if w.isalpha()})[:6]
+        assert words, plain
+        for bias in ([[f" {w}", -100] for w in words], {f" {w}": -100 for w in words}):
+            out = http.post("/completion", json={**base, "logit_bias": bias}).json()["content"]
+            assert out != plain and not any(f" {w} " in f" {out} " for w in words), out
+
+
+def test_aliases_tags_and_a_slot_context_of_n_ctx_over_np():
+    """-a with several names, --tags, and -np 2 -c 512 without -kvu: each slot's context is 256 (llama-server)."""
+    with running_server(model="smollm2", alias="tinyllama-2,fim,code", tags=["chat", "small"], n_slots=2,
+                        n_ctx=512, kv_unified=False) as srv:
+        model = httpx.get(srv.url + "/v1/models", timeout=30).json()["data"][0]
+        assert model["id"] == "code" and set(model["aliases"]) == {"tinyllama-2", "fim", "code"}
+        assert model["tags"] == ["chat", "small"]
+        props = httpx.get(srv.url + "/props", timeout=30).json()
+        assert props["default_generation_settings"]["n_ctx"] == 256 and props["total_slots"] == 2
+        assert [s["n_ctx"] for s in httpx.get(srv.url + "/slots", timeout=30).json()] == [256, 256]
+        res = httpx.post(srv.url + "/completion", json={"prompt": "word " * 300}, timeout=60)
+        assert res.status_code == 400 and res.json()["error"]["n_ctx"] == 256
+
+
+@pytest.mark.parametrize(("argv", "n_slots", "unified"), [
+    ([], 4, True),  # llama-server's -np auto: 4 slots sharing -c
+    (["-np", "2"], 2, False),  # an explicit -np: each slot gets -c / 2
+    (["-np", "2", "-kvu"], 2, True),
+    (["--no-kv-unified"], 4, False),
+])
+def test_np_and_kvu_follow_llama_server(argv, n_slots, unified):
+    cfg = config_from_args(build_parser().parse_args(["serve", *argv]))
+    assert (cfg.n_slots, cfg.kv_unified) == (n_slots, unified)
