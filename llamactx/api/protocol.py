@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from llamactx.engine import Chunk, Limits
 from llamactx.engine import Sequence as EngineSequence
@@ -211,6 +211,16 @@ class ApplyTemplateRequest(BaseModel):
     messages: list[dict[str, Any]] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+
+
+class RerankRequest(BaseModel):
+    """POST /v1/rerank (llama-server's, Jina / TEI style): a query and the documents to score."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    query: str
+    documents: list[str] = Field(min_length=1, max_length=4096, validation_alias=AliasChoices("documents", "texts"))
+    top_n: int | None = Field(default=None, ge=0)
+    model: str | None = None
 
 
 class SlotFileRequest(BaseModel):

@@ -32,6 +32,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from llamactx import tool_calls
+from llamactx.api import anthropic
 from llamactx.api import protocol as P
 from llamactx.api.responses import ChatRenderer, NativeRenderer, Renderer
 from llamactx.errors import LlamactxError
@@ -357,7 +358,20 @@ def _routes(state: ServerState) -> list:
 
     async def chat_completions(request):
         state.check_ready()
-        body = await _json(request)
+        return await _chat(request, await _json(request), ChatRenderer)
+
+    async def messages(request):
+        state.check_ready()
+        return await _chat(request, anthropic.to_chat(await _json(request)), anthropic.MessagesRenderer)
+
+    async def count_tokens(request):
+        state.check_ready()
+        req = P.validate(P.ChatCompletionRequest, anthropic.count_tokens_body(await _json(request)))
+        prompt_text, _ = await asyncio.to_thread(_render_chat, state, req)
+        tokens = await asyncio.to_thread(_prompt_tokens, state, prompt_text, True)
+        return JSONResponse({"input_tokens": len(tokens)})
+
+    async def _chat(request, body: dict, renderer_cls):
         state.check_request_lora(body)
         req = P.validate(P.ChatCompletionRequest, {**cfg.sampling, **body})
         prompt_text, fns = await asyncio.to_thread(_render_chat, state, req)
@@ -371,7 +385,8 @@ def _routes(state: ServerState) -> list:
                 raise P.ProtocolError("tool_choice: a required tool call cannot be combined with grammar / "
                                       "json_schema / response_format")
             gen.grammar = ("json_schema", tool_calls.call_schema(required))
-        renderer = ChatRenderer(state.alias, state.model.vocab, prompt_text, gen, tools=bool(fns))
+        extra = {"n_prompt": len(tokens)} if renderer_cls is anthropic.MessagesRenderer else {}
+        renderer = renderer_cls(state.alias, state.model.vocab, prompt_text, gen, tools=bool(fns), **extra)
         return await serve(state, request, [tokens], gen, renderer)
 
     async def embeddings(request):
@@ -393,6 +408,12 @@ def _routes(state: ServerState) -> list:
         return JSONResponse({"object": "list", "model": state.alias,
                              "data": [P.embedding_item(i, v, req.encoding_format) for i, v in enumerate(vecs)],
                              "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}})
+
+    async def rerank(request):
+        state.check_ready()
+        P.validate(P.RerankRequest, await _json(request))  # a malformed request is named first, as llama-server
+        raise P.ProtocolError(f"rerank: {state.alias} has no rank (classifier) head; reranking needs a reranker "
+                              "model (a cls / cls_out output layer)", 400)
 
     async def tokenize(request):
         state.check_ready()
@@ -491,7 +512,11 @@ def _routes(state: ServerState) -> list:
         Route("/completions", completion_native, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/messages", messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
         Route("/v1/embeddings", embeddings, methods=["POST"]), Route("/embeddings", embeddings, methods=["POST"]),
+        Route("/v1/rerank", rerank, methods=["POST"]), Route("/rerank", rerank, methods=["POST"]),
+        Route("/v1/reranking", rerank, methods=["POST"]), Route("/reranking", rerank, methods=["POST"]),
         Route("/tokenize", tokenize, methods=["POST"]), Route("/detokenize", detokenize, methods=["POST"]),
         Route("/apply-template", apply_template, methods=["POST"]),
         Route("/slots", slots_get), Route("/slots/{id_slot}", slots_post, methods=["POST"]),

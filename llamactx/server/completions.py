@@ -113,6 +113,11 @@ def _generation_error(seq: EngineSequence) -> P.ProtocolError:
 
 async def _stream(state, choices: list[LiveChoice], events: asyncio.Queue, renderer: Renderer,
                   gen: P.GenerationRequest) -> AsyncIterator[bytes]:
+    named = getattr(renderer, "sse_events", False)  # Anthropic's stream: "event: <type>" lines, no [DONE]
+
+    def _sse(obj: dict[str, Any]) -> bytes:
+        return _sse_bytes(obj, obj.get("type") if named else None)
+
     try:
         for c in choices:
             for obj in renderer.first(c):
@@ -135,7 +140,8 @@ async def _stream(state, choices: list[LiveChoice], events: asyncio.Queue, rende
             usage = renderer.usage_chunk(choices)
             if usage:
                 yield _sse(usage)
-        yield b"data: [DONE]\n\n"
+        if not named:
+            yield b"data: [DONE]\n\n"
     finally:
         _cancel_unfinished(state, choices)
 
@@ -146,5 +152,6 @@ def _cancel_unfinished(state, choices: list[LiveChoice]) -> None:
             state.worker.cancel(c.request)
 
 
-def _sse(obj: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(obj, ensure_ascii=False).encode("utf-8") + b"\n\n"
+def _sse_bytes(obj: dict[str, Any], event: str | None = None) -> bytes:
+    head = f"event: {event}\n".encode() if event else b""
+    return head + b"data: " + json.dumps(obj, ensure_ascii=False).encode("utf-8") + b"\n\n"
