@@ -37,7 +37,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--api-key", action="append", default=[], help="API key (repeatable); none: no auth")
     p.add_argument("--api-key-file", default=None, help="file with one API key per line")
     p.add_argument("--cors-origin", "--cors-origins", dest="cors_origin", action="append", default=[],
-                   help="allowed browser origin (repeatable or comma-separated); none by default")
+                   help="browser origins given CORS headers (repeatable or comma-separated): 'localhost' (any port "
+                        "of localhost / 127.0.0.1 / [::1], the default), '*' (any: llama-server's default), or "
+                        "exact origins")
     p.add_argument("--tags", default=None, help="comma-separated model tags shown by /v1/models")
     p.add_argument("--chat-template", default=None, metavar="NAME|JINJA",
                    help="a built-in template name (chatml, gemma, llama3) or a Jinja template, instead of the model's")
@@ -89,7 +91,7 @@ def config_from_args(args):
     if args.api_key_file:
         keys += [line.strip() for line in Path(args.api_key_file).read_text(encoding="utf-8").splitlines()
                  if line.strip()]
-    origins = [o.strip() for arg in args.cors_origin for o in arg.split(",") if o.strip()]
+    origins = [o.strip() for arg in args.cors_origin for o in arg.split(",") if o.strip()] or ["localhost"]
     n_slots = 4 if args.parallel is None else args.parallel
     kv_unified = args.parallel is None if args.kv_unified is None else args.kv_unified  # llama-server's rule
     for name, value, lo in (("--parallel", n_slots, 1), ("--ctx-size", args.ctx_size, 256),

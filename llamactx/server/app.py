@@ -24,7 +24,6 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 from starlette.responses import FileResponse, JSONResponse, Response
@@ -66,7 +65,9 @@ class ServerConfig:
     flash_attn: str = "auto"  # -fa on|off|auto
     sampling: dict[str, Any] = field(default_factory=dict)  # --temp, --seed, -n ...: request fields' defaults
     api_keys: list[str] = field(default_factory=list)  # --api-key / --api-key-file
-    cors_origins: list[str] = field(default_factory=list)  # --cors-origin (an allowlist)
+    # --cors-origins: the browser origins answered with CORS headers: "localhost" (any port of localhost,
+    # 127.0.0.1, [::1]; the default), "*" (any, llama-server's default), or exact origins
+    cors_origins: list[str] = field(default_factory=lambda: ["localhost"])
     metrics: bool = False  # --metrics
     slots: bool = True  # --slots / --no-slots
     webui: bool = True  # --no-webui
@@ -199,8 +200,7 @@ def create_app(config: ServerConfig, load_in_background: bool = True) -> Starlet
     routes = _routes(state)
     middleware = [Middleware(_Guard, state=state)]
     if config.cors_origins:
-        middleware.insert(0, Middleware(CORSMiddleware, allow_origins=config.cors_origins, allow_methods=["*"],
-                                        allow_headers=["*"]))
+        middleware.insert(0, Middleware(_Cors, origins=config.cors_origins))
     handlers = {HTTPException: _http_error, LlamactxError: _user_error, ClientDisconnect: _client_gone,
                 Exception: _server_error}
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan, exception_handlers=handlers)
@@ -232,6 +232,49 @@ class _Guard:
             err = P.ProtocolError(f"request body of {length} bytes exceeds the limit of {cfg.max_body_bytes}", 413)
             return await JSONResponse(err.body(), err.status)(scope, receive, send)
         await self.app(scope, _bounded(receive, cfg.max_body_bytes), send)
+
+
+_LOCAL_HOSTS = ("localhost", "127.0.0.1", "[::1]")
+
+
+class _Cors:
+    """llama-server's CORS: a preflight (OPTIONS with Access-Control-Request-Method) is answered 200 with the
+    methods and headers it allows, and an allowed origin is reflected with credentials, on preflights and
+    responses alike; an origin not allowed gets no CORS header (the browser then blocks the page's request)."""
+
+    def __init__(self, app, origins: list[str]):
+        self.app, self.origins = app, origins
+
+    def allowed(self, origin: str) -> bool:
+        if "*" in self.origins or origin in self.origins:
+            return True
+        if "localhost" in self.origins:
+            host = origin.split("://", 1)[-1]
+            host = host.rsplit(":", 1)[0] if not host.endswith("]") and host.count(":") == 1 else host
+            host = host.split("]:", 1)[0] + "]" if host.startswith("[") and "]:" in host else host
+            return host in _LOCAL_HOSTS
+        return False
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        origin = headers.get("origin")
+        cors = [(b"access-control-allow-origin", origin.encode("latin-1")),
+                (b"access-control-allow-credentials", b"true"), (b"vary", b"Origin")] \
+            if origin and self.allowed(origin) else []
+        if scope["method"] == "OPTIONS" and "access-control-request-method" in headers:
+            allow = [(b"access-control-allow-methods", b"GET, POST, DELETE, OPTIONS"),
+                     (b"access-control-allow-headers", b"*"), (b"content-length", b"0")]
+            await send({"type": "http.response.start", "status": 200, "headers": cors + allow})
+            return await send({"type": "http.response.body", "body": b""})
+
+        async def send_with_cors(message):
+            if message["type"] == "http.response.start" and cors:
+                message = {**message, "headers": list(message.get("headers", [])) + cors}
+            await send(message)
+
+        await self.app(scope, receive, send_with_cors)
 
 
 def _public(path: str) -> bool:

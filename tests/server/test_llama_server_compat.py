@@ -84,3 +84,20 @@ def test_aliases_tags_and_a_slot_context_of_n_ctx_over_np():
 def test_np_and_kvu_follow_llama_server(argv, n_slots, unified):
     cfg = config_from_args(build_parser().parse_args(["serve", *argv]))
     assert (cfg.n_slots, cfg.kv_unified) == (n_slots, unified)
+
+
+@pytest.mark.parametrize(("origin", "reflected"), [
+    ("http://localhost:3000", True), ("http://127.0.0.1", True), ("http://[::1]:8080", True),
+    ("http://localhost.evil.com", False), ("http://evil.com", False),
+])
+def test_cors_defaults_to_localhost_origins(server, origin, reflected):
+    """llama-server's preflight answer (200, its methods and headers); by default only localhost origins are
+    reflected (llama-server's own default reflects any: `--cors-origins '*'`)."""
+    with server.client() as http:
+        res = http.options("/v1/completions", headers={"Origin": origin, "Access-Control-Request-Method": "POST",
+                                                        "Access-Control-Request-Headers": "Authorization"})
+        assert res.status_code == 200 and res.headers["access-control-allow-methods"] == "GET, POST, DELETE, OPTIONS"
+        assert res.headers.get("access-control-allow-origin") == (origin if reflected else None)
+        assert res.headers.get("access-control-allow-credentials") == ("true" if reflected else None)
+        get = http.get("/health", headers={"Origin": origin})
+        assert get.headers.get("access-control-allow-origin") == (origin if reflected else None)
