@@ -69,7 +69,7 @@ def run_suite(kind: str, sdist: Path, llamacpp: Path, select: list[str], keyword
            *(f if "::" in f else f"unit/{f}" for f in select)]
     if keyword:
         cmd += ["-k", keyword]
-    print(f"{kind}: {' '.join(cmd[3:])}", flush=True)
+    print(f"{kind}: {len(select) or 'all'} test files / ids{f', -k {keyword}' if keyword else ''}", flush=True)
     subprocess.run(cmd, cwd=tests, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
     return parse_junit(report)
 

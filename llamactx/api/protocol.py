@@ -138,6 +138,7 @@ class SamplingFields(BaseModel):
     grammar: str | None = Field(default=None, max_length=1 << 20)
     json_schema: dict[str, Any] | None = None
     ignore_eos: bool = False
+    timings_per_token: bool = False
     cache_prompt: bool = True
     id_slot: int = Field(default=-1, ge=-1)
     n_keep: int = Field(default=0, ge=-1)
@@ -245,6 +246,7 @@ class GenerationRequest:
     include_usage: bool
     id_slot: int
     cache_prompt: bool
+    timings_per_token: bool = False
 
     @classmethod
     def from_fields(cls, req: SamplingFields, vocab, n_probs: int, context_shift: bool = False) -> GenerationRequest:
@@ -273,7 +275,8 @@ class GenerationRequest:
         limits = Limits(max_tokens, tuple(stops), req.ignore_eos, context_shift, max(req.n_keep, 0))
         return cls(sampling, limits,
                    _grammar_of(req), req.n, n_probs, req.stream,
-                   bool(req.stream_options and req.stream_options.include_usage), req.id_slot, req.cache_prompt)
+                   bool(req.stream_options and req.stream_options.include_usage), req.id_slot, req.cache_prompt,
+                   req.timings_per_token)
 
     def grammar_sampler(self, vocab):
         """The request's grammar constraint (GrammarSampler.build), or None. llguidance compiles it: call it off

@@ -8,6 +8,7 @@ stream chunks: `first` before any token, `delta` per batch of chunks, `last` whe
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,13 +124,16 @@ class ChatRenderer(Renderer):
         return out
 
     def first(self, c: Choice) -> list[dict[str, Any]]:
-        return [self._chat(c, {"role": "assistant", "content": ""}, None, [])]
+        return [self._chat(c, {"role": "assistant", "content": None}, None, [])]  # llama-server: null
 
     def delta(self, c: Choice, chunks: list[Chunk]) -> list[dict[str, Any]]:
         text = "".join(ch.text for ch in chunks)
         if self.tools or not text:
             return []
-        return [self._chat(c, {"content": text}, None, chunks)]
+        out = self._chat(c, {"content": text}, None, chunks)
+        if self.gen.timings_per_token and c.seq is not None:
+            out["timings"] = P.timings(c.seq)
+        return [out]
 
     def _chat(self, c: Choice, delta: dict, finish: str | None, chunks: list[Chunk]) -> dict[str, Any]:
         lp = P.chat_logprobs(self.vocab, chunks) if self.gen.n_probs >= 0 and chunks else None
@@ -193,7 +197,9 @@ class NativeRenderer(Renderer):
         sp, lim = self.gen.sampling, self.gen.limits
         return {"n_predict": lim.max_tokens, "seed": sp.seed, "temperature": sp.temperature, "top_k": sp.top_k,
                 "top_p": sp.top_p, "min_p": sp.min_p, "n_probs": max(self.gen.n_probs, 0),
-                "stream": self.gen.stream, "stop": list(lim.stop), "ignore_eos": lim.ignore_eos}
+                "stream": self.gen.stream, "stop": list(lim.stop), "ignore_eos": lim.ignore_eos,
+                # llama-server's list form; -inf (a ban, and ignore_eos's end-of-generation tokens) is null
+                "logit_bias": [{"token": t, "bias": None if math.isinf(b) else b} for t, b in sp.logit_bias]}
 
     def _probs(self, chunks: list[Chunk]) -> list[dict[str, Any]]:
         """llama-server's completion_probabilities: per sampled token its id, text, bytes and logprob, and the

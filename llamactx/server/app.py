@@ -198,9 +198,9 @@ def create_app(config: ServerConfig, load_in_background: bool = True) -> Starlet
             await asyncio.to_thread(state.worker.stop)
 
     routes = _routes(state)
-    middleware = [Middleware(_Guard, state=state)]
+    middleware = [Middleware(_CanonicalHeaders), Middleware(_Guard, state=state)]
     if config.cors_origins:
-        middleware.insert(0, Middleware(_Cors, origins=config.cors_origins))
+        middleware.insert(1, Middleware(_Cors, origins=config.cors_origins))
     handlers = {HTTPException: _http_error, LlamactxError: _user_error, ClientDisconnect: _client_gone,
                 Exception: _server_error}
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan, exception_handlers=handlers)
@@ -232,6 +232,26 @@ class _Guard:
             err = P.ProtocolError(f"request body of {length} bytes exceeds the limit of {cfg.max_body_bytes}", 413)
             return await JSONResponse(err.body(), err.status)(scope, receive, send)
         await self.app(scope, _bounded(receive, cfg.max_body_bytes), send)
+
+
+class _CanonicalHeaders:
+    """Response header names in their canonical Title-Case, as llama-server (cpp-httplib) sends them: HTTP
+    does not care, but clients that read headers into a plain dict do (Starlette writes them lowercase)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def titled(message):
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [(b"-".join(p.capitalize() for p in k.split(b"-")), v)
+                                                  for k, v in message.get("headers", [])]}
+            await send(message)
+
+        await self.app(scope, receive, titled)
 
 
 _LOCAL_HOSTS = ("localhost", "127.0.0.1", "[::1]")
