@@ -139,6 +139,7 @@ class SamplingFields(BaseModel):
     json_schema: dict[str, Any] | None = None
     ignore_eos: bool = False
     timings_per_token: bool = False
+    verbose: bool = False  # the response carries "__verbose": {"prompt": ...}
     cache_prompt: bool = True
     id_slot: int = Field(default=-1, ge=-1)
     n_keep: int = Field(default=0, ge=-1)
@@ -185,11 +186,14 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool | None = None  # None: true, unless the last message is continued
+    continue_final_message: bool = False
 
 
 class EmbeddingRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    input: str | list[str] | list[int] | list[list[int]] = Field(min_length=1)
+    # text, tokens, or llama-server's {"content": [{"type": "text", "text": ...}, ...]} object; or a list of them
+    input: str | list[int] | dict[str, Any] | list[str | list[int] | dict[str, Any]] = Field(min_length=1)
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
 
@@ -247,6 +251,7 @@ class GenerationRequest:
     id_slot: int
     cache_prompt: bool
     timings_per_token: bool = False
+    verbose: bool = False
 
     @classmethod
     def from_fields(cls, req: SamplingFields, vocab, n_probs: int, context_shift: bool = False) -> GenerationRequest:
@@ -276,7 +281,7 @@ class GenerationRequest:
         return cls(sampling, limits,
                    _grammar_of(req), req.n, n_probs, req.stream,
                    bool(req.stream_options and req.stream_options.include_usage), req.id_slot, req.cache_prompt,
-                   req.timings_per_token)
+                   req.timings_per_token, req.verbose)
 
     def grammar_sampler(self, vocab):
         """The request's grammar constraint (GrammarSampler.build), or None. llguidance compiles it: call it off

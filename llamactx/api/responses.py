@@ -58,6 +58,8 @@ class Renderer:
         out["choices"] = [self.choice(c) for c in choices]
         out["usage"] = P.usage([c.seq for c in choices])
         out["timings"] = P.timings(choices[0].seq)
+        if self.gen.verbose:  # llama-server's debug echo of what the model saw
+            out["__verbose"] = {"prompt": self.prompt_text}
         return out
 
     def choice(self, c: Choice) -> dict[str, Any]:

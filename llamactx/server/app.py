@@ -429,7 +429,9 @@ def _routes(state: ServerState) -> list:
 
     async def count_tokens(request):
         state.check_ready()
-        req = P.validate(P.ChatCompletionRequest, anthropic.count_tokens_body(await _json(request)))
+        body = await _json(request)
+        chat = body if request.url.path.endswith("/input_tokens") else anthropic.count_tokens_body(body)
+        req = P.validate(P.ChatCompletionRequest, chat)
         prompt_text, _ = await asyncio.to_thread(_render_chat, state, req)
         tokens = await asyncio.to_thread(_prompt_tokens, state, prompt_text, True)
         return JSONResponse({"input_tokens": len(tokens)})
@@ -458,6 +460,7 @@ def _routes(state: ServerState) -> list:
         inputs = req.input if isinstance(req.input, list) else [req.input]
         if inputs and isinstance(inputs[0], int):
             inputs = [inputs]
+        inputs = [_content_text(x, f"input[{i}]") if isinstance(x, dict) else x for i, x in enumerate(inputs)]
         if len(inputs) > cfg.embd_max_inputs:
             raise P.ProtocolError(f"input holds {len(inputs)} inputs, more than --embd-max-inputs = "
                                   f"{cfg.embd_max_inputs}")
@@ -576,6 +579,8 @@ def _routes(state: ServerState) -> list:
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/messages", messages, methods=["POST"]),
+        Route("/chat/completions/input_tokens", count_tokens, methods=["POST"]),
+        Route("/v1/chat/completions/input_tokens", count_tokens, methods=["POST"]),
         Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
         Route("/v1/embeddings", embeddings, methods=["POST"]), Route("/embeddings", embeddings, methods=["POST"]),
         Route("/v1/rerank", rerank, methods=["POST"]), Route("/rerank", rerank, methods=["POST"]),
@@ -633,6 +638,22 @@ def _default_params(cfg: ServerConfig) -> dict:
     return params
 
 
+def _content_text(obj: dict, field: str) -> str:
+    """The text of llama-server's {"content": [{"type": "text", "text": ...}, ...]} input (no media here)."""
+    blocks = obj.get("content")
+    if not isinstance(blocks, list) or not blocks:
+        raise P.ProtocolError(f"{field}.content must be a non-empty list of content parts")
+    parts = []
+    for j, b in enumerate(blocks):
+        kind = b.get("type") if isinstance(b, dict) else None
+        if kind != "text" or not isinstance(b.get("text"), str):
+            what = "media input is not supported (no multimodal projector)" if kind in (
+                "image_url", "input_audio", "input_video") else f"type {kind!r} is not 'text'"
+            raise P.ProtocolError(f"{field}.content[{j}]: {what}")
+        parts.append(b["text"])
+    return "".join(parts)
+
+
 def _embedding_tokens(state: ServerState, inputs: list) -> list[list[int]]:
     vocab = state.model.vocab
     return [P.check_tokens(x, vocab.n_tokens, f"input[{i}]") if isinstance(x, list)
@@ -660,11 +681,26 @@ async def _wait_job(http: HttpRequest, job):
 
 
 def _render_chat(state: ServerState, req: P.ChatCompletionRequest) -> tuple[str, list[dict]]:
-    """The chat prompt, with the tools in it (unless tool_choice is "none"), and the tools' functions."""
+    """The chat prompt, with the tools in it (unless tool_choice is "none"), and the tools' functions.
+
+    A final assistant message is continued, not closed (llama-server's prefill_assistant, or vLLM's explicit
+    continue_final_message): the prompt is the conversation before it with the generation prompt, then its
+    text. Two assistant messages at the end, or continue_final_message with add_generation_prompt, are a 400."""
+    if req.continue_final_message and req.add_generation_prompt:
+        raise P.ProtocolError("continue_final_message and add_generation_prompt cannot both be true")
     fns = tool_calls.functions(req.tools) if req.tool_choice != "none" else []
     messages, pass_tools = tool_calls.prepare(state.template.source, req.messages, fns)
-    prompt = state.template.render(messages, True, req.tools if pass_tools else None, req.chat_template_kwargs)
-    return prompt, fns
+    tools = req.tools if pass_tools else None
+    last = messages[-1] if messages else {}
+    if last.get("role") == "assistant" and isinstance(last.get("content"), str) and not last.get("tool_calls"):
+        if len(messages) > 1 and messages[-2].get("role") == "assistant":
+            raise P.ProtocolError("messages: two assistant messages at the end; the last one is continued, so the "
+                                  "one before it must be another role's")
+        if len(messages) > 1:
+            head = state.template.render(messages[:-1], True, tools, req.chat_template_kwargs)
+            return head + last["content"], fns
+    add = True if req.add_generation_prompt is None else req.add_generation_prompt
+    return state.template.render(messages, add, tools, req.chat_template_kwargs), fns
 
 
 def _prompt_tokens(state: ServerState, text: str, parse_special: bool) -> list[int]:

@@ -57,6 +57,9 @@ BAD = [
      "chat_template_kwargs: 'add_generation_prompt'"),
     ("/no/such/endpoint", {}, 404, "not_found_error", ""),
     ("/v1/rerank", {"query": "q", "documents": []}, 400, "invalid_request_error", "documents"),
+    ("/v1/embeddings", {"input": {"content": "string"}}, 400, "invalid_request_error", "input[0].content"),
+    ("/v1/embeddings", {"input": {"content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}}, 400,
+     "invalid_request_error", "media input is not supported"),
     ("/v1/rerank", {"query": "q", "documents": [1, 2]}, 400, "invalid_request_error", "documents"),
     ("/rerank", {"query": "q", "documents": ["a"]}, 400, "invalid_request_error", "no rank (classifier) head"),
     # refused from their length before tokenizing (issue 23: huge words cost no tokenizer time or memory)

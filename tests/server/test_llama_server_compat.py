@@ -101,3 +101,30 @@ def test_cors_defaults_to_localhost_origins(server, origin, reflected):
         assert res.headers.get("access-control-allow-credentials") == ("true" if reflected else None)
         get = http.get("/health", headers={"Origin": origin})
         assert get.headers.get("access-control-allow-origin") == (origin if reflected else None)
+
+
+def test_a_final_assistant_message_is_continued(server):
+    convo = [{"role": "user", "content": "Name a fruit."}, {"role": "assistant", "content": "The fruit is"}]
+    with server.client() as http:
+        body = http.post("/v1/chat/completions", json={"messages": convo, "max_tokens": 3, "temperature": 0,
+                                                       "verbose": True}).json()
+        prompt = body["__verbose"]["prompt"]
+        head = http.post("/apply-template", json={"messages": convo[:1]}).json()["prompt"]
+        assert prompt == head + "The fruit is"  # not closed: the model goes on from "is"
+        both = http.post("/v1/chat/completions", json={"messages": convo, "add_generation_prompt": True,
+                                                       "continue_final_message": True})
+        assert both.status_code == 400 and "continue_final_message" in both.text
+        twice = http.post("/v1/chat/completions", json={"messages": [*convo, {"role": "assistant", "content": "x"}]})
+        assert twice.status_code == 400 and "two assistant messages" in twice.text
+        assert "__verbose" not in http.post("/v1/chat/completions", json={"messages": convo[:1],
+                                                                           "max_tokens": 1}).json()
+        n = http.post("/chat/completions/input_tokens", json={"messages": convo[:1]}).json()["input_tokens"]
+        assert n == len(http.post("/tokenize", json={"content": head, "add_special": True}).json()["tokens"])
+
+
+def test_an_embedding_input_may_be_content_parts(server):
+    with server.client() as http:
+        data = http.post("/v1/embeddings", json={"input": [
+            "hello world", {"content": [{"type": "text", "text": "hello "}, {"type": "text", "text": "world"}]}]}
+        ).json()["data"]
+        assert data[0]["embedding"] == data[1]["embedding"]
