@@ -252,6 +252,7 @@ class GenerationRequest:
     cache_prompt: bool
     timings_per_token: bool = False
     verbose: bool = False
+    post_sampling_probs: bool = False
 
     @classmethod
     def from_fields(cls, req: SamplingFields, vocab, n_probs: int, context_shift: bool = False) -> GenerationRequest:
@@ -281,7 +282,7 @@ class GenerationRequest:
         return cls(sampling, limits,
                    _grammar_of(req), req.n, n_probs, req.stream,
                    bool(req.stream_options and req.stream_options.include_usage), req.id_slot, req.cache_prompt,
-                   req.timings_per_token, req.verbose)
+                   req.timings_per_token, req.verbose, bool(getattr(req, "post_sampling_probs", False)))
 
     def grammar_sampler(self, vocab):
         """The request's grammar constraint (GrammarSampler.build), or None. llguidance compiles it: call it off

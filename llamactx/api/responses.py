@@ -159,8 +159,8 @@ class ChatRenderer(Renderer):
 
 class NativeRenderer(Renderer):
     """llama-server's own /completion: `content`, `stop`, `stop_type`, `timings`, `completion_probabilities` (with
-    n_probs > 0), `generation_settings`; one object per prompt (a list for several); `response_fields` keeps
-    only those fields, named by "a/b" paths."""
+    n_probs > 0; after the sampler chain, as probabilities, with post_sampling_probs), `generation_settings`; one
+    object per prompt (a list for several); `response_fields` keeps only those fields, named by "a/b" paths."""
 
     def __init__(self, *args, response_fields: list[str] | None = None, **kw):
         super().__init__(*args, **kw)
@@ -206,11 +206,13 @@ class NativeRenderer(Renderer):
     def _probs(self, chunks: list[Chunk]) -> list[dict[str, Any]]:
         """llama-server's completion_probabilities: per sampled token its id, text, bytes and logprob, and the
         n_probs most likely tokens the same way."""
-        def entry(token: int, logprob: float) -> dict[str, Any]:
-            piece = self.vocab.token_to_piece(token)
-            return {"id": token, "token": piece.decode("utf-8", "replace"), "bytes": list(piece), "logprob": logprob}
+        value, top = ("prob", "top_probs") if self.gen.post_sampling_probs else ("logprob", "top_logprobs")
 
-        return [{**entry(ch.token, ch.logprob), "top_logprobs": [entry(t, lp) for t, lp in ch.top_logprobs]}
+        def entry(token: int, v: float) -> dict[str, Any]:
+            piece = self.vocab.token_to_piece(token)
+            return {"id": token, "token": piece.decode("utf-8", "replace"), "bytes": list(piece), value: v}
+
+        return [{**entry(ch.token, ch.logprob), top: [entry(t, v) for t, v in ch.top_logprobs]}
                 for ch in chunks if ch.token is not None and ch.logprob is not None]
 
     def first(self, c: Choice) -> list[dict[str, Any]]:

@@ -207,6 +207,8 @@ class Engine:
     def _logprobs(self, seq: Sequence, i: int, token: int) -> tuple[float | None, tuple]:
         if seq.n_probs < 0:
             return None, ()
+        if seq.post_sampling_probs:
+            return _post_sampling(seq.sampler.cur, token, seq.n_probs)
         logits = self.ctx.get_logits_ith(i).astype(np.float64)
         m = logits.max()
         logp = logits - (m + np.log(np.exp(logits - m).sum()))  # (n_vocab,) log-softmax of the raw logits
@@ -261,3 +263,20 @@ class Engine:
                     raise EngineError("the request cannot be scheduled (its slot stays busy)")
         finally:
             self.abort(seq)
+
+
+def _post_sampling(cur, token: int, n_probs: int) -> tuple[float, tuple]:
+    """(p(token), the n_probs most probable candidates) over what the sampler chain left in `cur`, the
+    candidates the last draw chose from (common_sampler_get_candidates, sorted); candidates at p = 0 are left out."""
+    if cur is None:
+        return 1.0, ((token, 1.0),)
+    probs = cur.probs
+    if probs is None:  # no sampler computed them: the softmax of what is left
+        logits = cur.logits.astype(np.float64)
+        e = np.exp(logits - logits.max())
+        probs = e / e.sum()
+    order = np.argsort(-np.asarray(probs, np.float64), kind="stable")
+    top = tuple((int(cur.ids[j]), float(probs[j])) for j in order[:n_probs] if probs[j] > 0)
+    hit = np.flatnonzero(cur.ids == token)
+    return (float(probs[hit[0]]) if hit.size else 0.0), top
+

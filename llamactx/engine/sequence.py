@@ -90,7 +90,7 @@ class Sequence:
     """A prompt, its sampler chain and limits, and the state of its generation."""
 
     def __init__(self, prompt: Seq[int], sampler: SamplerChain, limits: Limits = Limits(), *, id_slot: int = -1,
-                 cache_prompt: bool = True, n_probs: int = -1):
+                 cache_prompt: bool = True, n_probs: int = -1, post_sampling_probs: bool = False):
         prompt = list(prompt)
         if not prompt:
             raise EngineError("prompt is empty: at least one token is needed to generate")
@@ -107,6 +107,9 @@ class Sequence:
         self.id_slot = id_slot  # the slot it must run in (-1: any)
         self.cache_prompt = cache_prompt  # reuse what memory holds of its prompt
         self.n_probs = n_probs  # -1: no logprobs; >= 0: the sampled token's logprob and the top n_probs
+        # the probabilities after the sampler chain instead (llama-server's post_sampling_probs): Chunk's logprob
+        # and top_logprobs then hold probabilities, of the candidates the chain left (none at 0)
+        self.post_sampling_probs = post_sampling_probs
         self.stream = TextStream(limits.stop)
         self.finish_reason: str | None = None
         self.error: str | None = None  # why it finished with "error"

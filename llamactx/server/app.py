@@ -409,9 +409,9 @@ def _routes(state: ServerState) -> list:
                                   "/v1/completions returns n choices")
         if req.suffix:
             raise P.ProtocolError("suffix: infill is not supported by this server", 400)
-        if req.post_sampling_probs:
-            raise P.ProtocolError("post_sampling_probs: probabilities after the sampler chain are not supported by "
-                                  "this server; n_probs gives the model's own (pre-sampling) log-probabilities")
+        if req.post_sampling_probs and renderer_cls is not NativeRenderer:
+            raise P.ProtocolError("post_sampling_probs: only /completion reports probabilities after the sampler "
+                                  "chain; here logprobs are the model's own")
         prompts, text = await asyncio.to_thread(_prompts, state, req.prompt, req.n_keep)
         n_probs = req.logprobs if req.logprobs is not None else (req.n_probs or -1)
         gen = P.GenerationRequest.from_fields(req, state.model.vocab, n_probs, cfg.context_shift)

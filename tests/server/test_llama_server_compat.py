@@ -28,7 +28,13 @@ def test_n_probs_gives_completion_probabilities(server):
         streamed = [c for c in _stream(http, {"prompt": PROMPT, "n_probs": 3, "temperature": 0, "n_predict": 4})
                     if not c["stop"]]
         assert [c["completion_probabilities"][0]["id"] for c in streamed] == body["tokens"]
-        res = http.post("/completion", json={"prompt": PROMPT, "n_probs": 3, "post_sampling_probs": True})
+        post = http.post("/completion", json={"prompt": PROMPT, "n_probs": 10, "n_predict": 4, "temperature": 1.0,
+                                               "top_k": 5, "seed": 1, "post_sampling_probs": True}).json()
+        for p in post["completion_probabilities"]:  # over the 5 candidates top-k left, renormalised
+            assert 0 < p["prob"] <= 1 and 1 <= len(p["top_probs"]) <= 5
+            assert abs(sum(t["prob"] for t in p["top_probs"]) - 1) < 1e-5
+            assert p["prob"] in [t["prob"] for t in p["top_probs"]]
+        res = http.post("/v1/completions", json={"prompt": PROMPT, "logprobs": 2, "post_sampling_probs": True})
         assert res.status_code == 400 and "post_sampling_probs" in res.text
 
 
