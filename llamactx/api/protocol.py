@@ -139,6 +139,7 @@ class SamplingFields(BaseModel):
     json_schema: dict[str, Any] | None = None
     ignore_eos: bool = False
     timings_per_token: bool = False
+    return_progress: bool = False  # a stream reports the prompt's progress (prompt_progress) while it is decoded
     verbose: bool = False  # the response carries "__verbose": {"prompt": ...}
     cache_prompt: bool = True
     id_slot: int = Field(default=-1, ge=-1)
@@ -253,6 +254,7 @@ class GenerationRequest:
     timings_per_token: bool = False
     verbose: bool = False
     post_sampling_probs: bool = False
+    return_progress: bool = False
 
     @classmethod
     def from_fields(cls, req: SamplingFields, vocab, n_probs: int, context_shift: bool = False) -> GenerationRequest:
@@ -282,7 +284,8 @@ class GenerationRequest:
         return cls(sampling, limits,
                    _grammar_of(req), req.n, n_probs, req.stream,
                    bool(req.stream_options and req.stream_options.include_usage), req.id_slot, req.cache_prompt,
-                   req.timings_per_token, req.verbose, bool(getattr(req, "post_sampling_probs", False)))
+                   req.timings_per_token, req.verbose, bool(getattr(req, "post_sampling_probs", False)),
+                   req.return_progress and req.stream)
 
     def grammar_sampler(self, vocab):
         """The request's grammar constraint (GrammarSampler.build), or None. llguidance compiles it: call it off
@@ -370,6 +373,18 @@ def check_tokens(tokens: Sequence[int], n_vocab: int, field: str) -> list[int]:
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def progress(chunk: Chunk) -> dict[str, dict[str, float]]:
+    """llama-server's prompt_progress report, and the timings so far (nothing generated yet)."""
+    total, cache, processed, ms = chunk.progress
+    n = processed - cache
+    return {"prompt_progress": {"total": total, "cache": cache, "processed": processed, "time_ms": ms},
+            "timings": {"cache_n": cache, "prompt_n": n, "prompt_ms": ms if n else 0.0,
+                        "prompt_per_token_ms": ms / n if n else 0.0,
+                        "prompt_per_second": 1e3 * n / ms if n and ms > 0 else 0.0,
+                        "predicted_n": 0, "predicted_ms": 0.0, "predicted_per_token_ms": 0.0,
+                        "predicted_per_second": 0.0}}
 
 
 def timings(seq: EngineSequence) -> dict[str, float]:

@@ -90,6 +90,10 @@ class Renderer:
     def usage_chunk(self, choices: list[Choice]) -> dict[str, Any]:
         return {**self.head(), "choices": [], "usage": P.usage([c.seq for c in choices])}
 
+    def progress(self, c: Choice, chunk: Chunk) -> dict[str, Any]:
+        """A stream chunk with a prompt-progress report (return_progress)."""
+        return {**self.head(), "choices": [], **P.progress(chunk)}
+
 
 class ChatRenderer(Renderer):
     """OpenAI chat. With `tools`, the answer is parsed for tool calls (llamactx.tool_calls) once it is complete:
@@ -217,6 +221,9 @@ class NativeRenderer(Renderer):
 
     def first(self, c: Choice) -> list[dict[str, Any]]:
         return []
+
+    def progress(self, c: Choice, chunk: Chunk) -> dict[str, Any]:
+        return {"index": c.index, "content": "", "tokens": [], "stop": False, **P.progress(chunk)}
 
     def delta(self, c: Choice, chunks: list[Chunk]) -> list[dict[str, Any]]:
         text = "".join(ch.text for ch in chunks)

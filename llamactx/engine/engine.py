@@ -163,13 +163,16 @@ class Engine:
         if not plan:
             return []
         batch = self._batch(plan)
+        # return_progress: a first report before any of the prompt is decoded (processed == cached)
+        before = {s.seq: [s.seq.progress()] for s in plan
+                  if s.seq.return_progress and s.seq.n_past == s.seq.n_cached < s.seq.n_prompt}
         t0 = time.perf_counter()
         status = self.ctx.decode(batch)
         if status != DecodeStatus.OK:  # the scheduler checked the room, so only an abort or a surprise lands here
             self.scheduler.preempt(self.scheduler.running[-1])
             return []
         self._count(plan, (time.perf_counter() - t0) * 1000)
-        return self._postprocess(plan)
+        return self._postprocess(plan, before)
 
     def _batch(self, plan: list[Scheduled]) -> Batch:
         batch = Batch(sum(s.n_tokens for s in plan))
@@ -180,15 +183,19 @@ class Engine:
                 batch.add(t, seq.n_past + j, (seq.seq_id,), s.sample and j == len(tokens) - 1)
         return batch
 
-    def _postprocess(self, plan: list[Scheduled]) -> list[StepOutput]:
+    def _postprocess(self, plan: list[Scheduled], before: dict[Sequence, list[Chunk]]) -> list[StepOutput]:
         outputs = []
         row = 0
         vocab = self.model.vocab
         for s in plan:
             seq = s.seq
             row += s.n_tokens
+            prefill = seq.n_past < seq.n_prompt
             seq.n_past += s.n_tokens
+            progress = before.get(seq, []) + ([seq.progress()] if seq.return_progress and prefill else [])
             if not s.sample:
+                if progress:
+                    outputs.append(StepOutput(seq, progress))
                 continue
             try:
                 token = seq.sampler.sample(self.ctx, row - 1)
@@ -201,7 +208,7 @@ class Engine:
                     chunks += self._context_full(seq)
             if seq.is_finished:
                 self._finished(seq)
-            outputs.append(StepOutput(seq, chunks))
+            outputs.append(StepOutput(seq, progress + chunks))
         return outputs
 
     def _logprobs(self, seq: Sequence, i: int, token: int) -> tuple[float | None, tuple]:

@@ -56,6 +56,8 @@ class Chunk:
     text: str  # the text this token completed ("" while a character or a possible stop string is pending)
     logprob: float | None = None  # the token's log-probability under the model (when n_probs >= 0)
     top_logprobs: tuple[tuple[int, float], ...] = ()  # the n_probs most likely tokens and their logprobs
+    # a prompt-progress report instead of text (return_progress): (total, cached, processed, ms since admitted)
+    progress: tuple[int, int, int, float] | None = None
 
 
 @dataclass(slots=True)
@@ -90,7 +92,8 @@ class Sequence:
     """A prompt, its sampler chain and limits, and the state of its generation."""
 
     def __init__(self, prompt: Seq[int], sampler: SamplerChain, limits: Limits = Limits(), *, id_slot: int = -1,
-                 cache_prompt: bool = True, n_probs: int = -1, post_sampling_probs: bool = False):
+                 cache_prompt: bool = True, n_probs: int = -1, post_sampling_probs: bool = False,
+                 return_progress: bool = False):
         prompt = list(prompt)
         if not prompt:
             raise EngineError("prompt is empty: at least one token is needed to generate")
@@ -110,6 +113,7 @@ class Sequence:
         # the probabilities after the sampler chain instead (llama-server's post_sampling_probs): Chunk's logprob
         # and top_logprobs then hold probabilities, of the candidates the chain left (none at 0)
         self.post_sampling_probs = post_sampling_probs
+        self.return_progress = return_progress  # report the prompt's progress before and after each prefill step
         self.stream = TextStream(limits.stop)
         self.finish_reason: str | None = None
         self.error: str | None = None  # why it finished with "error"
@@ -158,6 +162,11 @@ class Sequence:
         elif 0 <= self.limits.max_tokens <= self.n_output:
             chunks += self.finish("length")
         return chunks
+
+    def progress(self) -> Chunk:
+        """A report of how much of the prompt is in memory (llama-server's prompt_progress)."""
+        ms = (time.perf_counter() - self.t_admitted) * 1000 if self.t_admitted is not None else 0.0
+        return Chunk(None, "", progress=(self.n_prompt, self.n_cached, min(self.n_past, self.n_prompt), ms))
 
     def finish(self, reason: str) -> list[Chunk]:
         """End the sequence ("stop" | "length" | "abort" | "error"); returns the held-back text as a last chunk

@@ -48,7 +48,8 @@ async def serve(state, http: HttpRequest, prompts: list[list[int]], gen: P.Gener
             sampler = gen.chain(state.model, state.n_ctx_slot(), grammar_k, choice=k)
             req = Request(prompt, sampler, gen.limits, {"id_slot": gen.id_slot, "cache_prompt": gen.cache_prompt,
                                                         "n_probs": gen.n_probs,
-                                                        "post_sampling_probs": gen.post_sampling_probs},
+                                                        "post_sampling_probs": gen.post_sampling_probs,
+                                                        "return_progress": gen.return_progress},
                           loop, events, index=index)
             choices.append(LiveChoice(index, request=req))
     if len(choices) > state.worker.max_in_flight:  # would wait forever for room: the request's own mistake
@@ -130,7 +131,10 @@ async def _stream(state, choices: list[LiveChoice], events: asyncio.Queue, rende
             except P.ProtocolError as e:
                 yield _sse(e.body())
                 return
-            for obj in renderer.delta(c, chunks):
+            for ch in chunks:
+                if ch.progress is not None:
+                    yield _sse(renderer.progress(c, ch))
+            for obj in renderer.delta(c, [ch for ch in chunks if ch.progress is None]):
                 yield _sse(obj)
             if c.done:
                 if c.seq.finish_reason == "error":

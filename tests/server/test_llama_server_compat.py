@@ -134,3 +134,21 @@ def test_an_embedding_input_may_be_content_parts(server):
             "hello world", {"content": [{"type": "text", "text": "hello "}, {"type": "text", "text": "world"}]}]}
         ).json()["data"]
         assert data[0]["embedding"] == data[1]["embedding"]
+
+
+def test_return_progress_reports_the_prompt_before_the_tokens(server):
+    with server.client() as http:
+        for path, body in (("/completion", {"prompt": "the quick brown fox " * 20, "n_predict": 3}),
+                           ("/v1/chat/completions", {"messages": [{"role": "user", "content": "test " * 30}],
+                                                     "max_tokens": 3})):
+            with http.stream("POST", path, json={**body, "stream": True, "return_progress": True,
+                                                 "cache_prompt": False}) as res:
+                events = [json.loads(line[6:]) for line in res.iter_lines() if line.startswith("data: {")]
+            at = [i for i, e in enumerate(events) if "prompt_progress" in e]
+            text = [i for i, e in enumerate(events) if e.get("content") or any(
+                (c.get("delta") or {}).get("content") for c in e.get("choices", []))]
+            assert len(at) == 2 and at[-1] < text[0]  # both reports come before the first token
+            first, last = (events[i] for i in at)
+            assert first["prompt_progress"]["processed"] == first["prompt_progress"]["cache"] == 0
+            assert last["prompt_progress"]["processed"] == last["prompt_progress"]["total"] > 0
+            assert first["timings"]["prompt_n"] == 0 and last["timings"]["prompt_ms"] > 0
