@@ -31,7 +31,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from llamactx import tool_calls
-from llamactx.api import anthropic
+from llamactx.api import anthropic, infill
 from llamactx.api import protocol as P
 from llamactx.api.responses import ChatRenderer, NativeRenderer, Renderer
 from llamactx.errors import LlamactxError
@@ -399,16 +399,33 @@ def _routes(state: ServerState) -> list:
     async def completion_native(request):
         return await _completion(request, NativeRenderer)
 
-    async def _completion(request, renderer_cls):
+    async def infill_route(request):
         state.check_ready()
         body = await _json(request)
+        infill.check_supported(state.model.vocab)
+        prefix, suffix, extra, prompt = infill.parse(body)
+        rest = {k: v for k, v in body.items() if k not in ("input_prefix", "input_suffix", "input_extra", "prompt")}
+        n_predict = next((v for v in (rest.get("n_predict"), rest.get("max_tokens"), cfg.sampling.get("n_predict"))
+                          if isinstance(v, int) and not isinstance(v, bool)), -1)
+
+        def tokens() -> list[int]:
+            vocab = state.model.vocab
+            prompt_tokens = vocab.tokenize(prompt, add_special=False, parse_special=True)
+            return infill.format_infill(vocab, prefix, suffix, extra, cfg.n_batch, n_predict, state.n_ctx_slot(),
+                                        prompt_tokens)
+
+        return await _completion(request, NativeRenderer, {**rest, "prompt": await asyncio.to_thread(tokens)})
+
+    async def _completion(request, renderer_cls, body: dict | None = None):
+        state.check_ready()
+        body = await _json(request) if body is None else body
         state.check_request_lora(body)
         req = P.validate(P.CompletionRequest, {**cfg.sampling, **body})
         if req.n > 1 and renderer_cls is NativeRenderer:
             raise P.ProtocolError(f"n: /completion returns one completion (got n = {req.n}); "
                                   "/v1/completions returns n choices")
         if req.suffix:
-            raise P.ProtocolError("suffix: infill is not supported by this server", 400)
+            raise P.ProtocolError("suffix: fill-in-the-middle is POST /infill (input_prefix, input_suffix) here", 400)
         if req.post_sampling_probs and renderer_cls is not NativeRenderer:
             raise P.ProtocolError("post_sampling_probs: only /completion reports probabilities after the sampler "
                                   "chain; here logprobs are the model's own")
@@ -576,6 +593,7 @@ def _routes(state: ServerState) -> list:
         Route("/v1/completions", completions_oai, methods=["POST"]),
         Route("/completion", completion_native, methods=["POST"]),
         Route("/completions", completion_native, methods=["POST"]),
+        Route("/infill", infill_route, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/messages", messages, methods=["POST"]),
