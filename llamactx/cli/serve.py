@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import socket
 import sys
 from pathlib import Path
@@ -116,7 +117,13 @@ def config_from_args(args):
 
         ChatTemplate(template)  # a template that does not compile stops the server at start, named
     tags = [t.strip() for t in (args.tags or "").split(",") if t.strip()]
-    return ServerConfig(model=args.model, alias=args.alias, chat_template=template, tags=tags, pooling=args.pooling,
+    gcp = os.environ.get("AIP_MODE", "") == "PREDICTION"  # Vertex AI (llama-server's GCP compat)
+    if gcp and os.environ.get("AIP_HTTP_PORT"):
+        args.port = int(os.environ["AIP_HTTP_PORT"])
+    return ServerConfig(model=args.model, alias=args.alias, chat_template=template,
+                        gcp_predict_route=os.environ.get("AIP_PREDICT_ROUTE") or "/predict" if gcp else None,
+                        gcp_health_route=os.environ.get("AIP_HEALTH_ROUTE") or None if gcp else None,
+                        tags=tags, pooling=args.pooling,
                         verbose=args.verbose, n_ctx=args.ctx_size, n_slots=n_slots, kv_unified=kv_unified,
                         flash_attn=args.flash_attn, sampling=request_defaults(args),
                         n_batch=args.batch_size, n_ubatch=args.ubatch_size, n_threads=args.threads,

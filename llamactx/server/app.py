@@ -80,6 +80,10 @@ class ServerConfig:
     read_timeout: float = 30.0  # --read-timeout: a request's headers and body must arrive within it (server/http.py)
     max_connections: int = 256  # --max-connections: open connections past it are answered 503
     embd_max_inputs: int = 8192  # --embd-max-inputs: inputs per embeddings request
+    # Vertex AI's prediction protocol (llama-server's GCP compat, on when AIP_MODE=PREDICTION): the route of
+    # POST {"instances": [...]} and an extra health route
+    gcp_predict_route: str | None = None
+    gcp_health_route: str | None = None
     lora: list[tuple[str, float]] = field(default_factory=list)  # --lora / --lora-scaled: (path, scale)
     url: str = ""  # where it listens, for the start-up message
 
@@ -587,6 +591,40 @@ def _routes(state: ServerState) -> list:
             raise HTTPException(404)
         return FileResponse(STATIC / "index.html")
 
+    async def predict(request):
+        """Vertex AI's {"instances": [...]}: each instance is a request to the route its @requestFormat names
+        (a path, or its camelCase alias: "chatCompletions"), run through this app, never streamed."""
+        body = await _json(request)
+        instances = body.get("instances")
+        if not isinstance(instances, list):
+            raise P.ProtocolError("request body must include an array field named instances")
+        if len(instances) > GCP_MAX_INSTANCES:
+            raise P.ProtocolError(f"instances array exceeds maximum size of {GCP_MAX_INSTANCES}")
+        auth = {k: v for k, v in request.headers.items() if k in ("authorization", "x-api-key")}
+        targets = {_gcp_format(r.path): r.path for r in routes if isinstance(r, Route) and "POST" in (r.methods or ())}
+
+        async def one(client, instance) -> Any:
+            if not isinstance(instance, dict) or not isinstance(instance.get("@requestFormat"), str):
+                return P.ProtocolError("each instance must include a string @requestFormat").body()
+            payload = {k: v for k, v in instance.items() if k != "@requestFormat"}
+            payload["stream"] = False
+            fmt = instance["@requestFormat"]
+            path = targets.get(fmt) or (fmt if fmt in targets.values() else None)
+            if path is None:
+                return P.ProtocolError(f"no handler registered for @requestFormat: {fmt}").body()
+            res = await client.post(path, json=payload, headers=auth)
+            try:
+                return res.json()
+            except ValueError:
+                return res.text
+
+        import httpx
+
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=request.app), base_url="http://gcp",
+                                     timeout=None) as client:
+            predictions = await asyncio.gather(*(one(client, i) for i in instances))
+        return JSONResponse({"predictions": predictions})
+
     routes = [
         Route("/health", health), Route("/v1/health", health),
         Route("/models", models), Route("/v1/models", models), Route("/props", props),
@@ -612,7 +650,29 @@ def _routes(state: ServerState) -> list:
     ]
     if cfg.webui:
         routes.append(Mount("/static", StaticFiles(directory=STATIC), name="static"))
+    if cfg.gcp_predict_route:
+        routes.append(Route(cfg.gcp_predict_route, predict, methods=["POST"]))
+    if cfg.gcp_health_route:
+        routes.append(Route(cfg.gcp_health_route, health))
     return routes
+
+
+GCP_MAX_INSTANCES = 128
+
+
+def _gcp_format(path: str) -> str:
+    """llama-server's path_to_gcp_format: "/v1/chat/completions" -> "chatCompletions"."""
+    s = path[3:] if path.startswith("/v1") and len(path) > 3 else path
+    out, cap = [], False
+    for ch in s.lstrip("/"):
+        if ch in "/-_":
+            cap = True
+        elif ch in ":{":
+            break
+        else:
+            out.append(ch.upper() if cap else ch)
+            cap = False
+    return "".join(out)
 
 
 def _prompts(state: ServerState, prompt, n_keep: int) -> tuple[list[list[int]], str]:

@@ -152,3 +152,17 @@ def test_return_progress_reports_the_prompt_before_the_tokens(server):
             assert first["prompt_progress"]["processed"] == first["prompt_progress"]["cache"] == 0
             assert last["prompt_progress"]["processed"] == last["prompt_progress"]["total"] > 0
             assert first["timings"]["prompt_n"] == 0 and last["timings"]["prompt_ms"] > 0
+
+
+def test_vertex_ai_predict_runs_each_instance_through_its_route():
+    with running_server(model="smollm2", n_slots=2, n_ctx=1024, gcp_predict_route="/predict") as srv:
+        chat = {"messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 4, "temperature": 0}
+        body = httpx.post(srv.url + "/predict", json={"instances": [
+            {"@requestFormat": "chatCompletions", **chat}, {"@requestFormat": "/tokenize", "content": "hi"},
+            {"@requestFormat": "warpDrive"}, {"no": "format"}]}, timeout=120).json()["predictions"]
+        direct = httpx.post(srv.url + "/v1/chat/completions", json=chat, timeout=120).json()
+        assert body[0]["choices"][0]["message"] == direct["choices"][0]["message"]
+        assert body[1]["tokens"] and "warpDrive" in body[2]["error"]["message"] and "@requestFormat" in \
+            body[3]["error"]["message"]
+        res = httpx.post(srv.url + "/predict", json={"instances": [{}] * 129}, timeout=30)
+        assert res.status_code == 400 and "128" in res.text
