@@ -31,7 +31,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from llamactx import tool_calls
-from llamactx.api import anthropic, infill
+from llamactx.api import anthropic, infill, oai_responses
 from llamactx.api import protocol as P
 from llamactx.api.responses import ChatRenderer, NativeRenderer, Renderer
 from llamactx.errors import LlamactxError
@@ -448,6 +448,10 @@ def _routes(state: ServerState) -> list:
         state.check_ready()
         return await _chat(request, anthropic.to_chat(await _json(request)), anthropic.MessagesRenderer)
 
+    async def responses(request):
+        state.check_ready()
+        return await _chat(request, oai_responses.to_chat(await _json(request)), oai_responses.ResponsesRenderer)
+
     async def count_tokens(request):
         state.check_ready()
         body = await _json(request)
@@ -471,7 +475,8 @@ def _routes(state: ServerState) -> list:
                 raise P.ProtocolError("tool_choice: a required tool call cannot be combined with grammar / "
                                       "json_schema / response_format")
             gen.grammar = ("json_schema", tool_calls.call_schema(required))
-        extra = {"n_prompt": len(tokens)} if renderer_cls is anthropic.MessagesRenderer else {}
+        extra = {"n_prompt": len(tokens)} if renderer_cls in (anthropic.MessagesRenderer,
+                                                               oai_responses.ResponsesRenderer) else {}
         renderer = renderer_cls(state.alias, state.model.vocab, prompt_text, gen, tools=bool(fns), **extra)
         return await serve(state, request, [tokens], gen, renderer)
 
@@ -635,6 +640,7 @@ def _routes(state: ServerState) -> list:
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/messages", messages, methods=["POST"]),
+        Route("/v1/responses", responses, methods=["POST"]), Route("/responses", responses, methods=["POST"]),
         Route("/chat/completions/input_tokens", count_tokens, methods=["POST"]),
         Route("/v1/chat/completions/input_tokens", count_tokens, methods=["POST"]),
         Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
