@@ -170,7 +170,8 @@ class CompletionRequest(SamplingFields):
 
     # a prompt is text, tokens, or llama-server's {"prompt_string": text, "multimodal_data": [...]} (no media here);
     # a list of them is several prompts
-    prompt: str | list[int] | dict[str, Any] | list[str | list[int] | dict[str, Any]] = Field(min_length=1)
+    # (a flat list mixing token ids and texts is one prompt, llama-server's tokenize_mixed)
+    prompt: str | dict[str, Any] | list[int | str | list[int] | dict[str, Any]] = Field(min_length=1)
     echo: bool = False
     response_fields: list[str] | None = Field(default=None, max_length=64)  # /completion: only these (a/b paths)
     post_sampling_probs: bool = False

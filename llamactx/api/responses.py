@@ -88,7 +88,8 @@ class Renderer:
         return [out]
 
     def usage_chunk(self, choices: list[Choice]) -> dict[str, Any]:
-        return {**self.head(), "choices": [], "usage": P.usage([c.seq for c in choices])}
+        return {**self.head(), "choices": [], "usage": P.usage([c.seq for c in choices]),
+                "timings": P.timings(choices[0].seq)}
 
     def progress(self, c: Choice, chunk: Chunk) -> dict[str, Any]:
         """A stream chunk with a prompt-progress report (return_progress)."""

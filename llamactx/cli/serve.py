@@ -51,8 +51,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "formats give the same prompts for chatml, llama3, gemma)")
     p.add_argument("--embedding", "--embeddings", dest="embedding", action="store_true",
                    help="accepted: /v1/embeddings is always served beside generation")
-    p.add_argument("--pooling", choices=["mean", "last", "cls"], default="mean",
-                   help="embedding pooling (default mean)")
+    p.add_argument("--pooling", choices=["mean", "last", "cls", "none"], default="mean",
+                   help="embedding pooling (default mean; none: token-level, which the embeddings endpoints refuse)")
     p.add_argument("--reranking", "--rerank", dest="reranking", action="store_true",
                    help="accepted: /v1/rerank answers 400 for a model without a rank (classifier) head")
     p.add_argument("-kvu", "--kv-unified", dest="kv_unified", action="store_true", default=None,

@@ -130,7 +130,8 @@ class ServerState:
                 log.info(self.template.message)
             # an embedding input is at most one ubatch (llama-server's limit), so one slice of embedding work
             # between two generation steps is at most one ubatch's decode
-            self.embedder = Embedder(self.model, n_ctx=min(c.n_ctx, c.n_ubatch), lora=lora, pooling=c.pooling,
+            self.embedder = Embedder(self.model, n_ctx=min(c.n_ctx, c.n_ubatch), lora=lora,
+                                     pooling="mean" if c.pooling == "none" else c.pooling,
                                      n_threads=c.n_threads, n_threads_batch=c.n_threads_batch or c.n_threads,
                                      flash_attn=c.flash_attn)
             self.engine.warmup()
@@ -482,6 +483,9 @@ def _routes(state: ServerState) -> list:
 
     async def embeddings(request):
         state.check_ready()
+        if cfg.pooling == "none":
+            raise P.ProtocolError("Pooling type 'none' is not OAI compatible: token-level embeddings are not served "
+                                  "here; start the server with --pooling mean, last or cls")
         req = P.validate(P.EmbeddingRequest, await _json(request))
         inputs = req.input if isinstance(req.input, list) else [req.input]
         if inputs and isinstance(inputs[0], int):
@@ -591,6 +595,9 @@ def _routes(state: ServerState) -> list:
         return Response(render(state), media_type=CONTENT_TYPE,
                         headers={"Process-Start-Time-Unix": str(int(state.t_start))})
 
+    async def cors_proxy(request):
+        raise P.ProtocolError("the web UI's CORS proxy is not available on this server", 403, "permission_error")
+
     async def index(request):
         if not cfg.webui:
             raise HTTPException(404)
@@ -652,7 +659,7 @@ def _routes(state: ServerState) -> list:
         Route("/slots", slots_get), Route("/slots/{id_slot}", slots_post, methods=["POST"]),
         Route("/lora-adapters", lora_adapters_get),
         Route("/lora-adapters", lora_adapters_post, methods=["POST"]),
-        Route("/metrics", metrics), Route("/", index),
+        Route("/metrics", metrics), Route("/", index), Route("/cors-proxy", cors_proxy, methods=["GET", "POST"]),
     ]
     if cfg.webui:
         routes.append(Mount("/static", StaticFiles(directory=STATIC), name="static"))
@@ -686,8 +693,14 @@ def _prompts(state: ServerState, prompt, n_keep: int) -> tuple[list[list[int]], 
     vocab = state.model.vocab
     if isinstance(prompt, (str, dict)):
         items: list = [prompt]
-    elif prompt and all(isinstance(p, int) for p in prompt):
-        items = [prompt]
+    elif any(isinstance(p, int) for p in prompt):  # token ids, maybe mixed with texts: one prompt
+        if not all(isinstance(p, (int, str)) for p in prompt):
+            raise P.ProtocolError("prompt: a list of token ids may hold texts, not nested lists or objects")
+        if all(isinstance(p, int) for p in prompt):
+            items = [prompt]
+        else:
+            items = [[t for j, p in enumerate(prompt) for t in (
+                [p] if isinstance(p, int) else vocab.tokenize(p, add_special=j == 0, parse_special=True))]]
     else:
         items = list(prompt)
     out = []

@@ -5,58 +5,47 @@ The values are read from the engine's counters when scraped; nothing is recorded
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-class EngineCollector:
-    """A prometheus-client collector over a `ServerState` (engine stats, its load, KV usage)."""
-
-    def __init__(self, state):
-        self.state = state
-
-    def collect(self):
-        engine = self.state.engine
-        st = engine.stats
-        n_running, n_waiting, n_preempted = engine.load
-
-        def counter(name: str, doc: str, value: float):
-            # prometheus-client appends _total to counters; llama-server's names already carry it
-            fam = CounterMetricFamily(f"llamacpp:{name.removesuffix('_total')}", doc)
-            fam.add_metric([], value)
-            return fam
-
-        def gauge(name: str, doc: str, value: float):
-            fam = GaugeMetricFamily(f"llamacpp:{name}", doc)
-            fam.add_metric([], value)
-            return fam
-
-        mem = engine.ctx.memory
-        yield counter("prompt_tokens_total", "Number of prompt tokens processed.", st.n_prompt_tokens)
-        yield counter("prompt_tokens_cached_total", "Number of prompt tokens reused from the cache.",
-                      st.n_prompt_cached)
-        yield counter("prompt_seconds_total", "Prompt process time", st.t_prompt_ms / 1e3)
-        yield counter("tokens_predicted_total", "Number of generation tokens processed.", st.n_tokens_predicted)
-        yield counter("tokens_predicted_seconds_total", "Predict process time", st.t_predicted_ms / 1e3)
-        yield counter("n_decode_total", "Total number of llama_decode() calls", st.n_decode)
-        yield counter("n_tokens_max", "Largest observed n_tokens.", st.n_tokens_max)
-        yield gauge("n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call",
-                    st.n_busy_slots / st.n_decode if st.n_decode else 0.0)
-        yield gauge("prompt_tokens_seconds", "Average prompt throughput in tokens/s.",
-                    1e3 * st.n_prompt_tokens / st.t_prompt_ms if st.t_prompt_ms else 0.0)
-        yield gauge("predicted_tokens_seconds", "Average generation throughput in tokens/s.",
-                    1e3 * st.n_tokens_predicted / st.t_predicted_ms if st.t_predicted_ms else 0.0)
-        yield gauge("kv_cache_usage_ratio", "KV-cache usage. 1 means 100 percent usage.", mem.used / mem.size)
-        yield gauge("kv_cache_tokens", "KV-cache tokens.", mem.used)
-        yield gauge("requests_processing", "Number of requests processing.", n_running)
-        yield gauge("requests_deferred", "Number of requests deferred.", n_waiting)
-        yield counter("preemptions_total", "Requests preempted and recomputed because the KV cells ran out.",
-                      n_preempted)
+def collect(state) -> list[tuple[str, str, str, float]]:
+    """(name, type, help, value) of every metric, from a `ServerState`'s engine (stats, load, KV usage)."""
+    engine = state.engine
+    st = engine.stats
+    n_running, n_waiting, n_preempted = engine.load
+    mem = engine.ctx.memory
+    c, g = "counter", "gauge"
+    return [
+        ("prompt_tokens_total", c, "Number of prompt tokens processed.", st.n_prompt_tokens),
+        ("prompt_tokens_cached_total", c, "Number of prompt tokens reused from the cache.", st.n_prompt_cached),
+        ("prompt_seconds_total", c, "Prompt process time", st.t_prompt_ms / 1e3),
+        ("tokens_predicted_total", c, "Number of generation tokens processed.", st.n_tokens_predicted),
+        ("tokens_predicted_seconds_total", c, "Predict process time", st.t_predicted_ms / 1e3),
+        ("n_decode_total", c, "Total number of llama_decode() calls", st.n_decode),
+        ("n_tokens_max", c, "Largest observed n_tokens.", st.n_tokens_max),
+        # no speculative decoding yet: llama-server's counters, at zero
+        ("spec_decode_num_draft_tokens_total", c, "Number of draft tokens generated.", 0),
+        ("spec_decode_num_accepted_tokens_total", c, "Number of draft tokens accepted.", 0),
+        ("spec_decode_num_drafts_total", c, "Number of drafts generated.", 0),
+        ("n_busy_slots_per_decode", g, "Average number of busy slots per llama_decode() call",
+         st.n_busy_slots / st.n_decode if st.n_decode else 0.0),
+        ("prompt_tokens_seconds", g, "Average prompt throughput in tokens/s.",
+         1e3 * st.n_prompt_tokens / st.t_prompt_ms if st.t_prompt_ms else 0.0),
+        ("predicted_tokens_seconds", g, "Average generation throughput in tokens/s.",
+         1e3 * st.n_tokens_predicted / st.t_predicted_ms if st.t_predicted_ms else 0.0),
+        ("kv_cache_usage_ratio", g, "KV-cache usage. 1 means 100 percent usage.", mem.used / mem.size),
+        ("kv_cache_tokens", g, "KV-cache tokens.", mem.used),
+        ("requests_processing", g, "Number of requests processing.", n_running),
+        ("requests_deferred", g, "Number of requests deferred.", n_waiting),
+        ("preemptions_total", c, "Requests preempted and recomputed because the KV cells ran out.", n_preempted),
+    ]
 
 
 def render(state) -> bytes:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(EngineCollector(state))
-    return generate_latest(registry)
+    """Prometheus' text exposition, written as llama-server writes it (its names kept as they are: a counter
+    such as n_tokens_max has no _total)."""
+    lines = []
+    for name, kind, doc, value in collect(state):
+        shown = repr(float(value)) if isinstance(value, float) else str(int(value))
+        lines += [f"# HELP llamacpp:{name} {doc}", f"# TYPE llamacpp:{name} {kind}", f"llamacpp:{name} {shown}"]
+    return ("\n".join(lines) + "\n").encode()
