@@ -9,7 +9,7 @@ unchanged. Reported: pass / fail / skip per test and server, and llamactx's pass
 server passes, with the first line of every failure.
 
 Usage: python bench/llama_server_suite.py [--server llamactx|llama-server|both] [-k EXPR] [--files test_a.py,...]
-           [--sdist DIR] [--llamacpp DIR] [--out results.json]
+           [--sdist DIR] [--llamacpp DIR] [--out results.json] [--baseline earlier-results.json]
 Needs the suite's client packages: make llama-server-suite installs them into .venv and runs this.
 """
 
@@ -98,6 +98,8 @@ def main() -> None:
     ap.add_argument("--sdist", type=Path, default=CACHE / "sdist" / SDIST)
     ap.add_argument("--llamacpp", type=Path, default=CACHE, help="where build_llamacpp.sh put bin/llama-server")
     ap.add_argument("--out", type=Path, default=None, help="write every outcome as JSON")
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="a previous --out file: its llama-server outcomes stand in for a new native run")
     args, rest = ap.parse_known_args()
     if args.standin:
         standin(args.standin, rest[1:] if rest[:1] == ["--"] else rest, args.llamacpp)
@@ -106,10 +108,14 @@ def main() -> None:
         sys.exit(f"{args.sdist / SUITE} is missing: pip download --no-deps --no-binary :all: "
                  f"llama-cpp-python==0.3.36 and unpack it under {args.sdist.parent}")
     kinds = ["llama-server", "llamactx"] if args.server == "both" else [args.server]
-    if "llama-server" in kinds and not (args.llamacpp / "bin" / "llama-server").exists():
+    if "llama-server" in kinds and not args.baseline and not (args.llamacpp / "bin" / "llama-server").exists():
         sys.exit(f"no {args.llamacpp / 'bin' / 'llama-server'}: build it with ../shared/tools/build_llamacpp.sh")
     select = [f for f in args.files.split(",") if f]
     results = {}
+    if args.baseline:
+        saved = json.loads(args.baseline.read_text())["llama-server"]  # bench/data/llama_server_suite_baseline.json
+        results["llama-server"] = {t: (o, r) for t, (o, r) in saved.items()}
+        kinds = [k for k in kinds if k != "llama-server"] or ["llamactx"]
     with tempfile.TemporaryDirectory(prefix="llama-server-suite-") as tmp:
         for kind in kinds:
             if kind == "llamactx" and "llama-server" in results:  # only what the baseline passes
