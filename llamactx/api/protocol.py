@@ -144,6 +144,9 @@ class SamplingFields(BaseModel):
     cache_prompt: bool = True
     id_slot: int = Field(default=-1, ge=-1)
     n_keep: int = Field(default=0, ge=-1)
+    n_discard: int = Field(default=0, ge=0)  # a context shift drops this many (0: half)
+    t_max_predict_ms: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+    return_tokens: bool = False  # /completion: the generated token ids in "tokens"
 
     @field_validator("stop")
     @classmethod
@@ -256,6 +259,7 @@ class GenerationRequest:
     verbose: bool = False
     post_sampling_probs: bool = False
     return_progress: bool = False
+    return_tokens: bool = False
 
     @classmethod
     def from_fields(cls, req: SamplingFields, vocab, n_probs: int, context_shift: bool = False) -> GenerationRequest:
@@ -281,12 +285,13 @@ class GenerationRequest:
                                                     else tuple(req.samplers)}))
         except ValueError as e:
             raise ProtocolError(str(e)) from None
-        limits = Limits(max_tokens, tuple(stops), req.ignore_eos, context_shift, max(req.n_keep, 0))
+        limits = Limits(max_tokens, tuple(stops), req.ignore_eos, context_shift, max(req.n_keep, 0), req.n_discard,
+                        req.t_max_predict_ms)
         return cls(sampling, limits,
                    _grammar_of(req), req.n, n_probs, req.stream,
                    bool(req.stream_options and req.stream_options.include_usage), req.id_slot, req.cache_prompt,
                    req.timings_per_token, req.verbose, bool(getattr(req, "post_sampling_probs", False)),
-                   req.return_progress and req.stream)
+                   req.return_progress and req.stream, req.return_tokens)
 
     def grammar_sampler(self, vocab):
         """The request's grammar constraint (GrammarSampler.build), or None. llguidance compiles it: call it off

@@ -191,7 +191,8 @@ class NativeRenderer(Renderer):
         seq = c.seq
         stop_type = {"stop": "word" if seq.stream.stop_word else "eos", "length": "limit"}.get(
             seq.finish_reason or "", "none")
-        out = {"index": c.index, "content": c.text, "tokens": list(seq.output), "id_slot": seq.seq_id,
+        out = {"index": c.index, "content": c.text, "tokens": list(seq.output) if self.gen.return_tokens else [],
+               "id_slot": seq.seq_id,
                "stop": True, "model": self.model, "tokens_predicted": seq.n_output,
                "tokens_evaluated": seq.n_prompt, "generation_settings": self._settings(), "prompt": self.prompt_text,
                "has_new_line": "\n" in c.text, "truncated": False, "stop_type": stop_type,
@@ -231,7 +232,7 @@ class NativeRenderer(Renderer):
         toks = [ch.token for ch in chunks if ch.token is not None]
         if not (text or toks):
             return []
-        out = {"index": c.index, "content": text, "tokens": toks, "stop": False}
+        out = {"index": c.index, "content": text, "tokens": toks if self.gen.return_tokens else [], "stop": False}
         if self.gen.n_probs > 0:
             out["completion_probabilities"] = self._probs(chunks)
         return [out]

@@ -228,7 +228,7 @@ class Engine:
         if not seq.limits.context_shift:
             return seq.finish("length")
         n_past = seq.n_past
-        n_keep, n_discard = seq.shift(seq.limits.n_keep)
+        n_keep, n_discard = seq.shift(seq.limits.n_keep, seq.limits.n_discard)
         mem = self.ctx.memory
         mem.seq_rm(seq.seq_id, n_keep, n_keep + n_discard)
         try:

@@ -41,13 +41,15 @@ class SequenceStatus(Enum):
 @dataclass(frozen=True, slots=True)
 class Limits:
     """When a sequence stops besides an end-of-generation token (llama-server's n_predict, stop, ignore_eos,
-    context shift with n_keep)."""
+    context shift with n_keep and n_discard, t_max_predict_ms)."""
 
     max_tokens: int = -1  # -1: no limit
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     context_shift: bool = False
     n_keep: int = 0
+    n_discard: int = 0  # tokens a context shift drops (0: half of those after n_keep)
+    max_predict_ms: float = 0.0  # > 0: past this much generation time, stop at the next newline ("length")
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,9 +161,14 @@ class Sequence:
         chunks = [Chunk(token, text, logprob, top_logprobs)] if text or self.stream.stop_word is None else []
         if self.stream.stop_word is not None:
             chunks += self.finish("stop")
-        elif 0 <= self.limits.max_tokens <= self.n_output:
+        elif 0 <= self.limits.max_tokens <= self.n_output or self._out_of_time():
             chunks += self.finish("length")
         return chunks
+
+    def _out_of_time(self) -> bool:
+        """llama-server's t_max_predict_ms: over the time, the generation stops once its text has a newline."""
+        limit = self.limits.max_predict_ms
+        return limit > 0 and "\n" in self.stream.text and (time.perf_counter() - self.t_first_token) * 1000 > limit
 
     def progress(self) -> Chunk:
         """A report of how much of the prompt is in memory (llama-server's prompt_progress)."""
@@ -191,11 +198,12 @@ class Sequence:
         t.predicted_n = self.n_output
         t.predicted_ms = (now - t1) * 1000
 
-    def shift(self, n_keep: int) -> tuple[int, int]:
-        """llama.cpp's context shift on the positions: keep the first n_keep tokens, drop half of the rest.
-        Returns (start, n_discard) for the memory to do the same (seq_rm + seq_add)."""
+    def shift(self, n_keep: int, n_discard: int = 0) -> tuple[int, int]:
+        """llama.cpp's context shift on the positions: keep the first n_keep tokens, drop n_discard of the rest
+        (0: half of them). Returns (start, n_discard) for the memory to do the same (seq_rm + seq_add)."""
         n_keep = max(0, min(n_keep, self.n_past - 2))
-        n_discard = (self.n_past - n_keep) // 2
+        n_left = self.n_past - n_keep
+        n_discard = min(n_discard, n_left - 1) if n_discard > 0 else n_left // 2
         del self.tokens[n_keep : n_keep + n_discard]
         self.n_past -= n_discard
         return n_keep, n_discard

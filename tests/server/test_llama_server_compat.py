@@ -19,7 +19,7 @@ PROMPT = "I believe the meaning of life is"
 def test_n_probs_gives_completion_probabilities(server):
     with server.client() as http:
         body = http.post("/completion", json={"prompt": PROMPT, "n_probs": 3, "temperature": 0,
-                                              "n_predict": 4}).json()
+                                              "n_predict": 4, "return_tokens": True}).json()
         probs = body["completion_probabilities"]
         assert len(probs) == 4 and [p["id"] for p in probs] == body["tokens"]
         for p in probs:
@@ -39,7 +39,7 @@ def test_n_probs_gives_completion_probabilities(server):
 
 
 def _stream(http, body):
-    with http.stream("POST", "/completion", json={**body, "stream": True}) as res:
+    with http.stream("POST", "/completion", json={**body, "stream": True, "return_tokens": True}) as res:
         return [json.loads(line[6:]) for line in res.iter_lines() if line.startswith("data: {")]
 
 
@@ -166,3 +166,27 @@ def test_vertex_ai_predict_runs_each_instance_through_its_route():
             body[3]["error"]["message"]
         res = httpx.post(srv.url + "/predict", json={"instances": [{}] * 129}, timeout=30)
         assert res.status_code == 400 and "128" in res.text
+
+
+def test_return_tokens_n_discard_and_t_max_predict_ms(server):
+    with server.client() as http:
+        base = {"prompt": PROMPT, "n_predict": 4, "temperature": 0}
+        assert http.post("/completion", json=base).json()["tokens"] == []  # llama-server: only when asked
+        assert len(http.post("/completion", json={**base, "return_tokens": True}).json()["tokens"]) == 4
+        # past its time, a generation stops at the first newline
+        body = {"prompt": "List three fruits, one per line:\n", "n_predict": 64, "temperature": 0,
+                "ignore_eos": True}
+        full = http.post("/completion", json=body).json()
+        cut = http.post("/completion", json={**body, "t_max_predict_ms": 1}).json()
+        assert "\n" in full["content"] and cut["stop_type"] == "limit"
+        assert cut["content"].count("\n") <= 1 < full["content"].count("\n") or len(cut["content"]) < \
+            len(full["content"])
+
+
+def test_n_discard_sets_how_much_a_context_shift_drops():
+    from llamactx.engine.sequence import Sequence
+
+    seq = Sequence(list(range(100)), sampler=None)
+    seq.n_past = 100
+    assert seq.shift(4, 10) == (4, 10) and len(seq.tokens) == 90 and seq.n_past == 90
+    assert seq.shift(4) == (4, 43)  # half of what follows n_keep
