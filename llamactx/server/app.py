@@ -455,8 +455,9 @@ def _routes(state: ServerState) -> list:
 
     async def count_tokens(request):
         state.check_ready()
-        body = await _json(request)
-        chat = body if request.url.path.endswith("/input_tokens") else anthropic.count_tokens_body(body)
+        body, path = await _json(request), request.url.path
+        chat = oai_responses.to_chat(body) if path.endswith("/responses/input_tokens") else body \
+            if path.endswith("/input_tokens") else anthropic.count_tokens_body(body)
         req = P.validate(P.ChatCompletionRequest, chat)
         prompt_text, _ = await asyncio.to_thread(_render_chat, state, req)
         tokens = await asyncio.to_thread(_prompt_tokens, state, prompt_text, True)
@@ -649,6 +650,7 @@ def _routes(state: ServerState) -> list:
         Route("/v1/messages", messages, methods=["POST"]),
         Route("/v1/responses", responses, methods=["POST"]), Route("/responses", responses, methods=["POST"]),
         Route("/chat/completions/input_tokens", count_tokens, methods=["POST"]),
+        Route("/v1/responses/input_tokens", count_tokens, methods=["POST"]),
         Route("/v1/chat/completions/input_tokens", count_tokens, methods=["POST"]),
         Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
         Route("/v1/embeddings", embeddings, methods=["POST"]), Route("/embeddings", embeddings, methods=["POST"]),

@@ -37,3 +37,9 @@ def test_a_bare_string_input_and_bad_items(server):
             res = http.post("/v1/responses", json=bad)
             assert res.status_code == 400 and text in res.json()["error"]["message"], res.text
     assert httpx.post(server.url + "/responses", json={"input": "x", "max_output_tokens": 1}).status_code == 200
+
+
+def test_input_tokens_counts_the_rendered_prompt(server):
+    with server.client() as http:
+        n = http.post("/v1/responses/input_tokens", json={"input": INPUT}).json()["input_tokens"]
+        assert n == http.post("/chat/completions/input_tokens", json={"messages": INPUT}).json()["input_tokens"] > 0
