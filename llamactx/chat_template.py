@@ -65,8 +65,19 @@ LLAMA3_TEMPLATE = (
     "{%- if add_generation_prompt -%}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}{%- endif -%}"
 )
 
+# llama-chat.cpp LLM_CHAT_TEMPLATE_COMMAND_R: no BOS, contents trimmed
+COMMAND_R_TEMPLATE = (
+    "{%- for message in messages -%}\n"
+    "  {%- set token = {'system': '<|SYSTEM_TOKEN|>', 'user': '<|USER_TOKEN|>'}.get(message.role, "
+    "'<|CHATBOT_TOKEN|>') -%}\n"
+    "  {{- '<|START_OF_TURN_TOKEN|>' + token + message.content | trim + '<|END_OF_TURN_TOKEN|>' -}}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}{{- '<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>' -}}{%- endif -%}"
+)
+
 # name -> (source, the tokens that must be in the vocabulary for it to be chosen for a model without a template)
 BUILTIN_TEMPLATES = {
+    "command-r": (COMMAND_R_TEMPLATE, ("<|START_OF_TURN_TOKEN|>", "<|END_OF_TURN_TOKEN|>")),
     "gemma": (GEMMA_TEMPLATE, ("<start_of_turn>", "<end_of_turn>")),
     "llama3": (LLAMA3_TEMPLATE, ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")),
     "chatml": (CHATML_TEMPLATE, ("<|im_start|>", "<|im_end|>")),

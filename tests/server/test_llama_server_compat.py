@@ -190,3 +190,13 @@ def test_n_discard_sets_how_much_a_context_shift_drops():
     seq.n_past = 100
     assert seq.shift(4, 10) == (4, 10) and len(seq.tokens) == 90 and seq.n_past == 90
     assert seq.shift(4) == (4, 43)  # half of what follows n_keep
+
+
+def test_the_command_r_builtin_template():
+    from llamactx.chat_template import ChatTemplate
+
+    prompt = ChatTemplate("command-r").render([{"role": "system", "content": "You are a test."},
+                                               {"role": "user", "content": " Hi there "}], True)
+    assert prompt == ("<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>You are a test.<|END_OF_TURN_TOKEN|>"
+                      "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>Hi there<|END_OF_TURN_TOKEN|>"
+                      "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>")  # llama-chat.cpp's, as llama-server's tests want
