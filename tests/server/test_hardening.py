@@ -192,3 +192,15 @@ def test_tampered_and_poisoned_slot_files_are_refused(server):
         assert res.status_code == 400 and "non-finite" in res.json()["error"]["message"], res.text
         assert http.get("/slots").json()[3]["n_tokens"] == held
         assert http.post("/slots/3?action=restore", json={"filename": "t0.bin"}).json()["n_restored"] == n_a
+
+
+def test_the_read_deadline_never_cuts_a_response(strict):
+    """The deadline covers reading a request; a stream that runs longer than it, and the next request on the
+    same keep-alive connection, are untouched."""
+    body = {"prompt": "Once upon a time", "max_tokens": 400, "temperature": 0, "ignore_eos": True, "stream": True}
+    with httpx.Client(base_url=strict.url, timeout=120) as http:
+        t0 = time.monotonic()
+        with http.stream("POST", "/v1/completions", json=body) as res:
+            lines = [line for line in res.iter_lines() if line.startswith("data: ")]
+        assert lines[-1] == "data: [DONE]" and time.monotonic() - t0 > 2.0  # longer than --read-timeout
+        assert http.get("/health").status_code == 200  # the same connection, right after
