@@ -11,14 +11,14 @@ import argparse
 import concurrent.futures as cf
 import json
 import statistics
-import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0])
-from bench.serve_bench import free_port  # noqa: E402
+from bench.serve_bench import start  # noqa: E402
 
 
 def stream_gaps(url: str, n: int) -> list[float]:
@@ -46,22 +46,8 @@ def main() -> None:
     ap.add_argument("-np", "--parallel", type=int, default=4)
     ap.add_argument("-t", "--threads", type=int, default=2)
     args = ap.parse_args()
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "llamactx", "serve", "--port", str(port), "-np",
-                               str(args.parallel), "-t", str(args.threads), "--no-webui"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server, url = start("llamactx", "smollm2", args.parallel, 4096, args.threads, Path())
     try:
-        deadline = time.monotonic() + 600
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline or server.poll() is not None:
-                sys.exit("the server did not start")
-            time.sleep(0.2)
         report("stream alone", stream_gaps(url, args.n))
         with cf.ThreadPoolExecutor(1) as pool:
             t0 = time.monotonic()

@@ -124,7 +124,7 @@ def config_from_args(args):
                         gcp_predict_route=os.environ.get("AIP_PREDICT_ROUTE") or "/predict" if gcp else None,
                         gcp_health_route=os.environ.get("AIP_HEALTH_ROUTE") or None if gcp else None,
                         tags=tags, pooling=args.pooling,
-                        verbose=args.verbose, n_ctx=args.ctx_size, n_slots=n_slots, kv_unified=kv_unified,
+                        n_ctx=args.ctx_size, n_slots=n_slots, kv_unified=kv_unified,
                         flash_attn=args.flash_attn, sampling=request_defaults(args),
                         n_batch=args.batch_size, n_ubatch=args.ubatch_size, n_threads=args.threads,
                         n_threads_batch=args.threads_batch, type_k=args.cache_type_k, type_v=args.cache_type_v,

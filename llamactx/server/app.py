@@ -11,6 +11,7 @@ Bad input is a 4xx with {"error": {"code", "message", "type"}}, never a 500.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import threading
@@ -51,7 +52,6 @@ class ServerConfig:
     tags: list[str] = field(default_factory=list)  # --tags: shown by /v1/models
     chat_template: str | None = None  # --chat-template NAME|JINJA, --chat-template-file: instead of the model's
     pooling: str = "mean"  # --pooling: the embeddings' pooling
-    verbose: bool = False  # -v
     n_ctx: int = 4096  # -c: the whole KV pool, shared by the slots
     n_slots: int = 4  # -np
     kv_unified: bool = True  # -kvu: a slot may use the whole -c; off: each slot gets -c / -np (llama-server's -np N)
@@ -492,10 +492,10 @@ def _routes(state: ServerState) -> list:
             raise P.ProtocolError("request body must include an array field named instances")
         if len(instances) > GCP_MAX_INSTANCES:
             raise P.ProtocolError(f"instances array exceeds maximum size of {GCP_MAX_INSTANCES}")
-        auth = {k: v for k, v in request.headers.items() if k in ("authorization", "x-api-key")}
+        auth = [(k.encode(), v.encode()) for k, v in request.headers.items() if k in ("authorization", "x-api-key")]
         targets = {_gcp_format(r.path): r.path for r in routes if isinstance(r, Route) and "POST" in (r.methods or ())}
 
-        async def one(client, instance) -> Any:
+        async def one(instance) -> Any:
             if not isinstance(instance, dict) or not isinstance(instance.get("@requestFormat"), str):
                 return P.ProtocolError("each instance must include a string @requestFormat").body()
             payload = {k: v for k, v in instance.items() if k != "@requestFormat"}
@@ -504,17 +504,13 @@ def _routes(state: ServerState) -> list:
             path = targets.get(fmt) or (fmt if fmt in targets.values() else None)
             if path is None:
                 return P.ProtocolError(f"no handler registered for @requestFormat: {fmt}").body()
-            res = await client.post(path, json=payload, headers=auth)
+            raw = await _asgi_post(request.app, path, json.dumps(payload).encode(), auth)
             try:
-                return res.json()
+                return json.loads(raw)
             except ValueError:
-                return res.text
+                return raw.decode("utf-8", "replace")
 
-        import httpx
-
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=request.app), base_url="http://gcp",
-                                     timeout=None) as client:
-            predictions = await asyncio.gather(*(one(client, i) for i in instances))
+        predictions = await asyncio.gather(*(one(i) for i in instances))
         return JSONResponse({"predictions": predictions})
 
     routes = [
@@ -554,6 +550,29 @@ def _routes(state: ServerState) -> list:
 GCP_MAX_INSTANCES = 128
 
 
+async def _asgi_post(app, path: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> bytes:
+    """POST `body` (JSON) to `path` of this ASGI app in-process, through its middlewares; the response body."""
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "", "client": None,
+             "server": None, "headers": [(b"content-type", b"application/json"),
+                                         (b"content-length", str(len(body)).encode()), *headers]}
+    sent, chunks = False, []
+
+    async def receive():
+        nonlocal sent
+        if sent:  # the body was read; the caller waits for the answer, never leaves
+            await asyncio.Event().wait()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message):
+        if message["type"] == "http.response.body":
+            chunks.append(message.get("body", b""))
+
+    await app(scope, receive, send)
+    return b"".join(chunks)
+
+
 def _gcp_format(path: str) -> str:
     """llama-server's path_to_gcp_format: "/v1/chat/completions" -> "chatCompletions"."""
     s = path[3:] if path.startswith("/v1") and len(path) > 3 else path
@@ -581,7 +600,7 @@ def _prompts(state: ServerState, prompt, n_keep: int) -> tuple[list[list[int]], 
             items = [prompt]
         else:
             items = [[t for j, p in enumerate(prompt) for t in (
-                [p] if isinstance(p, int) else vocab.tokenize(p, add_special=j == 0, parse_special=True))]]
+                [p] if isinstance(p, int) else _prompt_tokens(state, p, True, add_special=j == 0))]]
     else:
         items = list(prompt)
     out = []
@@ -681,14 +700,14 @@ def _render_chat(state: ServerState, req: P.ChatCompletionRequest) -> tuple[str,
     return state.template.render(messages, add, tools, req.chat_template_kwargs), fns
 
 
-def _prompt_tokens(state: ServerState, text: str, parse_special: bool) -> list[int]:
+def _prompt_tokens(state: ServerState, text: str, parse_special: bool, add_special: bool = True) -> list[int]:
     """A prompt's tokens. Without --context-shift a text too long for a slot is refused from its length alone,
     before it is tokenized (a client's huge input costs no tokenizer time or cache memory: Vocab.min_tokens)."""
     vocab = state.model.vocab
     n_min, n_ctx = vocab.min_tokens(text), state.n_ctx_slot()
     if n_min >= n_ctx and not state.config.context_shift:
         raise _exceeds_context(n_min, n_ctx, at_least=True)
-    return vocab.tokenize(text, add_special=True, parse_special=parse_special)
+    return vocab.tokenize(text, add_special=add_special, parse_special=parse_special)
 
 
 def _exceeds_context(n_tokens: int, n_ctx: int, at_least: bool = False) -> P.ProtocolError:

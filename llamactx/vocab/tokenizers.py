@@ -214,8 +214,9 @@ class BpeTokenizer:
         """Token ids of one raw-text fragment."""
         words = self.pre.split(text)
         cache = self._cache
-        found = {w: ids for w in set(words) if (ids := cache.get(w)) is not None}
-        missing = [w for w in set(words) if w not in found]
+        distinct = set(words)
+        found = {w: ids for w in distinct if (ids := cache.get(w)) is not None}
+        missing = [w for w in distinct if w not in found]
         if missing:
             for w, ids in zip(missing, self._encode(missing), strict=True):
                 found[w] = ids
