@@ -148,6 +148,17 @@ def sampling_options(args: argparse.Namespace) -> dict:
     return out
 
 
+def runtime_params(args: argparse.Namespace, **fields):
+    """The model, LoRA and context flags (add_common, add_context, add_llama_cpp_flags, add_lora) as the
+    RuntimeParams every front end builds from; `fields`: the command's own (n_slots, chat_template...)."""
+    from llamactx.runtime import RuntimeParams  # imports the engine and numba: not for --help, info, quantize
+    flags = dict(model=args.model, lora=tuple(getattr(args, "lora", ())), spec=spec_params(args), n_ctx=args.ctx_size,
+                 n_batch=args.batch_size, n_ubatch=args.ubatch_size, n_threads=args.threads,
+                 n_threads_batch=args.threads_batch or args.threads, type_k=args.cache_type_k,
+                 type_v=args.cache_type_v, flash_attn=args.flash_attn, swa_full=args.swa_full)
+    return RuntimeParams(**{**flags, **fields})
+
+
 def flash_attn_type(value: str) -> str:
     """-fa on|off|auto (common/arg.cpp is_truthy / is_falsey / is_autoy) -> ContextParams.flash_attn."""
     for names, mode in ((("on", "enabled", "true", "1"), "enabled"), (("off", "disabled", "false", "0"), "disabled"),
@@ -260,3 +271,81 @@ def add_generation(p: argparse.ArgumentParser) -> None:
     p.add_argument("-sys", "--system-prompt", default=None,
                    help="system prompt (run: -p becomes the user's turn of one chat exchange)")
     add_escape(p)
+
+
+# -- speculative decoding: llama-server's --spec-* flags (common/arg.cpp) -------------------------------------------
+
+# (flag, SpecParams field or (NgramParams field of SpecParams, its field), type, lowest, highest, help)
+SPEC_FLAGS = (
+    ("--spec-draft-n-max", "n_max", int, 0, None, "draft tokens at most (draft models; default 3)"),
+    ("--spec-draft-n-min", "n_min", int, 0, None, "draft tokens at least (draft models; default 0)"),
+    ("--spec-draft-p-min", "p_min", float, 0.0, 1.0, "minimum draft probability, greedy (draft models; default 0)"),
+    ("--spec-ngram-simple-size-n", ("ngram_simple", "size_n"), int, 1, 1024, "ngram-simple: lookup n-gram (12)"),
+    ("--spec-ngram-simple-size-m", ("ngram_simple", "size_m"), int, 1, 1024, "ngram-simple: draft m-gram (48)"),
+    ("--spec-ngram-simple-min-hits", ("ngram_simple", "min_hits"), int, 1, None, "ngram-simple: minimum hits (1)"),
+    ("--spec-ngram-map-k-size-n", ("ngram_map_k", "size_n"), int, 1, 1024, "ngram-map-k: lookup n-gram (12)"),
+    ("--spec-ngram-map-k-size-m", ("ngram_map_k", "size_m"), int, 1, 1024, "ngram-map-k: draft m-gram (48)"),
+    ("--spec-ngram-map-k-min-hits", ("ngram_map_k", "min_hits"), int, 1, None, "ngram-map-k: minimum hits (1)"),
+    ("--spec-ngram-mod-n-match", "ngram_mod_n_match", int, 1, 1024, "ngram-mod: lookup length (24)"),
+    ("--spec-ngram-mod-n-min", "ngram_mod_n_min", int, 0, 1024, "ngram-mod: draft tokens at least (48)"),
+    ("--spec-ngram-mod-n-max", "ngram_mod_n_max", int, 0, 1024, "ngram-mod: draft tokens at most (64)"),
+)
+# flags llama.cpp removed, refused with its message (arg.cpp `arg_removed`)
+REMOVED_SPEC_FLAGS = (
+    (("--draft", "--draft-n", "--draft-max"), "--spec-draft-n-max or --spec-ngram-mod-n-max"),
+    (("--draft-min", "--draft-n-min"), "--spec-draft-n-min or --spec-ngram-mod-n-min"),
+    (("--spec-ngram-size-n",), "the respective --spec-ngram-*-size-n"),
+    (("--spec-ngram-size-m",), "the respective --spec-ngram-*-size-m"),
+    (("--spec-ngram-min-hits",), "the respective --spec-ngram-*-min-hits"),
+)
+
+
+def _ranged(kind, lo, hi):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"'{text}' is not a{'n integer' if kind is int else ' number'}") from None
+        if value < lo or (hi is not None and value > hi) or value != value:
+            raise argparse.ArgumentTypeError(f"{text} is outside [{lo}, {hi if hi is not None else 'inf'}]")
+        return value
+    return parse
+
+
+class _Removed(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        raise CommandError(f"{option_string}: the argument has been removed. use {self.default}")
+
+
+def add_speculative(p: argparse.ArgumentParser) -> None:
+    """Speculative decoding's flags, llama-server's names and ranges; `spec_params(args)` makes the SpecParams."""
+    g = p.add_argument_group("speculative decoding")
+    g.add_argument("--spec-type", action="append", default=None, metavar="TYPES",
+                   help="comma-separated: none, ngram-simple, ngram-map-k, ngram-mod (default none)")
+    for flag, field, kind, lo, hi, text in SPEC_FLAGS:
+        dest = "spec_" + (field if isinstance(field, str) else "_".join(field))
+        g.add_argument(flag, dest=dest, type=_ranged(kind, lo, hi), default=None, metavar="N", help=text)
+    for flags, use in REMOVED_SPEC_FLAGS:
+        g.add_argument(*flags, action=_Removed, default=use, metavar="N", help=argparse.SUPPRESS)
+
+
+def spec_params(args: argparse.Namespace):
+    """The SpecParams of the --spec-* flags given (their defaults otherwise), None without --spec-type; a type
+    llamactx does not know or support is a CommandError."""
+    from llamactx.engine.speculative import NgramParams, SpecParams, SpecParamsError
+
+    if not args.spec_type:
+        return None
+    types = tuple(t.strip() for value in args.spec_type for t in value.split(",") if t.strip())
+    top: dict = {}
+    nested: dict[str, dict] = {"ngram_simple": {}, "ngram_map_k": {}}
+    for _, field, _, _, _, _ in SPEC_FLAGS:
+        value = getattr(args, "spec_" + (field if isinstance(field, str) else "_".join(field)))
+        if value is not None and isinstance(field, str):
+            top[field] = value
+        elif value is not None:
+            nested[field[0]][field[1]] = value
+    try:
+        return SpecParams(types=types, **top, **{k: NgramParams(**v) for k, v in nested.items()})
+    except SpecParamsError as e:
+        raise CommandError(f"--spec-type: {e}") from None

@@ -5,7 +5,9 @@ nano-vllm's engine/).
     sequence.py      Sequence: one request's state (tokens, n_past, sampler, limits, finish reason)
     prefix_cache.py  PrefixCache: the slots (context sequences), what each holds, prefix sharing, LRU eviction
     scheduler.py     Scheduler: waiting / running queues, admission, chunked prefill, preemption (decides only)
-    engine.py        Engine.step(): schedule -> one Batch -> decode -> sample -> post-process
+    engine.py        Engine.step(): schedule -> one Batch -> decode -> sample -> post-process (and verify drafts)
+    speculative.py   SpecParams, Speculator: speculative decoding's drafters and parameters (common/speculative.cpp)
+    ngram.py         the n-gram drafters: ngram-simple, ngram-map-k, ngram-mod (common/ngram-map.cpp, ngram-mod.cpp)
 """
 
 from llamactx.engine.engine import Engine, EngineStats, StepOutput
@@ -19,7 +21,8 @@ from llamactx.engine.sequence import (
     SequenceStatus,
     Timings,
 )
+from llamactx.engine.speculative import NgramParams, SpecParams, SpecParamsError
 from llamactx.engine.text_stream import TextStream
 
-__all__ = ["Chunk", "Completion", "Engine", "EngineError", "EngineStats", "GenerationError", "Limits", "Sequence",
-           "SequenceStatus", "StepOutput", "TextStream", "Timings"]
+__all__ = ["Chunk", "Completion", "Engine", "EngineError", "EngineStats", "GenerationError", "Limits", "NgramParams",
+           "Sequence", "SequenceStatus", "SpecParams", "SpecParamsError", "StepOutput", "TextStream", "Timings"]

@@ -9,6 +9,14 @@ nano-vllm's `LLMEngine`).
 
 `step()` is schedule -> one Batch -> `ctx.decode` -> sample each output row -> post-process. One thread owns an
 engine (it is not thread-safe): the server runs it in its own thread and talks to it through a queue.
+
+With `spec=SpecParams(types=("ngram-simple",))` generating sequences bring drafts (engine/speculative.py) into the
+same batch; post-processing samples each draft position in turn, keeps the tokens up to the first one the sampler
+did not pick (common_sampler_sample_and_accept_n) and removes the rest from memory (`seq_rm`): the output is the one
+without drafts, token for token, wherever the weights' kernels are row invariant (speculative.py says where they
+are not). Memories that cannot drop a suffix (recurrent, hybrid: `partial_prefix` False; no state rollback) and
+`kv_layout_exact` contexts, whose bits depend on where cells sit, decode without drafts (`Engine.spec_disabled`
+says why).
 """
 
 from __future__ import annotations
@@ -18,12 +26,14 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
 import numpy as np
+from gguf import GGMLQuantizationType
 
 from llamactx.batch import Batch
 from llamactx.context import Context, DecodeStatus
 from llamactx.cparams import ContextParams
 from llamactx.engine.scheduler import Scheduled, Scheduler
 from llamactx.engine.sequence import Chunk, EngineError, Limits, Sequence
+from llamactx.engine.speculative import SpecParams, Speculator
 from llamactx.memory import MemoryOpError
 from llamactx.model import Model
 from llamactx.sampling import SamplerChain, SamplingParams
@@ -53,23 +63,46 @@ class EngineStats:
     n_tokens_max: int = 0  # the largest batch decoded
     t_prompt_ms: float = 0.0  # decode time of batches that carried prompt tokens
     t_predicted_ms: float = 0.0  # decode time of batches of generated tokens only
+    n_draft_tokens: int = 0  # draft tokens verified (speculative decoding)
+    n_draft_accepted: int = 0  # draft tokens accepted
+    n_draft_verif_steps: int = 0  # drafts verified
 
 
 class Engine:
     """`n_slots` sequences of one context over a shared, read-only `model`. Extra keyword arguments are
     `ContextParams` fields (n_batch, n_ubatch, n_threads, type_k...). The context's KV cells are one pool; with
     kv_unified (the default) each slot may use up to `n_ctx` tokens while memory lasts, without it each slot's
-    context is n_ctx / n_slots (llama-server with an explicit -np)."""
+    context is n_ctx / n_slots (llama-server with an explicit -np). `spec`: speculative decoding (None: off)."""
 
-    def __init__(self, model: Model, n_slots: int = 1, n_ctx: int = 4096, lora=(), **context_params):
+    def __init__(self, model: Model, n_slots: int = 1, n_ctx: int = 4096, lora=(), spec: SpecParams | None = None,
+                 **context_params):
         if not 1 <= n_slots <= 256:
             raise EngineError(f"n_slots = {n_slots} is outside [1, 256]")
+        if spec is not None and not isinstance(spec, SpecParams):
+            raise EngineError(f"spec: expected SpecParams or None, got {type(spec).__name__}")
         self.model = model
         context_params.setdefault("kv_unified", True)
         self.ctx = Context(model, ContextParams(n_ctx=n_ctx, n_seq_max=n_slots, **context_params))
-        self.scheduler = Scheduler(self.ctx.memory, n_slots, self.ctx.params.n_batch)
+        self.spec = spec
+        self.spec_disabled = self._why_no_speculation(spec)  # None when speculating (or not asked to)
+        self.speculator = Speculator(spec) if spec is not None and spec.enabled and not self.spec_disabled else None
+        # Q4_K / Q6_K weights: a ubatch of at most GEMV_ROWS rows runs every row as one alone (speculative.py)
+        self._max_draft = None if _row_invariant(model) else GEMV_ROWS - 1
+        p = self.ctx.params
+        self.scheduler = Scheduler(self.ctx.memory, n_slots, p.n_batch, p.n_ubatch,
+                                   self._draft if self.speculator is not None else None)
         self.set_adapters_lora(lora)
         self.stats = EngineStats()
+
+    def _why_no_speculation(self, spec: SpecParams | None) -> str | None:
+        """Why this engine decodes without drafts although asked to speculate; None otherwise."""
+        if spec is None or not spec.enabled:
+            return None
+        if not self.ctx.memory.partial_prefix:
+            return "the memory cannot remove rejected draft tokens (a recurrent state has no rollback)"
+        if self.ctx.params.kv_layout_exact:
+            return "kv_layout_exact: a token's bits depend on where its cells sit, a draft could change them"
+        return None
 
     def warmup(self) -> None:
         """Decode a 2-token and a 1-token batch and forget them, and sample once with the default chain, so that
@@ -178,38 +211,82 @@ class Engine:
         batch = Batch(sum(s.n_tokens for s in plan))
         for s in plan:
             seq = s.seq
-            tokens = seq.pending[: s.n_tokens]
+            tokens = [seq.pending[0], *s.draft] if s.draft else seq.pending[: s.n_tokens]
             for j, t in enumerate(tokens):
-                batch.add(t, seq.n_past + j, (seq.seq_id,), s.sample and j == len(tokens) - 1)
+                batch.add(t, seq.n_past + j, (seq.seq_id,), bool(s.draft) or (s.sample and j == len(tokens) - 1))
         return batch
+
+    def _draft(self, seq: Sequence, n_max: int) -> list[int]:
+        """The scheduler's drafter: at most `n_max` draft tokens for generating `seq`, and no more than its context
+        and max_tokens leave room for (llama-server's get_n_draft_max)."""
+        n_max = min(n_max, self.n_ctx_slot - seq.n_past - 2)
+        if self._max_draft is not None:
+            n_max = min(n_max, self._max_draft)
+        if seq.limits.max_tokens >= 0:
+            n_max = min(n_max, seq.limits.max_tokens - seq.n_output - 1)
+        return self.speculator.draft(seq.seq_id, seq.id, seq.tokens, n_max)
 
     def _postprocess(self, plan: list[Scheduled], before: dict[Sequence, list[Chunk]]) -> list[StepOutput]:
         outputs = []
         row = 0
-        vocab = self.model.vocab
         for s in plan:
             seq = s.seq
-            row += s.n_tokens
+            first, row = row, row + s.n_tokens
             prefill = seq.n_past < seq.n_prompt
-            seq.n_past += s.n_tokens
+            seq.n_past += 1 if s.draft else s.n_tokens  # draft tokens count once accepted (_verify)
             progress = before.get(seq, []) + ([seq.progress()] if seq.return_progress and prefill else [])
             if not s.sample:
                 if progress:
                     outputs.append(StepOutput(seq, progress))
                 continue
-            try:
-                token = seq.sampler.sample(self.ctx, row - 1)
-            except Exception as e:  # a grammar dead end or an empty candidate set ends this request only
-                seq.error = f"sampling failed: {e}"
-                chunks = seq.finish("error")
-            else:
-                chunks = seq.append(token, vocab, *self._logprobs(seq, row - 1, token))
-                if not seq.is_finished and seq.n_past >= self.n_ctx_slot:
-                    chunks += self._context_full(seq)
+            chunks = self._verify(s, first) if s.draft else self._sample(seq, row - 1)[1]
+            if not seq.is_finished and seq.n_past >= self.n_ctx_slot:
+                chunks += self._context_full(seq)
             if seq.is_finished:
                 self._finished(seq)
             outputs.append(StepOutput(seq, progress + chunks))
         return outputs
+
+    def _sample(self, seq: Sequence, i: int) -> tuple[int | None, list[Chunk]]:
+        """Sample output row `i` for `seq` and append the token: (the token, None on failure; its chunks)."""
+        try:
+            token = seq.sampler.sample(self.ctx, i)
+        except Exception as e:  # a grammar dead end or an empty candidate set ends this request only
+            seq.error = f"sampling failed: {e}"
+            return None, seq.finish("error")
+        return token, seq.append(token, self.model.vocab, *self._logprobs(seq, i, token))
+
+    def _verify(self, s: Scheduled, first: int) -> list[Chunk]:
+        """Rows first .. first + len(draft) hold the logits after the sampled token and after each draft token:
+        sample them in order while the sampler picks the draft's next token (common_sampler_sample_and_accept_n),
+        so the sampler sees exactly the tokens it would without the draft. seq.n_past already counts the sampled
+        token; each accepted draft token adds one, and memory forgets the positions past it (`seq_rm`)."""
+        seq, draft = s.seq, s.draft
+        n_past = seq.n_past
+        chunks: list[Chunk] = []
+        n_accepted = 0
+        for j in range(len(draft) + 1):
+            token, out = self._sample(seq, first + j)
+            chunks += out
+            if seq.is_finished or j == len(draft) or token != draft[j]:
+                break
+            n_accepted += 1
+            seq.n_past += 1
+        if seq.n_past < n_past + len(draft):
+            self.ctx.memory.seq_rm(seq.seq_id, seq.n_past, -1)
+        self._count_draft(seq, len(draft), n_accepted)
+        if not seq.is_finished and not self.ctx.memory.can_continue(seq.seq_id, seq.n_past):
+            self.scheduler.preempt(seq)  # cannot happen with drafts in one ubatch; recomputing is always right
+        return chunks
+
+    def _count_draft(self, seq: Sequence, n_draft: int, n_accepted: int) -> None:
+        st, t = self.stats, seq.timings
+        st.n_draft_tokens += n_draft
+        st.n_draft_accepted += n_accepted
+        st.n_draft_verif_steps += 1
+        t.draft_n += n_draft
+        t.draft_n_accepted += n_accepted
+        self.speculator.accept(seq.seq_id, n_accepted)
 
     def _logprobs(self, seq: Sequence, i: int, token: int) -> tuple[float | None, tuple]:
         if seq.n_probs < 0:
@@ -270,6 +347,17 @@ class Engine:
                     raise EngineError("the request cannot be scheduled (its slot stays busy)")
         finally:
             self.abort(seq)
+
+
+# llama.cpp's kernel for these weights depends on how many rows the ubatch has (docs/numerics.md)
+ROW_VARIANT_TYPES = frozenset({int(GGMLQuantizationType.Q4_K), int(GGMLQuantizationType.Q6_K)})
+GEMV_ROWS = 3  # Q4_K runs rows in fours through its gemm and the rest (here all) through its gemv, as one row alone
+
+
+def _row_invariant(model: Model) -> bool:
+    """Whether every matmul weight of `model` is computed the same way whatever else shares its ubatch."""
+    return not any(len(info.shape) == 2 and info.ggml_type in ROW_VARIANT_TYPES
+                   for info in model.tensor_infos.values())
 
 
 def _post_sampling(cur, token: int, n_probs: int) -> tuple[float, tuple]:

@@ -2,8 +2,11 @@
 `Scheduler`): one token for every generating sequence, then chunks of prompts up to `n_batch` tokens, admitting
 waiting requests in FIFO order while a slot is free and their prompt fits the memory.
 
-It only decides; the engine builds the batch, decodes and samples. A request is admitted when the cells its
-uncached prompt needs fit beside what the running requests still need, so prefills never starve each other.
+It only decides; the engine builds the batch, decodes and samples. With speculative decoding a generating sequence's
+token may bring a draft to verify (the engine's `drafter` proposes it); drafts take what the batch and the memory
+have left after every generating sequence's token, before prompt chunks (llama-server adds them first too), and
+never make room by evicting or preempting. A request is admitted when the cells its uncached prompt needs fit
+beside what the running requests still need, so prefills never starve each other.
 When generating requests run out of cells it frees room in this order: idle slots' caches (least recently used
 first), then the youngest running request, which goes back to the front of the queue and is recomputed later
 (vLLM's preemption by recomputation): a full memory never fails a request that could still run.
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from llamactx.engine.prefix_cache import PrefixCache, common_prefix
@@ -22,11 +26,14 @@ from llamactx.memory import Memory
 
 @dataclass(frozen=True, slots=True)
 class Scheduled:
-    """`n_tokens` of `seq.pending` go into this step's batch; `sample` when they reach its end (logits needed)."""
+    """`n_tokens` of `seq.pending` go into this step's batch; `sample` when they reach its end (logits needed).
+    With a `draft`, the batch holds the pending token and then the draft (n_tokens = 1 + len(draft)), each with
+    logits, to be verified."""
 
     seq: Sequence
     n_tokens: int
     sample: bool
+    draft: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, seq: Sequence, n_tokens: int) -> Scheduled:
@@ -36,10 +43,17 @@ class Scheduled:
 class Scheduler:
     """Waiting and running queues over `n_slots` context sequences sharing one memory."""
 
-    def __init__(self, memory: Memory, n_slots: int, n_batch: int):
+    def __init__(self, memory: Memory, n_slots: int, n_batch: int, n_ubatch: int | None = None,
+                 drafter: Callable[[Sequence, int], list[int]] | None = None):
+        """`drafter(seq, n_max)`: at most n_max draft tokens to verify after a generating sequence's pending token
+        (None: no speculative decoding). Drafts are kept within the first `n_ubatch` tokens of the batch, so that a
+        sequence's verified tokens are placed in one ubatch (an iSWA cache then never reuses a cell that its next
+        token, after a rejection, still attends to)."""
         self.memory = memory
         self.n_slots = n_slots
         self.n_batch = n_batch
+        self.n_ubatch = n_batch if n_ubatch is None else min(n_ubatch, n_batch)
+        self.drafter = drafter
         self.cache = PrefixCache(memory, n_slots)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the last is the youngest
@@ -61,6 +75,8 @@ class Scheduler:
             if seq.is_generating and len(plan) < self.n_batch and self._make_room(len(plan) + 1, seq):
                 plan.append(Scheduled.of(seq, 1))
         used = len(plan)
+        if self.drafter is not None:
+            plan, used = self._drafts(plan, used)
         for seq in self.running:
             room = min(self.n_batch - used, self.memory.room(seq.seq_id) - used)
             if not seq.is_generating and room > 0:
@@ -75,6 +91,17 @@ class Scheduler:
         if not plan and self.running:  # prefills that cannot move: make room for the oldest
             self.preempt(self.running[-1])
         return plan
+
+    def _drafts(self, plan: list[Scheduled], used: int) -> tuple[list[Scheduled], int]:
+        """Give each scheduled generating sequence the draft its drafter proposes, within the room left in the
+        first ubatch and in memory (cells beyond this step's other tokens)."""
+        out = []
+        for s in plan:
+            n_max = max(0, min(self.n_ubatch - used, self.memory.room(s.seq.seq_id) - used))
+            draft = tuple(self.drafter(s.seq, n_max))[:n_max]
+            out.append(Scheduled(s.seq, 1 + len(draft), True, draft) if draft else s)
+            used += len(draft)
+        return out, used
 
     def _make_room(self, n_tokens: int, seq: Sequence) -> bool:
         """Free cells until this step's `n_tokens` fit: idle caches first, then preempt the youngest running

@@ -71,6 +71,8 @@ class Timings:
     predicted_n: int = 0
     predicted_ms: float = 0.0
     cached_n: int = 0
+    draft_n: int = 0  # draft tokens verified (speculative decoding; llama-server's timings.draft_n)
+    draft_n_accepted: int = 0  # of which accepted (timings.draft_n_accepted)
 
     @property
     def prompt_per_second(self) -> float:

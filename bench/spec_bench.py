@@ -1,0 +1,90 @@
+"""Speculative decoding (n-gram drafts) against plain decoding: one stream, generation tokens/s.
+
+Two tasks, each run alternately without and with speculation (so a machine whose load drifts hurts both alike):
+(a) input-grounded: the model repeats ~500 tokens of code with a variable renamed, greedy (drafts from the prompt
+    should be accepted for long stretches); (b) free generation at temperature 1 (few drafts: the cost of looking).
+tg t/s is the request's generation rate (llama-server's timings: generated tokens after the first over the time
+since the first), the prompt is not counted. The issue's targets: >= 2x on (a), <= 5% loss on (b).
+
+Usage: python bench/spec_bench.py [-m smollm2] [-t 2] [-n 256] [--runs 3] [--task a,b]
+           [--spec-type ngram-simple] [--spec-ngram-simple-size-n N] [--spec-ngram-simple-size-m N] ... (every
+           llama-server --spec-* flag of cli/args.py; default --spec-type ngram-simple)
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from llamactx import Model
+from llamactx.cli.args import ArgumentParser, add_speculative, spec_params
+from llamactx.embedded import resolve_model_path
+from llamactx.engine import Engine, Limits
+from llamactx.engine.speculative import Speculator
+from llamactx.sampling import SamplerChain, SamplingParams
+
+CODE = (Path(__file__).parent / "data" / "spec_code.txt").read_text()  # ~480 tokens: llamactx/engine/sequence.py
+
+
+def task_prompt(model: Model, task: str) -> str:
+    if task == "a":  # the chat's answer starts with the code fence, so the copy begins at once
+        return ("<|im_start|>user\nRewrite this code with the variable `seq` renamed to `s`. Output only the "
+                f"code.\n```python\n{CODE}```<|im_end|>\n<|im_start|>assistant\n```python\n")
+    return "<|im_start|>user\nWrite a long story about a lighthouse keeper.<|im_end|>\n<|im_start|>assistant\n"
+
+
+def run_once(engine: Engine, prompt: list[int], temp: float, seed: int, n: int) -> dict:
+    params = SamplingParams(temperature=temp, seed=seed)
+    sampler = SamplerChain.default(params, engine.model.hparams.n_vocab, engine.model.vocab, n_ctx=engine.n_ctx_slot)
+    if engine.speculator is not None:  # drafters start empty: ngram-mod's table would remember the last run's answer
+        engine.speculator = Speculator(engine.spec)
+    n_decode, st = engine.stats.n_decode, engine.stats
+    drafted, accepted = st.n_draft_tokens, st.n_draft_accepted
+    seq = engine.add_request(prompt, sampler, Limits(max_tokens=n, ignore_eos=True), cache_prompt=False)
+    for _ in engine.generate(seq):
+        pass
+    t = seq.timings
+    return {"tps": 1e3 * (t.predicted_n - 1) / t.predicted_ms, "n": t.predicted_n, "tokens": seq.output,
+            "decodes": st.n_decode - n_decode, "drafted": st.n_draft_tokens - drafted,
+            "accepted": st.n_draft_accepted - accepted}
+
+
+def main() -> None:
+    p = ArgumentParser(prog="spec_bench", description=__doc__.split("\n")[0])
+    p.add_argument("-m", "--model", default="smollm2")
+    p.add_argument("-t", "--threads", type=int, default=2)
+    p.add_argument("-n", "--n-predict", type=int, default=256)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--task", default="a,b")
+    add_speculative(p)
+    args = p.parse_args()
+    if not args.spec_type:
+        args.spec_type = ["ngram-simple"]
+    spec = spec_params(args)
+    model = Model.load(resolve_model_path(args.model))
+    engines = {False: Engine(model, n_ctx=2048, n_threads=args.threads, n_threads_batch=args.threads),
+               True: Engine(model, n_ctx=2048, n_threads=args.threads, n_threads_batch=args.threads, spec=spec)}
+    for e in engines.values():
+        e.warmup()
+    print(f"{args.model}, -t {args.threads}, {args.n_predict} tokens, {spec}")
+    for task in args.task.split(","):
+        prompt = model.vocab.tokenize(task_prompt(model, task), parse_special=True)
+        temp = 0.0 if task == "a" else 1.0
+        res: dict[bool, list[dict]] = {False: [], True: []}
+        for r in range(args.runs + 1):  # run 0 plans the graphs of this task's shapes: not counted
+            for on in (False, True):
+                out = run_once(engines[on], prompt, temp, seed=1234 + r, n=args.n_predict)
+                if r:
+                    res[on].append(out)
+                    print(f"  task {task} run {r} spec {'on ' if on else 'off'}: {out['tps']:7.2f} t/s, "
+                          f"{out['decodes']} decodes, drafted {out['drafted']}, accepted {out['accepted']}")
+        same = all(a["tokens"] == b["tokens"] for a, b in zip(res[False], res[True], strict=True))
+        off, on = (statistics.median(x["tps"] for x in res[k]) for k in (False, True))
+        last = res[True][-1]
+        print(f"task {task} ({len(prompt)}-token prompt, temp {temp}): off {off:.2f} t/s, on {on:.2f} t/s, "
+              f"ratio {on / off:.2f}x, same tokens: {same} (on: {last['decodes']} decodes for {last['n']} tokens, "
+              f"{last['accepted']} of {last['drafted']} draft tokens accepted)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,236 @@
+"""Speculative decoding with n-gram drafts (engine/speculative.py, engine/ngram.py): the same tokens as without it,
+fewer decodes where the output repeats the input, the sampler advanced over accepted tokens only, rejected draft
+tokens gone from memory, and the parameters' limits."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from llamactx import Model
+from llamactx.cli.args import ArgumentParser, CommandError, add_speculative, spec_params
+from llamactx.engine import Engine, EngineError, Limits
+from llamactx.engine.ngram import NgramMapK, NgramMod, NgramSimple
+from llamactx.engine.speculative import NgramParams, SpecParams, SpecParamsError, Speculator
+from tests.engine.test_engine import chain
+
+CODE = (Path(__file__).parents[1] / "data" / "spec_code.txt").read_text()  # a frozen copy of some Python code
+SIMPLE = SpecParams(types=("ngram-simple",))
+SHORT = SpecParams(types=("ngram-simple",), ngram_simple=NgramParams(size_n=4, size_m=16))
+TINY = Path(__file__).parent.parent / "data" / "tiny"
+
+
+def grounded(model, chat: tuple[str, str, str], n_chars: int) -> list[int]:
+    """A prompt whose answer repeats its input: code to copy, the answer's first line already given."""
+    user, end, assistant = chat
+    text = f"{user}Repeat this code exactly.\n```python\n{CODE[1500:1500 + n_chars]}```{end}{assistant}```python\n"
+    return model.vocab.tokenize(text, parse_special=True)
+
+
+def generate(model, prompts, spec=None, temp=0.0, max_tokens=32, **kw):
+    """Every prompt's output, run together on one engine; and the engine."""
+    engine = Engine(model, n_slots=len(prompts), n_ctx=2048, spec=spec, n_threads=2, **kw)
+    seqs = [engine.add_request(p, chain(model, temp, seed=i), Limits(max_tokens=max_tokens))
+            for i, p in enumerate(prompts)]
+    for _ in range(2000):
+        if not engine.has_work:
+            break
+        engine.step()
+    return [s.output for s in seqs], engine
+
+
+def check_memory(engine: Engine) -> None:
+    """Each slot's memory holds exactly the tokens the slot says it holds: no rejected draft is left."""
+    for i in range(engine.n_slots):
+        held = engine.slot_tokens(i)
+        assert engine.ctx.memory.seq_pos_max(i) == len(held) - 1
+
+
+@pytest.fixture(scope="module")
+def smollm_prompt(smollm):
+    return grounded(smollm, ("<|im_start|>user\n", "<|im_end|>\n", "<|im_start|>assistant\n"), 1100)
+
+
+# -- the engine ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec", [SIMPLE, SHORT, SpecParams(types=("ngram-map-k",)),
+                                  SpecParams(types=("ngram-mod",), ngram_mod_n_match=8, ngram_mod_n_min=2)],
+                         ids=["simple", "simple-4-16", "map-k", "mod"])
+def test_one_stream_greedy_is_unchanged_and_takes_fewer_decodes(smollm, smollm_prompt, spec):
+    (plain,), e0 = generate(smollm, [smollm_prompt], max_tokens=48)
+    (fast,), e1 = generate(smollm, [smollm_prompt], spec, max_tokens=48)
+    assert fast == plain
+    st = e1.stats
+    assert st.n_draft_accepted > 0 and st.n_draft_tokens >= st.n_draft_accepted
+    assert st.n_decode < e0.stats.n_decode
+    assert e0.stats.n_draft_tokens == 0
+    check_memory(e1)
+
+
+@pytest.mark.parametrize("temp", [0.0, 0.8])
+def test_concurrent_slots_give_the_same_tokens(smollm, smollm_prompt, temp):
+    """SmolLM2's kernels are row invariant (docs/numerics.md), so each position's logits do not depend on the
+    draft beside it: with the same seeds, sampled outputs are identical too (the sampler draws once per token)."""
+    prompts = [smollm_prompt, smollm.vocab.tokenize("1, 2, 3, 4, 5,"), smollm_prompt[:300],
+               smollm.vocab.tokenize("The capital of France is")]
+    plain, _ = generate(smollm, prompts, temp=temp, n_batch=64)  # prompts prefill in chunks beside drafts
+    fast, e1 = generate(smollm, prompts, SHORT, temp=temp, n_batch=64)
+    assert fast == plain
+    assert e1.stats.n_draft_accepted > 0
+    check_memory(e1)
+
+
+def test_limits_inside_a_draft(smollm, smollm_prompt):
+    """max_tokens and a stop string that fall inside an accepted draft end the output where they would."""
+    for limits in (Limits(max_tokens=5), Limits(max_tokens=40, stop=("prefix",))):
+        out = []
+        for spec in (None, SHORT):
+            engine = Engine(smollm, n_slots=1, n_ctx=2048, spec=spec, n_threads=2)
+            seq = engine.add_request(smollm_prompt, chain(smollm), limits)
+            list(engine.generate(seq))
+            out.append((seq.output, seq.result().text, seq.finish_reason))
+            check_memory(engine)
+        assert out[0] == out[1]
+
+
+def test_a_seeded_sampled_run_is_reproducible_and_counted(smollm, smollm_prompt):
+    runs = [generate(smollm, [smollm_prompt], SHORT, temp=1.0, max_tokens=40) for _ in range(2)]
+    assert runs[0][0] == runs[1][0]
+    assert runs[0][1].stats.n_draft_verif_steps > 0
+
+
+def test_timings_count_each_requests_drafts(smollm, smollm_prompt):
+    engine = Engine(smollm, n_slots=1, n_ctx=2048, spec=SHORT, n_threads=2)
+    seq = engine.add_request(smollm_prompt, chain(smollm), Limits(max_tokens=24))
+    list(engine.generate(seq))
+    t = seq.timings
+    assert t.draft_n == engine.stats.n_draft_tokens > 0
+    assert t.draft_n_accepted == engine.stats.n_draft_accepted > 0
+
+
+def test_gemma_greedy_across_the_sliding_window(gemma):
+    """Gemma 3's iSWA cache (n_swa 512): rejected drafts are removed from both caches and the window still holds
+    what the next token sees. Its Q4_K / Q6_K matmuls follow llama.cpp's per-ubatch kernel choice, so its logits
+    are not row invariant; greedy tokens are the same here (engine/speculative.py's docstring)."""
+    prompt = grounded(gemma, ("<start_of_turn>user\n", "<end_of_turn>\n", "<start_of_turn>model\n"), 1700)
+    assert len(prompt) > gemma.hparams.n_swa
+    prompts = [prompt, gemma.vocab.tokenize("1, 2, 3, 4, 5,")]
+    plain, _ = generate(gemma, prompts, max_tokens=32, n_batch=128)
+    fast, e1 = generate(gemma, prompts, SHORT, max_tokens=32, n_batch=128)
+    assert fast == plain
+    assert e1.stats.n_draft_accepted > 0
+    check_memory(e1)
+
+
+@pytest.mark.parametrize("n_chars", [300, 900, 1500])
+@pytest.mark.parametrize("temp", [0.0, 0.8])
+def test_gemma_one_stream_is_token_for_token_unchanged(gemma, n_chars, temp):
+    """Gemma's Q4_K / Q6_K matmuls run a row alone and a row among four differently (llama.cpp's gemv / gemm);
+    a lone stream's drafts are capped so that its ubatch stays at GEMV_ROWS rows, each computed as alone: greedy
+    and seeded outputs are those without drafts, token for token."""
+    prompt = grounded(gemma, ("<start_of_turn>user\n", "<end_of_turn>\n", "<start_of_turn>model\n"), n_chars)
+    (plain,), _ = generate(gemma, [prompt], temp=temp, max_tokens=48)
+    (fast,), e1 = generate(gemma, [prompt], SHORT, temp=temp, max_tokens=48)
+    assert fast == plain
+    assert e1.stats.n_draft_tokens > 0
+
+
+def test_gemma_seeded_runs_with_drafts_are_reproducible(gemma):
+    prompt = grounded(gemma, ("<start_of_turn>user\n", "<end_of_turn>\n", "<start_of_turn>model\n"), 900)
+    runs = [generate(gemma, [prompt], SHORT, temp=0.8, max_tokens=24) for _ in range(2)]
+    assert runs[0][0] == runs[1][0]
+    assert runs[0][1].stats.n_draft_tokens > 0
+
+
+@pytest.mark.parametrize("name", ["mamba2", "lfm2"])
+def test_recurrent_memories_decode_without_drafts(name):
+    """A recurrent state cannot drop rejected tokens (no rollback): the engine says so and never drafts."""
+    ref = json.loads((TINY / f"{name}.json").read_text())
+    model = Model.load(TINY / f"tiny-{name}.gguf")
+    prompt = ref["prompts"][0]["tokens"] * 3
+    plain, _ = generate(model, [prompt], max_tokens=12)
+    fast, engine = generate(model, [prompt], SHORT, max_tokens=12)
+    assert fast == plain
+    assert engine.speculator is None and "recurrent" in engine.spec_disabled
+    assert engine.stats.n_draft_tokens == 0
+
+
+def test_kv_layout_exact_decodes_without_drafts(smollm):
+    engine = Engine(smollm, n_slots=1, n_ctx=256, spec=SIMPLE, kv_layout_exact=True)
+    assert engine.speculator is None and "kv_layout_exact" in engine.spec_disabled
+
+
+# -- the drafters (llama.cpp's common/ngram-map.cpp, ngram-mod.cpp) ----------------------------------------------
+
+
+def test_ngram_simple_drafts_what_followed_the_latest_match():
+    s = NgramSimple(3, 4)
+    history = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1, 2]
+    assert s.draft(0, history, 3) == [4, 5, 6, 7]
+    assert s.draft(0, [1, 2, 3, *history[4:]], 3) == []  # a match at position 0 does not count
+    assert s.draft(0, history, 99) == []
+    assert s.draft(0, history[:7], 3) == []  # fewer than n + m + 2 tokens
+    later = [*history[:-2], 1, 2, 3, 40, 41, 42, 43, 44, 1, 2]
+    assert s.draft(0, later, 3) == [40, 41, 42, 43]
+
+
+def test_ngram_map_k_cuts_a_key_to_what_was_accepted():
+    k = NgramMapK(3, 4)
+    history = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1, 2]
+    k.begin(0, history)
+    assert k.draft(0, history, 3) == [4, 5, 6, 7]
+    k.accept(0, 2, False)
+    assert k.draft(0, history, 3) == [4, 5]
+
+
+def test_ngram_mod_chains_lookups_and_drops_short_drafts():
+    m = NgramMod(3, 2, 8, size=1024)
+    history = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1, 2]
+    m.begin(0, history)
+    assert m.draft(0, history, 3) == [4, 5, 6, 7, 8, 9, 10, 11]
+    assert NgramMod(3, 2, 8, size=1024).draft(0, history, 3) == []  # nothing learnt yet
+
+
+def test_the_speculator_cuts_drafts_and_begins_each_request():
+    sp = Speculator(SpecParams(types=("ngram-mod", "ngram-simple"), ngram_simple=NgramParams(3, 4)))
+    assert [type(d).__name__ for d in sp.drafters] == ["NgramSimple", "NgramMod"]  # llama.cpp's preference
+    history = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1, 2, 3]
+    assert sp.draft(0, 7, history, 2) == [4, 5]
+    assert sp.draft(0, 7, history, 0) == []
+
+
+# -- parameters -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kw", [dict(n_max=-1), dict(n_min=-2), dict(p_min=1.5), dict(types=("foo",)),
+                                dict(types=("draft-simple",)), dict(types="ngram-simple"),
+                                dict(ngram_simple=NgramParams(size_n=0)), dict(ngram_map_k=NgramParams(size_m=2000)),
+                                dict(ngram_mod_n_match=0), dict(ngram_mod_n_max=1025)])
+def test_bad_params_are_refused(kw):
+    with pytest.raises(SpecParamsError):
+        SpecParams(**kw)
+
+
+def test_spec_off_and_bad_engine_argument(smollm):
+    assert not SpecParams().enabled and not SpecParams(types=("none",)).enabled
+    assert Engine(smollm, n_ctx=256, spec=SpecParams()).speculator is None
+    with pytest.raises(EngineError, match="spec"):
+        Engine(smollm, n_ctx=256, spec="ngram-simple")
+
+
+def test_cli_flags_make_spec_params():
+    p = ArgumentParser(prog="llamactx serve")
+    add_speculative(p)
+    assert spec_params(p.parse_args([])) is None
+    sp = spec_params(p.parse_args(["--spec-type", "ngram-simple,ngram-mod", "--spec-ngram-simple-size-n", "4",
+                                   "--spec-ngram-mod-n-max", "32", "--spec-draft-n-max", "8"]))
+    assert sp == SpecParams(types=("ngram-simple", "ngram-mod"), n_max=8, ngram_mod_n_max=32,
+                            ngram_simple=NgramParams(size_n=4))
+    for bad, msg in ((["--spec-draft-n-max", "-1"], "outside"), (["--draft-max", "3"], "has been removed"),
+                     (["--spec-ngram-simple-size-m", "0"], "outside"), (["--spec-type", "draft-mtp"], "draft model"),
+                     (["--spec-type", "nope"], "unknown")):
+        with pytest.raises(CommandError, match=msg):
+            spec_params(p.parse_args(bad))
