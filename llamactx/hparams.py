@@ -1,25 +1,20 @@
 """Model hyperparameters, read from GGUF metadata with llama.cpp's names and defaults.
 
-Follows `llama_model::load_hparams` (src/llama-model.cpp) and the per-architecture `load_arch_hparams`
-(src/models/llama.cpp, src/models/gemma3.cpp). Keys are `<arch>.<name>` as in gguf-py's `Keys`.
+`read_hparams` follows `llama_model::load_hparams` (src/llama-model.cpp) for the keys every architecture has; the
+keys of one architecture are read by its module's `arch_hparams` (llamactx/models/, as src/models/*.cpp
+`load_arch_hparams`), which `llamactx.models.load_hparams` passes in. Keys are `<arch>.<name>` as in gguf-py's
+`Keys`.
 """
 
 from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from llamactx.errors import LlamactxError
-from llamactx.ggml.inputs import ROPE_TYPE_NEOX, ROPE_TYPE_NORM
 
-SUPPORTED_ARCHS = ("llama", "gemma3", "qwen2", "qwen3", "mamba2", "lfm2")
-RECURRENT_ARCHS = ("mamba2",)  # llm_arch_is_recurrent: recurrent memory only
-HYBRID_ARCHS = ("lfm2",)  # llm_arch_is_hybrid: a KV cache for attention layers + recurrent memory for the rest
-
-# llama_rope_type (include/llama.h): NORM rotates adjacent pairs, NEOX rotates the two halves of each head.
-ROPE_TYPES = {"llama": ROPE_TYPE_NORM, "gemma3": ROPE_TYPE_NEOX, "qwen2": ROPE_TYPE_NEOX, "qwen3": ROPE_TYPE_NEOX,
-              "mamba2": ROPE_TYPE_NORM, "lfm2": ROPE_TYPE_NEOX}  # mamba2 has no RoPE (LLAMA_ROPE_TYPE_NONE)
 ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")  # llama_rope_scaling_type_from_string
 
 LLAMA_MAX_LAYERS = 512  # src/llama-hparams.h: load_hparams asserts 0 < n_layer <= LLAMA_MAX_LAYERS
@@ -107,7 +102,7 @@ class HParams:
         return self.swa_layers[il]
 
 
-class _Meta:
+class Meta:
     """Typed access to `<arch>.*` metadata keys with errors that name the key, the value and the limit."""
 
     def __init__(self, meta: dict[str, object], arch: str):
@@ -156,7 +151,7 @@ def _as_f32(value: float) -> float:
         return math.copysign(math.inf, value)
 
 
-def _swa_pattern(meta: _Meta, n_layer: int, n_swa: int) -> tuple[bool, ...]:
+def swa_pattern(meta: Meta, n_layer: int, n_swa: int) -> tuple[bool, ...]:
     """`llama_hparams::set_swa_pattern(n_pattern)` without dense_first: every n_pattern-th layer is global. The key
     may instead hold one flag per layer."""
     if n_swa <= 0:
@@ -182,33 +177,32 @@ def _size_label(meta: dict[str, object], n_params: int) -> str:
     return f"{round(n_params / 1e6)}M"
 
 
-def load_hparams(meta: dict[str, object], n_params: int = 0) -> HParams:
-    """Build `HParams` from GGUF metadata; raises `HParamsError` naming the key for missing or bad values."""
-    arch = meta.get("general.architecture")
-    if not isinstance(arch, str):
-        raise HParamsError("GGUF metadata key 'general.architecture' is missing")
-    if arch not in SUPPORTED_ARCHS:
-        raise HParamsError(f"architecture '{arch}' is not supported (supported: {', '.join(SUPPORTED_ARCHS)})")
-    m = _Meta(meta, arch)
+def read_hparams(meta: dict[str, object], arch: str, rope_type: int, memory: str,
+                 arch_hparams: Callable[[Meta, dict], dict], n_params: int = 0) -> HParams:
+    """`HParams` from GGUF metadata: the keys every architecture has, then `arch_hparams(meta, fields)`'s (the
+    architecture's own keys and checks, as field values). `memory`: "kv", "recurrent" (no attention: the head
+    counts stay 0) or "hybrid" (head_count_kv may be per layer, 0 for a recurrent layer). Raises `HParamsError`
+    naming the key for a missing or bad value."""
+    m = Meta(meta, arch)
     n_embd = m.count("embedding_length")
     n_layer = m.count("block_count", hi=LLAMA_MAX_LAYERS)
-    if arch in RECURRENT_ARCHS:  # no attention: llama.cpp leaves the head counts at 0
+    recurrent = memory == "recurrent"
+    if recurrent:  # no attention: llama.cpp leaves the head counts at 0
         n_head = n_head_kv = n_embd_head_k = n_embd_head_v = n_rot = 0
         recurrent_layers = (True,) * n_layer
     else:
-        n_head, n_head_kv, recurrent_layers = _head_counts(m, n_layer)
+        n_head, n_head_kv, recurrent_layers = _head_counts(m, n_layer, per_layer=memory == "hybrid")
         if n_head % n_head_kv:
             raise HParamsError(f"'{arch}.attention.head_count' = {n_head} is not a multiple of head_count_kv = "
                                f"{n_head_kv}")
         n_embd_head_k = m.count("attention.key_length", n_embd // n_head)
         n_embd_head_v = m.count("attention.value_length", n_embd // n_head)
-        if n_embd_head_v != n_embd_head_k:  # llm_build_llama / gemma3 assert n_embd_head_k == n_embd_head_v
+        if n_embd_head_v != n_embd_head_k:  # the graphs assert n_embd_head_k == n_embd_head_v
             raise HParamsError(f"'{arch}.attention.value_length' = {n_embd_head_v} differs from key_length = "
                                f"{n_embd_head_k}; {arch} needs them equal")
         n_rot = m.count("rope.dimension_count", n_embd_head_k, hi=n_embd_head_k)
-        if n_rot % 2 or (arch == "llama" and n_rot != n_embd_head_k):
-            raise HParamsError(f"'{arch}.rope.dimension_count' = {n_rot}: expected an even number"
-                               + (f" equal to the head size {n_embd_head_k}" if arch == "llama" else ""))
+        if n_rot % 2:
+            raise HParamsError(f"'{arch}.rope.dimension_count' = {n_rot}: expected an even number")
     tokens = meta.get("tokenizer.ggml.tokens")
     n_vocab = m.count("vocab_size", len(tokens) if isinstance(tokens, list) else None)
     n_ctx_train = m.count("context_length")
@@ -220,9 +214,7 @@ def load_hparams(meta: dict[str, object], n_params: int = 0) -> HParams:
     if scaling_type not in ROPE_SCALING_TYPES:
         raise HParamsError(f"GGUF metadata key '{arch}.rope.scaling.type' = {scaling_type!r} is not one of "
                            f"{', '.join(ROPE_SCALING_TYPES)}")
-    n_swa = m.count("attention.sliding_window", 0, lo=0) if arch == "gemma3" else 0
-    is_gemma = arch == "gemma3"
-    return HParams(
+    fields = dict(
         arch=arch,
         n_vocab=n_vocab,
         n_ctx_train=n_ctx_train,
@@ -232,10 +224,9 @@ def load_hparams(meta: dict[str, object], n_params: int = 0) -> HParams:
         n_head_kv=n_head_kv,
         n_embd_head_k=n_embd_head_k,
         n_embd_head_v=n_embd_head_v,
-        n_ff=m.count("feed_forward_length", 0 if arch in RECURRENT_ARCHS else None,
-                     lo=0 if arch in RECURRENT_ARCHS else 1),
+        n_ff=m.count("feed_forward_length", 0 if recurrent else None, lo=0 if recurrent else 1),
         n_rot=n_rot,
-        rope_type=ROPE_TYPES[arch],
+        rope_type=rope_type,
         rope_freq_base=m.real("rope.freq_base", 10000.0),
         rope_freq_scale=1.0 if scale_factor == 0.0 else 1.0 / scale_factor,
         rope_scaling_type=scaling_type,
@@ -247,27 +238,28 @@ def load_hparams(meta: dict[str, object], n_params: int = 0) -> HParams:
         yarn_beta_fast=32.0,
         yarn_beta_slow=1.0,
         f_norm_rms_eps=m.real("attention.layer_norm_rms_epsilon"),
-        n_swa=n_swa,
-        swa_layers=_swa_pattern(m, n_layer, n_swa),
+        n_swa=0,
+        swa_layers=(False,) * n_layer,
         rope_freq_base_swa=m.real("rope.freq_base_swa", 10000.0),
         rope_freq_scale_swa=1.0,
-        # gemma3 27B (62 layers) scales by n_embd / n_head instead of the head size (src/models/gemma3.cpp)
-        f_attention_scale=(1.0 / math.sqrt(n_embd // n_head if n_layer == 62 else n_embd_head_k)) if is_gemma else 0.0,
-        f_final_logit_softcapping=m.real("final_logit_softcapping", 0.0, zero_ok=True) if is_gemma else 0.0,
-        embd_scale=math.sqrt(n_embd) if is_gemma else 1.0,
+        f_attention_scale=0.0,
+        f_final_logit_softcapping=0.0,
+        embd_scale=1.0,
         size_label=_size_label(meta, n_params),
         recurrent_layers=recurrent_layers if any(recurrent_layers) else (),
-        **_recurrent_hparams(m, arch),
     )
+    fields.update(arch_hparams(m, fields))
+    return HParams(**fields)
 
 
-def _head_counts(m: _Meta, n_layer: int) -> tuple[int, int, tuple[bool, ...]]:
-    """n_head, n_head_kv and the recurrent layers. `head_count_kv` may hold one value per layer (lfm2: 0 marks a
-    short-convolution layer, llama_model_lfm2::load_arch_hparams); the attention layers must then agree."""
+def _head_counts(m: Meta, n_layer: int, per_layer: bool) -> tuple[int, int, tuple[bool, ...]]:
+    """n_head, n_head_kv and the recurrent layers. With `per_layer` (a hybrid memory), `head_count_kv` may hold
+    one value per layer (lfm2: 0 marks a short-convolution layer, llama_model_lfm2::load_arch_hparams); the
+    attention layers must then agree."""
     n_head = m.count("attention.head_count")
     key = f"{m.arch}.attention.head_count_kv"
     value = m.meta.get(key)
-    if getattr(value, "dtype", None) is None or m.arch not in HYBRID_ARCHS:
+    if getattr(value, "dtype", None) is None or not per_layer:
         return n_head, m.count("attention.head_count_kv", n_head), (False,) * n_layer
     per_layer = [int(v) for v in value]
     kv = sorted(set(per_layer) - {0})
@@ -275,21 +267,3 @@ def _head_counts(m: _Meta, n_layer: int) -> tuple[int, int, tuple[bool, ...]]:
         raise HParamsError(f"GGUF metadata key '{key}' = {per_layer}: expected {n_layer} values, 0 for recurrent "
                            f"layers and one common value in [1, {n_head}] for attention layers")
     return n_head, kv[0], tuple(v == 0 for v in per_layer)
-
-
-def _recurrent_hparams(m: _Meta, arch: str) -> dict[str, int]:
-    """The keys of mamba2 (ssm.*, llama_model_mamba2::load_arch_hparams) and lfm2 (shortconv.l_cache)."""
-    if arch == "mamba2":
-        hp = {"ssm_d_conv": m.count("ssm.conv_kernel", lo=2), "ssm_d_inner": m.count("ssm.inner_size"),
-              "ssm_d_state": m.count("ssm.state_size"), "ssm_dt_rank": m.count("ssm.time_step_rank"),
-              "ssm_n_group": m.count("ssm.group_count")}
-        checks = (("ssm.time_step_rank", hp["ssm_dt_rank"], "ssm.inner_size", hp["ssm_d_inner"]),
-                  ("ssm.group_count", hp["ssm_n_group"], "ssm.inner_size", hp["ssm_d_inner"]),
-                  ("ssm.group_count", hp["ssm_n_group"], "ssm.time_step_rank", hp["ssm_dt_rank"]))
-        for name, divisor, of_name, of in checks:  # build_mamba2_layer / ggml_ssm_scan assert these
-            if of % divisor:
-                raise HParamsError(f"'{arch}.{name}' = {divisor} does not divide '{arch}.{of_name}' = {of}")
-        return hp
-    if arch == "lfm2":
-        return {"n_shortconv_l_cache": m.count("shortconv.l_cache", lo=2)}
-    return {}

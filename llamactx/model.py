@@ -20,8 +20,9 @@ from gguf import GGMLQuantizationType, LlamaFileType
 from llamactx.ggml.quants_cpu import vec_dot_type
 from llamactx.gguf.quants import block_format, is_supported
 from llamactx.gguf.reader import GGUFFile, TensorInfo
-from llamactx.hparams import HParams, ModelLoadError, load_hparams
-from llamactx.models import expected_tensors
+from llamactx.hparams import HParams, ModelLoadError
+from llamactx.memory.base import Memory
+from llamactx.models import create_memory, expected_tensors, load_hparams, memory_description
 from llamactx.vocab import Vocab
 
 
@@ -73,7 +74,6 @@ MATRIX_TYPES = frozenset(int(t) for t in GGMLQuantizationType if _computable(t))
 VECTOR_TYPES = frozenset({int(GGMLQuantizationType.F32), int(GGMLQuantizationType.F16)})
 
 
-# what a context of the model keeps between decodes (llama_model::create_memory), as `llamactx info` prints it
 class Model:
     """A loaded GGUF model. Build with `Model.load(path)`; see `hparams`, `tensors`, `vocab`, `desc`."""
 
@@ -137,6 +137,15 @@ class Model:
         return h.hexdigest()[:32]
 
     # -- lookup -------------------------------------------------------------------------------------------------
+
+    def create_memory(self, params) -> Memory:
+        """What a context of this model keeps between decodes (llama_model::create_memory), for its resolved
+        ContextParams: a KV cache, an iSWA cache, recurrent states or both (llamactx.models.create_memory)."""
+        return create_memory(self.hparams, params)
+
+    def memory_description(self, swa_full: bool = False) -> str:
+        """`create_memory`'s choice in llama.cpp's class names, as `llamactx info` prints it."""
+        return memory_description(self.hparams, swa_full)
 
     def tensor_type(self, name: str) -> int:
         return self._info(name).ggml_type

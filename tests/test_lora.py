@@ -17,6 +17,7 @@ from llamactx.batch import Batch
 from llamactx.context import Context
 from llamactx.cparams import ContextParams
 from llamactx.lora import LoraAdapter, LoraError
+from tests.gguf.tiny_model import finish
 
 DATA = Path(__file__).parent / "data" / "lora"
 REF = json.loads((DATA / "reference.json").read_text())
@@ -138,10 +139,7 @@ def _write(path: Path, arch="llama", kv=None, tensors=None) -> Path:
         if isinstance(shape, tuple) and shape and isinstance(shape[0], type):
             dtype, shape = shape[0], shape[1:]
         w.add_tensor(name, rng.standard_normal(shape).astype(dtype))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     return path
 
 

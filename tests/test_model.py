@@ -11,9 +11,10 @@ from gguf import GGMLQuantizationType, GGUFWriter
 
 from llamactx import Batch, Context, ContextParams, ContextParamsError, Model, ModelLoadError
 from llamactx.gguf.reader import GGUFFile
-from llamactx.hparams import HParamsError, load_hparams
+from llamactx.hparams import HParamsError
 from llamactx.model import MATRIX_TYPES
-from tests.gguf.tiny_model import tensor_table, tiny_hparams, write_tiny_llama
+from llamactx.models import load_hparams
+from tests.gguf.tiny_model import copy_meta, finish, tensor_table, tiny_hparams, write_tiny_llama
 
 
 def test_smollm2_hparams_equal_metadata(smollm):
@@ -89,14 +90,7 @@ def test_vocab_only_skips_weights_checks(smollm):
 def _copy_model(src: Model, path, *, drop: str | None = None, reshape: str | None = None, arch: str | None = None):
     """Write a copy of `src` (metadata and tensors as raw bytes) with one tensor dropped or mis-shaped."""
     writer = GGUFWriter(str(path), arch or src.arch)
-    for key, value in src.meta.items():
-        if key in ("general.architecture", "GGUF.version", "GGUF.tensor_count", "GGUF.kv_count"):
-            continue
-        vtype = src.gguf.meta_types[key]
-        sub = src.gguf.meta_array_types.get(key)
-        if isinstance(value, np.ndarray):
-            value = value.tolist()
-        writer.add_key_value(key, value, vtype, sub_type=sub)
+    copy_meta(writer, src.gguf)
     for name, info in src.tensor_infos.items():
         if name == drop:
             continue
@@ -105,11 +99,7 @@ def _copy_model(src: Model, path, *, drop: str | None = None, reshape: str | Non
             arr = arr[:-32]
         quantized = info.ggml_type not in (0, 1)
         writer.add_tensor(name, arr, raw_dtype=info.ggml_type if quantized else None)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    return finish(writer)
 
 
 @pytest.mark.parametrize(
@@ -129,11 +119,8 @@ def test_missing_or_misshaped_tensor_rejected(smollm, tmp_path, kwargs, error, m
 def test_unsupported_architecture_rejected(tmp_path):
     writer = GGUFWriter(str(tmp_path / "x.gguf"), "mamba")
     writer.add_tensor("w", np.zeros(4, np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    with pytest.raises(HParamsError, match="architecture 'mamba' is not supported .*llama, gemma3"):
+    finish(writer)
+    with pytest.raises(HParamsError, match="architecture 'mamba' is not supported .*llama, qwen2, qwen3, gemma3"):
         Model.load(tmp_path / "x.gguf")
 
 

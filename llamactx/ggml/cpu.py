@@ -155,15 +155,14 @@ def active_path() -> str:
     return _ACTIVE_PATH
 
 
-# numba's thread count is per calling thread, and numba.get_num_threads() costs ~1 us: remember what was set.
+# numba's thread count is per calling thread, and asking numba for it costs more than a dict lookup: remember it.
 _set_here = threading.local()
 
 
 def set_threads(n_threads: int) -> None:
     """Use `n_threads` threads in the numba kernels launched from this thread and in BLAS (threadpoolctl), so that
-    at most one pool is busy at a time (with the other core busy in a second pool, a prange launch was measured at
-    0.93 ms instead of 2 us). ~0.1 us when nothing changes. Raises ValueError
-    outside 1..NUMBA_NUM_THREADS."""
+    at most one pool is busy at a time (with a core busy in a second pool, a prange launch waits for it: hundreds
+    of times slower). Nearly free when nothing changes. Raises ValueError outside 1..NUMBA_NUM_THREADS."""
     if getattr(_set_here, "n_threads", None) == n_threads:
         return
     if not 1 <= n_threads <= numba.config.NUMBA_NUM_THREADS:

@@ -1,8 +1,10 @@
 """Memory: what a context remembers of its sequences (`llama_memory_i`, src/llama-memory.h).
 
-A context's memory holds what it remembers of its sequences between `decode` calls. The KV cache is one
-implementation; recurrent or sliding-window memories would be others. Sequence ids are `0 <= seq_id < n_seq_max`;
-`seq_id < 0` means "every sequence" where llama.cpp allows it. Positions `p0 < 0` mean 0 and `p1 < 0` mean infinity.
+A context's memory holds what it remembers of its sequences between `decode` calls. Its implementations: the KV
+cache (kv_cache.py), the sliding-window pair of caches (kv_cache_iswa.py), the recurrent states (recurrent.py) and
+the hybrid of a KV cache and recurrent states (hybrid.py); the model picks one (llama_model::create_memory).
+Sequence ids are `0 <= seq_id < n_seq_max`; `seq_id < 0` means "every sequence" where llama.cpp allows it.
+Positions `p0 < 0` mean 0 and `p1 < 0` mean infinity.
 
 A decode asks its memory, in this order: `update` (pending work such as a K-shift), `prepare(ubatches)` (a
 placement for every ubatch, or None when they do not fit: decode returns 1), per ubatch `apply(ubatch, slot)`

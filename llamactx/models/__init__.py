@@ -1,20 +1,44 @@
-"""One module per architecture family: its tensor table and its forward pass (src/models/*.cpp)."""
+"""The architecture registry (llama.cpp's llm_arch and `llama_model`'s per-architecture switches, src/models/*.cpp).
+
+Each architecture is declared once, by its module:
+- `ARCHS`: the `general.architecture` names it runs, with their RoPE type (llama_model_rope_type);
+- `MEMORY`: "kv", "recurrent" or "hybrid" (what llama_model::create_memory makes for it);
+- `arch_hparams(meta, fields)`: its own metadata keys and checks (load_arch_hparams);
+- `tensor_shapes(hp)`: its tensors (load_arch_tensors);
+- `forward` / `build`: its graph.
+Adding an architecture is one module and one entry in MODULES.
+"""
 
 from __future__ import annotations
 
 from types import ModuleType
 
-from llamactx.hparams import HParams
+from llamactx.cparams import ResolvedParams
+from llamactx.hparams import HParams, HParamsError, read_hparams
+from llamactx.memory.base import Memory
+from llamactx.memory.hybrid import HybridMemory
+from llamactx.memory.kv_cache import KVCache
+from llamactx.memory.kv_cache_iswa import KVCacheISWA
+from llamactx.memory.recurrent import RecurrentMemory
 from llamactx.models import gemma3, lfm2, llama, mamba2
 
-ARCHITECTURES: dict[str, ModuleType] = {"llama": llama, "qwen2": llama, "qwen3": llama, "gemma3": gemma3,
-                                        "mamba2": mamba2, "lfm2": lfm2}
+MODULES = (llama, gemma3, mamba2, lfm2)
+ARCHITECTURES: dict[str, ModuleType] = {name: module for module in MODULES for name in module.ARCHS}
 
 
 def arch_module(arch: str) -> ModuleType:
     if arch not in ARCHITECTURES:
-        raise ValueError(f"architecture '{arch}' is not supported (supported: {', '.join(ARCHITECTURES)})")
+        raise HParamsError(f"architecture '{arch}' is not supported (supported: {', '.join(ARCHITECTURES)})")
     return ARCHITECTURES[arch]
+
+
+def load_hparams(meta: dict[str, object], n_params: int = 0) -> HParams:
+    """llama_model::load_hparams: the common keys, then the architecture's own. HParamsError names the key."""
+    arch = meta.get("general.architecture")
+    if not isinstance(arch, str):
+        raise HParamsError("GGUF metadata key 'general.architecture' is missing")
+    module = arch_module(arch)
+    return read_hparams(meta, arch, module.ARCHS[arch], module.MEMORY, module.arch_hparams, n_params)
 
 
 def expected_tensors(hp: HParams) -> dict[str, tuple[tuple[int, ...], bool]]:
@@ -23,6 +47,42 @@ def expected_tensors(hp: HParams) -> dict[str, tuple[tuple[int, ...], bool]]:
 
 
 def memory_type(arch: str) -> str:
-    """The memory a context of this architecture needs (llama_model::create_memory): "kv" (llama_kv_cache),
-    "recurrent" (llama_memory_recurrent) or "hybrid" (llama_memory_hybrid)."""
-    return getattr(arch_module(arch), "MEMORY", "kv")
+    """The memory a context of this architecture needs: "kv" (llama_kv_cache), "recurrent"
+    (llama_memory_recurrent) or "hybrid" (llama_memory_hybrid)."""
+    return arch_module(arch).MEMORY
+
+
+def create_memory(hp: HParams, p: ResolvedParams) -> Memory:
+    """llama_model::create_memory: a KV cache, an iSWA cache for a model with sliding-window layers (unless
+    swa_full); for a recurrent model (mamba2) one state per sequence; for a hybrid (lfm2) a KV cache of the
+    attention layers beside the recurrent states of the others."""
+    kind = memory_type(hp.arch)
+    recr = [il for il in range(hp.n_layer) if hp.is_recr(il)]
+    attn = [il for il in range(hp.n_layer) if not hp.is_recr(il)]
+    if kind == "recurrent":
+        return RecurrentMemory(recr, p.n_seq_max, hp.n_embd_r, hp.n_embd_s)
+    if kind == "kv" and hp.n_swa > 0 and not p.swa_full and any(hp.swa_layers):
+        return KVCacheISWA(hp, p.n_ctx, p.n_seq_max, p.n_ubatch, p.type_k, p.type_v, n_ctx_seq=p.n_ctx_seq,
+                           layout_exact=p.kv_layout_exact)
+    kv = KVCache(len(attn), p.n_ctx, p.n_seq_max, hp.n_embd_k_gqa, hp.n_embd_v_gqa, p.type_k, p.type_v,
+                 can_shift=True, n_ctx_seq=p.n_ctx_seq)
+    if kind == "hybrid":
+        return HybridMemory(kv, RecurrentMemory(recr, p.n_seq_max, hp.n_embd_r, hp.n_embd_s), attn)
+    return kv
+
+
+def memory_description(hp: HParams, swa_full: bool = False) -> str:
+    """What `create_memory` gives a model, in llama.cpp's class names (`llamactx info`)."""
+    kind = memory_type(hp.arch)
+    if kind == "recurrent":
+        return "recurrent states (llama_memory_recurrent)"
+    if kind == "hybrid":
+        return "KV cache + recurrent states (llama_memory_hybrid)"
+    if hp.n_swa > 0 and any(hp.swa_layers):
+        n_swa_layers = sum(hp.swa_layers)
+        split = (f"{hp.n_layer - n_swa_layers} global layers, {n_swa_layers} sliding-window layers of "
+                 f"{hp.n_swa} tokens")
+        if swa_full:
+            return f"llama_kv_cache ({split}; swa_full: every layer keeps the whole context)"
+        return f"llama_kv_cache_iswa ({split}; swa_full keeps a full-size SWA cache)"
+    return f"llama_kv_cache ({hp.n_layer} layers)"

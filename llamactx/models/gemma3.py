@@ -7,12 +7,29 @@ layers (every sixth layer is global) with their own RoPE base.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from llamactx.hparams import HParams
+from llamactx.ggml.inputs import ROPE_TYPE_NEOX
+from llamactx.hparams import HParams, Meta, swa_pattern
 from llamactx.models import llama
 from llamactx.models.graph_inputs import AttentionInput, ForwardResult, RopeConfig
 from llamactx.models.llama import output_weight_name
+
+ARCHS = {"gemma3": ROPE_TYPE_NEOX}  # llama_model_rope_type
+MEMORY = "kv"  # llama_model::create_memory: llama_kv_cache_iswa (llama_kv_cache with swa_full)
+
+
+def arch_hparams(m: Meta, hp: dict) -> dict:
+    """llama_model_gemma3::load_arch_hparams: the sliding window and its layer pattern, the logit soft-cap, the
+    embedding scale sqrt(n_embd) and q's scale (the head size; n_embd / n_head for the 62-layer 27B)."""
+    n_swa = m.count("attention.sliding_window", 0, lo=0)
+    n_layer, n_embd = hp["n_layer"], hp["n_embd"]
+    return dict(n_swa=n_swa, swa_layers=swa_pattern(m, n_layer, n_swa),
+                f_attention_scale=1.0 / math.sqrt(n_embd // hp["n_head"] if n_layer == 62 else hp["n_embd_head_k"]),
+                f_final_logit_softcapping=m.real("final_logit_softcapping", 0.0, zero_ok=True),
+                embd_scale=math.sqrt(n_embd))
 
 
 def tensor_shapes(hp: HParams) -> dict[str, tuple[tuple[int, ...], bool]]:

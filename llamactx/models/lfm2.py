@@ -20,11 +20,19 @@ import math
 
 import numpy as np
 
-from llamactx.hparams import HParams
+from llamactx.ggml.inputs import ROPE_TYPE_NEOX
+from llamactx.hparams import HParams, Meta
 from llamactx.models.graph_inputs import ForwardResult, HybridInput, RecurrentInput, RopeConfig
 from llamactx.models.llama import output_weight_name
 
+ARCHS = {"lfm2": ROPE_TYPE_NEOX}  # llama_model_rope_type
 MEMORY = "hybrid"  # llama_model::create_memory: llama_memory_hybrid
+
+
+def arch_hparams(m: Meta, hp: dict) -> dict:
+    """llama_model_lfm2::load_arch_hparams: the short convolution's kernel length (the per-layer head_count_kv
+    that marks its layers is read with the common keys, as MEMORY is hybrid)."""
+    return {"n_shortconv_l_cache": m.count("shortconv.l_cache", lo=2)}
 
 
 def tensor_shapes(hp: HParams) -> dict[str, tuple[tuple[int, ...], bool]]:

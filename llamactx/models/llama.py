@@ -8,8 +8,22 @@ import math
 
 import numpy as np
 
-from llamactx.hparams import HParams
+from llamactx.ggml.inputs import ROPE_TYPE_NEOX, ROPE_TYPE_NORM
+from llamactx.hparams import HParams, HParamsError, Meta
 from llamactx.models.graph_inputs import AttentionInput, ForwardResult, RopeConfig
+
+# the architecture names this module runs, with their RoPE type (llama_model_rope_type): llama rotates adjacent
+# pairs (NORM), the Qwens the two halves of each head (NEOX)
+ARCHS = {"llama": ROPE_TYPE_NORM, "qwen2": ROPE_TYPE_NEOX, "qwen3": ROPE_TYPE_NEOX}
+MEMORY = "kv"  # llama_model::create_memory: llama_kv_cache
+
+
+def arch_hparams(m: Meta, hp: dict) -> dict:
+    """load_arch_hparams: no keys of their own; llama's graph rotates the whole head."""
+    if m.arch == "llama" and hp["n_rot"] != hp["n_embd_head_k"]:
+        raise HParamsError(f"'llama.rope.dimension_count' = {hp['n_rot']}: expected an even number equal to the "
+                           f"head size {hp['n_embd_head_k']}")
+    return {}
 
 
 def tensor_shapes(hp: HParams) -> dict[str, tuple[tuple[int, ...], bool]]:

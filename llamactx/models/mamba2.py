@@ -13,11 +13,28 @@ from __future__ import annotations
 
 import numpy as np
 
-from llamactx.hparams import HParams
+from llamactx.ggml.inputs import ROPE_TYPE_NORM
+from llamactx.hparams import HParams, HParamsError, Meta
 from llamactx.models.graph_inputs import ForwardResult, RecurrentInput
 from llamactx.models.llama import output_weight_name
 
+ARCHS = {"mamba2": ROPE_TYPE_NORM}  # no RoPE at all (LLAMA_ROPE_TYPE_NONE): the type is never used
 MEMORY = "recurrent"  # llama_model::create_memory: llama_memory_recurrent
+
+
+def arch_hparams(m: Meta, hp: dict) -> dict:
+    """llama_model_mamba2::load_arch_hparams: the ssm.* keys, with the divisibility build_mamba2_layer and
+    ggml_ssm_scan assert."""
+    out = {"ssm_d_conv": m.count("ssm.conv_kernel", lo=2), "ssm_d_inner": m.count("ssm.inner_size"),
+           "ssm_d_state": m.count("ssm.state_size"), "ssm_dt_rank": m.count("ssm.time_step_rank"),
+           "ssm_n_group": m.count("ssm.group_count")}
+    checks = (("ssm.time_step_rank", out["ssm_dt_rank"], "ssm.inner_size", out["ssm_d_inner"]),
+              ("ssm.group_count", out["ssm_n_group"], "ssm.inner_size", out["ssm_d_inner"]),
+              ("ssm.group_count", out["ssm_n_group"], "ssm.time_step_rank", out["ssm_dt_rank"]))
+    for name, divisor, of_name, of in checks:
+        if of % divisor:
+            raise HParamsError(f"'{m.arch}.{name}' = {divisor} does not divide '{m.arch}.{of_name}' = {of}")
+    return out
 
 
 def tensor_shapes(hp: HParams) -> dict[str, tuple[tuple[int, ...], bool]]:

@@ -93,8 +93,8 @@ def _token_bytes(vocab: Vocab, token: int) -> bytes:
 
 def engine_tokenizer(vocab: Vocab) -> llguidance.LLTokenizer:
     """llguidance's tokenizer for `vocab`: token bytes, the end-of-generation tokens and llguidance's slices
-    for fast masks. Built on first use (about 0.25 s for a 49k vocab, 1.5-2 s for 262k) and cached for as
-    long as `vocab` lives; safe to call from several threads.
+    for fast masks. Built on first use (a cost that grows with the vocabulary) and cached for as long as
+    `vocab` lives; safe to call from several threads.
     """
     with _tokenizers_lock:
         tok = _tokenizers.get(vocab)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter, LlamaFileType
+from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType
 from gguf import quants as gguf_quants
 
 from llamactx import Batch, Context, ContextParams, Model
@@ -16,6 +16,7 @@ from llamactx.cli import main
 from llamactx.embedded import smollm2_path
 from llamactx.gguf.quants import dequantize
 from llamactx.gguf.reader import GGUFFile
+from tests.gguf.tiny_model import copy_meta, finish
 
 T = GGMLQuantizationType
 TYPES = ("F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
@@ -26,12 +27,7 @@ def write_f32_model(path: Path, tied: bool = True, seed: int = 0) -> Path:
     """A small llama model in F32 with SmolLM2's tokenizer: 2 layers, n_embd 64, n_ff 80, random weights."""
     w = GGUFWriter(path, "llama")
     with GGUFFile(smollm2_path()) as src:
-        for key, value in src.meta.items():
-            if key.startswith("llama.") or key in ("general.architecture", "general.file_type"):
-                continue
-            value = value.tolist() if isinstance(value, np.ndarray) else value
-            sub = src.meta_array_types.get(key)
-            w.add_key_value(key, value, GGUFValueType(src.meta_types[key]), None if sub is None else GGUFValueType(sub))
+        copy_meta(w, src, keep=lambda key: not key.startswith("llama.") and key != "general.file_type")
         n_vocab = len(src.meta["tokenizer.ggml.tokens"])
     n_head, n_head_kv, n_layer = 4, 2, 2
     for key, value, vtype in (("context_length", 512, "u32"), ("embedding_length", N_EMBD, "u32"),
@@ -56,11 +52,7 @@ def write_f32_model(path: Path, tied: bool = True, seed: int = 0) -> Path:
     for name, shape in shapes.items():  # numpy shapes: (rows, ne[0]); norms near 1, weights near 0
         x = 0.1 * rng.standard_normal(shape)
         w.add_tensor(name, (x + 1.0 if len(shape) == 1 else x).astype(np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return finish(w)
 
 
 @pytest.fixture(scope="module")

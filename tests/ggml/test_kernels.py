@@ -24,7 +24,7 @@ from llamactx.embedded import ModelNotInstalledError
 from llamactx.ggml import kernels
 from llamactx.ggml import quants_cpu as QC
 from llamactx.ggml.intrinsics import round_f16
-from llamactx.ggml.kernels import quantize as KQ
+from llamactx.ggml.kernels import q8 as KQ
 from llamactx.gguf import quants as Q
 from llamactx.gguf.quants_k import scale_min_k4
 from llamactx.model import Weight

@@ -16,6 +16,7 @@ from gguf.constants import GGUFValueType as VT
 
 from llamactx.embedded import ModelNotInstalledError, gemma3_path, smollm2_path
 from llamactx.gguf.reader import GGUFError, GGUFFile, TensorInfo
+from tests.gguf.tiny_model import finish
 
 # ----------------------------------------------------------------------------------------------------
 # Hand-packed GGUF pieces (little-endian, v3 layout), for byte-exact malformed files.
@@ -97,10 +98,7 @@ def _write_sample(path: Path, alignment: int | None = 64) -> dict[str, np.ndarra
     }
     for name, arr in tensors.items():
         w.add_tensor(name, arr, raw_dtype=QT.Q8_0 if name == "blk.0.q8" else None)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     return tensors
 
 

@@ -1,8 +1,11 @@
-"""A tiny llama-architecture GGUF written from scratch: a complete, loadable model of a few hundred KiB.
+"""The tests' one GGUF writer: a tiny llama-architecture model written from scratch, and the pieces every other
+GGUF a test writes is made with (`finish`, `copy_meta`).
 
-Tests use it where a real model would be slow to copy (metadata or tensor changes that `Model.load` must
-refuse) and the fuzz targets use it as a valid seed. Weights are random but finite; quantized ones get their
-f16 scale fields overwritten with small finite values, so a decode gives finite logits.
+`write_tiny_llama` makes a complete, loadable model of a few hundred KiB. Tests use it where a real model would
+be slow to copy (metadata or tensor changes that `Model.load` must refuse) and the fuzz targets use it as a
+valid seed. Weights are random but finite; quantized ones get their f16 scale fields overwritten with small
+finite values, so a decode gives finite logits. tests/data/tiny/make_tiny_models.py (the models with llama.cpp
+references), tests/cli/test_quantize.py and tests/test_model.py write theirs with `finish` and `copy_meta`.
 """
 
 from __future__ import annotations
@@ -116,11 +119,28 @@ def write_tiny_llama(path: str | Path, *, meta: Mapping[str, object] | None = No
         ggml_type = (types or {}).get(name, T.F32)
         data = tensor_bytes(shape, ggml_type, rng)
         writer.add_tensor(name, data, raw_dtype=None if ggml_type in (T.F32, T.F16) else T(ggml_type))
+    return finish(writer)
+
+
+def finish(writer: GGUFWriter) -> Path:
+    """Write out a GGUFWriter's header, metadata and tensors, close it, and return its path."""
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return Path(path)
+    return Path(writer.path)
+
+
+def copy_meta(writer: GGUFWriter, src, keep=lambda key: True) -> None:
+    """Copy the metadata of `src` (an open GGUFFile) that `keep` accepts, each with its GGUF value type, in file
+    order; the GGUF header's own fields are never copied."""
+    for key, value in src.meta.items():
+        if key.startswith("GGUF.") or key == "general.architecture" or not keep(key):
+            continue
+        value = value.tolist() if isinstance(value, np.ndarray) else value
+        sub = src.meta_array_types.get(key)
+        writer.add_key_value(key, value, GGUFValueType(src.meta_types[key]),
+                             None if sub is None else GGUFValueType(sub))
 
 
 def _add(writer: GGUFWriter, key: str, value: object) -> None:

@@ -8,6 +8,7 @@ import pytest
 
 from llamactx import Batch, Context, ContextParams, Model
 from llamactx.backend.reference import ReferenceOps
+from tests.gguf.tiny_model import finish
 from tests.models.tiny import TINY, load_tiny
 
 NAMES = ["qwen2", "qwen3", "llama3", "yarn"]
@@ -96,10 +97,7 @@ def test_qwen3_without_qk_norm_is_refused(tmp_path):
             w.add_tensor(t.name, np.asarray(t.data), raw_shape=None if t.tensor_type in
                          (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16) else t.data.shape,
                          raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     from llamactx.model import ModelLoadError
 
     with pytest.raises(ModelLoadError, match="attn_q_norm"):

@@ -13,7 +13,7 @@ arithmetic), compute.py a recorded forward graph (llamactx.ggml.graph) in one co
 (FastOps) uses all of them.
 
 Results are bit-identical to ggml-cpu's x86 vec_dot for every quantized type (matmul.py). The first matmul of a
-process compiles the kernel of its path (10-15 s here), later processes load numba's on-disk cache. That cache
+process compiles the kernel of its path (seconds), later processes load numba's on-disk cache. That cache
 only tracks the file of each entry point: after editing a module under kernels/, delete
 kernels/__pycache__/*.nbi and *.nbc.
 """

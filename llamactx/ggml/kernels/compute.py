@@ -50,8 +50,8 @@ _SLOTS = ("qs", "qh", "sc", "mn", "d", "m")  # PackedWeight's arrays: four uint8
 class WeightTable:
     """The packed matrices of one model, indexed by the programs of every context: `meta` (n, 6, 3) int64 holds
     each matrix's arrays as (address, rows, columns) in `_SLOTS` order, `kind` (n,) its ggml type. The table keeps
-    the arrays alive; a program views them by address (`_weight`), since numba types a list argument on every call
-    (~60 us per typed.List) but an int64 array in well under a microsecond. Entries are added under a lock as
+    the arrays alive; a program views them by address (`_weight`), since numba types a list argument element by
+    element on every call but an int64 array at once. Entries are added under a lock as
     graphs reference them."""
 
     def __init__(self) -> None:

@@ -24,7 +24,7 @@ from llamactx.ggml.intrinsics import round_f16
 from llamactx.ggml.kernels.kquants import DEC_Q4K, DEC_Q5K, k45_rows, q4k_x8_rows, q6k_rows, q6k_tiled_rows
 from llamactx.ggml.kernels.ktile import TILE_MIN_ROWS, q4k_tile_rows, q6k_tile_rows
 from llamactx.ggml.kernels.legacy import DEC_Q4_0, DEC_Q4_1, DEC_Q5_0, DEC_Q5_1, DEC_Q8_0, ROWS_PER_GROUP, x4_rows
-from llamactx.ggml.kernels.quantize import quantize_q8_0, quantize_q8_1, quantize_q8_K
+from llamactx.ggml.kernels.q8 import quantize_q8_0, quantize_q8_1, quantize_q8_K
 from llamactx.ggml.kernels.repack import PackedWeight
 from llamactx.ggml.kernels.simd import (
     PORTABLE,
@@ -156,8 +156,8 @@ def _n_units(kind, n_rows):
 
 
 # One parallel kernel per path, the path a global constant: a Tag passed as an argument would cost numba's
-# dispatcher a Python-level typeof (~4 us) on every call. Each thread gets one contiguous share of the weight
-# rows: a task costs a call that reference-counts every array (atomics, ~0.3 us), too much per 16 rows.
+# dispatcher a Python-level typeof on every call. Each thread gets one contiguous share of the weight rows: a task
+# costs a call that reference-counts every array (atomics), too much per 16 rows.
 
 
 @njit(cache=True)

@@ -17,10 +17,14 @@ then the reference logits: make_lora_reference.py (tests/data/REFERENCE.md).
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import gguf
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parents[3]))
+from tests.gguf.tiny_model import finish  # noqa: E402  (the repository root is on the path now)
 
 OUT = Path(__file__).parent
 N_EMBD, N_FF, N_EMBD_KV = 576, 1536, 192  # SmolLM2-135M: n_embd, n_ff, n_embd_k_gqa
@@ -64,10 +68,7 @@ def write(path: Path, pairs, alpha: float | None, seed: int, norm: bool, arch: s
         w.add_tensor(f"{name}.lora_b", b.astype(dtype))
     if norm:  # llama.cpp skips `_norm.weight` tensors of an adapter (llama_adapter_lora_init_impl)
         w.add_tensor("blk.0.attn_norm.weight", np.ones(N_EMBD, np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     print(path.name, path.stat().st_size, "bytes")
 
 

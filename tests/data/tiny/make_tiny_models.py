@@ -19,6 +19,11 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
+sys.path.insert(0, str(Path(__file__).parents[3]))
+from llamactx.embedded import smollm2_path  # noqa: E402  (the repository root is on the path now)
+from llamactx.gguf.reader import GGUFFile  # noqa: E402
+from tests.gguf.tiny_model import finish  # noqa: E402
+
 OUT = Path(__file__).parent
 N_VOCAB = 1024
 N_EMBD = 64
@@ -26,10 +31,6 @@ N_EMBD = 64
 
 def smollm2_vocab() -> dict:
     """The first N_VOCAB tokens of SmolLM2's tokenizer and the merges among them."""
-    sys.path.insert(0, str(Path(__file__).parents[3]))
-    from llamactx.embedded import smollm2_path
-    from llamactx.gguf.reader import GGUFFile
-
     meta = GGUFFile(smollm2_path()).meta
     tokens = list(meta["tokenizer.ggml.tokens"][:N_VOCAB])
     ids = {t: i for i, t in enumerate(tokens)}
@@ -138,7 +139,7 @@ def transformer(name: str, arch: str, seed: int, kind: T, bias: bool = False, qk
         b = f"blk.{il}."
         attention_block(wt, b, n_head, n_head_kv, head_dim, bias, qk_norm)
         ffn_block(wt, b, n_ff)
-    return write(w, path)
+    return finish(w)
 
 
 def mamba2(seed: int = 5, name: str = "mamba2", d_state: int = 16, n_group: int = 2) -> Path:
@@ -170,7 +171,7 @@ def mamba2(seed: int = 5, name: str = "mamba2", d_state: int = 16, n_group: int 
         wt.vec(b + "ssm_d", (1, n_head), 1.0)
         wt.vec(b + "ssm_norm.weight", (d_inner // n_group, n_group), 1.0)
         wt.mat(b + "ssm_out.weight", d_inner, N_EMBD, scale=2.0 / np.sqrt(d_inner))
-    return write(w, path)
+    return finish(w)
 
 
 def lfm2(seed: int = 6) -> Path:
@@ -198,15 +199,8 @@ def lfm2(seed: int = 6) -> Path:
             wt.mat(b + "shortconv.in_proj.weight", N_EMBD, 3 * N_EMBD)
             wt.mat(b + "shortconv.out_proj.weight", N_EMBD, N_EMBD)
         ffn_block(wt, b, n_ff)
-    return write(w, path)
+    return finish(w)
 
-
-def write(w: gguf.GGUFWriter, path: Path) -> Path:
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
 
 
 MODELS = {
