@@ -57,7 +57,7 @@ def run_suite(kind: str, sdist: Path, llamacpp: Path, select: list[str], keyword
               work: Path) -> dict[str, tuple[str, str]]:
     """{test id ("unit/test_x.py::test_y[...]"): (outcome, first line of the reason)} for one server; `select`
     holds test files of unit/ or test ids."""
-    tests = work / f"tests-{kind}"
+    tests = work / f"tests-{kind}" / "tools" / "server" / "tests"  # llama.cpp's layout: some tests find its root
     shutil.copytree(sdist / SUITE, tests)
     bin_path = work / f"llama-server-{kind}"
     bin_path.write_text(f"#!/bin/sh\nexec {sys.executable} {Path(__file__).resolve()} --standin {kind} "
@@ -118,8 +118,9 @@ def main() -> None:
         kinds = [k for k in kinds if k != "llama-server"] or ["llamactx"]
     with tempfile.TemporaryDirectory(prefix="llama-server-suite-") as tmp:
         for kind in kinds:
-            if kind == "llamactx" and "llama-server" in results:  # only what the baseline passes
-                select = [t for t, (o, _) in results["llama-server"].items() if o == "passed"]
+            if kind == "llamactx" and "llama-server" in results:  # only what the baseline passes (of --files)
+                select = [t for t, (o, _) in results["llama-server"].items()
+                          if o == "passed" and (not select or t.split("::")[0].removeprefix("unit/") in select)]
             results[kind] = run_suite(kind, args.sdist, args.llamacpp, select, args.keyword, Path(tmp))
             counts = {}
             for outcome, _ in results[kind].values():
@@ -127,7 +128,9 @@ def main() -> None:
             print(f"{kind}: {json.dumps(counts)}")
     ours = results.get("llamactx", {})
     if "llama-server" in results:
-        base = [t for t, (o, _) in results["llama-server"].items() if o == "passed"]
+        files = [f for f in args.files.split(",") if f]
+        base = [t for t, (o, _) in results["llama-server"].items()
+                if o == "passed" and (not files or t.split("::")[0].removeprefix("unit/") in files)]
         passed = [t for t in base if ours.get(t, ("missing", ""))[0] == "passed"]
         print(f"llamactx passes {len(passed)} of the {len(base)} tests llama-server passes "
               f"({100 * len(passed) / max(len(base), 1):.0f}%)")

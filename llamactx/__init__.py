@@ -21,15 +21,16 @@ from llamactx.state_io import StateError
 
 __version__ = "0.1.0"
 
-_LLAMA_CPP_PYTHON_NAMES = ("Llama", "LlamaGrammar", "LlamaState", "LogitsProcessorList", "StoppingCriteriaList")
+_LLAMA_CPP_PYTHON_NAMES = ("Llama", "LlamaGrammar", "LlamaPromptLookupDecoding", "LlamaState", "LogitsProcessorList",
+                           "StoppingCriteriaList")
 
 
 def __getattr__(name: str):
     """llama-cpp-python's names (`from llamactx import Llama`), imported on first use."""
     if name in _LLAMA_CPP_PYTHON_NAMES:
-        from llamactx import llama
+        from llamactx import llama_cpp_python
 
-        return getattr(llama, name)
+        return getattr(llama_cpp_python, name)
     raise AttributeError(f"module 'llamactx' has no attribute {name!r}")
 
 
@@ -43,6 +44,7 @@ __all__ = [
     "GGUFError",
     "Llama",
     "LlamaGrammar",
+    "LlamaPromptLookupDecoding",
     "LlamaState",
     "LlamactxError",
     "LoraAdapter",

@@ -19,14 +19,14 @@ import numpy as np
 from llamactx.batch import AllocatedBatch, Batch, BatchAllocator, DecodeError, UBatch
 from llamactx.cparams import ContextParams, ResolvedParams
 from llamactx.lora import AdaptedModel, LoraAdapter, LoraError
-from llamactx.memory.base import Memory
-from llamactx.memory.hybrid import HybridMemory, HybridView
-from llamactx.memory.kv_cache import KVCache
-from llamactx.memory.kv_cache_iswa import KVCacheISWA
-from llamactx.memory.recurrent import RecurrentMemory, RecurrentView
+from llamactx.memory.hybrid import HybridView
+from llamactx.memory.recurrent import RecurrentView
 from llamactx.model import Model
-from llamactx.models import arch_module, memory_type
+from llamactx.models import arch_module
 from llamactx.models.graph_inputs import BatchAttention, HybridInput, KVAttention, LayerMappedAttention, rope_config
+from llamactx.state import load_file, read_state, save_file, write_state
+
+N_CLS_OUT = 1  # llama_hparams.n_cls_out: the values a RANK pooling keeps per sequence (no classifier labels here)
 
 
 class DecodeStatus(IntEnum):
@@ -70,7 +70,7 @@ class Context:
         self.params: ResolvedParams = params.resolve(model.hparams)
         hp = model.hparams
         p = self.params
-        self.memory = create_memory(hp, p)
+        self.memory = model.create_memory(p)
         self.ops = ops if ops is not None else _fast_ops(model)
         self._arch = arch_module(model.arch)
         self._rope = rope_config(hp, p, model.tensors.get("rope_freqs.weight"))
@@ -126,7 +126,7 @@ class Context:
             t0 = time.perf_counter()
             alloc = self._balloc.init(batch, lambda s: -1, True)
             self._set_threads(alloc.n_tokens)
-            if memory_type(self.model.arch) in ("recurrent", "hybrid"):
+            if self._arch.MEMORY in ("recurrent", "hybrid"):
                 raise DecodeError(f"encode: {self.model.arch} keeps a recurrent state; use decode")
             if alloc.n_tokens > self.params.n_ubatch:
                 raise DecodeError(f"encode: {alloc.n_tokens} tokens exceed n_ubatch = {self.params.n_ubatch}")
@@ -248,7 +248,12 @@ class Context:
         self._output_ids, self._logits, self._embd, self._embd_seq = output_ids, logits, embd, {}
 
     def _pool(self, alloc: AllocatedBatch, out_rows: np.ndarray) -> dict[int, np.ndarray]:
-        """Per-sequence pooled embeddings (LLAMA_POOLING_TYPE_MEAN / CLS / LAST) over the batch's tokens."""
+        """Per-sequence pooled embeddings (LLAMA_POOLING_TYPE_MEAN / CLS / LAST / RANK) over the batch's tokens.
+
+        RANK follows llama-graph.cpp `build_pooling`: the last token's hidden state for a causal model (the first
+        for a non-causal one, as llm_graph_input_cls::set_input picks), through the classifier head when the model
+        has one (none of llamactx's architectures loads cls / cls_out tensors, so none is applied), keeping
+        hparams.n_cls_out = 1 values (llama_context's RANK extraction): the score is element 0."""
         pooling = self.params.pooling_type
         if pooling == "none":
             return {}
@@ -259,6 +264,8 @@ class Context:
             vecs = self._embd[rows]  # (n_tok_s, n_embd)
             if pooling == "mean":
                 pooled[s] = vecs.mean(axis=0, dtype=np.float64).astype(np.float32)
+            elif pooling == "rank":
+                pooled[s] = (vecs[-1] if self.params.causal_attn else vecs[0])[:N_CLS_OUT].copy()  # (1,)
             else:
                 pooled[s] = vecs[0] if pooling == "cls" else vecs[-1]
         return pooled
@@ -295,7 +302,8 @@ class Context:
         return _readonly(self._embd[self._output_row(i, "get_embeddings_ith")])
 
     def get_embeddings_seq(self, seq_id: int) -> np.ndarray:
-        """Pooled embedding of `seq_id` from the last decode (pooling mean | cls | last). (n_embd,) float32."""
+        """Pooled embedding of `seq_id` from the last decode (pooling mean | cls | last: (n_embd,) float32; rank:
+        the (n_cls_out,) = (1,) score)."""
         if seq_id not in self._embd_seq:
             raise KeyError(f"get_embeddings_seq: no pooled embedding for seq_id {seq_id} "
                            f"(pooling_type = {self.params.pooling_type!r})")
@@ -305,52 +313,36 @@ class Context:
 
     def state_get_data(self) -> bytes:
         """The whole context state (KV cells of every sequence + last outputs) as bytes."""
-        from llamactx.state import write_state
-
         with self._lock:
             return write_state(self, seq_id=None)
 
     def state_set_data(self, data: bytes) -> None:
         """Restore a state from `state_get_data`; raises `StateError` with memory unchanged if it does not fit."""
-        from llamactx.state import read_state
-
         with self._lock:
             read_state(self, data, dest_seq_id=None)
 
     def state_seq_get_data(self, seq_id: int) -> bytes:
-        from llamactx.state import write_state
-
         with self._lock:
             self.memory.check_seq(seq_id)
             return write_state(self, seq_id=seq_id)
 
     def state_seq_set_data(self, data: bytes, dest_seq_id: int) -> None:
-        from llamactx.state import read_state
-
         with self._lock:
             self.memory.check_seq(dest_seq_id)
             read_state(self, data, dest_seq_id=dest_seq_id)
 
     def state_save_file(self, path, tokens) -> None:
-        from llamactx.state import save_file
-
         save_file(path, self.state_get_data(), tokens)
 
     def state_load_file(self, path, n_token_capacity: int | None = None) -> list[int]:
-        from llamactx.state import load_file
-
         data, tokens = load_file(path, n_token_capacity or self.params.n_ctx, self.model.hparams.n_vocab)
         self.state_set_data(data)
         return tokens
 
     def state_seq_save_file(self, path, seq_id: int, tokens) -> None:
-        from llamactx.state import save_file
-
         save_file(path, self.state_seq_get_data(seq_id), tokens)
 
     def state_seq_load_file(self, path, dest_seq_id: int, n_token_capacity: int | None = None) -> list[int]:
-        from llamactx.state import load_file
-
         data, tokens = load_file(path, n_token_capacity or self.params.n_ctx, self.model.hparams.n_vocab)
         self.state_seq_set_data(data, dest_seq_id)
         return tokens
@@ -407,42 +399,6 @@ class Context:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def create_memory(hp, p: ResolvedParams) -> Memory:
-    """The memory the architecture needs (llama_model::create_memory): a KV cache, an iSWA cache for a model with
-    sliding-window layers (unless swa_full); for a recurrent model (mamba2) one state per sequence; for a hybrid
-    (lfm2) a KV cache of the attention layers beside the recurrent states of the others."""
-    kind = memory_type(hp.arch)
-    recr = [il for il in range(hp.n_layer) if hp.is_recr(il)]
-    attn = [il for il in range(hp.n_layer) if not hp.is_recr(il)]
-    if kind == "recurrent":
-        return RecurrentMemory(recr, p.n_seq_max, hp.n_embd_r, hp.n_embd_s)
-    if kind == "kv" and hp.n_swa > 0 and not p.swa_full and any(hp.swa_layers):
-        return KVCacheISWA(hp, p.n_ctx, p.n_seq_max, p.n_ubatch, p.type_k, p.type_v, n_ctx_seq=p.n_ctx_seq,
-                           layout_exact=p.kv_layout_exact)
-    kv = KVCache(len(attn), p.n_ctx, p.n_seq_max, hp.n_embd_k_gqa, hp.n_embd_v_gqa, p.type_k, p.type_v,
-                 can_shift=True, n_ctx_seq=p.n_ctx_seq)
-    if kind == "hybrid":
-        return HybridMemory(kv, RecurrentMemory(recr, p.n_seq_max, hp.n_embd_r, hp.n_embd_s), attn)
-    return kv
-
-
-def memory_description(hp, swa_full: bool = False) -> str:
-    """What `create_memory` gives a model, in llama.cpp's class names (`llamactx info`)."""
-    kind = memory_type(hp.arch)
-    if kind == "recurrent":
-        return "recurrent states (llama_memory_recurrent)"
-    if kind == "hybrid":
-        return "KV cache + recurrent states (llama_memory_hybrid)"
-    if hp.n_swa > 0 and any(hp.swa_layers):
-        n_swa_layers = sum(hp.swa_layers)
-        split = (f"{hp.n_layer - n_swa_layers} global layers, {n_swa_layers} sliding-window layers of "
-                 f"{hp.n_swa} tokens")
-        if swa_full:
-            return f"llama_kv_cache ({split}; swa_full: every layer keeps the whole context)"
-        return f"llama_kv_cache_iswa ({split}; swa_full keeps a full-size SWA cache)"
-    return f"llama_kv_cache ({hp.n_layer} layers)"
 
 
 def _readonly(a: np.ndarray) -> np.ndarray:

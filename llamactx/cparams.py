@@ -22,7 +22,7 @@ from llamactx.hparams import HParams
 LLAMA_MAX_SEQ = 256
 N_CTX_MAX = 1 << 24  # the largest context llamactx accepts, asked for (n_ctx) or taken from the model (n_ctx = 0)
 KV_TYPES = ("f32", "f16", "q8_0", "q4_0")
-POOLING_TYPES = ("unspecified", "none", "mean", "cls", "last")
+POOLING_TYPES = ("unspecified", "none", "mean", "cls", "last", "rank")
 ATTENTION_TYPES = ("unspecified", "causal", "non_causal")
 ROPE_SCALING_TYPES = ("unspecified", "none", "linear", "yarn")
 FLASH_ATTN_TYPES = ("auto", "enabled", "disabled")

@@ -1,8 +1,11 @@
 """Sentence embeddings: pooled (mean by default, or last / cls), L2-normalised final hidden states
-(llama-server's /v1/embeddings with embd_normalize 2; llama.cpp's tools/embedding).
+(llama-server's /v1/embeddings with embd_normalize 2; llama.cpp's tools/embedding). With pooling "rank" the output
+is instead each input's rerank score, unnormalised (LLAMA_POOLING_TYPE_RANK: see Context._pool; llama-server's
+/rerank reads it as `embd[0]` in send_rerank).
 
 An `Embedder` owns a context with `embeddings=True` over a shared model; each text is decoded alone from an empty
-memory, so its vector does not depend on the others.
+memory, so its vector does not depend on the others. Its command-line front end is cli/embedding.py
+(`llamactx embedding`, llama-embedding).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from collections.abc import Generator, Sequence
 import numpy as np
 
 from llamactx.batch import Batch
-from llamactx.context import Context, DecodeStatus
+from llamactx.context import N_CLS_OUT, Context, DecodeStatus
 from llamactx.cparams import ContextParams
 from llamactx.errors import LlamactxError
 from llamactx.model import Model
@@ -26,8 +29,8 @@ class Embedder:
     """Embeddings of token lists with one `n_ctx`-token context (created on first use)."""
 
     def __init__(self, model: Model, n_ctx: int = 2048, lora=(), pooling: str = "mean", **context_params):
-        if pooling not in ("mean", "last", "cls"):
-            raise EmbeddingError(f"pooling {pooling!r} is not one of mean, last, cls")
+        if pooling not in ("mean", "last", "cls", "rank"):
+            raise EmbeddingError(f"pooling {pooling!r} is not one of mean, last, cls, rank")
         self.model = model
         self.pooling = pooling
         self.lora = tuple(lora)  # (LoraAdapter, scale) pairs applied to the context
@@ -36,8 +39,9 @@ class Embedder:
         self._ctx: Context | None = None
 
     def embed(self, inputs: Sequence[Sequence[int]]) -> np.ndarray:
-        """One normalised vector per token list. -> (len(inputs), n_embd) float32. Raises EmbeddingError for an
-        empty input or one longer than n_ctx (naming its index)."""
+        """One normalised vector per token list. -> (len(inputs), n_embd) float32; with pooling "rank" one score
+        per token list: (len(inputs), 1), not normalised. Raises EmbeddingError for an empty input or one longer
+        than n_ctx (naming its index)."""
         steps = self.steps(inputs)
         while True:
             try:
@@ -59,7 +63,8 @@ class Embedder:
         vectors (the server runs it in slices between generation steps)."""
         self.check(inputs)
         ctx = self._context()
-        out = np.zeros((len(inputs), self.model.hparams.n_embd), np.float32)  # (n, n_embd)
+        rank = self.pooling == "rank"
+        out = np.zeros((len(inputs), N_CLS_OUT if rank else self.model.hparams.n_embd), np.float32)  # (n, n_out)
         for i, tokens in enumerate(inputs):
             ctx.memory.clear(data=False)
             batch = Batch(len(tokens))
@@ -67,8 +72,8 @@ class Embedder:
                 batch.add(int(t), p, (0,), True)
             if ctx.decode(batch) != DecodeStatus.OK:
                 raise EmbeddingError(f"input[{i}] could not be decoded")
-            vec = ctx.get_embeddings_seq(0)  # (n_embd,)
-            out[i] = vec / max(float(np.linalg.norm(vec)), 1e-12)
+            vec = ctx.get_embeddings_seq(0)  # (n_embd,), or (1,) for rank
+            out[i] = vec if rank else vec / max(float(np.linalg.norm(vec)), 1e-12)
             yield
         return out
 

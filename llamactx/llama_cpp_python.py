@@ -1,5 +1,6 @@
 """`Llama`: llama-cpp-python's high-level class on llamactx, same names, arguments and return shapes
-(llama_cpp/llama.py), so that `from llamactx import Llama` replaces `from llama_cpp import Llama`.
+(llama_cpp/llama.py), so that `from llamactx import Llama` replaces `from llama_cpp import Llama`. (The `llama`
+architecture is llamactx.models.llama.)
 
     llm = Llama(model_path="model.gguf", n_ctx=2048, seed=1337)
     out = llm("Q: Name the planets. A:", max_tokens=32, stop=["Q:"])        # OpenAI text_completion dict
@@ -25,12 +26,9 @@ import numpy as np
 from llamactx import tool_calls
 from llamactx.api import protocol as P
 from llamactx.api.responses import ChatRenderer, Choice, Renderer
-from llamactx.chat_template import ChatTemplate
-from llamactx.embedded import resolve_model_path
-from llamactx.embedding import Embedder
-from llamactx.engine import Engine, GenerationError
-from llamactx.lora import load_adapters
-from llamactx.model import Model
+from llamactx.engine import GenerationError
+from llamactx.engine.speculative import NgramParams, SpecParams
+from llamactx.runtime import Runtime, RuntimeParams
 from llamactx.sampling.rng import LLAMA_DEFAULT_SEED
 from llamactx.sampling.samplers import SamplerBase
 
@@ -74,6 +72,19 @@ class LlamaGrammar:
         return cls("json_schema", json_schema)
 
 
+class LlamaPromptLookupDecoding:
+    """llama-cpp-python's prompt lookup decoding (llama_cpp/llama_speculative.py), for `Llama(draft_model=...)`:
+    drafts of `num_pred_tokens` tokens found after an earlier occurrence of the last `max_ngram_size` tokens. Runs
+    as the engine's ngram-simple drafter (llamactx.engine.speculative): outputs are those without it."""
+
+    def __init__(self, max_ngram_size: int = 2, num_pred_tokens: int = 10):
+        self.max_ngram_size, self.num_pred_tokens = max_ngram_size, num_pred_tokens
+
+    def spec_params(self) -> SpecParams:
+        return SpecParams(types=("ngram-simple",), ngram_simple=NgramParams(size_n=self.max_ngram_size,
+                                                                            size_m=self.num_pred_tokens))
+
+
 @dataclass
 class LlamaState:
     """What `save_state` keeps: the context's state blob, the tokens it holds and the seed."""
@@ -112,32 +123,31 @@ class Llama:
     """A model and a one-slot engine, with llama-cpp-python's API. `model_path` may also be an embedded model
     name ("smollm2", "gemma3"). `lora_path` / `lora_scale`: a LoRA adapter in llama.cpp's GGUF format
     (llamactx.lora); `lora_base` is accepted and ignored (the adapter applies to this model's own weights, as
-    llama-cpp-python does since its GGUF adapters). GPU and memory-mapping options have no effect here."""
+    llama-cpp-python does since its GGUF adapters). `draft_model`: a LlamaPromptLookupDecoding (speculative decoding
+    from the prompt; outputs unchanged). GPU and memory-mapping options have no effect here."""
 
     def __init__(self, model_path: str, *, seed: int = LLAMA_DEFAULT_SEED, n_ctx: int = 512, n_batch: int = 512,
                  n_ubatch: int = 512, n_threads: int | None = None, n_threads_batch: int | None = None,
                  embedding: bool = False, flash_attn: bool = False, chat_format: str | None = None,
                  type_k: str | None = None, type_v: str | None = None, vocab_only: bool = False,
                  lora_path: str | None = None, lora_scale: float = 1.0, swa_full: bool = True, verbose: bool = True,
-                 **ignored: Any):
+                 draft_model: LlamaPromptLookupDecoding | None = None, **ignored: Any):
         self.model_path = str(model_path)
         self.verbose = verbose
-        self._model = Model.load(resolve_model_path(model_path), vocab_only=vocab_only)
-        self.metadata = {k: str(v) for k, v in self._model.meta.items() if isinstance(v, (str, int, float, bool))}
-        self._engine: Engine | None = None
         self.lora_path, self.lora_scale = lora_path, lora_scale
-        lora = load_adapters(self._model, [(lora_path, lora_scale)] if lora_path and not vocab_only else [])
-        if not vocab_only:
-            # swa_full: llama-cpp-python leaves llama_context_default_params' full-size SWA cache on
-            params = dict(n_batch=n_batch, n_ubatch=n_ubatch, flash_attn=flash_attn, swa_full=swa_full,
-                          n_threads=n_threads or 2, n_threads_batch=n_threads_batch or n_threads or 2)
-            if type_k:
-                params["type_k"] = type_k
-            if type_v:
-                params["type_v"] = type_v
-            self._engine = Engine(self._model, n_slots=1, n_ctx=n_ctx, lora=lora, **params)
-        self._embedder = Embedder(self._model, n_ctx=max(n_ctx, 512), lora=lora) if embedding else None
-        self._template = ChatTemplate.from_model(self._model) if chat_format is None else ChatTemplate(chat_format)
+        # swa_full: llama-cpp-python leaves llama_context_default_params' full-size SWA cache on
+        params = RuntimeParams(model=model_path, vocab_only=vocab_only, n_ctx=n_ctx, n_batch=n_batch,
+                               n_ubatch=n_ubatch, flash_attn=flash_attn, swa_full=swa_full, n_threads=n_threads or 2,
+                               n_threads_batch=n_threads_batch or n_threads or 2, type_k=type_k or "f16",
+                               type_v=type_v or "f16", lora=((lora_path, lora_scale),) if lora_path else (),
+                               chat_template=chat_format, embd_n_ctx=max(n_ctx, 512),
+                               spec=draft_model.spec_params() if draft_model is not None else None)
+        self._runtime = Runtime(params)
+        self._model, self._engine = self._runtime.model, self._runtime.engine
+        self.metadata = {k: str(v) for k, v in self._model.meta.items() if isinstance(v, (str, int, float, bool))}
+        self._template = self._runtime.template
+        if embedding:
+            self._runtime.embedder  # noqa: B018 -- built now, as llama-cpp-python's embedding=True context is
         self.set_seed(seed)
 
     # -- vocabulary -------------------------------------------------------------------------------------------
@@ -279,7 +289,7 @@ class Llama:
     def _run(self, tokens: list[int], gen: P.GenerationRequest, renderer: Renderer,
              processors: LogitsProcessorList | None, criteria: StoppingCriteriaList | None) -> Iterator[dict]:
         """Generate on the engine; yields stream chunks, and the whole response last (marked by `_last`)."""
-        chain = gen.chain(self._model, self._engine.n_ctx_slot, gen.grammar_sampler(self._model.vocab))
+        chain = self._runtime.sampler(gen.sampling_for(), self._runtime.grammar(**gen.grammar_args()))
         if processors:
             chain.samplers.insert(0, _ProcessorSampler(LogitsProcessorList(processors), tokens))
         seq = self._engine.add_request(tokens, chain, gen.limits, n_probs=gen.n_probs)
@@ -313,8 +323,7 @@ class Llama:
         """Mean-pooled, normalised embeddings: one list of floats for a string, a list of them for a list."""
         texts = [input] if isinstance(input, str) else list(input)
         tokens = [self._model.vocab.tokenize(t, add_special=True, parse_special=False) for t in texts]
-        embedder = self._embedder or Embedder(self._model, n_ctx=max(self.n_ctx(), 512))
-        self._embedder = embedder
+        embedder = self._runtime.embedder
         if truncate:
             tokens = [t[: embedder.n_ctx] for t in tokens]
         vecs = embedder.embed(tokens)

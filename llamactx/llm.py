@@ -13,43 +13,51 @@ between turns: the next turn's prompt starts with the previous one, so only the 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from llamactx.chat_template import ChatTemplate
-from llamactx.embedded import resolve_model_path
-from llamactx.embedding import Embedder
-from llamactx.engine import Chunk, Completion, Engine, GenerationError, Limits
-from llamactx.lora import load_adapters
+from llamactx.cparams import ContextParams
+from llamactx.engine import Chunk, Completion, GenerationError, Limits
 from llamactx.model import Model
+from llamactx.runtime import Runtime, RuntimeParams
 from llamactx.sampling import SamplerChain, SamplingParams
 
 _SAMPLING_FIELDS = set(SamplingParams.__dataclass_fields__)
+_RUNTIME_FIELDS = set(RuntimeParams.__dataclass_fields__) - {"model", "lora", "vocab_only", "context"}
 
 
 class LLM:
     """A model with one conversation. `model`: None (the embedded default), an embedded name ("smollm2",
     "gemma3"), a GGUF path, or a loaded `Model` (shared, never copied). `lora`: LoRA adapters, each a path or a
     (path, scale) pair (`--lora` / `--lora-scaled`; llamactx.lora.load_adapters). Other keyword arguments are
-    `ContextParams` fields (default n_ctx 4096)."""
+    `RuntimeParams` fields (n_ctx 4096, chat_template, pooling, sampling defaults...) or other `ContextParams`
+    fields."""
 
     def __init__(self, model: Model | str | Path | None = None, lora=(), **context_params: Any):
-        self.model = model if isinstance(model, Model) else Model.load(resolve_model_path(model))
-        n_ctx = context_params.pop("n_ctx", 4096)
-        self.lora = load_adapters(self.model, lora)
-        self.engine = Engine(self.model, n_slots=1, n_ctx=n_ctx, lora=self.lora, **context_params)
+        params = RuntimeParams(model=None if isinstance(model, Model) else model, lora=tuple(lora),
+                               **_runtime_fields(context_params))
+        self._start(Runtime(params, model if isinstance(model, Model) else None))
+
+    @classmethod
+    def from_params(cls, params: RuntimeParams, model: Model | None = None) -> LLM:
+        """An LLM of a front end's RuntimeParams (`run` and `chat` make theirs from their flags); one slot."""
+        llm = cls.__new__(cls)
+        llm._start(Runtime(replace(params, n_slots=1), model))
+        return llm
+
+    def _start(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.model, self.lora, self.engine = runtime.model, runtime.lora, runtime.engine
         self.ctx = self.engine.ctx
         self.result: Completion | None = None  # the last completion (also after a stream ends)
-        self._template: ChatTemplate | None = None
-        self._embedder: Embedder | None = None
 
     @property
     def template(self) -> ChatTemplate:
-        if self._template is None:
-            self._template = ChatTemplate.from_model(self.model)
-        return self._template
+        return self.runtime.template
 
     @property
     def tokens(self) -> list[int]:
@@ -67,11 +75,8 @@ class LLM:
             raise TypeError(f"unknown sampling option(s): {', '.join(sorted(unknown))}")
         if "seed" in sampling and sampling["seed"] is None:
             del sampling["seed"]
-        params = SamplingParams(**sampling)
-        constraint = _grammar(self.model.vocab, grammar, json_schema)
-        return SamplerChain.default(params, self.model.hparams.n_vocab, self.model.vocab,
-                                    n_ctx=self.ctx.params.n_ctx_seq, n_ctx_train=self.model.hparams.n_ctx_train,
-                                    grammar=constraint)
+        rt = self.runtime
+        return rt.sampler(rt.sampling(**sampling), rt.grammar(grammar, json_schema))
 
     def complete(self, prompt: str | Sequence[int], max_tokens: int = 128, stop: Sequence[str] | str | None = None,
                  stream: bool = False, grammar: str | None = None, json_schema: Mapping | str | None = None,
@@ -113,9 +118,7 @@ class LLM:
         """Mean-pooled, L2-normalised embeddings of `texts` (their final hidden states). -> (n, n_embd) float32"""
         if isinstance(texts, str):
             texts = [texts]
-        if self._embedder is None:
-            self._embedder = Embedder(self.model, n_ctx=self.ctx.params.n_ctx, lora=self.lora)
-        return self._embedder.embed([self.tokenize(t, parse_special=False) for t in texts])
+        return self.runtime.embedder.embed([self.tokenize(t, parse_special=False) for t in texts])
 
     def save_session(self, path: str | Path) -> int:
         """Save the conversation's KV state and tokens to a session file; returns the number of tokens."""
@@ -135,9 +138,12 @@ class LLM:
         self.engine.clear_slot(0)
 
 
-def _grammar(vocab, grammar: str | None, json_schema: Mapping | str | None):
-    if grammar is None and json_schema is None:
-        return None
-    from llamactx.sampling.grammar import GrammarSampler  # llguidance loads on the first constrained call
 
-    return GrammarSampler.build(vocab, grammar, json_schema)
+def _runtime_fields(context_params: dict[str, Any]) -> dict[str, Any]:
+    """LLM's keyword arguments (ContextParams names) as RuntimeParams fields; TypeError for an unknown one."""
+    fields = {k: v for k, v in context_params.items() if k in _RUNTIME_FIELDS}
+    other = {k: v for k, v in context_params.items() if k not in _RUNTIME_FIELDS}
+    unknown = set(other) - set(ContextParams.__dataclass_fields__)
+    if unknown:
+        raise TypeError(f"unknown LLM option(s): {', '.join(sorted(unknown))}")
+    return {**fields, "context": other} if other else fields

@@ -62,8 +62,8 @@ def _imports(path) -> set[str]:
 # (modules, what they may not import): the layers only import downwards
 FORBIDDEN = [
     ("llamactx.ggml", lambda m: not m.startswith(("llamactx.ggml", "llamactx.gguf", "llamactx.errors"))),
-    ("llamactx.engine", lambda m: m.startswith(("llamactx.server", "llamactx.api", "llamactx.cli", "llamactx.llama",
-                                                "llamactx.llm"))),
+    ("llamactx.engine", lambda m: m.startswith(("llamactx.server", "llamactx.api", "llamactx.cli", "llamactx.runtime",
+                                                "llamactx.llama_cpp_python", "llamactx.llm"))),
     ("llamactx", lambda m: m.startswith(("llamactx.server", "llamactx.cli"))),  # the library, below the front ends
 ]
 
@@ -97,3 +97,28 @@ def test_nothing_outside_the_engine_reaches_into_it():
            if "engine" not in p.relative_to(root).parts and re.search(r"\.scheduler\b|\bPrefixCache\b",
                                                                         p.read_text(encoding="utf-8"))]
     assert bad == []
+
+
+# file names two modules share on purpose: one concept at two levels, each docstring naming the other
+SAME_CONCEPT = {
+    "attention.py": ("ggml/attention.py", "ggml/kernels/attention.py"),  # the reference and its compiled kernel
+    "embedding.py": ("embedding.py", "cli/embedding.py"),  # Embedder and `llamactx embedding`
+}
+
+
+def test_no_two_modules_share_a_name_unless_one_concept_at_two_levels():
+    from collections import defaultdict
+    from pathlib import Path
+
+    root = Path(llamactx.__file__).parent
+    by_name = defaultdict(list)
+    for path in root.rglob("*.py"):
+        if path.name != "__init__.py":
+            by_name[path.name].append(path.relative_to(root).as_posix())
+    shared = {name: tuple(sorted(paths)) for name, paths in by_name.items() if len(paths) > 1}
+    assert shared == {name: tuple(sorted(paths)) for name, paths in SAME_CONCEPT.items()}
+    for a, b in SAME_CONCEPT.values():  # each names the other, as a path or a dotted module name
+        doc_a, doc_b = ((root / p).read_text(encoding="utf-8").split('"""')[1] for p in (a, b))
+        dotted_a, dotted_b = ("llamactx." + p.removesuffix(".py").replace("/", ".") for p in (a, b))
+        assert b in doc_a or dotted_b in doc_a, f"{a} does not name {b}"
+        assert f"/{a}" in doc_b or dotted_a in doc_b, f"{b} does not name {a}"

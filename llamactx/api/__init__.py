@@ -1,5 +1,5 @@
 """The wire shapes of the OpenAI API and llama-server's endpoints, shared by every front end that speaks them:
-the HTTP server (llamactx.server) and llama-cpp-python's `Llama` class (llamactx.llama).
+the HTTP server (llamactx.server) and llama-cpp-python's `Llama` class (llamactx.llama_cpp_python).
 
     protocol.py     requests (pydantic, validated: ProtocolError names the field), GenerationRequest (a request
                     as the engine takes it: sampler chain and limits), usage / timings / logprobs JSON

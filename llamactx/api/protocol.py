@@ -15,16 +15,16 @@ import math
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from llamactx.engine import Chunk, Limits
 from llamactx.engine import Sequence as EngineSequence
 from llamactx.errors import LlamactxError
-from llamactx.sampling import SamplerChain, SamplingParams
+from llamactx.sampling import SamplingParams
 
 MAX_N = 16  # choices per request
 MAX_STOP = 16
@@ -223,16 +223,6 @@ class ApplyTemplateRequest(BaseModel):
     chat_template_kwargs: dict[str, Any] | None = None
 
 
-class RerankRequest(BaseModel):
-    """POST /v1/rerank (llama-server's, Jina / TEI style): a query and the documents to score."""
-
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
-    query: str
-    documents: list[str] = Field(min_length=1, max_length=4096, validation_alias=AliasChoices("documents", "texts"))
-    top_n: int | None = Field(default=None, ge=0)
-    model: str | None = None
-
-
 class SlotFileRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     filename: str = Field(min_length=1, max_length=255)
@@ -293,26 +283,19 @@ class GenerationRequest:
                    req.timings_per_token, req.verbose, bool(getattr(req, "post_sampling_probs", False)),
                    req.return_progress and req.stream, req.return_tokens)
 
-    def grammar_sampler(self, vocab):
-        """The request's grammar constraint (GrammarSampler.build), or None. llguidance compiles it: call it off
-        an event loop."""
+    def grammar_args(self) -> dict[str, Any]:
+        """The request's constraint as Runtime.grammar's keywords ({} for none)."""
         if self.grammar is None:
-            return None
-        from llamactx.sampling.grammar import GrammarSampler  # llguidance loads on the first constrained request
-
+            return {}
         kind, source = self.grammar
-        return GrammarSampler.build(vocab, **{"grammar" if kind == "gbnf" else "json_schema": source})
+        return {"grammar" if kind == "gbnf" else "json_schema": source}
 
-    def chain(self, model, n_ctx: int, grammar_sampler=None, choice: int = 0) -> SamplerChain:
-        """A fresh sampler chain for choice `choice` (choices get consecutive seeds, so they differ). n_ctx: the
-        slot's context size, which `repeat_last_n` / `dry_penalty_last_n` = -1 mean."""
+    def sampling_for(self, choice: int = 0) -> SamplingParams:
+        """The sampling of choice `choice`: choices get consecutive seeds, so that they differ."""
         params = self.sampling
         if choice and params.seed != -1 and params.seed < 2**32 - 1:
-            from dataclasses import replace
-
             params = replace(params, seed=params.seed + choice)
-        return SamplerChain.default(params, model.hparams.n_vocab, model.vocab, n_ctx=n_ctx,
-                                    n_ctx_train=model.hparams.n_ctx_train, grammar=grammar_sampler)
+        return params
 
 
 def _logit_bias(raw, vocab) -> list[tuple[int, float]]:
@@ -398,6 +381,7 @@ def timings(seq: EngineSequence) -> dict[str, float]:
     the first token, which came from the prompt's logits."""
     t = seq.timings
     n_gen_steps = max(t.predicted_n - 1, 0)
+    drafts = {"draft_n": t.draft_n, "draft_n_accepted": t.draft_n_accepted} if t.draft_n else {}
     return {
         "cache_n": t.cached_n,
         "prompt_n": t.prompt_n, "prompt_ms": t.prompt_ms,
@@ -406,6 +390,7 @@ def timings(seq: EngineSequence) -> dict[str, float]:
         "predicted_n": t.predicted_n, "predicted_ms": t.predicted_ms,
         "predicted_per_token_ms": t.predicted_ms / n_gen_steps if n_gen_steps else 0.0,
         "predicted_per_second": 1e3 * n_gen_steps / t.predicted_ms if n_gen_steps and t.predicted_ms > 0 else 0.0,
+        **drafts,  # speculative decoding: draft tokens verified and accepted (llama-server's, when drafting)
     }
 
 

@@ -31,9 +31,11 @@ from llamactx.cli.args import (
     add_llama_cpp_flags,
     add_lora,
     add_sampling,
+    add_speculative,
     notice_ignored,
     process_escapes,
     read_text,
+    runtime_params,
     sampling_options,
 )
 from llamactx.cli.bench import add_arguments as add_bench_arguments
@@ -72,10 +74,7 @@ def _llm(args):
     if args.n_predict < -1:
         raise CommandError(f"-n / --n-predict = {args.n_predict} must be >= -1 (-1 = until EOS or a full context)")
     _warm_up_notice()
-    return LLM(_model(args), n_ctx=args.ctx_size, n_batch=args.batch_size, n_ubatch=args.ubatch_size,
-               n_threads=args.threads, n_threads_batch=args.threads_batch or args.threads,
-               type_k=args.cache_type_k, type_v=args.cache_type_v, flash_attn=args.flash_attn, lora=args.lora,
-               swa_full=args.swa_full)
+    return LLM.from_params(runtime_params(args))
 
 
 def _sampling(args) -> dict:
@@ -165,14 +164,13 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from llamactx.context import memory_description
     from llamactx.ggml.cpu import ISA_FEATURES
     from llamactx.ggml.kernels import active_path, arithmetic, check_target, cpu_features
 
     check_target()
     model = _model(args)
     print(model.card())
-    print(f"memory:         {memory_description(model.hparams, args.swa_full)}")
+    print(f"memory:         {model.memory_description(args.swa_full)}")
     feats = cpu_features()
     isa = [f for f in ISA_FEATURES if feats[f]]
     arith = arithmetic()
@@ -216,6 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_generation(p)
         add_llama_cpp_flags(p, conversation=True)
         add_lora(p)
+        add_speculative(p)
 
     bench = sub.add_parser("bench", help="llama-bench: prompt processing (pp) and generation (tg) speed")
     add_bench_arguments(bench)

@@ -1,11 +1,12 @@
 """`llamactx embedding`: llama-embedding (llama.cpp's examples/embedding/embedding.cpp) with mean pooling.
 
 The text of -p or -f is split at --embd-separator (default a newline; a file's final newline ends its last line)
-and each part is embedded by `Embedder`, alone from an empty memory: tokenized with add_special and parse_special
-(llama-embedding's `common_tokenize`), mean-pooled over its tokens and L2-normalised (llama-embedding
-`--pooling mean --embd-normalize 2`). Printed as llama-embedding prints it: `embedding N: ...` (the whole vector
-for one text; the first 16 values and the cosine similarity matrix for several), or --embd-output-format json
-(OpenAI's list shape), json+ (and the similarity matrix), array ([[...],[...]]) or raw (one vector a line).
+and each part is embedded by `Embedder` (llamactx.embedding), alone from an empty memory: tokenized with
+add_special and parse_special (llama-embedding's `common_tokenize`), mean-pooled over its tokens and
+L2-normalised (llama-embedding `--pooling mean --embd-normalize 2`). Printed as llama-embedding prints it:
+`embedding N: ...` (the whole vector for one text; the first 16 values and the cosine similarity matrix for
+several), or --embd-output-format json (OpenAI's list shape), json+ (and the similarity matrix), array
+([[...],[...]]) or raw (one vector a line).
 """
 
 from __future__ import annotations

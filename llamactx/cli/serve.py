@@ -11,6 +11,7 @@ import socket
 import sys
 from pathlib import Path
 
+from llamactx.cli.agent import add_agent_flags, agent_config_from_args
 from llamactx.cli.args import (
     CommandError,
     add_common,
@@ -18,7 +19,9 @@ from llamactx.cli.args import (
     add_llama_cpp_flags,
     add_lora,
     add_sampling,
+    add_speculative,
     read_text,
+    runtime_params,
     sampling_options,
 )
 
@@ -29,6 +32,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     add_context(p, n_ctx=4096)
     add_llama_cpp_flags(p)
     add_sampling(p)  # every request's defaults, as llama-server's sampling flags
+    add_speculative(p)
     p.add_argument("-a", "--alias", default=None, help="model name in the API (default: the file name)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
@@ -54,7 +58,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--pooling", choices=["mean", "last", "cls", "none"], default="mean",
                    help="embedding pooling (default mean; none: token-level, which the embeddings endpoints refuse)")
     p.add_argument("--reranking", "--rerank", dest="reranking", action="store_true",
-                   help="accepted: /v1/rerank answers 400 for a model without a rank (classifier) head")
+                   help="serve /rerank (/v1/rerank, /reranking): rank pooling, the score is element 0 of the last "
+                        "token's hidden state for a model without a classifier head (llama.cpp's); without it "
+                        "/rerank answers 501")
     p.add_argument("-kvu", "--kv-unified", dest="kv_unified", action="store_true", default=None,
                    help="each slot may use the whole -c while memory lasts (the default without -np)")
     p.add_argument("-no-kvu", "--no-kv-unified", dest="kv_unified", action="store_false",
@@ -64,6 +70,17 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--backend-sampling", "--backend_sampling", dest="backend_sampling", action="store_true",
                    help="accepted with a notice: sampling runs on the CPU, after the decode")
     p.add_argument("--metrics", action="store_true", help="enable GET /metrics (Prometheus)")
+    p.add_argument("-cram", "--cache-ram", type=float, default=0, metavar="MiB",
+                   help="keep up to this many MiB of prompts (slot states) in RAM beyond the slots, and let the "
+                        "server choose slots as llama-server does (default 0: off; -1: no limit)")
+    p.add_argument("--cache-idle-slots", dest="cache_idle_slots", action="store_true", default=True,
+                   help="with --cache-ram: save idle slots to it when a request starts, clearing them with -kvu "
+                        "(default)")
+    p.add_argument("--no-cache-idle-slots", dest="cache_idle_slots", action="store_false",
+                   help="do not save and clear idle slots")
+    p.add_argument("--sleep-idle-seconds", type=float, default=-1, metavar="N",
+                   help="after N seconds without requests, unload the model (its memory freed; /props reports "
+                        "is_sleeping) until the next request reloads it (default -1: never)")
     p.add_argument("--slots", dest="slots", action="store_true", default=True, help="enable GET /slots (default)")
     p.add_argument("--no-slots", dest="slots", action="store_false", help="disable GET /slots")
     p.add_argument("--no-webui", "--no-ui", dest="no_webui", action="store_true", help="do not serve the chat page")
@@ -81,12 +98,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
     add_lora(p)
     p.add_argument("--lora-init-without-apply", action="store_true",
                    help="load the LoRA adapters at scale 0 (set scales later with POST /lora-adapters)")
+    add_agent_flags(p)  # --tools, --mcp-servers-*, --ui-mcp-proxy: off by default
     p.set_defaults(func=cmd_serve)
     return p
 
 
 def config_from_args(args):
-    from llamactx.server.app import ServerConfig
+    from llamactx.server.config import ServerConfig
 
     keys = list(args.api_key)
     if args.api_key_file:
@@ -120,20 +138,20 @@ def config_from_args(args):
     gcp = os.environ.get("AIP_MODE", "") == "PREDICTION"  # Vertex AI (llama-server's GCP compat)
     if gcp and os.environ.get("AIP_HTTP_PORT"):
         args.port = int(os.environ["AIP_HTTP_PORT"])
-    return ServerConfig(model=args.model, alias=args.alias, chat_template=template,
+    lora = tuple((path, 0.0 if args.lora_init_without_apply else scale) for path, scale in args.lora)
+    runtime = runtime_params(args, n_slots=n_slots, kv_unified=kv_unified, chat_template=template,
+                             pooling=args.pooling, lora=lora, embd_n_ctx=None)
+    return ServerConfig(runtime=runtime, alias=args.alias, tags=tags, request_defaults=request_defaults(args),
                         gcp_predict_route=os.environ.get("AIP_PREDICT_ROUTE") or "/predict" if gcp else None,
                         gcp_health_route=os.environ.get("AIP_HEALTH_ROUTE") or None if gcp else None,
-                        tags=tags, pooling=args.pooling,
-                        n_ctx=args.ctx_size, n_slots=n_slots, kv_unified=kv_unified,
-                        flash_attn=args.flash_attn, sampling=request_defaults(args),
-                        n_batch=args.batch_size, n_ubatch=args.ubatch_size, n_threads=args.threads,
-                        n_threads_batch=args.threads_batch, type_k=args.cache_type_k, type_v=args.cache_type_v,
                         api_keys=keys, cors_origins=origins, metrics=args.metrics, slots=args.slots,
-                        webui=not args.no_webui, context_shift=args.context_shift, swa_full=args.swa_full,
+                        webui=not args.no_webui, context_shift=args.context_shift,
                         slot_save_path=args.slot_save_path, timeout=args.timeout, max_queue=args.max_queue,
                         read_timeout=args.read_timeout, max_connections=args.max_connections,
-                        embd_max_inputs=args.embd_max_inputs,
-                        lora=[(path, 0.0 if args.lora_init_without_apply else scale) for path, scale in args.lora])
+                        embd_max_inputs=args.embd_max_inputs, reranking=args.reranking,
+                        sleep_idle_seconds=args.sleep_idle_seconds, cache_ram=args.cache_ram,
+                        cache_idle_slots=args.cache_idle_slots,
+                        agent=agent_config_from_args(args))
 
 
 def request_defaults(args) -> dict:
@@ -172,7 +190,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="llamactx: %(message)s")
     sockets = [_bind(h, args.port) for h in hosts]
     app = create_app(config)
-    print(f"llamactx serve: loading {config.model or 'smollm2'}; the chat page will be at {config.url}",
+    print(f"llamactx serve: loading {config.runtime.model or 'smollm2'}; the chat page will be at {config.url}",
           file=sys.stderr, flush=True)
     uvicorn.Server(uvicorn_config(app, config.read_timeout, config.max_connections, host=hosts[0],
                                   port=args.port)).run(sockets=sockets)

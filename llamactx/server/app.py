@@ -1,7 +1,7 @@
 """The HTTP layer: routes, authentication, CORS, body limits and errors in llama-server's format (tools/server:
 server.cpp routes, server-http.cpp middlewares, server-common.cpp `format_error_response`).
 
-    app = create_app(ServerConfig(model="smollm2", n_slots=4))   # a Starlette app; `llamactx serve` runs it
+    app = create_app(ServerConfig.of(model="smollm2", n_slots=4))   # a Starlette app; `llamactx serve` runs it
 
 The model loads in the background at start-up: /health answers 503 "Loading model" until it is ready. Handlers
 never touch the Context: generation and anything else that needs it go through the engine thread (`worker.py`).
@@ -11,13 +11,9 @@ Bad input is a 4xx with {"error": {"code", "message", "type"}}, never a 500.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import math
 import threading
-import time
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,161 +29,36 @@ from starlette.staticfiles import StaticFiles
 from llamactx import tool_calls
 from llamactx.api import anthropic, infill, oai_responses
 from llamactx.api import protocol as P
+from llamactx.api import rerank as rerank_api
 from llamactx.api.responses import ChatRenderer, NativeRenderer, Renderer
 from llamactx.errors import LlamactxError
+from llamactx.server import slots
 from llamactx.server.completions import DISCONNECT_POLL_S, serve
+from llamactx.server.config import ServerConfig, ServerState
+from llamactx.server.gcp import predict_route
+from llamactx.server.http import return_large_buffers
+from llamactx.server.lifecycle import HoldModel
+from llamactx.server.metrics import CONTENT_TYPE as METRICS_TYPE
+from llamactx.server.metrics import Snapshot
 from llamactx.server.middleware import CanonicalHeaders, Cors, Guard
+from llamactx.server.prompts import (
+    completion_prompts,
+    content_text,
+    embedding_tokens,
+    fit_prompt,
+    prompt_tokens,
+    render_chat,
+    rerank_prompts,
+)
+from llamactx.server.streams import stream_routes
+from llamactx.server.tools.toolbox import agent_routes
 from llamactx.server.worker import Job
 
 log = logging.getLogger("llamactx.server")
 STATIC = Path(__file__).parent / "static"
 
 
-@dataclass
-class ServerConfig:
-    """What `llamactx serve` was asked for (llama-server's flag names in comments)."""
-
-    model: str | None = None  # -m: GGUF path or embedded name
-    alias: str | None = None  # -a
-    tags: list[str] = field(default_factory=list)  # --tags: shown by /v1/models
-    chat_template: str | None = None  # --chat-template NAME|JINJA, --chat-template-file: instead of the model's
-    pooling: str = "mean"  # --pooling: the embeddings' pooling
-    n_ctx: int = 4096  # -c: the whole KV pool, shared by the slots
-    n_slots: int = 4  # -np
-    kv_unified: bool = True  # -kvu: a slot may use the whole -c; off: each slot gets -c / -np (llama-server's -np N)
-    n_batch: int = 2048  # -b
-    n_ubatch: int = 512  # -ub
-    n_threads: int = 2  # -t
-    n_threads_batch: int = 0  # -tb (0: = -t)
-    type_k: str = "f16"  # -ctk
-    type_v: str = "f16"  # -ctv
-    flash_attn: str = "auto"  # -fa on|off|auto
-    sampling: dict[str, Any] = field(default_factory=dict)  # --temp, --seed, -n ...: request fields' defaults
-    api_keys: list[str] = field(default_factory=list)  # --api-key / --api-key-file
-    # --cors-origins: the browser origins answered with CORS headers: "localhost" (any port of localhost,
-    # 127.0.0.1, [::1]; the default), "*" (any, llama-server's default), or exact origins
-    cors_origins: list[str] = field(default_factory=lambda: ["localhost"])
-    metrics: bool = False  # --metrics
-    slots: bool = True  # --slots / --no-slots
-    webui: bool = True  # --no-webui
-    context_shift: bool = False  # --context-shift
-    swa_full: bool = False  # --swa-full
-    slot_save_path: str | None = None  # --slot-save-path
-    timeout: float = 600.0  # --timeout: a request's deadline in seconds
-    max_queue: int = 64  # --max-queue: requests waiting beyond the slots
-    max_body_bytes: int = 8 << 20
-    read_timeout: float = 30.0  # --read-timeout: a request's headers and body must arrive within it (server/http.py)
-    max_connections: int = 256  # --max-connections: open connections past it are answered 503
-    embd_max_inputs: int = 8192  # --embd-max-inputs: inputs per embeddings request
-    # Vertex AI's prediction protocol (llama-server's GCP compat, on when AIP_MODE=PREDICTION): the route of
-    # POST {"instances": [...]} and an extra health route
-    gcp_predict_route: str | None = None
-    gcp_health_route: str | None = None
-    lora: list[tuple[str, float]] = field(default_factory=list)  # --lora / --lora-scaled: (path, scale)
-    url: str = ""  # where it listens, for the start-up message
-
-
-class ServerState:
-    """The model, engine and worker once loaded; what every handler reads."""
-
-    def __init__(self, config: ServerConfig):
-        self.config = config
-        self.ready = threading.Event()
-        self.load_error: str | None = None
-        self.model = self.engine = self.worker = self.template = None
-        self.embedder = None
-        self.loras: list = []  # the LoraAdapters of --lora / --lora-scaled; their index is the API's id
-        self.lora_scales: list[float] = []  # the scales every request gets (POST /lora-adapters)
-        # -a may list several names (comma-separated): the API's id is the first in sorted order (llama-server's
-        # std::set), and /v1/models lists them all
-        self.aliases = sorted({a.strip() for a in (config.alias or "").split(",") if a.strip()})
-        self.alias = self.aliases[0] if self.aliases else "llamactx"
-        self.t_start = time.time()
-
-    def load(self) -> None:
-        from llamactx.chat_template import ChatTemplate
-        from llamactx.embedded import resolve_model_path
-        from llamactx.embedding import Embedder
-        from llamactx.engine import Engine
-        from llamactx.lora import load_adapters
-        from llamactx.model import Model
-        from llamactx.server.worker import EngineWorker
-
-        c = self.config
-        try:
-            path = resolve_model_path(c.model)
-            self.model = Model.load(path)
-            self.alias = self.aliases[0] if self.aliases else Path(path).name
-            lora = load_adapters(self.model, c.lora)
-            self.loras, self.lora_scales = [a for a, _ in lora], [s for _, s in lora]
-            self.engine = Engine(self.model, n_slots=c.n_slots, n_ctx=c.n_ctx, n_batch=c.n_batch, lora=lora,
-                                 n_ubatch=c.n_ubatch, n_threads=c.n_threads,
-                                 n_threads_batch=c.n_threads_batch or c.n_threads, type_k=c.type_k, type_v=c.type_v,
-                                 swa_full=c.swa_full, flash_attn=c.flash_attn, kv_unified=c.kv_unified)
-            self.template = ChatTemplate.from_model(self.model, name=self.alias, source=c.chat_template)
-            if self.template.is_fallback and not c.chat_template:
-                log.info(self.template.message)
-            # an embedding input is at most one ubatch (llama-server's limit), so one slice of embedding work
-            # between two generation steps is at most one ubatch's decode
-            self.embedder = Embedder(self.model, n_ctx=min(c.n_ctx, c.n_ubatch), lora=lora,
-                                     pooling="mean" if c.pooling == "none" else c.pooling,
-                                     n_threads=c.n_threads, n_threads_batch=c.n_threads_batch or c.n_threads,
-                                     flash_attn=c.flash_attn)
-            self.engine.warmup()
-            self.embedder.embed([[0]])  # its context and kernels too, so a first embeddings request stalls nobody
-            self.worker = EngineWorker(self.engine, c.n_slots + c.max_queue, c.timeout)
-            self.worker.start()
-            self.ready.set()
-            log.info("ready: %s on %d slots sharing %d KV cells%s", self.alias, c.n_slots, c.n_ctx,
-                     f"; chat page and API at {c.url}" if c.url else "")
-        except Exception as e:  # reported by /health and every endpoint; the process stays up
-            self.load_error = f"{type(e).__name__}: {e}"
-            log.error("could not load the model: %s", self.load_error)
-
-    def check_ready(self) -> None:
-        if self.load_error:
-            raise P.ProtocolError(f"the model could not be loaded: {self.load_error}", 503, "unavailable_error")
-        if not self.ready.is_set():
-            raise P.ProtocolError("Loading model", 503, "unavailable_error", headers={"Retry-After": "1"})
-
-    def n_ctx_slot(self) -> int:
-        return self.engine.n_ctx_slot
-
-    def lora_scales_from(self, entries, field: str) -> list[float]:
-        """llama-server's parse_lora_request + construct_lora_list: [{"id", "scale"}, ...] -> a scale for every
-        adapter, 0 for those not listed. ProtocolError (400) for an unknown id or a scale that is not a number."""
-        if not isinstance(entries, list):
-            raise P.ProtocolError(f"{field} must be an array of objects with 'id' and 'scale' fields")
-        scales = [0.0] * len(self.loras)
-        for i, entry in enumerate(entries):
-            lora_id = entry.get("id") if isinstance(entry, dict) else None
-            scale = entry.get("scale", 0.0) if isinstance(entry, dict) else None
-            if not isinstance(lora_id, int) or isinstance(lora_id, bool) or not 0 <= lora_id < len(self.loras):
-                raise P.ProtocolError(f"{field}[{i}].id = {lora_id!r} is not an adapter id in [0, "
-                                      f"{len(self.loras)})")
-            if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not math.isfinite(scale):
-                raise P.ProtocolError(f"{field}[{i}].scale = {scale!r} is not a finite number")
-            scales[lora_id] = float(scale)
-        return scales
-
-    def set_lora_scales(self, engine, scales: list[float]) -> None:
-        """On the engine thread: every following step (and embedding) uses these scales."""
-        pairs = list(zip(self.loras, scales, strict=True))
-        engine.set_adapters_lora(pairs)
-        self.embedder.lora = tuple((a, s) for a, s in pairs if s != 0.0)
-        self.lora_scales = scales
-
-    def check_request_lora(self, body: dict) -> None:
-        """A request's own "lora" field: accepted when it asks for the scales in effect; per-request scales
-        are not supported (one context serves every slot), so a different set is a 400."""
-        if "lora" in body and self.lora_scales_from(body["lora"], "lora") != self.lora_scales:
-            raise P.ProtocolError("lora: per-request adapter scales are not supported by this server; set them "
-                                  "for every request with POST /lora-adapters")
-
-
 def create_app(config: ServerConfig, load_in_background: bool = True) -> Starlette:
-    from llamactx.server.http import return_large_buffers
-
     return_large_buffers()
     state = ServerState(config)
 
@@ -197,12 +68,17 @@ def create_app(config: ServerConfig, load_in_background: bool = True) -> Starlet
         loader.start()
         if not load_in_background:
             await asyncio.to_thread(loader.join)
+        await state.toolbox.start()
         yield
+        await state.toolbox.stop()
+        state.lifecycle.stop()
+        state.streams.close()
         if state.worker is not None:
             await asyncio.to_thread(state.worker.stop)
 
     routes = _routes(state)
-    middleware = [Middleware(CanonicalHeaders), Middleware(Guard, config=config)]
+    middleware = [Middleware(CanonicalHeaders), Middleware(Guard, config=config),
+                  Middleware(HoldModel, lifecycle=state.lifecycle, free=_free_routes(config))]
     if config.cors_origins:
         middleware.insert(1, Middleware(Cors, origins=config.cors_origins))
     handlers = {HTTPException: _http_error, LlamactxError: _user_error, ClientDisconnect: _client_gone,
@@ -210,6 +86,14 @@ def create_app(config: ServerConfig, load_in_background: bool = True) -> Starlet
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan, exception_handlers=handlers)
     app.state.llamactx = state
     return app
+
+
+def _free_routes(config: ServerConfig) -> tuple[str, ...]:
+    """The routes that never wake a sleeping server (llama-server's bypass_sleep ones, and those that need no
+    model: the web page, the agent tools, the resumable streams' buffers)."""
+    free = ("/health", "/v1/health", "/props", "/models", "/v1/models", "/metrics", "/", "/static/", "/tools",
+            "/cors-proxy", "/v1/stream", "/v1/streams/lookup")
+    return free + ((config.gcp_health_route,) if config.gcp_health_route else ())
 
 
 # -- errors ------------------------------------------------------------------------------------------------------
@@ -259,23 +143,42 @@ def _routes(state: ServerState) -> list:
         state.check_ready()
         return JSONResponse({"status": "ok"})
 
-    async def models(request):
-        state.check_ready()
+    def models_body() -> dict:
         meta = {"n_vocab": state.model.hparams.n_vocab, "n_ctx_train": state.model.hparams.n_ctx_train,
                 "n_embd": state.model.hparams.n_embd, "n_params": state.model.n_params, "size": state.model.size}
         data = [{"id": state.alias, "aliases": state.aliases or [state.alias], "tags": cfg.tags,
                  "object": "model", "created": int(state.t_start), "owned_by": "llamactx",
                  "meta": meta}]
-        return JSONResponse({"object": "list", "data": data})
+        return {"object": "list", "data": data}
+
+    def props_body(is_sleeping: bool) -> dict:
+        return {
+            "default_generation_settings": {"n_ctx": state.n_ctx_slot(), "params": _default_params(cfg)},
+            "total_slots": cfg.runtime.n_slots, "model_path": str(state.model.path), "model_alias": state.alias,
+            "chat_template": state.template.source, "modalities": {"vision": False, "audio": False},
+            "build_info": "llamactx", "webui": cfg.webui, "is_sleeping": is_sleeping,
+        }
+
+    # what the read-only routes answer while the model sleeps (llama-server's update_cached_responses)
+    asleep: dict[str, Any] = {}
+
+    def cache_responses(is_sleeping: bool) -> None:
+        if is_sleeping:
+            asleep.update(models=models_body(), props=props_body(True), metrics=Snapshot.of(state.engine))
+
+    state.lifecycle.on_sleeping_state(cache_responses)
+
+    def cached(name: str):
+        """The response cached on entering sleep, or None when awake."""
+        return asleep.get(name) if state.lifecycle.is_sleeping else None
+
+    async def models(request):
+        state.check_ready()
+        return JSONResponse(cached("models") or models_body())
 
     async def props(request):
         state.check_ready()
-        return JSONResponse({
-            "default_generation_settings": {"n_ctx": state.n_ctx_slot(), "params": _default_params(cfg)},
-            "total_slots": cfg.n_slots, "model_path": str(state.model.path), "model_alias": state.alias,
-            "chat_template": state.template.source, "modalities": {"vision": False, "audio": False},
-            "build_info": "llamactx", "webui": cfg.webui,
-        })
+        return JSONResponse(cached("props") or props_body(False))
 
     async def completions_oai(request):
         return await _completion(request, Renderer)
@@ -289,14 +192,14 @@ def _routes(state: ServerState) -> list:
         infill.check_supported(state.model.vocab)
         prefix, suffix, extra, prompt = infill.parse(body)
         rest = {k: v for k, v in body.items() if k not in ("input_prefix", "input_suffix", "input_extra", "prompt")}
-        n_predict = next((v for v in (rest.get("n_predict"), rest.get("max_tokens"), cfg.sampling.get("n_predict"))
-                          if isinstance(v, int) and not isinstance(v, bool)), -1)
+        given = (rest.get("n_predict"), rest.get("max_tokens"), cfg.request_defaults.get("n_predict"))
+        n_predict = next((v for v in given if isinstance(v, int) and not isinstance(v, bool)), -1)
 
         def tokens() -> list[int]:
             vocab = state.model.vocab
-            prompt_tokens = vocab.tokenize(prompt, add_special=False, parse_special=True)
-            return infill.format_infill(vocab, prefix, suffix, extra, cfg.n_batch, n_predict, state.n_ctx_slot(),
-                                        prompt_tokens)
+            prompt_ids = vocab.tokenize(prompt, add_special=False, parse_special=True)
+            return infill.format_infill(vocab, prefix, suffix, extra, cfg.runtime.n_batch, n_predict,
+                                        state.n_ctx_slot(), prompt_ids)
 
         return await _completion(request, NativeRenderer, {**rest, "prompt": await asyncio.to_thread(tokens)})
 
@@ -304,7 +207,7 @@ def _routes(state: ServerState) -> list:
         state.check_ready()
         body = await _json(request) if body is None else body
         state.check_request_lora(body)
-        req = P.validate(P.CompletionRequest, {**cfg.sampling, **body})
+        req = P.validate(P.CompletionRequest, {**cfg.request_defaults, **body})
         if req.n > 1 and renderer_cls is NativeRenderer:
             raise P.ProtocolError(f"n: /completion returns one completion (got n = {req.n}); "
                                   "/v1/completions returns n choices")
@@ -313,7 +216,7 @@ def _routes(state: ServerState) -> list:
         if req.post_sampling_probs and renderer_cls is not NativeRenderer:
             raise P.ProtocolError("post_sampling_probs: only /completion reports probabilities after the sampler "
                                   "chain; here logprobs are the model's own")
-        prompts, text = await asyncio.to_thread(_prompts, state, req.prompt, req.n_keep)
+        prompts, text = await asyncio.to_thread(completion_prompts, state, req.prompt, req.n_keep)
         n_probs = req.logprobs if req.logprobs is not None else (req.n_probs or -1)
         gen = P.GenerationRequest.from_fields(req, state.model.vocab, n_probs, cfg.context_shift)
         extra = {"response_fields": req.response_fields} if renderer_cls is NativeRenderer else {}
@@ -338,16 +241,16 @@ def _routes(state: ServerState) -> list:
         chat = oai_responses.to_chat(body) if path.endswith("/responses/input_tokens") else body \
             if path.endswith("/input_tokens") else anthropic.count_tokens_body(body)
         req = P.validate(P.ChatCompletionRequest, chat)
-        prompt_text, _ = await asyncio.to_thread(_render_chat, state, req)
-        tokens = await asyncio.to_thread(_prompt_tokens, state, prompt_text, True)
+        prompt_text, _ = await asyncio.to_thread(render_chat, state, req)
+        tokens = await asyncio.to_thread(prompt_tokens, state, prompt_text, True)
         return JSONResponse({"input_tokens": len(tokens)})
 
     async def _chat(request, body: dict, renderer_cls):
         state.check_request_lora(body)
-        req = P.validate(P.ChatCompletionRequest, {**cfg.sampling, **body})
-        prompt_text, fns = await asyncio.to_thread(_render_chat, state, req)
-        tokens = await asyncio.to_thread(_prompt_tokens, state, prompt_text, True)
-        tokens = _fit_prompt(state, tokens, req.n_keep)
+        req = P.validate(P.ChatCompletionRequest, {**cfg.request_defaults, **body})
+        prompt_text, fns = await asyncio.to_thread(render_chat, state, req)
+        tokens = await asyncio.to_thread(prompt_tokens, state, prompt_text, True)
+        tokens = fit_prompt(state, tokens, req.n_keep)
         n_probs = (req.top_logprobs or 0) if req.logprobs else -1
         gen = P.GenerationRequest.from_fields(req, state.model.vocab, n_probs, cfg.context_shift)
         required = tool_calls.required_function(req.tool_choice, fns)
@@ -363,18 +266,18 @@ def _routes(state: ServerState) -> list:
 
     async def embeddings(request):
         state.check_ready()
-        if cfg.pooling == "none":
+        if cfg.runtime.pooling == "none":
             raise P.ProtocolError("Pooling type 'none' is not OAI compatible: token-level embeddings are not served "
                                   "here; start the server with --pooling mean, last or cls")
         req = P.validate(P.EmbeddingRequest, await _json(request))
         inputs = req.input if isinstance(req.input, list) else [req.input]
         if inputs and isinstance(inputs[0], int):
             inputs = [inputs]
-        inputs = [_content_text(x, f"input[{i}]") if isinstance(x, dict) else x for i, x in enumerate(inputs)]
+        inputs = [content_text(x, f"input[{i}]") if isinstance(x, dict) else x for i, x in enumerate(inputs)]
         if len(inputs) > cfg.embd_max_inputs:
             raise P.ProtocolError(f"input holds {len(inputs)} inputs, more than --embd-max-inputs = "
                                   f"{cfg.embd_max_inputs}")
-        token_lists = await asyncio.to_thread(_embedding_tokens, state, inputs)
+        token_lists = await asyncio.to_thread(embedding_tokens, state, inputs)
         state.embedder.check(token_lists)
         job = state.worker.run(Job(lambda _engine: state.embedder.steps(token_lists)))
         vecs = await _wait_job(request, job)
@@ -386,10 +289,19 @@ def _routes(state: ServerState) -> list:
                              "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}})
 
     async def rerank(request):
+        """llama-server's post_rerank: each (query, document) pair is scored by the reranker (pooling rank: the
+        last token's hidden state, element 0, for a model without a classifier head) on the engine thread."""
         state.check_ready()
-        P.validate(P.RerankRequest, await _json(request))  # a malformed request is named first, as llama-server
-        raise P.ProtocolError(f"rerank: {state.alias} has no rank (classifier) head; reranking needs a reranker "
-                              "model (a cls / cls_out output layer)", 400)
+        if state.reranker is None:
+            raise P.ProtocolError("This server does not support reranking. Start it with `--reranking`", 501,
+                                  "not_supported_error")
+        req = rerank_api.parse(await _json(request), cfg.embd_max_inputs)
+        prompts = await asyncio.to_thread(rerank_prompts, state, req)
+        job = state.worker.run(Job(lambda _engine: state.reranker.steps(prompts)))
+        scores = await _wait_job(request, job)
+        if scores is None:
+            return Response(status_code=499)
+        return JSONResponse(rerank_api.format_response(req, state.alias, scores[:, 0], [len(p) for p in prompts]))
 
     async def tokenize(request):
         state.check_ready()
@@ -419,14 +331,10 @@ def _routes(state: ServerState) -> list:
         if not cfg.slots:
             raise P.ProtocolError("This server does not support slots endpoint. Start it with `--slots`", 501,
                                   "not_supported_error")
-        from llamactx.server.slots import slots_info
-
-        return JSONResponse(await asyncio.wrap_future(state.worker.call(slots_info)))
+        return JSONResponse(await asyncio.wrap_future(state.worker.call(slots.slots_info)))
 
     async def slots_post(request):
         state.check_ready()
-        from llamactx.server import slots
-
         if not cfg.slot_save_path:
             raise P.ProtocolError("This server does not support slot actions. Start it with `--slot-save-path`",
                                   501, "not_supported_error")
@@ -470,48 +378,14 @@ def _routes(state: ServerState) -> list:
         if not cfg.metrics:
             raise P.ProtocolError("This server does not support metrics endpoint. Start it with `--metrics`", 501,
                                   "not_supported_error")
-        from llamactx.server.metrics import CONTENT_TYPE, render
-
-        return Response(render(state), media_type=CONTENT_TYPE,
+        snap = cached("metrics") or Snapshot.of(state.engine)
+        return Response(state.metrics.render(snap), media_type=METRICS_TYPE,
                         headers={"Process-Start-Time-Unix": str(int(state.t_start))})
-
-    async def cors_proxy(request):
-        raise P.ProtocolError("the web UI's CORS proxy is not available on this server", 403, "permission_error")
 
     async def index(request):
         if not cfg.webui:
             raise HTTPException(404)
         return FileResponse(STATIC / "index.html")
-
-    async def predict(request):
-        """Vertex AI's {"instances": [...]}: each instance is a request to the route its @requestFormat names
-        (a path, or its camelCase alias: "chatCompletions"), run through this app, never streamed."""
-        body = await _json(request)
-        instances = body.get("instances")
-        if not isinstance(instances, list):
-            raise P.ProtocolError("request body must include an array field named instances")
-        if len(instances) > GCP_MAX_INSTANCES:
-            raise P.ProtocolError(f"instances array exceeds maximum size of {GCP_MAX_INSTANCES}")
-        auth = [(k.encode(), v.encode()) for k, v in request.headers.items() if k in ("authorization", "x-api-key")]
-        targets = {_gcp_format(r.path): r.path for r in routes if isinstance(r, Route) and "POST" in (r.methods or ())}
-
-        async def one(instance) -> Any:
-            if not isinstance(instance, dict) or not isinstance(instance.get("@requestFormat"), str):
-                return P.ProtocolError("each instance must include a string @requestFormat").body()
-            payload = {k: v for k, v in instance.items() if k != "@requestFormat"}
-            payload["stream"] = False
-            fmt = instance["@requestFormat"]
-            path = targets.get(fmt) or (fmt if fmt in targets.values() else None)
-            if path is None:
-                return P.ProtocolError(f"no handler registered for @requestFormat: {fmt}").body()
-            raw = await _asgi_post(request.app, path, json.dumps(payload).encode(), auth)
-            try:
-                return json.loads(raw)
-            except ValueError:
-                return raw.decode("utf-8", "replace")
-
-        predictions = await asyncio.gather(*(one(i) for i in instances))
-        return JSONResponse({"predictions": predictions})
 
     routes = [
         Route("/health", health), Route("/v1/health", health),
@@ -536,133 +410,26 @@ def _routes(state: ServerState) -> list:
         Route("/slots", slots_get), Route("/slots/{id_slot}", slots_post, methods=["POST"]),
         Route("/lora-adapters", lora_adapters_get),
         Route("/lora-adapters", lora_adapters_post, methods=["POST"]),
-        Route("/metrics", metrics), Route("/", index), Route("/cors-proxy", cors_proxy, methods=["GET", "POST"]),
+        Route("/metrics", metrics), Route("/", index), *agent_routes(state.toolbox),
+        *stream_routes(state.streams),
     ]
     if cfg.webui:
         routes.append(Mount("/static", StaticFiles(directory=STATIC), name="static"))
     if cfg.gcp_predict_route:
-        routes.append(Route(cfg.gcp_predict_route, predict, methods=["POST"]))
+        routes.append(Route(cfg.gcp_predict_route, predict_route(routes), methods=["POST"]))
     if cfg.gcp_health_route:
         routes.append(Route(cfg.gcp_health_route, health))
     return routes
 
 
-GCP_MAX_INSTANCES = 128
-
-
-async def _asgi_post(app, path: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> bytes:
-    """POST `body` (JSON) to `path` of this ASGI app in-process, through its middlewares; the response body."""
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "", "client": None,
-             "server": None, "headers": [(b"content-type", b"application/json"),
-                                         (b"content-length", str(len(body)).encode()), *headers]}
-    sent, chunks = False, []
-
-    async def receive():
-        nonlocal sent
-        if sent:  # the body was read; the caller waits for the answer, never leaves
-            await asyncio.Event().wait()
-        sent = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    async def send(message):
-        if message["type"] == "http.response.body":
-            chunks.append(message.get("body", b""))
-
-    await app(scope, receive, send)
-    return b"".join(chunks)
-
-
-def _gcp_format(path: str) -> str:
-    """llama-server's path_to_gcp_format: "/v1/chat/completions" -> "chatCompletions"."""
-    s = path[3:] if path.startswith("/v1") and len(path) > 3 else path
-    out, cap = [], False
-    for ch in s.lstrip("/"):
-        if ch in "/-_":
-            cap = True
-        elif ch in ":{":
-            break
-        else:
-            out.append(ch.upper() if cap else ch)
-            cap = False
-    return "".join(out)
-
-
-def _prompts(state: ServerState, prompt, n_keep: int) -> tuple[list[list[int]], str]:
-    """A completion prompt as token lists (one per prompt) and the text of the first (for echo)."""
-    vocab = state.model.vocab
-    if isinstance(prompt, (str, dict)):
-        items: list = [prompt]
-    elif any(isinstance(p, int) for p in prompt):  # token ids, maybe mixed with texts: one prompt
-        if not all(isinstance(p, (int, str)) for p in prompt):
-            raise P.ProtocolError("prompt: a list of token ids may hold texts, not nested lists or objects")
-        if all(isinstance(p, int) for p in prompt):
-            items = [prompt]
-        else:
-            items = [[t for j, p in enumerate(prompt) for t in (
-                [p] if isinstance(p, int) else _prompt_tokens(state, p, True, add_special=j == 0))]]
-    else:
-        items = list(prompt)
-    out = []
-    for i, p in enumerate(items):
-        if isinstance(p, dict):  # llama-server's multimodal prompt object: its text, and no media
-            if p.get("multimodal_data"):
-                raise P.ProtocolError(f"prompt[{i}].multimodal_data: this server has no multimodal projector")
-            p = p.get("prompt_string")
-            if not isinstance(p, str):
-                raise P.ProtocolError(f"prompt[{i}].prompt_string must be a string")
-            items[i] = p
-        if isinstance(p, str):
-            tokens = _prompt_tokens(state, p, True)
-        else:
-            tokens = P.check_tokens(p, vocab.n_tokens, f"prompt[{i}]" if len(items) > 1 else "prompt")
-        if not tokens:
-            raise P.ProtocolError(f"prompt[{i}] is empty")
-        out.append(_fit_prompt(state, tokens, n_keep))
-    if len(out) > P.MAX_N:
-        raise P.ProtocolError(f"prompt: at most {P.MAX_N} prompts per request")
-    first = items[0]
-    return out, first if isinstance(first, str) else vocab.detokenize(out[0])
-
-
 def _default_params(cfg: ServerConfig) -> dict:
     """A request's sampling fields when it gives none: the defaults, then the server's sampling flags (/props'
     default_generation_settings.params)."""
-    req = P.validate(P.CompletionRequest, {"prompt": "x", **cfg.sampling})
+    req = P.validate(P.CompletionRequest, {"prompt": "x", **cfg.request_defaults})
     params = req.model_dump(exclude={"prompt", "model", "echo", "suffix", "logprobs", "stream_options",
                                      "response_format", "n"})
     params["seed"] = 0xFFFFFFFF if req.seed is None or req.seed == -1 else req.seed  # LLAMA_DEFAULT_SEED: random
     return params
-
-
-def _content_text(obj: dict, field: str) -> str:
-    """The text of llama-server's {"content": [{"type": "text", "text": ...}, ...]} input (no media here)."""
-    blocks = obj.get("content")
-    if not isinstance(blocks, list) or not blocks:
-        raise P.ProtocolError(f"{field}.content must be a non-empty list of content parts")
-    parts = []
-    for j, b in enumerate(blocks):
-        kind = b.get("type") if isinstance(b, dict) else None
-        if kind != "text" or not isinstance(b.get("text"), str):
-            what = "media input is not supported (no multimodal projector)" if kind in (
-                "image_url", "input_audio", "input_video") else f"type {kind!r} is not 'text'"
-            raise P.ProtocolError(f"{field}.content[{j}]: {what}")
-        parts.append(b["text"])
-    return "".join(parts)
-
-
-def _embedding_tokens(state: ServerState, inputs: list) -> list[list[int]]:
-    vocab = state.model.vocab
-    return [P.check_tokens(x, vocab.n_tokens, f"input[{i}]") if isinstance(x, list)
-            else _embedding_input(state, x, i) for i, x in enumerate(inputs)]
-
-
-def _embedding_input(state: ServerState, text: str, i: int) -> list[int]:
-    n_min, n_ctx = state.model.vocab.min_tokens(text), state.embedder.n_ctx
-    if n_min > n_ctx:  # refused from its length, before tokenizing (see Vocab.min_tokens)
-        raise P.ProtocolError(f"input[{i}] has at least {n_min} tokens, more than the embedding context's "
-                              f"n_ctx = {n_ctx}")
-    return state.model.vocab.tokenize(text, add_special=True, parse_special=False)
 
 
 async def _wait_job(http: HttpRequest, job):
@@ -675,57 +442,6 @@ async def _wait_job(http: HttpRequest, job):
         if await http.is_disconnected():
             job.cancel()
             return None
-
-
-def _render_chat(state: ServerState, req: P.ChatCompletionRequest) -> tuple[str, list[dict]]:
-    """The chat prompt, with the tools in it (unless tool_choice is "none"), and the tools' functions.
-
-    A final assistant message is continued, not closed (llama-server's prefill_assistant, or vLLM's explicit
-    continue_final_message): the prompt is the conversation before it with the generation prompt, then its
-    text. Two assistant messages at the end, or continue_final_message with add_generation_prompt, are a 400."""
-    if req.continue_final_message and req.add_generation_prompt:
-        raise P.ProtocolError("continue_final_message and add_generation_prompt cannot both be true")
-    fns = tool_calls.functions(req.tools) if req.tool_choice != "none" else []
-    messages, pass_tools = tool_calls.prepare(state.template.source, req.messages, fns)
-    tools = req.tools if pass_tools else None
-    last = messages[-1] if messages else {}
-    if last.get("role") == "assistant" and isinstance(last.get("content"), str) and not last.get("tool_calls"):
-        if len(messages) > 1 and messages[-2].get("role") == "assistant":
-            raise P.ProtocolError("messages: two assistant messages at the end; the last one is continued, so the "
-                                  "one before it must be another role's")
-        if len(messages) > 1:
-            head = state.template.render(messages[:-1], True, tools, req.chat_template_kwargs)
-            return head + last["content"], fns
-    add = True if req.add_generation_prompt is None else req.add_generation_prompt
-    return state.template.render(messages, add, tools, req.chat_template_kwargs), fns
-
-
-def _prompt_tokens(state: ServerState, text: str, parse_special: bool, add_special: bool = True) -> list[int]:
-    """A prompt's tokens. Without --context-shift a text too long for a slot is refused from its length alone,
-    before it is tokenized (a client's huge input costs no tokenizer time or cache memory: Vocab.min_tokens)."""
-    vocab = state.model.vocab
-    n_min, n_ctx = vocab.min_tokens(text), state.n_ctx_slot()
-    if n_min >= n_ctx and not state.config.context_shift:
-        raise _exceeds_context(n_min, n_ctx, at_least=True)
-    return vocab.tokenize(text, add_special=add_special, parse_special=parse_special)
-
-
-def _exceeds_context(n_tokens: int, n_ctx: int, at_least: bool = False) -> P.ProtocolError:
-    return P.ProtocolError(f"the request exceeds the available context size ({'at least ' * at_least}{n_tokens} "
-                           f"prompt tokens, n_ctx = {n_ctx}); try increasing it", 400, "exceed_context_size_error",
-                           n_prompt_tokens=n_tokens, n_ctx=n_ctx)
-
-
-def _fit_prompt(state: ServerState, tokens: list[int], n_keep: int) -> list[int]:
-    """A prompt that fills a slot's context is refused (exceed_context_size_error), or with --context-shift
-    truncated as llama-server does: the first n_keep tokens, then the last half of the context."""
-    n_ctx = state.n_ctx_slot()
-    if len(tokens) < n_ctx:
-        return tokens
-    if not state.config.context_shift:
-        raise _exceeds_context(len(tokens), n_ctx)
-    n_keep = max(0, min(n_keep, n_ctx // 2 - 1))
-    return tokens[:n_keep] + tokens[len(tokens) - (n_ctx // 2 - n_keep):]
 
 
 def _piece_json(piece: bytes):

@@ -22,6 +22,7 @@ from llamactx.api import protocol as P
 from llamactx.api.responses import Choice, Renderer
 from llamactx.engine import Chunk
 from llamactx.engine import Sequence as EngineSequence
+from llamactx.server.streams import resumable
 from llamactx.server.worker import QueueFull, Request
 
 DISCONNECT_POLL_S = 0.25
@@ -45,7 +46,7 @@ async def serve(state, http: HttpRequest, prompts: list[list[int]], gen: P.Gener
         for k in range(gen.n):
             index = p_index * gen.n + k
             grammar_k = grammar.clone() if grammar is not None else None
-            sampler = gen.chain(state.model, state.n_ctx_slot(), grammar_k, choice=k)
+            sampler = state.runtime.sampler(gen.sampling_for(k), grammar_k)
             req = Request(prompt, sampler, gen.limits, {"id_slot": gen.id_slot, "cache_prompt": gen.cache_prompt,
                                                         "n_probs": gen.n_probs,
                                                         "post_sampling_probs": gen.post_sampling_probs,
@@ -62,8 +63,9 @@ async def serve(state, http: HttpRequest, prompts: list[list[int]], gen: P.Gener
         for c in choices:
             state.worker.cancel(c.request)
         raise P.ProtocolError(str(e), 503, "unavailable_error", headers={"Retry-After": "1"}) from None
-    if gen.stream:
-        return StreamingResponse(_stream(state, choices, events, renderer, gen), media_type="text/event-stream",
+    if gen.stream:  # with X-Conversation-Id the stream outlives its client and can be read again (streams.py)
+        body = resumable(state.streams, http, _stream(state, choices, events, renderer, gen))
+        return StreamingResponse(body, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     return await _collect(state, http, choices, events, renderer)
 
@@ -71,7 +73,7 @@ async def serve(state, http: HttpRequest, prompts: list[list[int]], gen: P.Gener
 async def _grammar(state, gen: P.GenerationRequest):
     if gen.grammar is None:
         return None
-    return await asyncio.to_thread(gen.grammar_sampler, state.model.vocab)  # llguidance compiles off the loop
+    return await asyncio.to_thread(state.runtime.grammar, **gen.grammar_args())  # llguidance compiles off the loop
 
 
 async def _next(events: asyncio.Queue, choices: list[LiveChoice]) -> tuple[LiveChoice, list[Chunk]]:

@@ -97,8 +97,9 @@ class QueueFull(LlamactxError, RuntimeError):
 class EngineWorker:
     """Runs `engine` in a daemon thread. `max_in_flight` bounds submitted, unfinished requests."""
 
-    def __init__(self, engine: Engine, max_in_flight: int, timeout: float = 0.0):
+    def __init__(self, engine: Engine, max_in_flight: int, timeout: float = 0.0, prompt_cache=None):
         self.engine = engine
+        self.prompt_cache = prompt_cache  # --cache-ram: the server chooses slots and keeps prompts in RAM
         self.max_in_flight = max_in_flight
         self.timeout = timeout
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
@@ -142,6 +143,11 @@ class EngineWorker:
         return fut
 
     @property
+    def busy(self) -> bool:
+        """Requests in flight or jobs queued: the engine has work, whoever waits for it."""
+        return self._in_flight > 0 or bool(self._jobs)
+
+    @property
     def n_jobs(self) -> int:
         """Jobs queued or running on the engine thread."""
         return len(self._jobs)
@@ -178,6 +184,8 @@ class EngineWorker:
             self._fail_all("internal error in the engine step")
             return
         self.t_last_step = time.monotonic()
+        if self.prompt_cache is not None:
+            self.prompt_cache.stepped()
         for out in outputs:
             self._deliver(out.seq, out.chunks)
 
@@ -222,6 +230,9 @@ class EngineWorker:
 
     def _add(self, req: Request) -> None:
         try:
+            if self.prompt_cache is not None and req.options.get("cache_prompt", True):
+                id_slot = req.options.get("id_slot", -1)
+                req.options["id_slot"] = self.prompt_cache.launch(self.engine, req.prompt, id_slot)
             req.seq = self.engine.add_request(req.prompt, req.sampler, req.limits, **req.options)
         except Exception as e:  # noqa: BLE001 - reported to the handler, which answers 400
             self._done()

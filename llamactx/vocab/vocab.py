@@ -71,6 +71,7 @@ class Vocab:
         self.eog_ids = frozenset(special.eog)
         self.special_cache = special.cache  # cache_special_tokens: text length (bytes) descending
         self.add_bos, self.add_eos = flags["add_bos"], flags["add_eos"]
+        self.add_sep = flags.get("add_sep", False)  # llama_vocab_get_add_sep: SEP between a rerank query and doc
         self.add_space_prefix, self.clean_spaces = flags["add_space_prefix"], flags["clean_spaces"]
         self.ignore_merges = flags["ignore_merges"]
         self._merges, self._regex_exprs = merges, regex_exprs
@@ -128,6 +129,9 @@ class Vocab:
         special = SpecialTokens.detect(meta, texts, token_to_id, attrs, model_type, pre_type)
         flags["add_bos"] = _bool(meta, _KEY + "add_bos_token", flags["add_bos"])
         flags["add_eos"] = _bool(meta, _KEY + "add_eos_token", flags["add_eos"])
+        # false for SPM and BPE vocabularies unless the file says otherwise (llama-vocab.cpp sets it for WPM and
+        # the jina / roberta BPE pre-tokenizers, none of which llamactx reads)
+        flags["add_sep"] = _bool(meta, _KEY + "add_sep_token", False)
         score_list = [0.0] * n if scores is None else np.asarray(scores[:n], dtype=np.float64).tolist()
         return cls(
             model_type,

@@ -98,9 +98,9 @@ def test_serve_takes_the_context_and_sampling_flags_llama_server_takes():
                                       "--dynatemp-range", "0.3", "--repeat-last-n", "32", "--samplers", "top_k;temp",
                                       "--dry-sequence-breaker", "\\n", "--dry-sequence-breaker", "."])
     cfg = config_from_args(args)
-    assert (cfg.flash_attn, cfg.n_ctx, cfg.swa_full) == ("disabled", 2048, True)
+    assert (cfg.runtime.flash_attn, cfg.runtime.n_ctx, cfg.runtime.swa_full) == ("disabled", 2048, True)
     # only the flags given: a request's own fields, then llama-server's defaults, fill the rest
-    assert cfg.sampling == {"n_predict": 64, "temperature": 0.5, "top_k": 7, "seed": 42, "dry_multiplier": 0.8,
+    assert cfg.request_defaults == {"n_predict": 64, "temperature": 0.5, "top_k": 7, "seed": 42, "dry_multiplier": 0.8,
                             "xtc_probability": 0.5, "top_n_sigma": 1.5, "dynatemp_range": 0.3,
                             "repeat_last_n": 32, "samplers": ["top_k", "temp"],
                             "dry_sequence_breakers": ["\n", "."]}
@@ -114,3 +114,13 @@ def test_serve_refuses_a_bad_sampling_default_at_start(argv, message, capsys):
     assert main(["serve", *argv]) == 1
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_serve_takes_llama_servers_reranking_sleep_and_prompt_cache_flags():
+    from llamactx.cli.serve import config_from_args
+
+    cfg = config_from_args(build_parser().parse_args(["serve"]))
+    assert (cfg.reranking, cfg.sleep_idle_seconds, cfg.cache_ram, cfg.cache_idle_slots) == (False, -1, 0, True)
+    cfg = config_from_args(build_parser().parse_args(["serve", "--rerank", "--sleep-idle-seconds", "30",
+                                                      "--cache-ram", "100", "--no-cache-idle-slots"]))
+    assert (cfg.reranking, cfg.sleep_idle_seconds, cfg.cache_ram, cfg.cache_idle_slots) == (True, 30, 100, False)

@@ -13,7 +13,8 @@ import httpx
 import pytest
 import uvicorn
 
-from llamactx.server.app import ServerConfig, create_app
+from llamactx.server.app import create_app
+from llamactx.server.config import ServerConfig
 from llamactx.server.http import uvicorn_config
 
 START_TIMEOUT_S = 600  # a cold numba cache compiles every kernel first: ~4 min on a 2-core Zen 3
@@ -39,7 +40,7 @@ class Running:
 
 @contextmanager
 def running_server(**config) -> Iterator[Running]:
-    cfg = ServerConfig(**config)
+    cfg = ServerConfig.of(**config)
     app = create_app(cfg)
     port = free_port()
     server = uvicorn.Server(uvicorn_config(app, cfg.read_timeout, cfg.max_connections, host="127.0.0.1", port=port))

@@ -56,12 +56,11 @@ BAD = [
                          "chat_template_kwargs": {"add_generation_prompt": False}}, 400, "invalid_request_error",
      "chat_template_kwargs: 'add_generation_prompt'"),
     ("/no/such/endpoint", {}, 404, "not_found_error", ""),
-    ("/v1/rerank", {"query": "q", "documents": []}, 400, "invalid_request_error", "documents"),
     ("/v1/embeddings", {"input": {"content": "string"}}, 400, "invalid_request_error", "input[0].content"),
     ("/v1/embeddings", {"input": {"content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}}, 400,
      "invalid_request_error", "media input is not supported"),
-    ("/v1/rerank", {"query": "q", "documents": [1, 2]}, 400, "invalid_request_error", "documents"),
-    ("/rerank", {"query": "q", "documents": ["a"]}, 400, "invalid_request_error", "no rank (classifier) head"),
+    # without --reranking, as llama-server (its bad bodies: tests/server/test_rerank.py)
+    ("/rerank", {"query": "q", "documents": ["a"]}, 501, "not_supported_error", "--reranking"),
     # refused from their length before tokenizing (issue 23: huge words cost no tokenizer time or memory)
     ("/v1/completions", {"prompt": "x" * 1_000_000}, 400, "exceed_context_size_error", "at least"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "y" * 1_000_000}]}, 400,

@@ -89,7 +89,7 @@ def test_aliases_tags_and_a_slot_context_of_n_ctx_over_np():
 ])
 def test_np_and_kvu_follow_llama_server(argv, n_slots, unified):
     cfg = config_from_args(build_parser().parse_args(["serve", *argv]))
-    assert (cfg.n_slots, cfg.kv_unified) == (n_slots, unified)
+    assert (cfg.runtime.n_slots, cfg.runtime.kv_unified) == (n_slots, unified)
 
 
 @pytest.mark.parametrize(("origin", "reflected"), [

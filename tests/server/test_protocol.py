@@ -6,15 +6,22 @@ from __future__ import annotations
 import pytest
 
 from llamactx.api import protocol as P
+from llamactx.cli.commands import build_parser
+from llamactx.cli.serve import config_from_args
+from llamactx.runtime import Runtime
 from llamactx.sampling.penalties import PenaltiesSampler
 
 
-@pytest.mark.parametrize("n_ctx", [256, 1024, 8192])
-def test_repeat_last_n_minus_one_is_the_slots_context_size(smollm, n_ctx):
+@pytest.mark.parametrize("flags, n_ctx_slot", [(["-c", "256"], 256), (["-c", "1024"], 1024),
+                                               (["-c", "8192", "-np", "2"], 4096)])
+def test_repeat_last_n_minus_one_is_the_slots_context_size(smollm, flags, n_ctx_slot):
+    """`serve -c N` (and -np): a request's repeat_last_n = -1 looks back over its slot's whole context."""
+    config = config_from_args(build_parser().parse_args(["serve", *flags]))
+    runtime = Runtime(config.runtime, model=smollm)
     req = P.validate(P.CompletionRequest, {"prompt": "x", "repeat_last_n": -1, "repeat_penalty": 1.1})
-    chain = P.GenerationRequest.from_fields(req, smollm.vocab, n_probs=0).chain(smollm, n_ctx)
+    chain = runtime.sampler(P.GenerationRequest.from_fields(req, smollm.vocab, n_probs=0).sampling_for())
     penalties = [s for s in chain.samplers if isinstance(s, PenaltiesSampler)]
-    assert [s.penalty_last_n for s in penalties] == [n_ctx]
+    assert [s.penalty_last_n for s in penalties] == [n_ctx_slot]
 
 
 def test_the_servers_sampling_flags_are_every_requests_defaults():
@@ -22,7 +29,7 @@ def test_the_servers_sampling_flags_are_every_requests_defaults():
     a request's own value still wins."""
     from tests.server.conftest import running_server
 
-    with running_server(n_slots=1, n_ctx=512, sampling={"temperature": 0.0, "n_predict": 6}) as srv, \
+    with running_server(n_slots=1, n_ctx=512, request_defaults={"temperature": 0.0, "n_predict": 6}) as srv, \
             srv.client() as c:
         plain = c.post("/completion", json={"prompt": "The capital of France is"}).json()
         named = c.post("/completion", json={"prompt": "The capital of France is", "temperature": 0,
