@@ -122,3 +122,39 @@ def test_no_two_modules_share_a_name_unless_one_concept_at_two_levels():
         dotted_a, dotted_b = ("llamactx." + p.removesuffix(".py").replace("/", ".") for p in (a, b))
         assert b in doc_a or dotted_b in doc_a, f"{a} does not name {b}"
         assert f"/{a}" in doc_b or dotted_a in doc_b, f"{b} does not name {a}"
+
+
+def test_top_level_imports_have_no_cycles():
+    """The module graph (imports at a module's top) is acyclic: every layer can be read from the bottom up."""
+    import ast
+    from pathlib import Path
+
+    root = Path(llamactx.__file__).parent
+    modules = {".".join(("llamactx", *p.relative_to(root).with_suffix("").parts)).removesuffix(".__init__"): p
+               for p in root.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets = set()
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("llamactx"):
+                targets |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                            for a in node.names}
+            elif isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names if a.name in modules}
+        graph[name] = {t for t in targets if t in modules and t != name}
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = 1
+        for nxt in sorted(graph[name]):
+            if state.get(nxt) == 1:
+                cycles.append(" -> ".join(path[path.index(nxt):] + [name, nxt]) if nxt in path else f"{name} -> {nxt}")
+            elif nxt not in state:
+                visit(nxt, path + [name])
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [])
+    assert cycles == []
