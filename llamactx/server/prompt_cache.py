@@ -15,23 +15,15 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
 from llamactx.engine import Engine
+from llamactx.engine.prefix_cache import common_prefix
 from llamactx.errors import LlamactxError
 
 log = logging.getLogger("llamactx.server")
 
 SLOT_PROMPT_SIMILARITY = 0.1  # llama-server's --slot-prompt-similarity default
-
-
-def common_prefix(a: Seq[int], b: Seq[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 @dataclass(slots=True)
