@@ -51,6 +51,7 @@ class RuntimeParams:
     sampling: Mapping[str, Any] = field(default_factory=dict)  # --temp, --seed ...: SamplingParams defaults
     context: Mapping[str, Any] = field(default_factory=dict)  # other ContextParams fields (--rope-freq-base ...)
     spec: SpecParams | None = None  # --spec-type ...: speculative decoding (engine/speculative.py); None: off
+    n_ctx_checkpoints: int = 8  # -ctxcp: context checkpoints per slot (engine/checkpoints.py); 0: off
 
     def context_params(self) -> dict[str, Any]:
         """The ContextParams fields of the engine's context (n_ctx and the slots aside)."""
@@ -73,6 +74,7 @@ class Runtime:
         self.lora = () if params.vocab_only else load_adapters(self.model, params.lora)  # (LoraAdapter, scale)
         self.engine = None if params.vocab_only else Engine(self.model, n_slots=params.n_slots, n_ctx=params.n_ctx,
                                                             lora=self.lora, spec=params.spec,
+                                                            n_ctx_checkpoints=params.n_ctx_checkpoints,
                                                             **params.context_params())
         self._template: ChatTemplate | None = None
         self._embedder: Embedder | None = None

@@ -80,7 +80,8 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("-tb", "--threads-batch", type=int, default=0, help="threads for batches (default: -t)")
 
 
-def add_context(p: argparse.ArgumentParser, n_ctx: int = 4096) -> None:
+def add_context(p: argparse.ArgumentParser, n_ctx: int = 4096, engine: bool = False) -> None:
+    """The context flags; `engine`: also those of the engine's slots (run, chat, serve)."""
     p.add_argument("-c", "--ctx-size", type=int, default=n_ctx, help=f"context size (default {n_ctx})")
     p.add_argument("-b", "--batch-size", type=int, default=2048, help="logical batch size (default 2048)")
     p.add_argument("-ub", "--ubatch-size", type=int, default=512, help="physical batch size (default 512)")
@@ -88,6 +89,11 @@ def add_context(p: argparse.ArgumentParser, n_ctx: int = 4096) -> None:
     p.add_argument("-ctv", "--cache-type-v", default="f16", help="V cache type: f32, f16, q8_0, q4_0")
     p.add_argument("--swa-full", action="store_true",
                    help="full-size cache for sliding-window layers (default: llama_kv_cache_iswa's small one)")
+    if engine:
+        p.add_argument("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints", dest="ctx_checkpoints",
+                       type=non_negative_int, default=8, metavar="N",
+                       help="context checkpoints per slot, so that a recurrent or hybrid model (mamba2, lfm2) reuses "
+                            "the part of a cached prompt a new one shares (default 8; 0 = off)")
 
 
 # llama.cpp's sampling flags (common/arg.cpp): (flags, SamplingParams field, type, help). Each defaults to None:
@@ -155,7 +161,8 @@ def runtime_params(args: argparse.Namespace, **fields):
     flags = dict(model=args.model, lora=tuple(getattr(args, "lora", ())), spec=spec_params(args), n_ctx=args.ctx_size,
                  n_batch=args.batch_size, n_ubatch=args.ubatch_size, n_threads=args.threads,
                  n_threads_batch=args.threads_batch or args.threads, type_k=args.cache_type_k,
-                 type_v=args.cache_type_v, flash_attn=args.flash_attn, swa_full=args.swa_full)
+                 type_v=args.cache_type_v, flash_attn=args.flash_attn, swa_full=args.swa_full,
+                 n_ctx_checkpoints=getattr(args, "ctx_checkpoints", 8))
     return RuntimeParams(**{**flags, **fields})
 
 

@@ -209,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     for p in (run, chat):
         add_common(p)
-        add_context(p)
+        add_context(p, engine=True)
         add_sampling(p)
         add_generation(p)
         add_llama_cpp_flags(p, conversation=True)

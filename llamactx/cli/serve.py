@@ -29,7 +29,7 @@ from llamactx.cli.args import (
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server: many users, one model (llama-server)")
     add_common(p)
-    add_context(p, n_ctx=4096)
+    add_context(p, n_ctx=4096, engine=True)
     add_llama_cpp_flags(p)
     add_sampling(p)  # every request's defaults, as llama-server's sampling flags
     add_speculative(p)

@@ -31,6 +31,7 @@ from gguf import GGMLQuantizationType
 from llamactx.batch import Batch
 from llamactx.context import Context, DecodeStatus
 from llamactx.cparams import ContextParams
+from llamactx.engine.checkpoints import CheckpointParams
 from llamactx.engine.scheduler import Scheduled, Scheduler
 from llamactx.engine.sequence import Chunk, EngineError, Limits, Sequence
 from llamactx.engine.speculative import SpecParams, Speculator
@@ -72,10 +73,13 @@ class Engine:
     """`n_slots` sequences of one context over a shared, read-only `model`. Extra keyword arguments are
     `ContextParams` fields (n_batch, n_ubatch, n_threads, type_k...). The context's KV cells are one pool; with
     kv_unified (the default) each slot may use up to `n_ctx` tokens while memory lasts, without it each slot's
-    context is n_ctx / n_slots (llama-server with an explicit -np). `spec`: speculative decoding (None: off)."""
+    context is n_ctx / n_slots (llama-server with an explicit -np). `spec`: speculative decoding (None: off).
+    `n_ctx_checkpoints` (llama-server's --ctx-checkpoints, 0 = off) and `checkpoint_max_bytes`: per slot, the
+    context checkpoints that let a recurrent or hybrid memory reuse part of a cached prompt (engine/checkpoints.py).
+    Raises EngineError for a bad argument."""
 
     def __init__(self, model: Model, n_slots: int = 1, n_ctx: int = 4096, lora=(), spec: SpecParams | None = None,
-                 **context_params):
+                 n_ctx_checkpoints: int = 8, checkpoint_max_bytes: int = 256 << 20, **context_params):
         if not 1 <= n_slots <= 256:
             raise EngineError(f"n_slots = {n_slots} is outside [1, 256]")
         if spec is not None and not isinstance(spec, SpecParams):
@@ -90,7 +94,8 @@ class Engine:
         self._max_draft = None if _row_invariant(model) else GEMV_ROWS - 1
         p = self.ctx.params
         self.scheduler = Scheduler(self.ctx.memory, n_slots, p.n_batch, p.n_ubatch,
-                                   self._draft if self.speculator is not None else None)
+                                   self._draft if self.speculator is not None else None,
+                                   CheckpointParams(n_ctx_checkpoints, checkpoint_max_bytes))
         self.set_adapters_lora(lora)
         self.stats = EngineStats()
 
@@ -199,6 +204,8 @@ class Engine:
         # return_progress: a first report before any of the prompt is decoded (processed == cached)
         before = {s.seq: [s.seq.progress()] for s in plan
                   if s.seq.return_progress and s.seq.n_past == s.seq.n_cached < s.seq.n_prompt}
+        for s in plan:
+            self.scheduler.cache.checkpoint(s.seq)  # before the decode: the state before this chunk
         t0 = time.perf_counter()
         status = self.ctx.decode(batch)
         if status != DecodeStatus.OK:  # the scheduler checked the room, so only an abort or a surprise lands here
@@ -306,6 +313,7 @@ class Engine:
             return seq.finish("length")
         n_past = seq.n_past
         n_keep, n_discard = seq.shift(seq.limits.n_keep, seq.limits.n_discard)
+        self.scheduler.cache.forget_checkpoints(seq.seq_id)
         mem = self.ctx.memory
         mem.seq_rm(seq.seq_id, n_keep, n_keep + n_discard)
         try:

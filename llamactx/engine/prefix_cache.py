@@ -7,6 +7,10 @@ whose cache shares the longest prefix with its prompt; when *another* slot (busy
 prefix, those cells are shared into the new slot with `seq_cp`: computed once, stored once. Cells are never
 written after their token is decoded, so sharing is copy-on-write by construction. Idle caches are evicted least
 recently used when memory runs short.
+
+A memory that cannot keep a partial prefix (recurrent, hybrid) reuses a slot's whole history, or else the latest
+context checkpoint (engine/checkpoints.py) that starts the new prompt: its state is restored (from this slot, or
+from another slot whose cells are shared up to it) and only the rest of the prompt is decoded.
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ import itertools
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
+from llamactx.engine.checkpoints import CHECKPOINT_TAIL, Checkpoint, CheckpointParams, Checkpoints
 from llamactx.engine.sequence import Sequence
 from llamactx.memory import Memory
+from llamactx.state_io import StateError
 
 MIN_SHARED = 16  # a shorter common prefix with another slot is not worth a seq_cp
 
@@ -27,6 +33,7 @@ class Slot:
     tokens: list[int] = field(default_factory=list)  # what memory holds for seq_id, in position order
     holder: Sequence | None = None  # the running sequence, None when idle
     last_used: int = 0
+    checkpoints: Checkpoints = field(default_factory=lambda: Checkpoints(CheckpointParams(n_max=0)))
 
     @property
     def held(self) -> list[int]:
@@ -45,10 +52,38 @@ def common_prefix(a: Seq[int], b: Seq[int]) -> int:
 class PrefixCache:
     """The slots of one context and the tokens each holds. Acts on the memory only through seq_rm / seq_cp."""
 
-    def __init__(self, memory: Memory, n_slots: int):
+    def __init__(self, memory: Memory, n_slots: int, checkpoints: CheckpointParams | None = None):
         self.memory = memory
-        self.slots = [Slot(i) for i in range(n_slots)]
+        self.ckpt_params = checkpoints or CheckpointParams()
+        self.slots = [Slot(i, checkpoints=Checkpoints(self.ckpt_params)) for i in range(n_slots)]
         self._tick = itertools.count(1)
+
+    @property
+    def checkpointing(self) -> bool:
+        """Whether prompts leave checkpoints: they are on and the memory cannot cut a sequence back."""
+        return self.ckpt_params.n_max > 0 and not self.memory.partial_prefix
+
+    def checkpoint_at(self, seq: Sequence) -> int:
+        """Where `seq`'s next prompt chunk should end at the latest: CHECKPOINT_TAIL tokens before the end of its
+        prompt while it is before that (so a checkpoint holds all but the prompt's last tokens); else its end."""
+        cut = seq.n_prompt - CHECKPOINT_TAIL
+        return cut if self.checkpointing and seq.n_past < cut else len(seq.tokens)
+
+    def checkpoint(self, seq: Sequence) -> None:
+        """Snapshot `seq`'s memory before its next prompt chunk is decoded (llama-server's create_checkpoint, made
+        before llama_decode): the state holding tokens[:n_past]."""
+        if not self.checkpointing or not 0 < seq.n_past < seq.n_prompt:
+            return
+        ckpts = self.slots[seq.seq_id].checkpoints
+        if ckpts.items and ckpts.items[-1].n_tokens == seq.n_past:
+            return  # restored from it, or already taken
+        data = self.memory.checkpoint_write(seq.seq_id)
+        if data is not None:
+            ckpts.add(seq.tokens[: seq.n_past], data)
+
+    def forget_checkpoints(self, seq_id: int) -> None:
+        """`seq_id`'s positions moved (a context shift): its checkpoints no longer match its memory."""
+        self.slots[seq_id].checkpoints.clear()
 
     @property
     def n_free(self) -> int:
@@ -67,18 +102,51 @@ class PrefixCache:
         slot = self._choose(prompt, id_slot)
         n_keep = self._reusable(prompt, slot, slot.tokens, limit) if cache_prompt else 0
         donor, n_shared = self._donor(prompt, slot, limit) if cache_prompt else (None, 0)
+        src, ckpt = self._checkpoint(prompt, slot, limit) if cache_prompt else (None, None)
         mem = self.memory
-        if donor is not None and n_shared >= max(n_keep + 1, MIN_SHARED):
+        if ckpt is not None and ckpt.n_tokens > max(n_keep, n_shared):
+            n_keep = self._restore(slot, src, ckpt)
+        elif donor is not None and n_shared >= max(n_keep + 1, MIN_SHARED):
             mem.seq_rm(slot.seq_id)
             mem.seq_cp(donor.seq_id, slot.seq_id, 0, n_shared)
             n_keep = n_shared
+            slot.checkpoints.items = list(donor.checkpoints.items)  # truncated to n_keep below
         elif not mem.seq_rm(slot.seq_id, n_keep, -1):  # a memory that cannot drop only a suffix: start over
             mem.seq_rm(slot.seq_id)
             n_keep = 0
+        slot.checkpoints.truncate(n_keep)
         slot.tokens = []
         slot.holder = seq
         seq.seq_id = slot.seq_id
         seq.n_past = seq.n_cached = n_keep
+
+    def _checkpoint(self, prompt: Seq[int], slot: Slot, limit: int) -> tuple[Slot | None, Checkpoint | None]:
+        """The slot and its latest checkpoint that start `prompt` with the most tokens (at most `limit`), `slot`'s
+        own first among equals; (None, None) without one."""
+        best: tuple[Slot | None, Checkpoint | None] = (None, None)
+        if not self.checkpointing:
+            return best
+        for other in sorted(self.slots, key=lambda s: s is not slot):
+            c = other.checkpoints.best(prompt, limit)
+            if c is not None and (best[1] is None or c.n_tokens > best[1].n_tokens):
+                best = (other, c)
+        return best
+
+    def _restore(self, slot: Slot, src: Slot, ckpt: Checkpoint) -> int:
+        """Put `slot` at checkpoint `ckpt` of `src` (its own or another slot's, whose cells up to it are shared
+        first) and return how many tokens it holds then: ckpt.n_tokens, or 0 when the state did not fit (then the
+        prompt is reprocessed; the slot is emptied)."""
+        mem, n = self.memory, ckpt.n_tokens
+        if src is not slot:
+            mem.seq_rm(slot.seq_id)
+            mem.seq_cp(src.seq_id, slot.seq_id, 0, n)
+            slot.checkpoints.items = [c for c in src.checkpoints.items if c.n_tokens <= n]
+        try:
+            mem.checkpoint_load(slot.seq_id, ckpt.data, n)
+        except StateError:
+            mem.seq_rm(slot.seq_id)
+            return 0
+        return n
 
     def _choose(self, prompt: Seq[int], id_slot: int) -> Slot:
         idle = [s for s in self.slots if s.holder is None]
@@ -125,6 +193,7 @@ class PrefixCache:
             slot.tokens = seq.tokens[: seq.n_past]
         else:
             slot.tokens = []
+            slot.checkpoints.clear()
             self.memory.seq_rm(slot.seq_id)
 
     def evict_one(self) -> bool:
@@ -136,6 +205,7 @@ class PrefixCache:
         slot = min(idle, key=lambda s: s.last_used)
         self.memory.seq_rm(slot.seq_id)
         slot.tokens = []
+        slot.checkpoints.clear()
         return True
 
     def clear_slot(self, seq_id: int) -> None:
@@ -145,9 +215,11 @@ class PrefixCache:
             raise ValueError(f"slot {seq_id} is busy")
         self.memory.seq_rm(seq_id)
         slot.tokens = []
+        slot.checkpoints.clear()
 
     def set_tokens(self, seq_id: int, tokens: list[int]) -> None:
         """An idle slot now holds `tokens` (a restored slot file)."""
         slot = self.slots[seq_id]
         slot.tokens = list(tokens)
+        slot.checkpoints.clear()
         slot.last_used = next(self._tick)

@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from llamactx.engine.checkpoints import CheckpointParams
 from llamactx.engine.prefix_cache import PrefixCache, common_prefix
 from llamactx.engine.sequence import Sequence, SequenceStatus
 from llamactx.memory import Memory
@@ -44,17 +45,19 @@ class Scheduler:
     """Waiting and running queues over `n_slots` context sequences sharing one memory."""
 
     def __init__(self, memory: Memory, n_slots: int, n_batch: int, n_ubatch: int | None = None,
-                 drafter: Callable[[Sequence, int], list[int]] | None = None):
+                 drafter: Callable[[Sequence, int], list[int]] | None = None,
+                 checkpoints: CheckpointParams | None = None):
         """`drafter(seq, n_max)`: at most n_max draft tokens to verify after a generating sequence's pending token
         (None: no speculative decoding). Drafts are kept within the first `n_ubatch` tokens of the batch, so that a
         sequence's verified tokens are placed in one ubatch (an iSWA cache then never reuses a cell that its next
-        token, after a rejection, still attends to)."""
+        token, after a rejection, still attends to). `checkpoints`: the slots' context checkpoints (None: the
+        defaults); while they are taken, a prompt chunk ends where one is due (PrefixCache.checkpoint_at)."""
         self.memory = memory
         self.n_slots = n_slots
         self.n_batch = n_batch
         self.n_ubatch = n_batch if n_ubatch is None else min(n_ubatch, n_batch)
         self.drafter = drafter
-        self.cache = PrefixCache(memory, n_slots)
+        self.cache = PrefixCache(memory, n_slots, checkpoints)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the last is the youngest
         self.n_preempted = 0
@@ -80,12 +83,12 @@ class Scheduler:
         for seq in self.running:
             room = min(self.n_batch - used, self.memory.room(seq.seq_id) - used)
             if not seq.is_generating and room > 0:
-                n = min(len(seq.pending), room)
+                n = min(len(seq.pending), room, self.cache.checkpoint_at(seq) - seq.n_past)
                 plan.append(Scheduled.of(seq, n))
                 used += n
         while used < self.n_batch and self.waiting and self.cache.n_free and self._admit(self.waiting[0]):
             seq = self.running[-1]
-            n = min(len(seq.pending), self.n_batch - used)
+            n = min(len(seq.pending), self.n_batch - used, self.cache.checkpoint_at(seq) - seq.n_past)
             plan.append(Scheduled.of(seq, n))
             used += n
         if not plan and self.running:  # prefills that cannot move: make room for the oldest

@@ -133,6 +133,17 @@ class Memory(ABC):
 
     # -- state --------------------------------------------------------------------------------------------------
 
+    def checkpoint_write(self, seq_id: int) -> bytes | None:
+        """The part of `seq_id`'s state that `seq_rm` cannot roll back, as a blob for `checkpoint_load` (llama.cpp's
+        state_seq_get_data with LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY, what llama-server's context checkpoints hold);
+        None when there is no such part (a KV cache keeps a record per token)."""
+        return None
+
+    def checkpoint_load(self, seq_id: int, data: bytes, n_past: int) -> None:
+        """Put `seq_id` back to where `checkpoint_write` saw it, holding positions [0, n_past). Raises StateError
+        (memory unchanged) for a blob that does not fit, MemoryOpError for a memory without checkpoints."""
+        raise MemoryOpError(f"{type(self).__name__} has no checkpoints (seq_rm rolls it back)")
+
     @abstractmethod
     def state_write(self, seq_id: int | None) -> bytes:
         """This memory's section of a state blob: every sequence (None) or one."""

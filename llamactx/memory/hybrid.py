@@ -21,6 +21,7 @@ from llamactx.batch import AllocatedBatch, UBatch
 from llamactx.memory.base import Memory
 from llamactx.memory.kv_cache import KVCache, KVView, Placement
 from llamactx.memory.recurrent import RecurrentMemory, RecurrentPlacement, RecurrentView, split_by_sequence_sets
+from llamactx.state_io import StateError
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +124,20 @@ class HybridMemory(Memory):
 
     def memory_breakdown(self) -> dict[str, int]:
         return {**self.kv.memory_breakdown(), **self.rs.memory_breakdown()}
+
+    # -- checkpoints: the recurrent half only (LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY skips the attention cache) ------
+
+    def checkpoint_write(self, seq_id: int) -> bytes:
+        return self.rs.checkpoint_write(seq_id)
+
+    def checkpoint_load(self, seq_id: int, data: bytes, n_past: int) -> None:
+        """The recurrent state from the blob, and the KV cells of [0, n_past), which `seq_id` still holds, kept
+        (the rest removed). Raises StateError, memory unchanged, unless the KV half holds all of [0, n_past)."""
+        if self.kv.seq_pos_max(seq_id) < n_past - 1:
+            raise StateError(f"seq {seq_id}: the KV cache ends at {self.kv.seq_pos_max(seq_id)}, before the "
+                             f"checkpoint's position {n_past - 1}")
+        self.rs.checkpoint_load(seq_id, data, n_past)
+        self.kv.seq_rm(seq_id, n_past, -1)
 
     # -- state: the KV section, then the recurrent one -------------------------------------------------------------
 

@@ -260,6 +260,19 @@ class RecurrentMemory(Memory):
         return b"".join([head, cells.tobytes(), np.ascontiguousarray(self.r[:, seqs]).tobytes(),
                          np.ascontiguousarray(self.s[:, seqs]).tobytes()])
 
+    def checkpoint_write(self, seq_id: int) -> bytes:
+        """The whole state of `seq_id` (a recurrent state is all non-rollbackable): its sequence state blob."""
+        self.check_seq(seq_id)
+        return self.state_write(seq_id)
+
+    def checkpoint_load(self, seq_id: int, data: bytes, n_past: int) -> None:
+        """Load a `checkpoint_write` blob into `seq_id`; its state must end at position n_past - 1."""
+        self.check_seq(seq_id)
+        state = self.state_read(StateReader(data), whole=False)
+        if state.pos.tolist() != [n_past - 1]:
+            raise StateError(f"checkpoint ends at positions {state.pos.tolist()}, expected [{n_past - 1}]")
+        self.state_apply(state, seq_id)
+
     def state_read(self, r: StateReader, whole: bool) -> RecurrentState:
         n_layer, n_r, n_s, n_cells = struct.unpack("<IIII", r.take(16, "recurrent dimensions"))
         if (n_layer, n_r, n_s) != (len(self.layers), self.n_embd_r, self.n_embd_s):

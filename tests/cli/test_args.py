@@ -124,3 +124,13 @@ def test_serve_takes_llama_servers_reranking_sleep_and_prompt_cache_flags():
     cfg = config_from_args(build_parser().parse_args(["serve", "--rerank", "--sleep-idle-seconds", "30",
                                                       "--cache-ram", "100", "--no-cache-idle-slots"]))
     assert (cfg.reranking, cfg.sleep_idle_seconds, cfg.cache_ram, cfg.cache_idle_slots) == (True, 30, 100, False)
+
+
+@pytest.mark.parametrize("argv, expected", [([], 8), (["-ctxcp", "0"], 0), (["--ctx-checkpoints", "3"], 3)])
+def test_ctx_checkpoints_reach_the_engine_params(argv, expected):
+    """llama-server's -ctxcp / --ctx-checkpoints on serve and run (engine/checkpoints.py; 0 = off)."""
+    from llamactx.cli.args import runtime_params
+    from llamactx.cli.serve import config_from_args
+
+    assert config_from_args(build_parser().parse_args(["serve", *argv])).runtime.n_ctx_checkpoints == expected
+    assert runtime_params(build_parser().parse_args(["run", "-p", "x", *argv])).n_ctx_checkpoints == expected

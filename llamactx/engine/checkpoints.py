@@ -1,0 +1,84 @@
+"""Context checkpoints: snapshots of a slot's non-rollbackable memory at prompt positions (llama-server's
+`--ctx-checkpoints`, `create_checkpoint` and the restore in `update_slots`, tools/server/server-context.cpp;
+ggml-org/llama.cpp PR #15293).
+
+A recurrent state (mamba2) or the recurrent half of a hybrid memory (lfm2) cannot be cut back to a shorter prefix
+(`Memory.partial_prefix` False), so without checkpoints a prompt that diverges from what a slot holds is decoded
+again from its start. While a prompt is processed the engine snapshots its sequence's state before each prompt
+chunk (`Memory.checkpoint_write`: the blob of llama.cpp's LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY); the scheduler ends a
+chunk `CHECKPOINT_TAIL` tokens before the prompt's end so that one snapshot sits right before its last tokens, as
+llama-server does. A later prompt that shares at least a checkpoint's tokens restores the latest such checkpoint
+(`Memory.checkpoint_load`) and decodes only the rest; checkpoints past the divergence are dropped.
+
+Each slot keeps at most `n_max` checkpoints and `max_bytes` bytes of them, oldest dropped first. `n_max = 0`
+turns them off: such prompts are reprocessed in full, as before (never different tokens).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from llamactx.engine.sequence import EngineError
+
+CHECKPOINT_TAIL = 4  # llama-server's checkpoint 4 tokens before the end of the prompt (PR #20288)
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointParams:
+    """How many checkpoints a slot keeps (`--ctx-checkpoints`, 0 = off) and their byte budget per slot."""
+
+    n_max: int = 8
+    max_bytes: int = 256 << 20
+
+    def __post_init__(self):
+        if self.n_max < 0:
+            raise EngineError(f"n_ctx_checkpoints = {self.n_max} must be >= 0")
+        if self.max_bytes < 0:
+            raise EngineError(f"checkpoint max_bytes = {self.max_bytes} must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """The memory state of a sequence holding exactly `tokens` (positions [0, len(tokens)))."""
+
+    tokens: tuple[int, ...]
+    data: bytes
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass(slots=True)
+class Checkpoints:
+    """One slot's checkpoints, in increasing n_tokens."""
+
+    params: CheckpointParams
+    items: list[Checkpoint] = field(default_factory=list)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(c.data) for c in self.items)
+
+    def add(self, tokens, data: bytes) -> None:
+        """Keep a snapshot of the state holding `tokens`, replacing one at the same length and any past it (they
+        belong to an older history), then drop the oldest while over `n_max` or `max_bytes`."""
+        n = len(tokens)
+        self.items = [c for c in self.items if c.n_tokens < n]
+        self.items.append(Checkpoint(tuple(tokens), data))
+        while self.items and (len(self.items) > self.params.n_max or self.nbytes > self.params.max_bytes):
+            self.items.pop(0)
+
+    def best(self, prompt, limit: int) -> Checkpoint | None:
+        """The latest checkpoint whose tokens start `prompt` and number at least 1 and at most `limit`."""
+        for c in reversed(self.items):
+            if 0 < c.n_tokens <= limit and tuple(prompt[: c.n_tokens]) == c.tokens:
+                return c
+        return None
+
+    def truncate(self, n_tokens: int) -> None:
+        """Forget the checkpoints past the first `n_tokens` tokens (the slot's history diverges there)."""
+        self.items = [c for c in self.items if c.n_tokens <= n_tokens]
+
+    def clear(self) -> None:
+        self.items = []
