@@ -13,7 +13,7 @@ is built for the slot's real context size, which `repeat_last_n = -1` and `dry_p
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from llamactx.chat_template import ChatTemplate
@@ -59,9 +59,6 @@ class RuntimeParams:
                     n_threads_batch=self.n_threads_batch or self.n_threads, type_k=self.type_k, type_v=self.type_v,
                     flash_attn=self.flash_attn, swa_full=self.swa_full, kv_unified=self.kv_unified, **self.context)
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 class Runtime:
     """A loaded model with its adapters and engine, per `params`. `model`: an already loaded `Model` to share
@@ -91,11 +88,8 @@ class Runtime:
     def embedder(self) -> Embedder:
         """Sentence embeddings with the model's weights and adapters, in a context of its own."""
         if self._embedder is None:
-            p = self.params
-            pooling = "mean" if p.pooling == "none" else p.pooling  # "none" (token-level): the server refuses it
-            self._embedder = Embedder(self.model, n_ctx=p.embd_n_ctx or p.n_ctx, lora=self.lora, pooling=pooling,
-                                      n_threads=p.n_threads, n_threads_batch=p.n_threads_batch or p.n_threads,
-                                      flash_attn=p.flash_attn)
+            pooling = self.params.pooling
+            self._embedder = self._pooled("mean" if pooling == "none" else pooling)  # "none": the server refuses it
         return self._embedder
 
     @property
@@ -103,11 +97,14 @@ class Runtime:
         """Rerank scores (pooling "rank": llama-server's --reranking) with the model's weights and adapters, in a
         context of its own, beside the embedder and the engine."""
         if self._reranker is None:
-            p = self.params
-            self._reranker = Embedder(self.model, n_ctx=p.embd_n_ctx or p.n_ctx, lora=self.lora, pooling="rank",
-                                      n_threads=p.n_threads, n_threads_batch=p.n_threads_batch or p.n_threads,
-                                      flash_attn=p.flash_attn)
+            self._reranker = self._pooled("rank")
         return self._reranker
+
+    def _pooled(self, pooling: str) -> Embedder:
+        p = self.params
+        return Embedder(self.model, n_ctx=p.embd_n_ctx or p.n_ctx, lora=self.lora, pooling=pooling,
+                        n_threads=p.n_threads, n_threads_batch=p.n_threads_batch or p.n_threads,
+                        flash_attn=p.flash_attn)
 
     @property
     def n_ctx_slot(self) -> int:

@@ -162,7 +162,7 @@ def runtime_params(args: argparse.Namespace, **fields):
                  n_batch=args.batch_size, n_ubatch=args.ubatch_size, n_threads=args.threads,
                  n_threads_batch=args.threads_batch or args.threads, type_k=args.cache_type_k,
                  type_v=args.cache_type_v, flash_attn=args.flash_attn, swa_full=args.swa_full,
-                 n_ctx_checkpoints=getattr(args, "ctx_checkpoints", 8))
+                 n_ctx_checkpoints=args.ctx_checkpoints)
     return RuntimeParams(**{**flags, **fields})
 
 
