@@ -2,9 +2,11 @@
 kernels (tiled, one chunk with an f16 accumulator, cells split over threads) against llama.cpp's logits
 (tests/data/flash_attn, made by make_flash_attn_reference.py).
 
-The one-chunk kernel's arithmetic depends on the CPU llama.cpp was built for: with AVX512-FP16 its f16 vector ops
-run in half precision. reference.json says which variant its rows hold (`made_on`), and the tests run that
-variant whatever the CPU they run on (llamactx computes either exactly on any x86-64), so they hold everywhere."""
+The arithmetic depends on the CPU llama.cpp was built for. Its vector width (AVX-512 or AVX2) decides the softmax's
+and the f16 dot products' sums: the tests compare with the references of the width they compile for (avx2/ on an
+AVX2 target). And with AVX512-FP16 the one-chunk kernel's f16 vector ops run in half precision: reference.json says
+which variant its rows hold (`made_on`), and the tests run that variant whatever the CPU (llamactx computes either
+exactly on any x86-64)."""
 
 from __future__ import annotations
 
@@ -16,9 +18,15 @@ import pytest
 
 from llamactx import Batch, Context, ContextParams
 from llamactx.backend.fast import FastOps
+from tests.conftest import VARIANT
 
-DATA = Path(__file__).parent / "data" / "flash_attn"
-REF = json.loads((DATA / "reference.json").read_text())
+FLASH = Path(__file__).parent / "data" / "flash_attn"
+# the reference sets of the vector width this run computes: the AVX-512 builds with (the folder itself, made on
+# Emerald Rapids) and without AVX512-FP16 (avx512/, made on Zen 5), or the AVX2 build (avx2/)
+SETS = ["avx2"] if VARIANT == "avx2" else [".", "avx512"]
+REFS = {d: json.loads((FLASH / d / "reference.json").read_text()) for d in SETS}
+DATA = FLASH / SETS[0]
+REF = REFS[SETS[0]]
 
 
 def last_row(model, tokens, n_prompt: int, then: int, flash="enabled", ggml_single_row=True,
@@ -45,17 +53,20 @@ def last_row(model, tokens, n_prompt: int, then: int, flash="enabled", ggml_sing
 
 
 def cases():
-    for name, m in REF["models"].items():
-        for case in m["cases"]:
-            yield pytest.param(name, case, id=f"{name}-{case}")
+    for d, ref in REFS.items():
+        for name, m in ref["models"].items():
+            for case in m["cases"]:
+                yield pytest.param(d, name, case, id=f"{'avx512-fp16' if d == '.' else d}-{name}-{case}")
 
 
-@pytest.mark.parametrize("name,case", list(cases()))
-def test_flash_attention_bit_identical_to_llama_cpp(request, name, case):
+@pytest.mark.parametrize("ref_set,name,case", list(cases()))
+def test_flash_attention_bit_identical_to_llama_cpp(request, ref_set, name, case):
     model = request.getfixturevalue({"smollm2": "smollm", "gemma3": "gemma"}[name])
-    c = REF["cases"][case]
-    got = last_row(model, REF["models"][name]["tokens"], c["n_prompt"], c["then"])
-    with np.load(DATA / f"{name}.npz") as npz:
+    ref = REFS[ref_set]
+    c = ref["cases"][case]
+    got = last_row(model, ref["models"][name]["tokens"], c["n_prompt"], c["then"],
+                   fp16=ref["made_on"]["fp16_accumulator"])
+    with np.load(FLASH / ref_set / f"{name}.npz") as npz:
         want = npz[case]
     np.testing.assert_array_equal(got, want)
 
@@ -81,13 +92,12 @@ def test_by_default_a_token_gets_the_tiled_kernels_bits_whatever_its_ubatch(smol
 
 
 def test_the_fp16_accumulator_is_a_real_variant(gemma):
-    """Without AVX512-FP16 (Zen 4, Ice Lake, AVX2 CPUs) the one-chunk kernel rounds each f16 update through f32:
-    Gemma's split case (d_v 256) then gives other logits than the reference's AVX512-FP16 build, so the test above
-    checks the variant it claims to. (llama.cpp built for Zen 4 gave llamactx's no-FP16 logits bit for bit in all
-    seven cases, issue #21; this machine cannot run that build, so no such reference is stored.)"""
+    """With AVX512-FP16 the one-chunk kernel updates its f16 accumulator in half precision, without it (Zen 4/5,
+    Ice Lake, AVX2 CPUs) it rounds each update through f32: in Gemma's split case (d_v 256) the other variant gives
+    other logits than a reference's, so the test above checks the variant it claims to."""
     c = REF["cases"]["split"]
     tokens = REF["models"]["gemma3"]["tokens"]
-    fp32 = last_row(gemma, tokens, c["n_prompt"], c["then"], fp16=False)
+    other = last_row(gemma, tokens, c["n_prompt"], c["then"], fp16=not REF["made_on"]["fp16_accumulator"])
     with np.load(DATA / "gemma3.npz") as npz:
-        assert not np.array_equal(fp32, npz["split"])
-        assert np.argmax(fp32) == np.argmax(npz["split"])  # the same prediction: a rounding variant, not a bug
+        assert not np.array_equal(other, npz["split"])
+        assert np.argmax(other) == np.argmax(npz["split"])  # the same prediction: a rounding variant, not a bug

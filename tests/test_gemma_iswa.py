@@ -23,14 +23,15 @@ import pytest
 
 from llamactx import Batch, Context, ContextParams
 from llamactx.memory.kv_cache_iswa import KVCacheISWA
+from tests.conftest import VARIANT_DIR
 
 DATA = Path(__file__).parent / "data" / "gemma3-270m-q4_k_m"
 
 
 @pytest.fixture(scope="module")
 def iswa_ref():
-    meta = json.loads((DATA / "iswa.json").read_text())
-    return meta, dict(np.load(DATA / "iswa.npz"))
+    meta = json.loads((DATA / VARIANT_DIR / "iswa.json").read_text())
+    return meta, dict(np.load(DATA / VARIANT_DIR / "iswa.npz"))
 
 
 def _rows(model, meta, exact: bool) -> np.ndarray:

@@ -17,10 +17,12 @@ from llamactx.batch import Batch
 from llamactx.context import Context
 from llamactx.cparams import ContextParams
 from llamactx.lora import LoraAdapter, LoraError
+from tests.conftest import VARIANT, VARIANT_DIR
 from tests.gguf.tiny_model import finish
 
 DATA = Path(__file__).parent / "data" / "lora"
-REF = json.loads((DATA / "reference.json").read_text())
+REF_DIR = DATA / VARIANT_DIR  # llama.cpp's outputs for this run's arithmetic (avx2/: its AVX2 build)
+REF = json.loads((REF_DIR / "reference.json").read_text())
 CASES = {c["name"]: c for c in REF["cases"]}
 
 
@@ -61,7 +63,7 @@ def test_lora_logits_equal_llama_cpp(request, name):
     assert model.vocab.tokenize(REF["prompt"], add_special=True, parse_special=True) == case["tokens"]
     logits = decode_all(model, case["tokens"], [(LoraAdapter.load(model, DATA / f), s) for f, s in case["adapters"]])
     if case["model"] == 0:
-        np.testing.assert_array_equal(logits[-1], np.load(DATA / "reference.npz")[name])
+        np.testing.assert_array_equal(logits[-1], np.load(REF_DIR / "reference.npz")[name])
     assert logits.argmax(axis=1).tolist() == case["argmax"]
     assert _sha(logits) == case["sha256"]
     assert _sha(decode_all(model, case["tokens"])) != case["sha256"]  # the adapter does change the logits
@@ -240,8 +242,8 @@ def test_run_with_lora_scaled_prints_llama_cpp_greedy_text(capsys):
 
 
 def test_perplexity_with_lora_matches_llama_perplexity(capsys):
-    """llama-perplexity -c 128 -b 128 --chunks 3 --lora-scaled smollm2-lora.gguf:0.25 gives 22.8560 (without the
-    adapter, and here too, the tool differs from llama-perplexity by ~0.3%: test_cli.py allows 1%)."""
+    """llama-perplexity -c 128 -b 128 --chunks 3 --lora-scaled smollm2-lora.gguf:0.25 gives 22.8560 (AVX2 build:
+    22.6212); here the tool differs from llama-perplexity by ~0.3%, as it does without the adapter at -b 128."""
     from llamactx.cli import main
     from tests.conftest import DATA as ROOT_DATA
 
@@ -249,7 +251,8 @@ def test_perplexity_with_lora_matches_llama_perplexity(capsys):
                  "--lora-scaled", f"{DATA / 'smollm2-lora.gguf'}:0.25"]) == 0
     out = capsys.readouterr().out
     ppl = float(out.split("Final estimate: PPL = ")[1].split()[0])
-    assert abs(ppl / 22.8560 - 1) < 0.01, ppl
+    theirs = 22.6212 if VARIANT == "avx2" else 22.8560
+    assert abs(ppl / theirs - 1) < 0.01, ppl
 
 
 def test_embedding_with_lora_changes_the_vectors_as_the_context_does(smollm, capsys):

@@ -176,10 +176,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     arith = arithmetic()
     print(f"target:         {feats['cpu']} ({' '.join(isa) or 'no AVX'}; NUMBA_CPU_NAME / NUMBA_CPU_FEATURES set it)")
     print(f"kernels:        {active_path()} path")
+    print(f"arithmetic:     {arith['variant']} (ggml's float vectors of {arith['f32_epr']} lanes"
+          f"{'; f16 flash accumulator in half precision' if arith['fp16_accumulator'] else ''})")
     print(f"logits equal:   llama.cpp {LLAMA_CPP_BUILD} built with {arith['build']}")
-    if not arith["native_build_exact"]:
-        print("                (llama.cpp built natively for this target, without AVX-512, sums some float ops in "
-              "another order: docs/numerics.md)")
     return 0
 
 

@@ -1,14 +1,15 @@
-"""Attention over an f16 KV cache without flash attention, as ggml-cpu computes it on x86 (AVX-512 build).
+"""Attention over an f16 KV cache without flash attention, as ggml-cpu computes it on x86 (the target's build).
 
 llama.cpp's graph (build_attn_mha) is kq = mul_mat(k, q); kq = soft_max_ext(kq, mask, kq_scale);
 kqv = mul_mat(v^T, kq). With an f16 cache both mul_mats convert their f32 operand to f16 and then
 (ggml-cpu.c `ggml_compute_forward_mul_mat`):
 
-- for a ubatch of two or more tokens run llamafile's tinyBLAS (llamafile/sgemm.cpp, `tinyBLAS<16, __m512, ...>`):
-  each output is 16 float lanes, lane l accumulating fma(a[i], b[i]) over i = l mod 16 in order, then
-  `hsum` = `_mm512_reduce_add_ps`;
-- for a single token run `ggml_vec_dot_f16` (ggml-cpu/vec.cpp): four 16-lane accumulators, element i going to
-  accumulator (i / 16) mod 4, reduced as (0+2) + (1+3) then `_mm512_reduce_add_ps`, into a double.
+- for a ubatch of two or more tokens run llamafile's tinyBLAS (llamafile/sgemm.cpp, `tinyBLAS<16, __m512, ...>`;
+  AVX2: `<8, __m256>`): each output is F32_EPR float lanes, lane l accumulating fma(a[i], b[i]) over
+  i = l mod F32_EPR in order, then `hsum` (`vec.hsum_vec`);
+- for a single token run `ggml_vec_dot_f16` (ggml-cpu/vec.cpp): four F32_EPR-lane accumulators, element i going
+  to accumulator (i / F32_EPR) mod 4, reduced as (0+2) + (1+3) then `_mm512_reduce_add_ps` (AVX2: two `hadd`s),
+  into a double.
 
 So in llama.cpp a token's attention depends on whether it is alone in its ubatch. `attention_f16(...,
 vec_dot_for_one=True)` follows that; by default one token is computed in the tinyBLAS order too.
@@ -16,7 +17,7 @@ vec_dot_for_one=True)` follows that; by default one token is computed in the tin
 This is the reference (ReferenceOps); ggml/kernels/attention.py is the same arithmetic compiled (FastOps).
 
 The softmax (`ggml_compute_forward_soft_max_f32`, `ggml_vec_soft_max_f32`) scales, adds the mask, takes the max,
-exponentiates with `ggml_v_expf` 16 lanes at a time summing each group with `_mm512_reduce_add_ps` into a double,
+exponentiates with `ggml_v_expf` F32_EPR lanes at a time summing each group (`hsum_vec`) into a double,
 and multiplies by the float of 1/sum. The probabilities are rounded to f16 before kqv.
 
 In kqv the sums run over KV cells, so ggml's lanes depend on absolute cell indices. Here the lanes follow each
@@ -32,16 +33,17 @@ import numpy as np
 from numba import types
 from numba.extending import overload
 
+from llamactx.ggml.cpu import F32_EPR
 from llamactx.ggml.inputs import VisibleCells
 from llamactx.ggml.intrinsics import f16_to_f32, fma32, round_f16
-from llamactx.ggml.vec import dot_tinyblas, dot_vec, reduce_add16, v_expf, vec_max
+from llamactx.ggml.vec import dot_tinyblas, dot_vec, hsum_vec, v_expf, vec_max
 
 _F32 = np.float32
 
 
 @numba.njit(cache=True, error_model="numpy")
 def _soft_max(w, m, e):  # pragma: no cover - compiled
-    """ggml_vec_soft_max_f32 over w[:m] (already scaled and masked) in 16-lane groups; writes the normalized
+    """ggml_vec_soft_max_f32 over w[:m] (already scaled and masked) in F32_EPR-lane groups; writes the normalized
     probabilities to e[:m] and zeros to e[m:] (the masked cells of the group). The max is `vec_max`'s, and the
     loops run over slices under numpy's error model so that LLVM vectorizes them."""
     wv, ev = w[:m], e[:m]
@@ -51,8 +53,8 @@ def _soft_max(w, m, e):  # pragma: no cover - compiled
     for r in range(m, e.shape[0]):
         e[r] = _F32(0.0)
     s = 0.0
-    for i in range(0, e.shape[0], 16):
-        s += np.float64(reduce_add16(e, i))
+    for i in range(0, e.shape[0], F32_EPR):
+        s += np.float64(hsum_vec(e, i))
     inv = _F32(1.0 / s) if s > 0 else _F32(np.nan)  # no visible cell: ggml's row is NaN too
     for r in range(m):
         ev[r] = ev[r] * inv
@@ -107,7 +109,7 @@ def _attention(q, k, v, n_head_kv, cells, n_cells, scale, mask_add, single, out,
         e_buf = np.zeros(m_max, np.float32)
         qv = np.empty(d_k, np.float32)
         kr = np.empty(d_k, np.float32)
-        lanes_kq = np.empty((16, m_max), np.float32)
+        lanes_kq = np.empty((F32_EPR, m_max), np.float32)
         lanes = np.empty((64, d_v), np.float32)
         for p in range(ch, n_p, n_ch):
             t = p // n_head
@@ -128,25 +130,20 @@ def _attention(q, k, v, n_head_kv, cells, n_cells, scale, mask_add, single, out,
             k0 = np.uintp(hk * d_k)  # unsigned indices: no negative-index wraparound, so the loops vectorize
             v0 = np.uintp(hk * d_v)
             if fast:
-                # the 16 tinyBLAS lanes of every cell at once: lane ln of cell r is fma over i = ln, ln + 16, ...
+                # the tinyBLAS lanes of every cell at once: lane ln of cell r is fma over i = ln, ln + F32_EPR, ...
                 cb = np.uintp(c0)
                 mu = np.uintp(m)
-                for ln in range(16):
+                for ln in range(F32_EPR):
                     row = lanes_kq[ln]
                     for r in range(mu):
                         row[r] = _F32(0.0)
-                    for i in range(ln, d_k, 16):
+                    for i in range(ln, d_k, F32_EPR):
                         qi = qv[i]
                         krow = kt[hk, i, cb:]
                         for r in range(mu):
                             row[r] = fma32(krow[r], qi, row[r])
                 for r in range(mu):
-                    u0 = (lanes_kq[12, r] + lanes_kq[4, r]) + (lanes_kq[8, r] + lanes_kq[0, r])
-                    u1 = (lanes_kq[13, r] + lanes_kq[5, r]) + (lanes_kq[9, r] + lanes_kq[1, r])
-                    u2 = (lanes_kq[14, r] + lanes_kq[6, r]) + (lanes_kq[10, r] + lanes_kq[2, r])
-                    u3 = (lanes_kq[15, r] + lanes_kq[7, r]) + (lanes_kq[11, r] + lanes_kq[3, r])
-                    kq = (u0 + u2) + (u1 + u3)
-                    w[r] = kq * scale + mask_add[t, r]
+                    w[r] = _hsum_col(lanes_kq, r) * scale + mask_add[t, r]
             else:
                 for r in range(m):
                     c = np.uintp(cells[t, r])
@@ -158,7 +155,7 @@ def _attention(q, k, v, n_head_kv, cells, n_cells, scale, mask_add, single, out,
             _soft_max(w, m, e)
             for r in range(m):
                 e[r] = round_f16(e[r])
-            # kqv: lanes over ranks; 16 lanes (tinyBLAS) or 4 x 16 (vec_dot_f16) per output element j
+            # kqv: lanes over ranks; F32_EPR lanes (tinyBLAS) or 4 x F32_EPR (vec_dot_f16) per output element j
             lanes[:, :] = _F32(0.0)  # (lane, j): the j loop runs over contiguous floats
             if fast:
                 for r in range(m):
@@ -166,7 +163,7 @@ def _attention(q, k, v, n_head_kv, cells, n_cells, scale, mask_add, single, out,
                     if pr == 0:
                         continue  # adds an exact zero (fma(0, v, acc) = acc)
                     vrow = vf[hk, c0 + r]
-                    lrow = lanes[r % 16]
+                    lrow = lanes[r % F32_EPR]
                     for j in range(d_v):
                         lrow[j] = fma32(vrow[j], pr, lrow[j])
             else:
@@ -175,30 +172,41 @@ def _attention(q, k, v, n_head_kv, cells, n_cells, scale, mask_add, single, out,
                     pr = e[r]
                     if pr == 0:
                         continue  # adds an exact zero (fma(0, v, acc) = acc)
-                    lane = np.uintp(r % 64) if single else np.uintp(r % 16)
+                    lane = np.uintp(r % (4 * F32_EPR)) if single else np.uintp(r % F32_EPR)
                     for j in range(d_v):
                         lanes[lane, j] = fma32(_as_f32(v[c, v0 + np.uintp(j)]), pr, lanes[lane, j])
             if single:
-                for ln in range(16):
+                for ln in range(F32_EPR):
                     for j in range(d_v):
-                        lanes[ln, j] = lanes[ln, j] + lanes[32 + ln, j]
-                        lanes[16 + ln, j] = lanes[16 + ln, j] + lanes[48 + ln, j]
-                for ln in range(16):
+                        lanes[ln, j] = lanes[ln, j] + lanes[2 * F32_EPR + ln, j]
+                        lanes[F32_EPR + ln, j] = lanes[F32_EPR + ln, j] + lanes[3 * F32_EPR + ln, j]
+                for ln in range(F32_EPR):
                     for j in range(d_v):
-                        lanes[ln, j] = lanes[ln, j] + lanes[16 + ln, j]
+                        lanes[ln, j] = lanes[ln, j] + lanes[F32_EPR + ln, j]
             for j in range(d_v):
-                y = _reduce_add16_col(lanes, j)
-                out[t, h, j] = _F32(np.float64(y)) if single else y
+                if single:  # GGML_F32_VEC_REDUCE's last step
+                    out[t, h, j] = _F32(np.float64(_hsum_col(lanes, j) if F32_EPR == 16 else _hadd8_col(lanes, j)))
+                else:
+                    out[t, h, j] = _hsum_col(lanes, j)
 
 
 @numba.njit(cache=True)
-def _reduce_add16_col(a, j):  # pragma: no cover - compiled
-    """`reduce_add16` over a[0:16, j]: 8 pair sums, then 4, then (0+2) + (1+3)."""
-    u0 = (a[12, j] + a[4, j]) + (a[8, j] + a[0, j])
-    u1 = (a[13, j] + a[5, j]) + (a[9, j] + a[1, j])
-    u2 = (a[14, j] + a[6, j]) + (a[10, j] + a[2, j])
-    u3 = (a[15, j] + a[7, j]) + (a[11, j] + a[3, j])
-    return (u0 + u2) + (u1 + u3)
+def _hsum_col(a, j):  # pragma: no cover - compiled
+    """`vec.hsum_vec` over a[0:F32_EPR, j]: 16 lanes as `_mm512_reduce_add_ps` (8 pair sums, then 4, then
+    (0+2) + (1+3)), 8 lanes as `hsum_float_8`."""
+    if F32_EPR == 16:
+        u0 = (a[12, j] + a[4, j]) + (a[8, j] + a[0, j])
+        u1 = (a[13, j] + a[5, j]) + (a[9, j] + a[1, j])
+        u2 = (a[14, j] + a[6, j]) + (a[10, j] + a[2, j])
+        u3 = (a[15, j] + a[7, j]) + (a[11, j] + a[3, j])
+        return (u0 + u2) + (u1 + u3)
+    return ((a[4, j] + a[0, j]) + (a[6, j] + a[2, j])) + ((a[5, j] + a[1, j]) + (a[7, j] + a[3, j]))
+
+
+@numba.njit(cache=True)
+def _hadd8_col(a, j):  # pragma: no cover - compiled
+    """`vec.reduce_hadd8` over a[0:8, j] (GGML_F32x8_REDUCE's two `hadd`s)."""
+    return ((a[0, j] + a[4, j]) + (a[1, j] + a[5, j])) + ((a[2, j] + a[6, j]) + (a[3, j] + a[7, j]))
 
 
 def attention_f16(

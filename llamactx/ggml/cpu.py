@@ -3,8 +3,9 @@
 The **target** is the CPU numba compiles for: the host, or `NUMBA_CPU_NAME` (an LLVM CPU name such as `haswell`,
 `skylake-avx512`, `znver4`) with `NUMBA_CPU_FEATURES` when set. Its features, not the host's, pick every variant:
 the VNNI kernel path (`vpdpbusd` on 256-bit vectors needs AVX512-VNNI + AVX512-VL, Ice Lake / Zen 4 and newer, or
-AVX-VNNI, Alder Lake and newer) and the arithmetic that depends on the ISA (flash attention's f16 accumulator in
-half precision with AVX512-FP16, `arithmetic()`). So one machine builds and tests for another CPU that it can run:
+AVX-VNNI, Alder Lake and newer) and the arithmetic that depends on the ISA (`arithmetic()`): ggml's float vector
+width `F32_EPR` (16 lanes with AVX-512, 8 with AVX2), which orders its float sums, and flash attention's f16
+accumulator in half precision with AVX512-FP16. So one machine builds and tests for another CPU that it can run:
 a target whose features the host lacks is refused (its code would stop on an illegal instruction).
 
 numba compiles for `NUMBA_CPU_NAME` with the *host's* features unless `NUMBA_CPU_FEATURES` is set, which would make
@@ -106,6 +107,10 @@ def _configure_numba() -> tuple[str, frozenset[str], str | None]:
 
 _TARGET = _configure_numba()
 
+# ggml's float vector width on the target (GGML_F32_EPR, simd-mappings.h): 16 with AVX-512, 8 with AVX / AVX2. A
+# compile-time constant of the kernels; numba's cache keys them by the target's CPU name and features.
+F32_EPR = 16 if "avx512f" in _TARGET[1] else 8
+
 
 def check_target() -> None:
     """Raise TargetError (one line for the user) if NUMBA_CPU_NAME / NUMBA_CPU_FEATURES cannot be used here."""
@@ -128,16 +133,21 @@ def cpu_features() -> dict[str, object]:
 def arithmetic() -> dict[str, object]:
     """Which llama.cpp build's arithmetic the target gives, and the switches that select it.
 
-    "fp16_accumulator": flash attention's one-chunk kernel accumulates in half precision (ggml built with
-    AVX512-FP16). "build": the llama.cpp build whose logits llamactx's equal on this target. Every other op
-    computes the AVX-512 build's sums whatever the target; ggml's AVX2 build sums some float dot products and
-    reductions in another order (docs/numerics.md), so "native_build_exact" (llama.cpp built natively for the
-    target gives the same logits) holds for AVX-512 targets only."""
+    "f32_epr": ggml's float vector width (16 AVX-512, 8 AVX2), which orders softmax, SiLU, f16 dot products and
+    tinyBLAS sums. "fp16_accumulator": flash attention's one-chunk kernel accumulates in half precision (ggml built
+    with AVX512-FP16). "variant": the name of that arithmetic ("avx512-fp16", "avx512", "avx2"), which picks the
+    tests' references. "build": the llama.cpp build whose logits llamactx's equal on this target."""
     feats = cpu_features()
     fp16 = bool(feats["avx512fp16"])
-    build = "GGML_AVX512=ON with AVX512-FP16 (native on Sapphire Rapids and newer)" if fp16 else \
-        "GGML_AVX512=ON without AVX512-FP16 (native on Zen 4, Ice Lake, Cascade Lake)"
-    return {"fp16_accumulator": fp16, "build": build, "native_build_exact": bool(feats["avx512f"])}
+    if F32_EPR == 16:
+        variant = "avx512-fp16" if fp16 else "avx512"
+        build = "GGML_AVX512=ON with AVX512-FP16 (native on Sapphire Rapids and newer)" if fp16 else \
+            "GGML_AVX512=ON without AVX512-FP16 (native on Zen 4/5, Ice Lake, Cascade Lake)"
+    else:
+        variant = "avx2"
+        build = "GGML_NATIVE=OFF GGML_AVX=ON GGML_AVX2=ON GGML_FMA=ON GGML_F16C=ON (native on Haswell to Raptor " \
+            "Lake, Zen 1-3)"
+    return {"f32_epr": F32_EPR, "fp16_accumulator": fp16, "variant": variant, "build": build}
 
 
 def path_for(environ: Mapping[str, str]) -> str:

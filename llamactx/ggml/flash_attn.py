@@ -1,14 +1,15 @@
 """Flash attention over an f16 KV cache as ggml-cpu computes it on x86 (`ggml_compute_forward_flash_attn_ext_f16`,
-ggml-cpu/ops.cpp, AVX-512 build): `flash_attn="enabled"` (and llama.cpp's default `auto` on a CPU).
+ggml-cpu/ops.cpp, the target's build): `flash_attn="enabled"` (and llama.cpp's default `auto` on a CPU).
 
 ggml picks one of three kernels for the whole op, from the ubatch's shape:
 
 - **tiled** (`_flash_attn_ext_tiled`, n_tokens >= GGML_FA_TILE_Q = 64): KV cells in tiles of 64. Per tile,
   kq = `simd_gemm` of the f32 q (not rounded) with the f16 K widened to f32: one fma chain over d_k per score;
   times scale, plus the mask; then per token an online softmax: tile max, `M = fmaxf(M, max)`, on a new max
-  VKQ and S are multiplied by `expf(M_old - M)`; `S += ggml_vec_soft_max_f32(64 scores)` (ggml_v_expf, four
-  16-lane groups each `_mm512_reduce_add_ps` into a double); VKQ += P V by `simd_gemm` (one fma chain over the
-  tile's cells per output, continuing VKQ). A tile without a visible cell is skipped. Out = VKQ * (1 / S).
+  VKQ and S are multiplied by `expf(M_old - M)`; `S += ggml_vec_soft_max_f32(64 scores)` (ggml_v_expf, groups
+  of F32_EPR lanes each `hsum_vec` into a double: four of 16 with AVX-512, eight of 8 with AVX2); VKQ += P V
+  by `simd_gemm` (one fma chain over the tile's cells per output, continuing VKQ). A tile without a visible
+  cell is skipped. Out = VKQ * (1 / S).
 - **one chunk** (`_f16_one_chunk`, fewer tokens): q rounded to f16, per visible cell in order
   s = `ggml_vec_dot_f16`(k, q) * scale; on a new max VKQ16 *= expf(M_old - s) else vs = expf(s - M); VKQ16 +=
   v * vs, both rounded to f16 per element (the accumulator is f16); `S = S * ms + vs` (fused). On a CPU with
@@ -38,9 +39,10 @@ import numba
 import numpy as np
 
 from llamactx.ggml.attention import kv_to_f32
+from llamactx.ggml.cpu import F32_EPR
 from llamactx.ggml.inputs import VisibleCells
 from llamactx.ggml.intrinsics import f16_to_f32, fma32, round_f16, round_f16_f64
-from llamactx.ggml.vec import dot_vec, reduce_add16, v_expf
+from llamactx.ggml.vec import dot_vec, hsum_vec, v_expf
 
 _F32 = np.float32
 TILE_Q = 64  # GGML_FA_TILE_Q
@@ -106,8 +108,8 @@ def _tiled_row(q, k, v, k0, v0, cells, m, mask_add, scale, vkq, kq, e, kt, vf, h
         for j in range(TILE_KV):
             e[j] = v_expf(kq[j] - m_new)
         tot = 0.0
-        for g in range(0, TILE_KV, 16):
-            tot += np.float64(reduce_add16(e, g))
+        for g in range(0, TILE_KV, F32_EPR):
+            tot += np.float64(hsum_vec(e, g))
         s = _F32(np.float64(s) + tot)
         for j in range(n_t):
             p = e[j]

@@ -9,10 +9,10 @@ outer loop over `n_seqs` does. The arithmetic follows ggml's x86 (AVX-512) build
   use ggml_vec_dot_f32 here, so no double accumulation).
 - ssm_scan (Mamba-2, one scalar decay per head): `dt_soft_plus = x > 20 ? x : logf(1 + expf(x))`,
   `dA = expf(dt_soft_plus * A)`; per state element `state = s0*dA + B*x_dt` (the first product fused into the
-  add) and `y += state*C` fused. The first d_state & ~63 elements run in 4 x 16 SIMD lanes reduced as
-  GGML_F32x16_REDUCE; the rest (all of it when d_state < 64) in scalar order after them.
-- silu: 16-lane `ggml_v_silu` (x / (1 + ggml_v_expf(-x))) over each row's first n & ~15 values, libm `expf` in
-  the scalar tail.
+  add) and `y += state*C` fused. The first d_state & ~(4 F32_EPR - 1) elements run in 4 x F32_EPR SIMD
+  lanes reduced as GGML_F32_VEC_REDUCE (AVX-512: 4 x 16; AVX2: 4 x 8); the rest in scalar order after them.
+- silu: F32_EPR-lane `ggml_v_silu` (x / (1 + ggml_v_expf(-x))) over each row's first n & ~(F32_EPR - 1)
+  values, libm `expf` in the scalar tail.
 
 Shapes are numpy order (the reverse of ggml's ne).
 """
@@ -24,8 +24,9 @@ import math
 import numba
 import numpy as np
 
+from llamactx.ggml.cpu import F32_EPR
 from llamactx.ggml.intrinsics import fma32
-from llamactx.ggml.vec import reduce_add16, v_expf
+from llamactx.ggml.vec import reduce_add16, reduce_hadd8, v_expf
 
 _F32 = np.float32
 
@@ -65,7 +66,8 @@ def _softplus(x):  # pragma: no cover - compiled
 def _ssm_scan(s, x, dt, a, b, c, y, acc):  # pragma: no cover - compiled
     n_t, n_head, head_dim = x.shape
     n_group, d_state = b.shape[1], b.shape[2]
-    n_simd = d_state & ~63
+    step = 4 * F32_EPR  # GGML_F32_STEP
+    n_simd = d_state // step * step
     for t in range(n_t):
         for h in range(n_head):
             dt_sp = _softplus(dt[t, h])
@@ -76,17 +78,17 @@ def _ssm_scan(s, x, dt, a, b, c, y, acc):  # pragma: no cover - compiled
                 sumf = _F32(0.0)
                 if n_simd:
                     acc[:] = 0
-                    for i in range(0, n_simd, 64):
-                        for j in range(64):
+                    for i in range(0, n_simd, step):
+                        for j in range(step):
                             st = fma32(s[h, i1, i + j], da, b[t, g, i + j] * x_dt)
                             acc[j] = fma32(st, c[t, g, i + j], acc[j])
                             s[h, i1, i + j] = st
-                    for ln in range(16):  # GGML_F32x16_REDUCE: (0+2), (1+3), then (0+1), then the 16 lanes
-                        acc[ln] = acc[ln] + acc[32 + ln]
-                        acc[16 + ln] = acc[16 + ln] + acc[48 + ln]
-                    for ln in range(16):
-                        acc[ln] = acc[ln] + acc[16 + ln]
-                    sumf = reduce_add16(acc, 0)
+                    for ln in range(F32_EPR):  # GGML_F32_VEC_REDUCE: (0+2), (1+3), then (0+1), then the lanes
+                        acc[ln] = acc[ln] + acc[2 * F32_EPR + ln]
+                        acc[F32_EPR + ln] = acc[F32_EPR + ln] + acc[3 * F32_EPR + ln]
+                    for ln in range(F32_EPR):
+                        acc[ln] = acc[ln] + acc[F32_EPR + ln]
+                    sumf = reduce_add16(acc, 0) if F32_EPR == 16 else reduce_hadd8(acc, 0)
                 for i0 in range(n_simd, d_state):
                     st = fma32(s[h, i1, i0], da, b[t, g, i0] * x_dt)
                     sumf = fma32(st, c[t, g, i0], sumf)
@@ -110,7 +112,7 @@ def ssm_scan(state: np.ndarray, x: np.ndarray, dt: np.ndarray, a: np.ndarray, b:
 @numba.njit(parallel=True, cache=True)
 def _silu_rows(x, out):  # pragma: no cover - compiled
     n, k = x.shape
-    k16 = k - k % 16
+    k16 = k - k % F32_EPR
     for r in numba.prange(n):
         for i in range(k16):
             v = x[r, i]

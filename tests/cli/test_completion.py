@@ -128,7 +128,7 @@ def test_ctrl_c_stops_prints_timings_and_exits_130():
 
 def test_chat_stops_at_reverse_prompt_and_stop_and_lists_probs():
     proc = llamactx("chat", "--temp", "0", "-n", "30", "-r", "Blue", "--stop", "3.", "--n-probs", "2",
-                    stdin="Name three colors.\n/exit\n")
+                    stdin="Name three colors, as a numbered list.\n/exit\n")
     assert proc.returncode == 0, proc.stderr
     answer, listing = proc.stdout.split("\nprobabilities: each token, then the 2 most likely at its position\n")
     assert answer.endswith("> 1. Red\n2. \n") and "Blue" not in answer  # the turn came back at "Blue"

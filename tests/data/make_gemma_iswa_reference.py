@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -27,7 +28,8 @@ import numpy as np
 from llama_cpp import Llama
 
 HERE = Path(__file__).parent
-OUT = HERE / "gemma3-270m-q4_k_m"
+# REFERENCE_VARIANT=avx2 (with LLAMA_CPP_LIB_PATH at llama.cpp built for AVX2) writes into its avx2/ folder
+OUT = HERE / "gemma3-270m-q4_k_m" / os.environ.get("REFERENCE_VARIANT", "")
 N_PROMPT, N_LAST, N_GEN, N_TOP, N_SAMPLE = 1536, 64, 32, 64, 512
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -43,6 +42,7 @@ from llamactx.sampling import (
 from llamactx.sampling.dry import TokenRing
 from llamactx.sampling.rng import StdMt19937
 from llamactx.sampling.token_data import find_tokens, top_order
+from tests.conftest import REFERENCE_DIRS
 
 F32 = np.float32
 
@@ -405,13 +405,10 @@ def test_std_mt19937_matches_libstdcxx():
     assert rng.discrete(np.ones(1, F32)) == 0 and rng.next_u32() == control.next_u32()  # one weight: no draw
 
 
-REFERENCE_DIRS = {"smollm2": "smollm2-135m-instruct-q4_1", "gemma3": "gemma3-270m-q4_k_m"}
-
-
 @pytest.mark.parametrize(("model", "ref_fixture"), [("smollm2", "smollm_ref"), ("gemma3", "gemma_ref")])
 def test_top_k_on_reference_logits(model, ref_fixture, request):
     ref = request.getfixturevalue(ref_fixture)
-    data = Path(__file__).parents[1] / "data" / REFERENCE_DIRS[model]
+    data = REFERENCE_DIRS[model]  # the reference set of this run's arithmetic, as ref_fixture's
     for i, prompt in enumerate(ref["prompts"]):
         logits = np.load(data / prompt["logits_file"])  # (n_vocab,)
         cur = TokenDataArray.from_logits(logits)

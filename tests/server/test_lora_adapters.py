@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from llamactx.llm import LLM
+from tests.conftest import VARIANT_DIR
 from tests.server.conftest import running_server
 
 DATA = Path(__file__).parents[1] / "data" / "lora"
-GREEDY = json.loads((DATA / "reference.json").read_text())["greedy"]
+GREEDY = json.loads((DATA / VARIANT_DIR / "reference.json").read_text())["greedy"]
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,8 @@ its tiled kernel), fast.
 The arithmetic is llamactx.ggml.flash_attn's default (ReferenceOps), which is llama.cpp's tiled kernel bit for bit:
 per score one FMA chain over the head dimension, from zero, of the f32 query (not rounded) and the f16 K row
 widened; times scale, plus the mask; per tile of 64 cells (by rank) an online softmax: the tile's max, on a new
-max VKQ and S scaled by `expf(M_old - M)`, `ggml_v_expf` of each score, the tile's sum in double; VKQ += P V as one
+max VKQ and S scaled by `expf(M_old - M)`, `ggml_v_expf` of each score, the tile's sum in double (by groups of
+the target's F32_EPR lanes; nothing else here depends on the vector width); VKQ += P V as one
 FMA chain over the cells per output element (a zero probability adds nothing); out = VKQ / S.
 
 Here 16 cells' scores are one register: a block of 16 K rows is transposed 16 x 16 in registers (`htranspose16`),
@@ -24,9 +25,10 @@ import math
 import numba
 import numpy as np
 
+from llamactx.ggml.cpu import F32_EPR
 from llamactx.ggml.kernels.attention import SPLIT_MIN_CELLS, _slot_cells, _widen_rows, v_chunk
 from llamactx.ggml.kernels.wide import fadd16, ffma16s, fload16, fstore16, hload16, htranspose16, wscale, wzero
-from llamactx.ggml.vec import reduce_add16, v_expf, vec_max
+from llamactx.ggml.vec import hsum_vec, v_expf, vec_max
 
 _F32 = np.float32
 TILE = 64  # GGML_FA_TILE_KV: cells per online-softmax step
@@ -201,8 +203,8 @@ def _online_soft_max(w, m, e, f):  # pragma: no cover - compiled
         for j in range(TILE):
             et[j] = v_expf(wt[j] - m_new)
         tot = 0.0
-        for g in range(0, TILE, 16):
-            tot += np.float64(reduce_add16(et, g))
+        for g in range(0, TILE, F32_EPR):  # ggml_vec_soft_max_f32's groups (16 lanes AVX-512, 8 AVX2)
+            tot += np.float64(hsum_vec(et, g))
         s = _F32(np.float64(s) + tot)
     return s
 

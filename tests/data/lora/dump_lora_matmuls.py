@@ -11,6 +11,7 @@ n_out) as llama.cpp computed it.
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -84,7 +85,9 @@ def main() -> None:
             raise RuntimeError("llama_decode failed")
     arrays = {f"{i}|{name}|{k}": v for i, (name, w, x, y) in enumerate(found) for k, v in (("W", w), ("X", x), ("Y", y))
               if name.endswith("lora_b")}
-    np.savez_compressed(HERE / "f32_ranks.npz", **arrays)
+    out = HERE / os.environ.get("REFERENCE_VARIANT", "")  # avx2: llama.cpp built for AVX2 (LLAMA_CPP_LIB_PATH)
+    out.mkdir(exist_ok=True)
+    np.savez_compressed(out / "f32_ranks.npz", **arrays)
     print(sorted({k.rsplit("|", 1)[0] for k in arrays}))
 
 

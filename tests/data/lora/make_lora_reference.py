@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -23,6 +24,8 @@ import numpy as np
 from llama_cpp import Llama
 
 HERE = Path(__file__).parent
+# REFERENCE_VARIANT=avx2 (with LLAMA_CPP_LIB_PATH at llama.cpp built for AVX2) writes into avx2/
+OUT = HERE / os.environ.get("REFERENCE_VARIANT", "")
 PROMPT = "The quick brown fox jumps over the lazy dog."
 CASES = [  # name, model (0 SmolLM2, 1 Gemma 3), [(adapter file, scale)]
     ("a_1", 0, [("smollm2-lora.gguf", 1.0)]),
@@ -72,8 +75,9 @@ def main() -> None:
     out["greedy"] = {**GREEDY, "text": llm.create_completion(GREEDY["prompt"], max_tokens=GREEDY["max_tokens"],
                                                            temperature=0.0)["choices"][0]["text"]}
     print(out["greedy"])
-    (HERE / "reference.json").write_text(json.dumps(out, indent=1))
-    np.savez_compressed(HERE / "reference.npz", **arrays)
+    OUT.mkdir(exist_ok=True)
+    (OUT / "reference.json").write_text(json.dumps(out, indent=1))
+    np.savez_compressed(OUT / "reference.npz", **arrays)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ Writes tests/data/tiny/<name>.json (tokens, greedy completion) and <name>.npz (l
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -17,6 +18,8 @@ import numpy as np
 from llama_cpp import Llama
 
 HERE = Path(__file__).parent
+# REFERENCE_VARIANT=avx2 (with LLAMA_CPP_LIB_PATH at llama.cpp built for AVX2) writes into avx2/ instead
+OUT = HERE / os.environ.get("REFERENCE_VARIANT", "")
 PROMPTS = ["The quick brown fox jumps over the lazy dog.", "Hello, world! 1 2 3",
            "def add(a, b):\n    return a + b\n"]
 N_GREEDY = 64
@@ -45,8 +48,9 @@ def reference(name: str) -> None:
         llm.eval([t])
     out["greedy"] = gen
     arrays["greedy"] = np.stack(rows)
-    (HERE / f"{name}.json").write_text(json.dumps(out, indent=1))
-    np.savez_compressed(HERE / f"{name}.npz", **arrays)
+    OUT.mkdir(exist_ok=True)
+    (OUT / f"{name}.json").write_text(json.dumps(out, indent=1))
+    np.savez_compressed(OUT / f"{name}.npz", **arrays)
     print(name, [len(p["tokens"]) for p in out["prompts"]], gen[:8])
 
 
