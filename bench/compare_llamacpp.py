@@ -6,6 +6,9 @@ then `llamactx bench` with the same options, each in a fresh process; the table 
 
 Usage: python bench/compare_llamacpp.py [-m smollm2|gemma3] [-p 512] [-n 128] [-d 0] [-r 3] [-t 2] [--fa off|on]
            [--llamacpp DIR (default $LLAMACPP or ~/.cache/llamactx-llamacpp)] [--pythonpath CHECKOUT]
+           [--target CPU --llama-bench PATH]
+`--target haswell` compiles ours for that CPU (NUMBA_CPU_NAME, its own NUMBA_CACHE_DIR .numba-<CPU>), against the
+llama-bench of `--llama-bench` (llama.cpp built for that CPU, e.g. `-DGGML_NATIVE=OFF -DGGML_AVX2=ON ...`).
 `-d` starts every test from that many tokens in the cache (llama-bench's --n-depth), e.g. `-p 0 -n 32 -d 4096`.
 `--pythonpath` runs ours from another checkout (e.g. a worktree of an earlier commit) for before/after numbers.
 """
@@ -30,8 +33,11 @@ def llama_bench(binary: Path, model: str, n_prompt: int, n_gen: int, n_depth: in
 
 
 def ours(model: str, n_prompt: int, n_gen: int, n_depth: int, threads: int, fa: str,
-         pythonpath: str | None) -> float:
+         pythonpath: str | None, target: str | None = None) -> float:
     env = dict(os.environ)
+    if target:
+        env["NUMBA_CPU_NAME"] = target
+        env["NUMBA_CACHE_DIR"] = str(Path(pythonpath or ".").resolve() / f".numba-{target}")
     if pythonpath:  # `python -m` puts the working directory first on sys.path: run from the checkout
         env["PYTHONPATH"] = pythonpath
     out = subprocess.run([sys.executable, "-m", "llamactx", "bench", "-m", model, "-p", str(n_prompt),
@@ -54,8 +60,10 @@ def main() -> None:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--fa", choices=("off", "on"), default="off",
                     help="flash attention on both sides (default off; both programs default to on)")
+    ap.add_argument("--target", default=None, help="the CPU ours compiles for (NUMBA_CPU_NAME), e.g. haswell")
+    ap.add_argument("--llama-bench", default=None, help="llama-bench built for --target (default: DIR/bin's)")
     args = ap.parse_args()
-    binary = Path(args.llamacpp) / "bin" / "llama-bench"
+    binary = Path(args.llama_bench) if args.llama_bench else Path(args.llamacpp) / "bin" / "llama-bench"
     if not binary.exists():
         sys.exit(f"{binary} not found: build it with ../shared/tools/build_llamacpp.sh")
 
@@ -63,7 +71,7 @@ def main() -> None:
 
     path = str(resolve_model_path(args.model))
     print(f"{Path(path).name}, {args.threads} threads, {args.repetitions} alternating rounds, "
-          f"-fa {args.fa} on both sides")
+          f"-fa {args.fa} on both sides" + (f", ours for {args.target}, {binary}" if args.target else ""))
     print("| test | llama.cpp t/s | llamactx t/s | ratio |\n| --- | ---: | ---: | ---: |")
     for n_prompt, n_gen in ((args.n_prompt, 0), (0, args.n_gen)):
         if not (n_prompt or n_gen):
@@ -71,7 +79,8 @@ def main() -> None:
         theirs, mine = [], []
         for _ in range(args.repetitions):
             theirs.append(llama_bench(binary, path, n_prompt, n_gen, args.n_depth, args.threads, args.fa))
-            mine.append(ours(path, n_prompt, n_gen, args.n_depth, args.threads, args.fa, args.pythonpath))
+            mine.append(ours(path, n_prompt, n_gen, args.n_depth, args.threads, args.fa, args.pythonpath,
+                             args.target))
         t_ts, o_ts = statistics.median(theirs), statistics.median(mine)
         name = (f"pp{n_prompt}" if n_prompt else f"tg{n_gen}") + (f" @ d{args.n_depth}" if args.n_depth else "")
         print(f"| {name} | {t_ts:.1f} | {o_ts:.1f} | {o_ts / t_ts:.2f}x |")
