@@ -10,7 +10,6 @@ import pytest
 from llamactx import Batch, Context, ContextParams
 from llamactx.backend.reference import ReferenceOps
 from llamactx.models import ARCHITECTURES
-from tests.conftest import VARIANT
 from tests.models.tiny import TINY, load_tiny
 
 NAMES = [name for name in ("mamba2", "mamba2-s128", "lfm2") if name.split("-")[0] in ARCHITECTURES]
@@ -18,9 +17,6 @@ NAMES = [name for name in ("mamba2", "mamba2-s128", "lfm2") if name.split("-")[0
 
 @pytest.fixture(scope="module", params=NAMES)
 def tiny(request):
-    if VARIANT == "avx2" and request.param.startswith("mamba2"):
-        pytest.skip("mamba2 on the AVX2 arithmetic: llama.cpp's AVX2 build gives other bits from the second token on "
-                    "(the SSM recurrence), not yet reproduced (docs/numerics.md); the AVX-512 variant is exact")
     return load_tiny(request.param)
 
 
