@@ -16,8 +16,10 @@ from enum import IntEnum
 
 import numpy as np
 
+from llamactx.backend.reference import F32Rows
 from llamactx.batch import AllocatedBatch, Batch, BatchAllocator, DecodeError, UBatch
 from llamactx.cparams import ContextParams, ResolvedParams
+from llamactx.ggml.vecdot import matmul_float
 from llamactx.lora import AdaptedModel, LoraAdapter, LoraError
 from llamactx.memory.hybrid import HybridView
 from llamactx.memory.recurrent import RecurrentView
@@ -25,6 +27,7 @@ from llamactx.model import Model
 from llamactx.models import arch_module
 from llamactx.models.graph_inputs import BatchAttention, HybridInput, KVAttention, LayerMappedAttention, rope_config
 from llamactx.state import load_file, read_state, save_file, write_state
+from llamactx.state_io import StateError
 
 N_CLS_OUT = 1  # llama_hparams.n_cls_out: the values a RANK pooling keeps per sequence (no classifier labels here)
 
@@ -91,7 +94,10 @@ class Context:
     def decode(self, batch: Batch) -> DecodeStatus:
         """Run `batch` through the model, appending to the memory. Returns DecodeStatus.OK (0), NO_SLOT (1: no
         free KV cells for the batch; memory unchanged) or ABORTED (2: by `abort_callback`; memory unchanged).
-        Raises `DecodeError` (code -1) for an invalid batch, with memory unchanged."""
+        Raises `DecodeError` (code -1) for an invalid batch, with memory unchanged. A model without memory (an
+        encoder: bert) encodes the batch instead, as llama_decode does; it produces embeddings, never logits."""
+        if self.memory is None:  # llama_context::decode: "cannot decode batches with this context (calling encode())"
+            return self.encode(batch)
         with self._lock:
             self._check_open()
             t0 = time.perf_counter()
@@ -171,6 +177,8 @@ class Context:
 
     def _rope_shift(self, rows: np.ndarray, shift: np.ndarray, il: int) -> np.ndarray:
         hp = self.model.hparams
+        if not hp.has_rope(il):  # llama_kv_cache::build_graph_shift leaves a layer without RoPE as it is
+            return rows
         k = rows.reshape(len(shift), hp.n_head_kv, hp.n_embd_head_k)
         return self.ops.rope(k, shift, self._rope.for_layer(hp.is_swa(il))).reshape(rows.shape)
 
@@ -259,11 +267,12 @@ class Context:
             return {}
         pooled = {}
         seqs = sorted({s for ids in alloc.seq_ids for s in ids})
-        for s in seqs:
-            rows = [self._output_ids[i] for i in out_rows if s in alloc.seq_ids[i]]
+        seq_rows = [[self._output_ids[i] for i in out_rows if s in alloc.seq_ids[i]] for s in seqs]
+        means = _mean_pool(self._embd, seq_rows) if pooling == "mean" else None  # (n_seqs, n_embd)
+        for j, (s, rows) in enumerate(zip(seqs, seq_rows, strict=True)):
             vecs = self._embd[rows]  # (n_tok_s, n_embd)
-            if pooling == "mean":
-                pooled[s] = vecs.mean(axis=0, dtype=np.float64).astype(np.float32)
+            if means is not None:
+                pooled[s] = means[j]
             elif pooling == "rank":
                 pooled[s] = (vecs[-1] if self.params.causal_attn else vecs[0])[:N_CLS_OUT].copy()  # (1,)
             else:
@@ -314,20 +323,24 @@ class Context:
     def state_get_data(self) -> bytes:
         """The whole context state (KV cells of every sequence + last outputs) as bytes."""
         with self._lock:
+            self._check_state()
             return write_state(self, seq_id=None)
 
     def state_set_data(self, data: bytes) -> None:
         """Restore a state from `state_get_data`; raises `StateError` with memory unchanged if it does not fit."""
         with self._lock:
+            self._check_state()
             read_state(self, data, dest_seq_id=None)
 
     def state_seq_get_data(self, seq_id: int) -> bytes:
         with self._lock:
+            self._check_state()
             self.memory.check_seq(seq_id)
             return write_state(self, seq_id=seq_id)
 
     def state_seq_set_data(self, data: bytes, dest_seq_id: int) -> None:
         with self._lock:
+            self._check_state()
             self.memory.check_seq(dest_seq_id)
             read_state(self, data, dest_seq_id=dest_seq_id)
 
@@ -373,7 +386,7 @@ class Context:
     def memory_breakdown(self) -> dict[str, int]:
         """Bytes this context holds beyond the shared weights: KV arrays and cells (per cache for iSWA: "base.k",
         "swa.k", ...), recurrent states (rs), output buffers."""
-        mem = self.memory.memory_breakdown()
+        mem = self.memory.memory_breakdown() if self.memory is not None else {}
         rs = {name: n for name, n in mem.items() if name.rsplit(".", 1)[-1] in ("r", "s")}
         cells = sum(n for name, n in mem.items() if name.rsplit(".", 1)[-1] == "cells")
         kv = sum(mem.values()) - cells - sum(rs.values())
@@ -382,6 +395,11 @@ class Context:
             out["rs"] = sum(rs.values())
         out["outputs"] = self._logits.nbytes + self._embd.nbytes + self._output_ids.nbytes
         return out
+
+    def _check_state(self) -> None:
+        if self.memory is None:
+            raise StateError(f"model '{self.model.arch}' is an encoder without memory: there is no state to save or "
+                             f"restore")
 
     def _check_open(self) -> None:
         if self._closed:
@@ -405,6 +423,17 @@ def _readonly(a: np.ndarray) -> np.ndarray:
     view = a.view()
     view.flags.writeable = False
     return view
+
+
+def _mean_pool(embd: np.ndarray, seq_rows: list[list[int]]) -> np.ndarray:
+    """build_pooling MEAN: ggml_mul_mat(ggml_cont(ggml_transpose(embd)), inp_mean), inp_mean's column s holding
+    1.0f/n_s at sequence s's rows and 0 elsewhere: float dots over every output row, zeros included
+    (ggml_vec_dot_f32 for one sequence, tinyBLAS where it takes the shape for several).
+    embd (n_outputs, n_embd) -> (n_seqs, n_embd)"""
+    inp_mean = np.zeros((len(seq_rows), embd.shape[0]), np.float32)  # (n_seqs, n_outputs)
+    for j, rows in enumerate(seq_rows):
+        inp_mean[j, rows] = np.float32(1.0) / np.float32(len(rows))
+    return matmul_float(inp_mean, F32Rows(embd.T), vec_dot_for_one=True)  # (n_seqs, n_embd)
 
 
 def _fast_ops(model: Model):

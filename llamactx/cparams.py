@@ -168,7 +168,7 @@ def _resolve(p: ContextParams, hp: HParams, flash: str) -> ResolvedParams:
     n_ctx_seq = n_ctx if p.kv_unified else _pad(n_ctx // p.n_seq_max, 256)
     if not p.kv_unified:
         n_ctx = n_ctx_seq * p.n_seq_max
-    causal = hp.arch != "bert" if p.attention_type == "unspecified" else p.attention_type == "causal"
+    causal = hp.causal_attn if p.attention_type == "unspecified" else p.attention_type == "causal"
     n_batch = min(n_ctx, p.n_batch) if causal else p.n_batch
     n_ubatch = min(n_batch, p.n_ubatch or n_batch)
     scaling = hp.rope_scaling_type if p.rope_scaling_type == "unspecified" else p.rope_scaling_type
@@ -201,7 +201,7 @@ def _resolve(p: ContextParams, hp: HParams, flash: str) -> ResolvedParams:
         yarn_beta_slow=p.yarn_beta_slow if p.yarn_beta_slow >= 0 else hp.yarn_beta_slow,
         n_ctx_orig_yarn=p.yarn_orig_ctx or hp.n_ctx_orig_yarn,
         rope_scaling_type=scaling,
-        pooling_type="none" if p.pooling_type == "unspecified" else p.pooling_type,
+        pooling_type=hp.pooling_type if p.pooling_type == "unspecified" else p.pooling_type,  # the model's
         causal_attn=causal,
         flash_attn=flash_attn,
         type_k=p.type_k,

@@ -18,6 +18,7 @@ from llamactx.errors import LlamactxError
 ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")  # llama_rope_scaling_type_from_string
 
 LLAMA_MAX_LAYERS = 512  # src/llama-hparams.h: load_hparams asserts 0 < n_layer <= LLAMA_MAX_LAYERS
+LLAMA_MAX_EXPERTS = 1024  # src/llama-hparams.h: load_hparams asserts n_expert <= LLAMA_MAX_EXPERTS
 U32_MAX = (1 << 32) - 1  # llama.cpp reads every count and length as uint32_t
 
 
@@ -61,9 +62,9 @@ class HParams:
     swa_layers: tuple[bool, ...]  # is_swa(il) for each layer
     rope_freq_base_swa: float  # rope base of the sliding-window layers (gemma3: 10000)
     rope_freq_scale_swa: float
-    f_attention_scale: float  # scale applied to Q before attention (gemma3); 0 = use kq_scale 1/sqrt(head)
+    f_attention_scale: float  # gemma2/3: Q's scale before attention; granite: the kq scale; 0 = 1/sqrt(head)
     f_final_logit_softcapping: float  # 0 = none
-    embd_scale: float  # input embeddings are multiplied by this (gemma3: sqrt(n_embd))
+    embd_scale: float  # input embeddings are multiplied by this (gemma2/3: sqrt(n_embd); granite: 0 = not at all)
     size_label: str  # "135M", from general.size_label or the parameter count
     # recurrent layers (llama_hparams ssm_* / n_shortconv_l_cache); zero for attention-only models
     ssm_d_conv: int = 0
@@ -73,6 +74,20 @@ class HParams:
     ssm_n_group: int = 0
     n_shortconv_l_cache: int = 0  # lfm2: the short convolution's kernel length
     recurrent_layers: tuple[bool, ...] = ()  # is_recr(il) for each layer; () = none
+    # mixture of experts (llama_hparams n_expert, n_expert_used, n_ff_exp); zero for dense models
+    n_expert: int = 0
+    n_expert_used: int = 0  # experts each token is routed to
+    n_ff_exp: int = 0  # one expert's FFN width
+    # per-architecture scalars of llama_hparams (0 = not used)
+    f_attn_logit_softcapping: float = 0.0  # gemma2: attention logits soft-capped (cap * tanh(kq / cap))
+    f_logit_scale: float = 0.0  # granite: logits divided by it
+    f_residual_scale: float = 0.0  # granite: attention and FFN outputs scaled before the residual adds
+    rope_layers: tuple[bool, ...] = ()  # has_rope(il) per layer (llama_hparams::rope_pattern); () = every layer
+    # encoders (bert): LayerNorm epsilon, attention over the whole sequence, the model's own pooling
+    f_norm_eps: float = 0.0  # attention.layer_norm_epsilon (LLM_KV_ATTENTION_LAYERNORM_EPS)
+    causal_attn: bool = True  # attention.causal (LLM_KV_ATTENTION_CAUSAL)
+    pooling_type: str = "none"  # pooling_type (LLM_KV_POOLING_TYPE): none, mean, cls, last, rank
+    n_token_types: int = 0  # tokenizer.ggml.token_type_count (bert: 2, "sentence A / B")
 
     def is_recr(self, il: int) -> bool:
         """Whether layer `il` keeps a recurrent state instead of K/V (llama_hparams::is_recr)."""
@@ -100,6 +115,10 @@ class HParams:
 
     def is_swa(self, il: int) -> bool:
         return self.swa_layers[il]
+
+    def has_rope(self, il: int) -> bool:
+        """Whether layer `il` rotates q and k (llama_hparams::has_rope): smollm3 skips every fourth layer."""
+        return not self.rope_layers or self.rope_layers[il]
 
 
 class Meta:
@@ -237,7 +256,9 @@ def read_hparams(meta: dict[str, object], arch: str, rope_type: int, memory: str
         yarn_attn_factor=1.0,
         yarn_beta_fast=32.0,
         yarn_beta_slow=1.0,
-        f_norm_rms_eps=m.real("attention.layer_norm_rms_epsilon"),
+        # an encoder (memory "none": bert) normalizes with LayerNorm's attention.layer_norm_epsilon instead
+        f_norm_rms_eps=m.real("attention.layer_norm_rms_epsilon", 0.0 if memory == "none" else None,
+                              zero_ok=memory == "none"),
         n_swa=0,
         swa_layers=(False,) * n_layer,
         rope_freq_base_swa=m.real("rope.freq_base_swa", 10000.0),
@@ -247,9 +268,18 @@ def read_hparams(meta: dict[str, object], arch: str, rope_type: int, memory: str
         embd_scale=1.0,
         size_label=_size_label(meta, n_params),
         recurrent_layers=recurrent_layers if any(recurrent_layers) else (),
+        **_expert_counts(m),
     )
     fields.update(arch_hparams(m, fields))
     return HParams(**fields)
+
+
+def _expert_counts(m: Meta) -> dict:
+    """n_expert and n_expert_used (llama_model::load_hparams): at most LLAMA_MAX_EXPERTS experts, and a model with
+    experts routes each token to 1..n_expert of them (none without experts)."""
+    n_expert = m.count("expert_count", 0, lo=0, hi=LLAMA_MAX_EXPERTS)
+    n_expert_used = m.count("expert_used_count", 0, lo=1 if n_expert else 0, hi=n_expert)
+    return dict(n_expert=n_expert, n_expert_used=n_expert_used)
 
 
 def _head_counts(m: Meta, n_layer: int, per_layer: bool) -> tuple[int, int, tuple[bool, ...]]:

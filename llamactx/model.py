@@ -22,7 +22,14 @@ from llamactx.gguf.quants import block_format, is_supported
 from llamactx.gguf.reader import GGUFFile, TensorInfo
 from llamactx.hparams import HParams, ModelLoadError
 from llamactx.memory.base import Memory
-from llamactx.models import create_memory, expected_tensors, load_hparams, memory_description
+from llamactx.models import (
+    create_memory,
+    expected_tensors,
+    load_hparams,
+    memory_description,
+    memory_type,
+    refused_tensors,
+)
 from llamactx.vocab import Vocab
 
 
@@ -143,6 +150,12 @@ class Model:
         ContextParams: a KV cache, an iSWA cache, recurrent states or both (llamactx.models.create_memory)."""
         return create_memory(self.hparams, params)
 
+    @property
+    def is_embedding_only(self) -> bool:
+        """An encoder without memory or output layer (bert): llama_decode runs llama_encode on it and leaves no
+        logits, so it computes embeddings and cannot generate text."""
+        return memory_type(self.arch) == "none"
+
     def memory_description(self, swa_full: bool = False) -> str:
         """`create_memory`'s choice in llama.cpp's class names, as `llamactx info` prints it."""
         return memory_description(self.hparams, swa_full)
@@ -240,6 +253,8 @@ class Model:
         ]
         if hp.n_swa:
             lines.append(f"sliding window: {hp.n_swa} ({sum(hp.swa_layers)} of {hp.n_layer} layers)")
+        if hp.n_expert:
+            lines.append(f"experts:        {hp.n_expert}, {hp.n_expert_used} used per token, n_ff_exp {hp.n_ff_exp}")
         if hp.ssm_d_inner:
             lines.append(f"ssm:            d_inner {hp.ssm_d_inner}, d_state {hp.ssm_d_state}, "
                          f"n_head {hp.ssm_dt_rank}, n_group {hp.ssm_n_group}, d_conv {hp.ssm_d_conv}")
@@ -267,6 +282,9 @@ def _check_tensors(tensors: dict[str, TensorInfo], hp: HParams) -> None:
         if tuple(info.shape) != tuple(shape):
             raise ModelLoadError(f"tensor '{name}' has shape {list(info.shape)}, expected {list(shape)}")
         _check_type(info, len(shape) == 1)
+    for name, why in refused_tensors(hp).items():
+        if name in tensors:
+            raise ModelLoadError(f"tensor '{name}': {why}")
 
 
 def _check_type(info: TensorInfo, vector: bool) -> None:

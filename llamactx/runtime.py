@@ -46,7 +46,7 @@ class RuntimeParams:
     flash_attn: str | bool = "auto"  # -fa on|off|auto
     swa_full: bool = False  # --swa-full
     chat_template: str | None = None  # --chat-template NAME|JINJA: instead of the model's
-    pooling: str = "mean"  # --pooling: the embedder's (mean, last, cls; none: token-level, which it does not do)
+    pooling: str | None = None  # --pooling: the embedder's (None: the model's pooling_type, else mean)
     embd_n_ctx: int | None = None  # the embedder's context (None: n_ctx)
     sampling: Mapping[str, Any] = field(default_factory=dict)  # --temp, --seed ...: SamplingParams defaults
     context: Mapping[str, Any] = field(default_factory=dict)  # other ContextParams fields (--rope-freq-base ...)
@@ -90,6 +90,7 @@ class Runtime:
         if self._embedder is None:
             pooling = self.params.pooling
             self._embedder = self._pooled("mean" if pooling == "none" else pooling)  # "none": the server refuses it
+            # (None: the model's own pooling type, embedding.default_pooling)
         return self._embedder
 
     @property
@@ -100,7 +101,7 @@ class Runtime:
             self._reranker = self._pooled("rank")
         return self._reranker
 
-    def _pooled(self, pooling: str) -> Embedder:
+    def _pooled(self, pooling: str | None) -> Embedder:
         p = self.params
         return Embedder(self.model, n_ctx=p.embd_n_ctx or p.n_ctx, lora=self.lora, pooling=pooling,
                         n_threads=p.n_threads, n_threads_batch=p.n_threads_batch or p.n_threads,

@@ -66,4 +66,7 @@ SCALE_OFFSETS = {
     GGMLQuantizationType.Q4_K: [0, 2],
     GGMLQuantizationType.Q5_K: [0, 2],
     GGMLQuantizationType.Q6_K: [208],
+    GGMLQuantizationType.IQ4_NL: [0],
+    GGMLQuantizationType.IQ4_XS: [0],
+    GGMLQuantizationType.MXFP4: [],  # an E8M0 exponent byte, no f16 scale
 }

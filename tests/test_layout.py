@@ -103,6 +103,7 @@ def test_nothing_outside_the_engine_reaches_into_it():
 SAME_CONCEPT = {
     "attention.py": ("ggml/attention.py", "ggml/kernels/attention.py"),  # the reference and its compiled kernel
     "embedding.py": ("embedding.py", "cli/embedding.py"),  # Embedder and `llamactx embedding`
+    "moe.py": ("ggml/moe.py", "models/moe.py"),  # the router's ops and the MoE block built from them
 }
 
 

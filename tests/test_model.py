@@ -120,7 +120,8 @@ def test_unsupported_architecture_rejected(tmp_path):
     writer = GGUFWriter(str(tmp_path / "x.gguf"), "mamba")
     writer.add_tensor("w", np.zeros(4, np.float32))
     finish(writer)
-    with pytest.raises(HParamsError, match="architecture 'mamba' is not supported .*llama, qwen2, qwen3, gemma3"):
+    with pytest.raises(HParamsError, match="architecture 'mamba' is not supported .*llama, qwen2, qwen3, qwen3moe, "
+                                           "gemma3, mamba2, lfm2"):
         Model.load(tmp_path / "x.gguf")
 
 
@@ -220,9 +221,9 @@ def test_every_allowed_matrix_type_computes(tmp_path, ggml_type):
 @pytest.mark.parametrize(
     "name, ggml_type, role",
     [
-        ("blk.0.attn_q.weight", GGMLQuantizationType.IQ4_NL, "a weight matrix"),
+        ("blk.0.attn_q.weight", GGMLQuantizationType.IQ2_XXS, "a weight matrix"),
         ("blk.1.ffn_down.weight", GGMLQuantizationType.TQ2_0, "a weight matrix"),
-        ("token_embd.weight", GGMLQuantizationType.IQ4_XS, "a weight matrix"),
+        ("token_embd.weight", GGMLQuantizationType.IQ3_S, "a weight matrix"),
         ("blk.1.attn_norm.weight", GGMLQuantizationType.Q8_0, "a norm weight or bias"),
         ("output_norm.weight", GGMLQuantizationType.BF16, "a norm weight or bias"),
     ],

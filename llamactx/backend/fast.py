@@ -21,9 +21,9 @@ from llamactx.ggml.kernels.attention import attend
 from llamactx.ggml.kernels.compute import WeightTable, plan_graph
 from llamactx.ggml.kernels.flash import flash_attend
 from llamactx.ggml.kernels.get_rows import get_rows, get_rows_q8_0_packed
-from llamactx.ggml.kernels.matmul import matmul
+from llamactx.ggml.kernels.matmul import expert_order, matmul, matmul_id
 from llamactx.ggml.kernels.repack import can_pack, pack_weight, pack_weights
-from llamactx.ggml.vecdot import EXACT_TYPES
+from llamactx.ggml.vecdot import EXACT_TYPES, is_repacked_q4_0
 from llamactx.ggml.vecdot_k import is_exact_k
 from llamactx.lora import AdaptedModel, AdaptedWeight, is_adapted, lora_matmuls
 from llamactx.memory.kv_cache import KVView
@@ -83,7 +83,9 @@ class FastOps(ReferenceOps):
 
     def _plan(self, build, model, token, embd, pos, rope, out_ids, want_logits):
         """(GraphPlan, the build's result with tensors in place of arrays), or None if it cannot be a graph."""
-        g = Graph(supports=lambda w: not isinstance(w, AdaptedWeight) and self._kernel_order(w) is not None)
+        # F32 matrices (a MoE router) run in the program on the reference's exact float kernel
+        g = Graph(supports=lambda w: not isinstance(w, AdaptedWeight)
+                  and (self._kernel_order(w) is not None or w.ggml_type == T.F32))
         inputs = (g.input("token", (len(pos),)) if token is not None else None,
                   g.input("embd", embd.shape) if embd is not None else None,
                   g.input("pos", (len(pos),)))
@@ -102,11 +104,13 @@ class FastOps(ReferenceOps):
         return self.model.derived(("weight_table",), WeightTable)
 
     def _packed(self, weight):
-        return self.model.derived(("packed", weight.name), lambda: pack_weight(weight), replaces=(weight.name,))
+        replaces = (weight.name,) if self.model.has_tensor(weight.name) else ()  # not an expert's view
+        return self.model.derived(("packed", weight.name), lambda: pack_weight(weight), replaces=replaces)
 
     def matmul(self, x: np.ndarray, weight) -> np.ndarray:
         # The kernels reproduce ggml's vec_dot, and for the K-quants llama.cpp repacks or tiles (vecdot_k) its
-        # order too; the other weights (F32/F16, Q5_K, Q4_K with ne1 % 8 != 0) stay on the reference.
+        # order too; the other weights (F32/F16/BF16, Q2_K/Q3_K/Q5_K/IQ4_XS/IQ4_NL/MXFP4, Q4_K with ne1 % 8 != 0) stay
+        # on the reference, which follows llama.cpp for them (vecdot_kx, vecdot_nl, vecdot_bf16).
         if isinstance(weight, AdaptedWeight):  # LoRA: the base product on the kernels, then the adapters'
             return lora_matmuls(self, x, [weight])[0]
         order = self._kernel_order(weight)
@@ -126,6 +130,22 @@ class FastOps(ReferenceOps):
         y = matmul(x, self._packed_stack(weights), self.threads, llama_order=kinds.pop())  # (n, sum of ne1)
         return [y[:, a:b] for a, b in _column_ranges(weights)]
 
+    def matmul_id(self, x: np.ndarray, weight, selected: np.ndarray) -> np.ndarray:
+        # the expert types the kernels run as ggml_mul_mat_id does (kernels.matmul.expert_order): one packed
+        # matrix of all experts' rows, every expert's rows in one launch
+        n_ff = int(weight.shape[1])
+        if expert_order(weight.ggml_type, n_ff) < 0 or x.shape[0] == 0:
+            return super().matmul_id(x, weight, selected)
+        pw = self._packed(dataclasses.replace(weight, shape=(weight.shape[0], n_ff * int(weight.shape[2]))))
+        n, k = selected.shape
+        flat = np.argsort(selected, axis=None, kind="stable")  # (n * k,) (token, slot) grouped by expert
+        t, s = np.divmod(flat, k)
+        starts = np.searchsorted(selected.reshape(-1)[flat], np.arange(int(weight.shape[2]) + 1)).astype(np.int64)
+        rows = x[t] if x.ndim == 2 else x[t, s]  # (n * k, ne0) grouped by expert
+        out = np.empty((n, k, n_ff), np.float32)  # (n, k, ne1)
+        out[t, s] = matmul_id(rows, pw, starts, n_ff, self.threads)
+        return out
+
     def _packed_stack(self, weights):
         """One weight packed, or several (same type and k) as one matrix, rows stacked."""
         if len(weights) == 1:
@@ -136,18 +156,19 @@ class FastOps(ReferenceOps):
     @staticmethod
     def _kernel_order(weight) -> bool | None:
         """llama_order for the kernels' matmul of this weight, None where the reference computes it."""
-        if weight.ggml_type in _KERNEL_EXACT:
-            return False
+        if weight.ggml_type in _KERNEL_EXACT:  # a repacked Q4_0 weight: llama.cpp's repacked gemm/gemv order
+            return is_repacked_q4_0(weight)
         return True if can_pack(weight.ggml_type) and is_exact_k(weight) else None
 
-    def attention_kv(self, q, kv, il, mask, vis, kq_scale, flash, n_threads=1):
+    def attention_kv(self, q, kv, il, mask, vis, kq_scale, flash, n_threads=1, softcap=0.0):
         # an f16 cache is read in place, only the cells each token sees
         d_v = kv.v_stored(il).shape[1] // (kv.n_embd_k_gqa // q.shape[-1])
         # ggml's kernel picked from the ubatch's shape (vec_dot order for one token; flash attention's three
         # kernels): the reference has it
         single = self.ggml_single_row and (q.shape[0] == 1 or flash)
-        if kv.type_k != "f16" or kv.type_v != "f16" or q.shape[-1] % 16 or d_v % 16 or single:
-            return super().attention_kv(q, kv, il, mask, vis, kq_scale, flash, n_threads)
+        # logit soft-capping (gemma2) is computed by the reference kernels, exactly
+        if kv.type_k != "f16" or kv.type_v != "f16" or q.shape[-1] % 16 or d_v % 16 or single or softcap:
+            return super().attention_kv(q, kv, il, mask, vis, kq_scale, flash, n_threads, softcap)
         n, n_head, _ = q.shape
         out = np.empty((n, n_head * d_v), np.float32)  # (n, n_head * d_v)
         kernel = flash_attend if flash else attend

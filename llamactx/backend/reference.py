@@ -18,9 +18,13 @@ from llamactx.ggml.attention import attention_f16, attention_f16_cells
 from llamactx.ggml.cpu import arithmetic
 from llamactx.ggml.flash_attn import flash_attn_f16_cells
 from llamactx.ggml.inputs import ROPE_TYPE_NEOX, RopeParams, VisibleCells
+from llamactx.ggml.moe import argsort_desc, expert, norm_weights, rows_by_expert, sigmoid_rows, soft_max_rows
 from llamactx.ggml.quants_cpu import fake_quant, vec_dot_type
 from llamactx.ggml.vecdot import EXACT_TYPES, FLOAT_TYPES, matmul_exact, matmul_float
+from llamactx.ggml.vecdot_bf16 import matmul_bf16
 from llamactx.ggml.vecdot_k import is_exact_k, matmul_k
+from llamactx.ggml.vecdot_kx import KX_TYPES, matmul_kx
+from llamactx.ggml.vecdot_nl import NL_TYPES, matmul_nl
 from llamactx.gguf.quants import dequantize
 from llamactx.lora import AdaptedWeight, is_adapted, lora_matmuls
 
@@ -60,10 +64,11 @@ class ReferenceOps:
 
     def matmul(self, x: np.ndarray, weight) -> np.ndarray:
         """y = x @ W^T (ggml_mul_mat(W, x)). Activations are first converted to the weight's vec_dot_type
-        (Q8_0 / Q8_1 / Q8_K, or f16), as ggml-cpu does before its dot products. The 32-block types, F32 / F16
-        (llamactx.ggml.vecdot) and Q4_K / Q6_K (llamactx.ggml.vecdot_k) follow the x86 kernel llama.cpp runs for this
-        shape bit for bit; the others multiply in float64 and round, so a row's result never depends on the
-        other rows of the batch. A weight with a context's LoRA adapters is an `AdaptedWeight` (llamactx.lora).
+        (Q8_0 / Q8_1 / Q8_K, or f16 / bf16), as ggml-cpu does before its dot products. The 32-block types, F32 /
+        F16 (llamactx.ggml.vecdot), Q4_K / Q6_K (llamactx.ggml.vecdot_k), Q2_K / Q3_K / Q5_K / IQ4_XS (.vecdot_kx),
+        IQ4_NL / MXFP4 and Q4_K with ne1 % 8 != 0 (.vecdot_nl, .vecdot_kx) and BF16 (.vecdot_bf16) follow the x86
+        kernel llama.cpp runs for this shape bit for bit; what remains multiplies in float64 and rounds. A weight
+        with a context's LoRA adapters is an `AdaptedWeight` (llamactx.lora).
         (n, ne0) -> (n, ne1)"""
         if isinstance(weight, AdaptedWeight):
             return lora_matmuls(self, x, [weight])[0]
@@ -75,6 +80,12 @@ class ReferenceOps:
             return matmul_float(x, weight, self.ggml_single_row)
         if is_exact_k(weight):
             return matmul_k(x, weight)
+        if weight.ggml_type in KX_TYPES or weight.ggml_type == T.Q4_K:  # Q4_K: not repacked (ne1 % 8 != 0)
+            return matmul_kx(x, weight)
+        if weight.ggml_type in NL_TYPES:
+            return matmul_nl(x, weight)
+        if weight.ggml_type == T.BF16:
+            return matmul_bf16(x, weight, self.ggml_single_row)
         w = dequantize(_raw_bytes(weight.data), weight.ggml_type, weight.shape)  # (ne1, ne0)
         xq = self.activations_for(x, weight.ggml_type)
         return (xq.astype(np.float64) @ w.T.astype(np.float64)).astype(np.float32)
@@ -85,6 +96,60 @@ class ReferenceOps:
         if is_adapted(weights):
             return lora_matmuls(self, x, weights)
         return [self.matmul(x, w) for w in weights]
+
+    def matmul_rows(self, x: np.ndarray, weight) -> np.ndarray:
+        """`matmul` with every row computed alone, as ggml_mul_mat_id runs an expert's rows: ggml_vec_dot with one
+        row (or a repacked weight's gemv), whatever the row count. (n, ne0) -> (n, ne1)"""
+        if weight.ggml_type in FLOAT_TYPES:
+            return matmul_float(x, weight, each_row_alone=True)
+        if weight.ggml_type in EXACT_TYPES or x.shape[0] <= 1:  # the 32-block types are row invariant
+            return self.matmul(x, weight)
+        # the other types' kernel depends on the row count (repacked gemm, tiled, tinyBLAS): one row at a time
+        return np.concatenate([self.matmul(x[i : i + 1], weight) for i in range(x.shape[0])])
+
+    # -- mixture of experts (llamactx.ggml.moe) -----------------------------------------------------------------
+
+    @staticmethod
+    def moe_route(logits: np.ndarray, n_expert_used: int, gating: str, norm_w: bool,
+                  w_scale: float) -> tuple[np.ndarray, np.ndarray]:
+        """build_moe_ffn's router: probabilities (ggml_soft_max, or ggml_sigmoid), the top n_expert_used by
+        ggml_argsort_top_k (llama.cpp's tie order), their probabilities (re-softmaxed for "softmax_weight"),
+        normalized to sum 1 (norm_w) and scaled (w_scale, unless 0 or 1). logits (n, n_expert) ->
+        (selected (n, k) int32, weights (n, k) float32)"""
+        if gating == "softmax_weight":
+            probs = np.ascontiguousarray(logits, np.float32)
+        else:
+            probs = soft_max_rows(logits) if gating == "softmax" else sigmoid_rows(logits)  # (n, n_expert)
+        selected = argsort_desc(probs, n_expert_used)  # (n, k)
+        weights = np.take_along_axis(probs, selected, axis=1)  # ggml_get_rows: (n, k)
+        if gating == "softmax_weight":
+            weights = soft_max_rows(weights)
+        if norm_w:
+            weights = norm_weights(weights)
+        if w_scale not in (0.0, 1.0):
+            weights = weights * np.float32(w_scale)
+        return selected, weights
+
+    def matmul_id(self, x: np.ndarray, weight, selected: np.ndarray) -> np.ndarray:
+        """ggml_mul_mat_id: each token's row times each of its experts (x (n, ne0), shared by the slots) or each
+        slot's own row (x (n, k, ne0)), grouped per expert so that an expert's weights are read once.
+        weight: ggml shape (ne0, ne1, n_expert); selected (n, k) -> (n, k, ne1)"""
+        n, k = selected.shape
+        out = np.empty((n, k, weight.shape[1]), np.float32)  # (n, k, ne1)
+        for e, t, s in rows_by_expert(selected):
+            rows = x[t] if x.ndim == 2 else x[t, s]  # (m, ne0)
+            out[t, s] = self.matmul_rows(rows, expert(weight, e))
+        return out
+
+    @staticmethod
+    def moe_sum(experts: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        """ggml_mul(experts, weights), then the slots added in order, ((e0 + e1) + e2) + ...
+        experts (n, k, n_embd), weights (n, k) -> (n, n_embd)"""
+        weighted = experts * weights[:, :, None]  # (n, k, n_embd)
+        out = weighted[:, 0]
+        for i in range(1, weighted.shape[1]):
+            out = out + weighted[:, i]
+        return np.ascontiguousarray(out, np.float32)
 
     @staticmethod
     def activations_for(x: np.ndarray, weight_type: int) -> np.ndarray:
@@ -113,10 +178,21 @@ class ReferenceOps:
         """gelu(gate) * up with ggml's f16 GELU table (ggml_vec_geglu_f32 under GGML_GELU_FP16)."""
         return ggml_vec.geglu(gate, up, self._gelu)
 
+    def gelu(self, x: np.ndarray) -> np.ndarray:
+        """ggml_gelu with ggml's f16 GELU table (ggml_vec_gelu_f32 under GGML_GELU_FP16)."""
+        return ggml_vec.gelu(x, self._gelu)
+
+    @staticmethod
+    def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
+        """build_norm(LLM_NORM): ggml_norm (mean and variance sums in double, the variance's squares reduced per
+        vector as ggml_vec_cvar_f32), then ggml_mul and ggml_add. (..., n) -> (..., n)"""
+        return ggml_vec.layer_norm(x, weight, bias, eps)
+
     @staticmethod
     def softcap(x: np.ndarray, cap: float) -> np.ndarray:
-        """tanh(x / cap) * cap (ggml_scale, ggml_tanh, ggml_scale: final logit soft-capping)."""
-        return np.tanh(x / np.float32(cap)) * np.float32(cap)
+        """cap * tanh(x / cap) as ggml_scale(1.0f / cap), ggml_tanh (libm tanhf), ggml_scale(cap): final logit
+        soft-capping (ggml_vec.softcap)."""
+        return ggml_vec.softcap(x, cap)
 
     @staticmethod
     def silu(x: np.ndarray) -> np.ndarray:
@@ -152,22 +228,24 @@ class ReferenceOps:
     # -- attention ----------------------------------------------------------------------------------------------
 
     def attention_kv(self, q: np.ndarray, kv, il: int, mask: np.ndarray, vis: VisibleCells, kq_scale: float,
-                     flash: bool, n_threads: int = 1) -> np.ndarray:
+                     flash: bool, n_threads: int = 1, softcap: float = 0.0) -> np.ndarray:
         """`attention` over cells [0, kv.n_kv) of layer `il`, through the memory's view of the KV cache
         (llamactx.memory.KVView): the cache is decoded to f32 first. vis: the cells `mask` leaves visible, in
         the order the sums run (by position). Flash attention over an f16 cache follows ggml's kernels bit for
         bit (llamactx.ggml.flash_attn; n_threads: the graph's threads, which split a single token's cells).
+        softcap: the attention logit soft-cap (hparams.f_attn_logit_softcapping, gemma2; 0: none), as
+        build_attn_mha applies it without flash attention and ggml_flash_attn_ext with it.
         q: (n, n_head, d_k) -> (n, n_head * d_v)"""
         n_head_kv = kv.n_embd_k_gqa // q.shape[-1]
         if flash and kv.type_k == "f16" and kv.type_v == "f16":
             return flash_attn_f16_cells(q, kv.k_stored(il), kv.v_stored(il), n_head_kv, vis, kq_scale, kv.kv_size,
-                                        n_threads, self.ggml_single_row, self.fp16_accumulator)
+                                        n_threads, self.ggml_single_row, self.fp16_accumulator, softcap)
         if kv.type_k == "f16" and not flash and q.shape[-1] % 16 == 0:
             return attention_f16_cells(q, kv.k_rows(il), kv.v_rows(il), n_head_kv, vis, kq_scale,
-                                       self.ggml_single_row)
+                                       self.ggml_single_row, softcap)
         k = kv.k_rows(il).reshape(kv.n_kv, n_head_kv, -1)  # (n_kv, n_head_kv, d_k)
         v = kv.v_rows(il).reshape(kv.n_kv, n_head_kv, -1)  # (n_kv, n_head_kv, d_v)
-        return self.attention(q, k, v, mask, kq_scale, flash, kv.type_k)
+        return self.attention(q, k, v, mask, kq_scale, flash, kv.type_k, softcap)
 
     def attention(
         self,
@@ -178,6 +256,7 @@ class ReferenceOps:
         kq_scale: float,
         flash: bool,
         k_type: str = "f16",
+        softcap: float = 0.0,
     ) -> np.ndarray:
         """Multi-head attention with grouped KV heads (build_attn_mha).
 
@@ -186,21 +265,24 @@ class ReferenceOps:
         with f16-rounded q, and the softmax probabilities are rounded to f16 before P*V. With flash attention q is
         rounded like the K cache's vec_dot_type and P*V stays in f32. The f16 cache without flash attention follows
         ggml bit for bit (llamactx.ggml.attention); the other cases sum the products in float64 and round, so a
-        token's result does not depend on the other tokens and cells. -> (n, n_head * d_v)"""
+        token's result does not depend on the other tokens and cells. softcap: `attention_kv`'s.
+        -> (n, n_head * d_v)"""
         if k_type == "f16" and not flash and q.shape[-1] % 16 == 0:
-            return attention_f16(q, k, v, mask, kq_scale, self.ggml_single_row)
+            return attention_f16(q, k, v, mask, kq_scale, self.ggml_single_row, softcap)
         if k_type == "f16" and flash:  # k, v hold f16 values: ggml's flash_attn_ext over them as a cache
             n_kv, n_head_kv = k.shape[:2]
             k16 = k.astype(np.float16).reshape(n_kv, -1)  # (n_kv, n_head_kv * d_k)
             v16 = v.astype(np.float16).reshape(n_kv, -1)  # (n_kv, n_head_kv * d_v)
             return flash_attn_f16_cells(q, k16, v16, n_head_kv, VisibleCells.from_mask(mask), kq_scale, n_kv, 1,
-                                        self.ggml_single_row, self.fp16_accumulator)
+                                        self.ggml_single_row, self.fp16_accumulator, softcap)
         n, n_head, _ = q.shape
         n_head_kv = k.shape[1]
         qc = self.activations_for(q.reshape(n * n_head, -1), _KV_TYPE_IDS[k_type]).reshape(q.shape)
         qg = qc.reshape(n, n_head_kv, n_head // n_head_kv, -1).transpose(1, 0, 2, 3)  # (n_head_kv, n, gqa, d_k)
         kt = k.transpose(1, 2, 0).astype(np.float64)  # (n_head_kv, d_k, n_kv)
         scores = np.matmul(qg.reshape(n_head_kv, -1, qg.shape[-1]).astype(np.float64), kt).astype(np.float32)
+        if softcap:
+            scores = ggml_vec.softcap(scores, softcap)
         scores = scores.reshape(n_head_kv, n, -1, k.shape[0]) * np.float32(kq_scale) + mask[None, :, None, :]
         probs = _softmax(scores)  # (n_head_kv, n, gqa, n_kv)
         if not flash:
@@ -210,6 +292,31 @@ class ReferenceOps:
         ).astype(np.float32)  # (n_head_kv, n*gqa, d_v)
         out = out.reshape(n_head_kv, n, n_head // n_head_kv, -1).transpose(1, 0, 2, 3)  # (n, n_head_kv, gqa, d_v)
         return np.ascontiguousarray(out.reshape(n, -1), np.float32)
+
+
+    def attention_no_cache(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, kq_scale: float,
+                           flash: bool) -> np.ndarray:
+        """build_attn_mha over the ubatch's own K/V (llm_graph_input_attn_no_cache: an encoder, llama_encode),
+        with the kernel ggml picks for the ubatch's shape. Flash attention: K and V cast to f16 (ggml_cast),
+        ggml_flash_attn_ext (one chunk below 64 rows, else tiled). Without: K and V stay f32; kq = ggml_mul_mat
+        (ggml_vec_dot_f32: q is a permuted view), ggml_soft_max_ext (kq * scale + mask), kqv = ggml_mul_mat of
+        the contiguous V^T and the probabilities (llamafile's tinyBLAS where it takes the shape).
+        q: (n, n_head, d_k), k: (n_kv, n_head_kv, d_k), v: (n_kv, n_head_kv, d_v) float32 -> (n, n_head * d_v)"""
+        n, n_head, _ = q.shape
+        n_kv, n_head_kv, d_v = v.shape
+        if flash:
+            k16 = k.astype(np.float16).reshape(n_kv, -1)  # (n_kv, n_head_kv * d_k)
+            v16 = v.astype(np.float16).reshape(n_kv, -1)  # (n_kv, n_head_kv * d_v)
+            # the sums follow the cells' indices in the ubatch (ggml's tiles and lanes), other sequences' included
+            vis = VisibleCells.on_lanes(mask, np.arange(n_kv)) or VisibleCells.from_mask(mask)
+            return flash_attn_f16_cells(q, k16, v16, n_head_kv, vis, kq_scale, n_kv, 1, True, self.fp16_accumulator)
+        out = np.empty((n, n_head, d_v), np.float32)  # (n, n_head, d_v)
+        for h in range(n_head):
+            hk = h // (n_head // n_head_kv)
+            kq = matmul_float(q[:, h], F32Rows(k[:, hk]), vec_dot_for_one=True, each_row_alone=n > 1)  # (n, n_kv)
+            probs = soft_max_rows(kq * np.float32(kq_scale) + mask)  # (n, n_kv)
+            out[:, h] = matmul_float(probs, F32Rows(v[:, hk].T), vec_dot_for_one=True)  # (n, d_v)
+        return out.reshape(n, -1)
 
 
 _KV_TYPE_IDS = {"f32": T.F32, "f16": T.F16, "q8_0": T.Q8_0, "q4_0": T.Q4_0}
@@ -233,3 +340,14 @@ def _round_bf16(x: np.ndarray) -> np.ndarray:
     u = np.ascontiguousarray(x, np.float32).view(np.uint32)
     rounded = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
     return rounded.astype(np.uint32).view(np.float32)
+
+
+class F32Rows:
+    """A float32 matrix seen as an F32 weight (rows of ne0), for the activation x activation products of
+    attention without a cache (ggml_mul_mat of two f32 tensors)."""
+
+    ggml_type = T.F32
+
+    def __init__(self, rows: np.ndarray) -> None:
+        self.data = np.ascontiguousarray(rows, np.float32)  # (n_rows, ne0)
+        self.n_rows = self.data.shape[0]

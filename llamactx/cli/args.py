@@ -259,6 +259,17 @@ def add_lora(p: argparse.ArgumentParser) -> None:
                    help="LoRA adapter with a scale: FNAME:SCALE[,...] (or FNAME SCALE); repeatable")
 
 
+POOLING_TYPES = ("none", "mean", "cls", "last", "rank")  # llama.cpp's --pooling (enum llama_pooling_type)
+
+
+def add_pooling(p: argparse.ArgumentParser) -> None:
+    """--pooling {none,mean,cls,last,rank} (common/arg.cpp): how embeddings are pooled; absent (None): the
+    model's own `<arch>.pooling_type` (mean for a model without one)."""
+    p.add_argument("--pooling", choices=POOLING_TYPES, default=None,
+                   help="embedding pooling (default: the model's pooling_type, else mean; none: one vector per "
+                        "token, which the embeddings endpoints refuse; rank: a reranker's score)")
+
+
 def add_escape(p: argparse.ArgumentParser) -> None:
     p.add_argument("-e", "--escape", action="store_true", default=True,
                    help="process escapes (\\n \\t \\xHH ...) in the prompt and -r / --stop (the default)")

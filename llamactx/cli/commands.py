@@ -30,6 +30,7 @@ from llamactx.cli.args import (
     add_generation,
     add_llama_cpp_flags,
     add_lora,
+    add_pooling,
     add_sampling,
     add_speculative,
     notice_ignored,
@@ -237,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_escape(emb)
     add_llama_cpp_flags(emb)
     add_lora(emb)
+    add_pooling(emb)
     emb.set_defaults(func=cmd_embedding)
     add_quantize(sub).set_defaults(func=cmd_quantize)
 

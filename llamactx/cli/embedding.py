@@ -1,9 +1,11 @@
-"""`llamactx embedding`: llama-embedding (llama.cpp's examples/embedding/embedding.cpp) with mean pooling.
+"""`llamactx embedding`: llama-embedding (llama.cpp's examples/embedding/embedding.cpp).
 
 The text of -p or -f is split at --embd-separator (default a newline; a file's final newline ends its last line)
 and each part is embedded by `Embedder` (llamactx.embedding), alone from an empty memory: tokenized with
-add_special and parse_special (llama-embedding's `common_tokenize`), mean-pooled over its tokens and
-L2-normalised (llama-embedding `--pooling mean --embd-normalize 2`). Printed as llama-embedding prints it:
+add_special and parse_special (llama-embedding's `common_tokenize`), pooled over its tokens as --pooling says
+(none, mean, cls, last, rank; by default the model's `pooling_type`, mean for a model without one; none: each
+token's vector is one embedding) and L2-normalised (`--embd-normalize 2`; rank scores are not). Printed as
+llama-embedding prints it:
 `embedding N: ...` (the whole vector for one text; the first 16 values and the cosine similarity matrix for
 several), or --embd-output-format json (OpenAI's list shape), json+ (and the similarity matrix), array
 ([[...],[...]]) or raw (one vector a line).
@@ -47,11 +49,17 @@ def run_embedding(model, text: str, args) -> int:
             raise CommandError(f"embedding: text {i} ({texts[i]!r}) has no tokens to embed")
     from llamactx.lora import load_adapters
 
-    embedder = Embedder(model, n_ctx=args.ctx_size, lora=load_adapters(model, args.lora),
+    pooling = getattr(args, "pooling", None)  # None: the model's pooling_type (embedding.default_pooling)
+    embedder = Embedder(model, n_ctx=args.ctx_size, lora=load_adapters(model, args.lora), pooling=pooling,
                         n_ubatch=args.ubatch_size, n_threads=args.threads,
                         n_threads_batch=args.threads_batch or args.threads, type_k=args.cache_type_k,
                         type_v=args.cache_type_v, flash_attn=args.flash_attn)
-    emb = embedder.embed(inputs)  # (n_texts, n_embd)
+    if embedder.pooling == "none":  # llama-embedding: every token's vector is one "embedding"
+        per_token = embedder.embed_tokens(inputs)  # [(n_tokens_i, n_embd)]
+        emb = np.concatenate(per_token)  # (sum n_tokens_i, n_embd)
+        texts = [t for t, rows in zip(texts, per_token, strict=True) for _ in range(len(rows))]
+    else:
+        emb = embedder.embed(inputs)  # (n_texts, n_embd); (n_texts, 1) rank scores
     sys.stdout.write(format_embeddings(emb, texts, args.embd_output_format))
     return 0
 

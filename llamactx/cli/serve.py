@@ -18,6 +18,7 @@ from llamactx.cli.args import (
     add_context,
     add_llama_cpp_flags,
     add_lora,
+    add_pooling,
     add_sampling,
     add_speculative,
     read_text,
@@ -55,8 +56,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "formats give the same prompts for chatml, llama3, gemma)")
     p.add_argument("--embedding", "--embeddings", dest="embedding", action="store_true",
                    help="accepted: /v1/embeddings is always served beside generation")
-    p.add_argument("--pooling", choices=["mean", "last", "cls", "none"], default="mean",
-                   help="embedding pooling (default mean; none: token-level, which the embeddings endpoints refuse)")
+    add_pooling(p)
     p.add_argument("--reranking", "--rerank", dest="reranking", action="store_true",
                    help="serve /rerank (/v1/rerank, /reranking): rank pooling, the score is element 0 of the last "
                         "token's hidden state for a model without a classifier head (llama.cpp's); without it "

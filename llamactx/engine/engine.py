@@ -116,7 +116,8 @@ class Engine:
         ctx = self.ctx
         ctx.decode(Batch.get_one([self.model.vocab.bos if self.model.vocab.bos >= 0 else 0] * 2))
         ctx.decode(Batch.get_one([0]))
-        ctx.memory.clear(data=False)
+        if ctx.memory is not None:  # an encoder (bert) keeps nothing between batches
+            ctx.memory.clear(data=False)
         n_vocab = self.model.hparams.n_vocab
         SamplerChain.default(SamplingParams(), n_vocab).sample_logits(np.zeros(n_vocab, np.float32))
 
@@ -148,6 +149,10 @@ class Engine:
                     **options) -> Sequence:
         """Queue a request; it joins the running batch at the next step with a free slot. `options`: id_slot,
         cache_prompt, n_probs (Sequence's keywords). Raises EngineError for a prompt that cannot fit a slot."""
+        if self.model.is_embedding_only:
+            raise EngineError(f"model '{self.model.arch}' is an encoder (embeddings only: no output layer, no "
+                              f"logits to sample; llama_decode runs llama_encode on it): it cannot generate text. "
+                              f"Use /v1/embeddings or `llamactx embedding`")
         prompt = list(prompt)
         n_vocab = self.model.hparams.n_vocab
         bad = [t for t in prompt if not (isinstance(t, (int, np.integer)) and 0 <= t < n_vocab)]

@@ -36,7 +36,7 @@ from numba.extending import overload
 from llamactx.ggml.cpu import F32_EPR
 from llamactx.ggml.inputs import VisibleCells
 from llamactx.ggml.intrinsics import f16_to_f32, fma32, round_f16
-from llamactx.ggml.vec import dot_tinyblas, dot_vec, hsum_vec, v_expf, vec_max
+from llamactx.ggml.vec import dot_tinyblas, dot_vec, hsum_vec, tanhf, v_expf, vec_max
 
 _F32 = np.float32
 
@@ -89,12 +89,15 @@ def kv_to_f32(k, v, n_head_kv, kt, vf):  # pragma: no cover - compiled
 
 
 @numba.njit(parallel=True, cache=True)
-def _attention(q, k, v, n_head_kv, cells, n_cells, scale, mask_add, single, out, kt, vf, n_ch):  # pragma: no cover
+def _attention(q, k, v, n_head_kv, cells, n_cells, scale, mask_add, single, out, kt, vf, n_ch,
+               cap):  # pragma: no cover
     """q (n, n_head, d_k) float32 (not yet rounded); k (n_kv, n_head_kv * d_k) and v (n_kv, n_head_kv * d_v):
     float32 holding f16 values, or the f16 cache itself as uint16 bits (read in place). kt, vf: `kv_to_f32`
     of the first kt.shape[2] cells (kt.shape[2] == 0: none); a token whose visible cells are consecutive and
-    among those reads them there, with the same arithmetic in the same order, vectorized over cells."""
+    among those reads them there, with the same arithmetic in the same order, vectorized over cells. cap: the
+    attention logit soft-cap (0: none), applied to kq before the softmax's scale and mask (`_soft_cap`)."""
     n, n_head, d_k = q.shape
+    inv_cap = _F32(1.0) / cap if cap != _F32(0.0) else _F32(0.0)
     d_v = v.shape[1] // n_head_kv
     gqa = n_head // n_head_kv
     n_conv = kt.shape[2]
@@ -143,14 +146,15 @@ def _attention(q, k, v, n_head_kv, cells, n_cells, scale, mask_add, single, out,
                         for r in range(mu):
                             row[r] = fma32(krow[r], qi, row[r])
                 for r in range(mu):
-                    w[r] = _hsum_col(lanes_kq, r) * scale + mask_add[t, r]
+                    w[r] = _soft_cap(_hsum_col(lanes_kq, r), inv_cap, cap) * scale + mask_add[t, r]
             else:
                 for r in range(m):
                     c = np.uintp(cells[t, r])
                     for i in range(d_k):
                         kr[i] = _as_f32(k[c, k0 + np.uintp(i)])
                     kq = dot_vec(kr, qv, acc, True) if single else dot_tinyblas(kr, qv, acc)
-                    w[r] = kq * scale + mask_add[t, r]  # ggml_vec_scale_f32, then += 1.0f * mask
+                    # ggml_vec_scale_f32, then += 1.0f * mask
+                    w[r] = _soft_cap(kq, inv_cap, cap) * scale + mask_add[t, r]
             e = e_buf[:m_pad]  # all of it written by _soft_max
             _soft_max(w, m, e)
             for r in range(m):
@@ -191,6 +195,15 @@ def _attention(q, k, v, n_head_kv, cells, n_cells, scale, mask_add, single, out,
 
 
 @numba.njit(cache=True)
+def _soft_cap(kq, inv_cap, cap):  # pragma: no cover - compiled
+    """build_attn_mha's attention logit soft-capping without flash attention (gemma2): ggml_scale(kq, 1.0f /
+    cap), ggml_tanh, ggml_scale(cap), each rounded to float32, before ggml_soft_max_ext. cap 0: kq as is."""
+    if cap == _F32(0.0):
+        return kq
+    return tanhf(kq * inv_cap) * cap
+
+
+@numba.njit(cache=True)
 def _hsum_col(a, j):  # pragma: no cover - compiled
     """`vec.hsum_vec` over a[0:F32_EPR, j]: 16 lanes as `_mm512_reduce_add_ps` (8 pair sums, then 4, then
     (0+2) + (1+3)), 8 lanes as `hsum_float_8`."""
@@ -210,18 +223,21 @@ def _hadd8_col(a, j):  # pragma: no cover - compiled
 
 
 def attention_f16(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, kq_scale: float, vec_dot_for_one: bool = False
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, kq_scale: float, vec_dot_for_one: bool = False,
+    softcap: float = 0.0,
 ) -> np.ndarray:
     """Non-flash attention over an f16 cache, bit for bit as ggml-cpu (module docstring).
 
     q: (n, n_head, d_k) float32; k: (n_kv, n_head_kv, d_k) and v: (n_kv, n_head_kv, d_v) float32 holding f16
     values; mask: (n, n_kv) float32, -inf where a cell is not visible. d_k must be a multiple of 16.
-    vec_dot_for_one: a single token goes through ggml_vec_dot_f16, as in llama.cpp's decode.
+    vec_dot_for_one: a single token goes through ggml_vec_dot_f16, as in llama.cpp's decode. softcap: the
+    attention logit soft-cap (gemma2's attn_logit_softcapping; 0: none).
     -> (n, n_head * d_v) float32"""
     n_kv, n_head_kv = k.shape[:2]
     k2 = np.ascontiguousarray(k, np.float32).reshape(n_kv, -1)  # (n_kv, n_head_kv * d_k)
     v2 = np.ascontiguousarray(v, np.float32).reshape(n_kv, -1)  # (n_kv, n_head_kv * d_v)
-    return attention_f16_cells(q, k2, v2, n_head_kv, VisibleCells.from_mask(mask), kq_scale, vec_dot_for_one)
+    return attention_f16_cells(q, k2, v2, n_head_kv, VisibleCells.from_mask(mask), kq_scale, vec_dot_for_one,
+                               softcap)
 
 
 def attention_f16_cells(
@@ -232,6 +248,7 @@ def attention_f16_cells(
     vis: VisibleCells,
     kq_scale: float,
     vec_dot_for_one: bool = False,
+    softcap: float = 0.0,
 ) -> np.ndarray:
     """`attention_f16` over K/V rows as stored: k (n_kv, n_head_kv * d_k), v (n_kv, n_head_kv * d_v), either
     float32 holding f16 values or an f16 cache's rows (np.float16, read in place without a copy); `vis` lists
@@ -264,5 +281,6 @@ def attention_f16_cells(
         kt,
         vf,
         numba.get_num_threads() * 8,
+        _F32(softcap),
     )
     return out.reshape(n, -1)

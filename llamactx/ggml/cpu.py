@@ -135,19 +135,22 @@ def arithmetic() -> dict[str, object]:
 
     "f32_epr": ggml's float vector width (16 AVX-512, 8 AVX2), which orders softmax, SiLU, f16 dot products and
     tinyBLAS sums. "fp16_accumulator": flash attention's one-chunk kernel accumulates in half precision (ggml built
-    with AVX512-FP16). "variant": the name of that arithmetic ("avx512-fp16", "avx512", "avx2"), which picks the
-    tests' references. "build": the llama.cpp build whose logits llamactx's equal on this target."""
+    with AVX512-FP16). "bf16_dot": BF16 weights are multiplied with `_mm512_dpbf16_ps` (ggml built with
+    AVX512_BF16, llamactx.ggml.vecdot_bf16; its tests' reference folder is that build's). "variant": the name of
+    that arithmetic ("avx512-fp16", "avx512", "avx2"), which picks the tests' references. "build": the llama.cpp
+    build whose logits llamactx's equal on this target."""
     feats = cpu_features()
     fp16 = bool(feats["avx512fp16"])
     if F32_EPR == 16:
         variant = "avx512-fp16" if fp16 else "avx512"
-        build = "GGML_AVX512=ON with AVX512-FP16 (native on Sapphire Rapids and newer)" if fp16 else \
+        build = "GGML_AVX512=ON with AVX512-FP16 (native on Sapphire Rapids and newer, without AMX)" if fp16 else \
             "GGML_AVX512=ON without AVX512-FP16 (native on Zen 4/5, Ice Lake, Cascade Lake)"
     else:
         variant = "avx2"
         build = "GGML_NATIVE=OFF GGML_AVX=ON GGML_AVX2=ON GGML_FMA=ON GGML_F16C=ON (native on Haswell to Raptor " \
             "Lake, Zen 1-3)"
-    return {"f32_epr": F32_EPR, "fp16_accumulator": fp16, "variant": variant, "build": build}
+    bf16_dot = F32_EPR == 16 and bool(feats["avx512bf16"])
+    return {"f32_epr": F32_EPR, "fp16_accumulator": fp16, "bf16_dot": bf16_dot, "variant": variant, "build": build}
 
 
 def path_for(environ: Mapping[str, str]) -> str:

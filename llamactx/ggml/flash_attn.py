@@ -42,7 +42,7 @@ from llamactx.ggml.attention import kv_to_f32
 from llamactx.ggml.cpu import F32_EPR
 from llamactx.ggml.inputs import VisibleCells
 from llamactx.ggml.intrinsics import f16_to_f32, fma32, round_f16, round_f16_f64
-from llamactx.ggml.vec import dot_vec, hsum_vec, v_expf
+from llamactx.ggml.vec import dot_vec, hsum_vec, tanhf, v_expf
 
 _F32 = np.float32
 TILE_Q = 64  # GGML_FA_TILE_Q
@@ -57,10 +57,11 @@ def _exp(x):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True)
-def _tiled_row(q, k, v, k0, v0, cells, m, mask_add, scale, vkq, kq, e, kt, vf, hk):  # pragma: no cover - compiled
+def _tiled_row(q, k, v, k0, v0, cells, m, mask_add, scale, vkq, kq, e, kt, vf, hk, cap):  # pragma: no cover
     """One token and head through `_flash_attn_ext_tiled`: vkq (d_v,) gets the normalized output. kt (n_head_kv,
     d_k, n_conv), vf (n_head_kv, n_conv, d_v): the first n_conv cells as float32; a token whose visible cells are
-    0..m-1 among them reads them there (the same arithmetic, vectorized over a tile's cells)."""
+    0..m-1 among them reads them there (the same arithmetic, vectorized over a tile's cells). cap: the logit
+    soft-cap (0: none; `scale` is then already divided by it, as ggml does)."""
     d_k = q.shape[0]
     d_v = vkq.shape[0]
     fast = m <= kt.shape[2]
@@ -82,14 +83,14 @@ def _tiled_row(q, k, v, k0, v0, cells, m, mask_add, scale, vkq, kq, e, kt, vf, h
                 for j in range(n_t):
                     kq[j] = fma32(krow[j], qi, kq[j])
             for j in range(n_t):
-                kq[j] = kq[j] * scale + mask_add[r0 + j]
+                kq[j] = _soft_cap(kq[j] * scale, cap) + mask_add[r0 + j]
         else:
             for j in range(n_t):
                 c = cells[r0 + j]
                 acc = _F32(0.0)
                 for i in range(d_k):
                     acc = fma32(f16_to_f32(k[c, k0 + i]), q[i], acc)
-                kq[j] = acc * scale + mask_add[r0 + j]
+                kq[j] = _soft_cap(acc * scale, cap) + mask_add[r0 + j]
         for j in range(n_t, TILE_KV):
             kq[j] = _F32(-np.inf)
         tile_max = _F32(-np.inf)
@@ -129,7 +130,17 @@ def _tiled_row(q, k, v, k0, v0, cells, m, mask_add, scale, vkq, kq, e, kt, vf, h
 
 
 @numba.njit(cache=True)
-def _chunk_row(qh, k, v, k0, v0, cells, r_start, r_end, mask_add, scale, vkq16, kr, acc, n_h):  # pragma: no cover
+def _soft_cap(s, cap):  # pragma: no cover - compiled
+    """ggml_flash_attn_ext's logit soft-capping of a scaled score: `logit_softcap * tanhf(s)` (one chunk), or
+    ggml_vec_tanh_f32 then ggml_vec_scale_f32 (tiled): the same float32 product. cap 0: s as is."""
+    if cap == _F32(0.0):
+        return s
+    return tanhf(s) * cap
+
+
+@numba.njit(cache=True)
+def _chunk_row(qh, k, v, k0, v0, cells, r_start, r_end, mask_add, scale, vkq16, kr, acc, n_h,
+               cap):  # pragma: no cover
     """The `_f16_one_chunk` loop over ranks [r_start, r_end) of one token and head, q already f16-rounded:
     vkq16 (d_v,) float32 holding f16 values (the f16 accumulator); its first n_h elements are updated in half
     precision (AVX512-FP16), the rest in float. -> (M, S)"""
@@ -144,7 +155,7 @@ def _chunk_row(qh, k, v, k0, v0, cells, r_start, r_end, mask_add, scale, vkq16, 
         c = cells[r]
         for i in range(d_k):
             kr[i] = f16_to_f32(k[c, k0 + i])
-        sc = dot_vec(kr, qh, acc, True) * scale + mask_add[r]
+        sc = _soft_cap(dot_vec(kr, qh, acc, True) * scale, cap) + mask_add[r]
         ms = _F32(1.0)
         vs = _F32(1.0)
         if sc > big_m:
@@ -168,7 +179,8 @@ def _chunk_row(qh, k, v, k0, v0, cells, r_start, r_end, mask_add, scale, vkq16, 
 
 
 @numba.njit(parallel=True, cache=True)
-def _flash(q, k, v, n_head_kv, cells, n_cells, scale, mask_add, mode, n_split, fp16, kt, vf, out):  # pragma: no cover
+def _flash(q, k, v, n_head_kv, cells, n_cells, scale, mask_add, mode, n_split, fp16, kt, vf, out,
+           cap):  # pragma: no cover
     """mode 0: tiled; 1: one chunk; 2: split KV into n_split chunks (one token). k, v: the f16 cache rows as
     uint16 bits, (n_kv, n_head_kv * d). fp16: the f16 vector ops run in half precision (AVX512-FP16).
     out (n, n_head, d_v)."""
@@ -187,7 +199,7 @@ def _flash(q, k, v, n_head_kv, cells, n_cells, scale, mask_add, mode, n_split, f
         if mode == 0:
             kq = np.empty(TILE_KV, np.float32)
             e = np.empty(TILE_KV, np.float32)
-            _tiled_row(q[t, h], k, v, k0, v0, cells[t], m, mask_add[t], scale, vkq, kq, e, kt, vf, hk)
+            _tiled_row(q[t, h], k, v, k0, v0, cells[t], m, mask_add[t], scale, vkq, kq, e, kt, vf, hk, cap)
             out[t, h] = vkq
             continue
         qh = np.empty(d_k, np.float32)
@@ -196,7 +208,7 @@ def _flash(q, k, v, n_head_kv, cells, n_cells, scale, mask_add, mode, n_split, f
         kr = np.empty(d_k, np.float32)
         acc = np.empty(64, np.float32)
         if mode == 1:
-            big_m, s_sum = _chunk_row(qh, k, v, k0, v0, cells[t], 0, m, mask_add[t], scale, vkq, kr, acc, n_h)
+            big_m, s_sum = _chunk_row(qh, k, v, k0, v0, cells[t], 0, m, mask_add[t], scale, vkq, kr, acc, n_h, cap)
             inv = _F32(0.0) if s_sum == _F32(0.0) else _F32(1.0) / s_sum
             for d in range(d_v):
                 out[t, h, d] = vkq[d] * inv
@@ -215,7 +227,8 @@ def _flash(q, k, v, n_head_kv, cells, n_cells, scale, mask_add, mode, n_split, f
             r_end = min(r_start + chunk, m)
             if r_start >= r_end:
                 continue  # S_chunk == 0: skipped
-            m_c, s_c = _chunk_row(qh, k, v, k0, v0, cells[t], r_start, r_end, mask_add[t], scale, vkq, kr, acc, n_h)
+            m_c, s_c = _chunk_row(qh, k, v, k0, v0, cells[t], r_start, r_end, mask_add[t], scale, vkq, kr, acc, n_h,
+                                  cap)
             if s_c == _F32(0.0):
                 continue
             m_new = max(m_fin, m_c)
@@ -234,7 +247,7 @@ def _flash(q, k, v, n_head_kv, cells, n_cells, scale, mask_add, mode, n_split, f
 
 def flash_attn_f16_cells(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_head_kv: int, vis: VisibleCells,
                          kq_scale: float, kv_size: int, n_threads: int, ggml_single_row: bool = False,
-                         fp16: bool = False) -> np.ndarray:
+                         fp16: bool = False, softcap: float = 0.0) -> np.ndarray:
     """ggml_flash_attn_ext over an f16 cache's rows (module docstring). q: (n, n_head, d_k) float32; k (n_kv,
     n_head_kv * d_k) and v (n_kv, n_head_kv * d_v) np.float16 rows as stored; vis: each token's visible cells by
     rank; kv_size: the cache's cells (bounds the padded n_kv of the split rule); n_threads: the threads ggml would
@@ -242,6 +255,8 @@ def flash_attn_f16_cells(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_head_kv:
     bits then depend on how many tokens share its ubatch); by default every token goes through the tiled kernel's
     arithmetic, so that its result does not depend on the rest of the batch (what ggml gives for n >= 64).
     fp16: the one-chunk kernel's f16 vector ops in half precision, as ggml built with AVX512-FP16 runs them.
+    softcap: ggml_flash_attn_ext's logit_softcap (gemma2; 0: none): the scale is divided by it (`scale /=
+    logit_softcap`, in float), and each score becomes softcap * tanhf(kq * scale) before the mask.
     -> (n, n_head * d_v) float32"""
     n, n_head, _ = q.shape
     d_v = v.shape[1] // n_head_kv
@@ -259,6 +274,7 @@ def flash_attn_f16_cells(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_head_kv:
     vf = np.empty((n_head_kv, n_conv, d_v), np.float32)  # (n_head_kv, n_conv, d_v)
     if n_conv:
         kv_to_f32(k16, v16, n_head_kv, kt, vf)
-    _flash(np.ascontiguousarray(q, np.float32), k16, v16, n_head_kv, vis.cells, vis.n_cells, _F32(kq_scale),
-           vis.mask_add, mode, np.array(split, np.int64), fp16, kt, vf, out)
+    scale = _F32(kq_scale) / _F32(softcap) if softcap else _F32(kq_scale)
+    _flash(np.ascontiguousarray(q, np.float32), k16, v16, n_head_kv, vis.cells, vis.n_cells, scale,
+           vis.mask_add, mode, np.array(split, np.int64), fp16, kt, vf, out, _F32(softcap))
     return out.reshape(n, -1)

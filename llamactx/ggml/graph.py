@@ -10,6 +10,7 @@ that computes eagerly on other ops. llamactx.ggml.kernels.compute plans and runs
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -83,9 +84,19 @@ class Tensor:
     __rmul__ = __mul__
 
     def __getitem__(self, ids) -> Tensor:
+        if isinstance(ids, tuple) and len(ids) == 2 and ids[0] == slice(None) and isinstance(ids[1], slice):
+            return self._columns(ids[1])
         if not (isinstance(ids, Tensor) and ids.op == "input" and ids.params[0] == "out_ids"):
             raise GraphUnsupported("indexing other than rows by the output ids")
         return self.graph.node("select", (self, ids), (ids.rows, *self.shape[1:]))
+
+    def _columns(self, cols: slice) -> Tensor:
+        """x[:, a:b] of a 2-D tensor: a view of its columns (ggml_view_2d of a fused matmul's output: phi3's
+        q/k/v of attn_qkv, its gate and up halves of ffn_up)."""
+        start, stop, step = cols.indices(self.cols)
+        if len(self.shape) != 2 or step != 1 or stop <= start:
+            raise GraphUnsupported(f"columns {cols} of a {self.shape} tensor")
+        return self.graph.view(self, (self.rows, stop - start), start)
 
 
 class Graph:
@@ -187,6 +198,37 @@ class Graph:
     def softcap(self, x: Tensor, cap: float) -> Tensor:
         raise GraphUnsupported("final logit soft-capping")
 
+    def silu(self, x: Tensor) -> Tensor:
+        raise GraphUnsupported("silu without a gate")
+
+    def moe_route(self, logits: Tensor, n_expert_used: int, gating: str, norm_w: bool,
+                  w_scale: float) -> tuple[Tensor, Tensor]:
+        """One node of (n, 2k): each token's k experts (as floats, exact below 2^24) then their weights; the two
+        halves are returned as views, (selected, weights), as the eager ops return them."""
+        if gating != "softmax":
+            raise GraphUnsupported(f"{gating} gating")
+        k = int(n_expert_used)
+        route = self.node("moe_route", (logits,), (logits.rows, 2 * k), (k, bool(norm_w), np.float32(w_scale)))
+        return self.view(route, (route.rows, k), 0), self.view(route, (route.rows, k), k)
+
+    def matmul_id(self, x: Tensor, weight, selected: Tensor) -> Tensor:
+        """ggml_mul_mat_id: x (n, ne0) shared by a token's experts, or (n, k, ne0) one row per slot -> (n, k, ne1).
+        The stacked experts are one matrix of n_expert * ne1 rows for the weight table. An expert's width must be
+        a multiple of 16, so that the SwiGLU over a token's k outputs at once keeps each output's SIMD groups."""
+        ne0, ne1, n_expert = (int(s) for s in weight.shape)
+        k = selected.cols
+        stacked = dataclasses.replace(weight, shape=(ne0, ne1 * n_expert))
+        if ne1 % 16 or x.shape[-1] != ne0:  # the executor's plan refuses expert types off its kernels
+            raise GraphUnsupported(f"no executor mul_mat_id for {weight.name!r}")
+        self.weights.append((stacked,))
+        return self.node("mul_mat_id", (x, selected.storage), (x.rows, k, ne1),
+                         (len(self.weights) - 1, k, len(x.shape) == 2, ne0))
+
+    def moe_sum(self, experts: Tensor, weights: Tensor) -> Tensor:
+        """The experts' outputs times their weights, added slot by slot. (n, k, n_embd) -> (n, n_embd)"""
+        n, k, n_embd = experts.shape
+        return self.node("moe_sum", (experts, weights.storage), (n, n_embd), (k,))
+
     def attention(self, il: int, q: Tensor, k: Tensor, v: Tensor, kq_scale: float, swa: bool) -> Tensor:
         """Store the ubatch's K/V of layer `il` into its cells and attend over the cells each token sees (the
         attention input bound at run time: its view of the cache, its visible cells)."""
@@ -205,4 +247,6 @@ class GraphAttention:
         self.graph, self.hparams = graph, hparams
 
     def __call__(self, il: int, q: Tensor, k: Tensor, v: Tensor, kq_scale: float) -> Tensor:
+        if self.hparams.f_attn_logit_softcapping:
+            raise GraphUnsupported("attention logit soft-capping")
         return self.graph.attention(il, q, k, v, kq_scale, self.hparams.is_swa(il))

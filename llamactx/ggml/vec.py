@@ -187,8 +187,11 @@ def dot_vec(a, b, acc, tail_in_double):  # pragma: no cover - compiled
     """ggml_vec_dot_f16 / ggml_vec_dot_f32 (ggml-cpu/vec.cpp): 4 x F32_EPR FMA lanes over the first
     n & ~(4 F32_EPR - 1) elements, reduced (0+2), (1+3), (0+1), then `_mm512_reduce_add_ps` (AVX-512) or
     `reduce_hadd8` (AVX2); the tail is summed in double (f16) or, for f32, as GCC compiles `sumf += x[i]*y[i]`: 8
-    (AVX-512 build) or 4 (AVX2 build) at a time vectorized (the products rounded, then added in order), the rest
-    fused (FMA). Checked against llama.cpp's LoRA B matmuls of ranks 4-88 (F32, k = rank), both builds.
+    (AVX-512 build) or 4 (AVX2 build) at a time vectorized (the products rounded, then added in order), in the
+    AVX-512 build then 4 more the same way when that loop ran at least twice and more than 4 remain (GCC's
+    vectorized epilogue, as measured), the rest fused (FMA). Checked against llama.cpp's LoRA B matmuls of ranks
+    4-88 (F32, k = rank: tails 5-24) and BERT's mean pooling (k = tokens: tails 3-31,
+    tests/models/test_tiny_bert.py), both builds.
     `acc`: scratch of 64 floats."""
     n = a.shape[0]
     step = 4 * F32_EPR
@@ -210,6 +213,8 @@ def dot_vec(a, b, acc, tail_in_double):  # pragma: no cover - compiled
         return _F32(s)
     w = 8 if F32_EPR == 16 else 4  # GCC vectorizes the tail 8 (AVX-512 build) or 4 (AVX2 build) at a time
     n8 = np_ + (n - np_) // w * w
+    if F32_EPR == 16 and n8 - np_ >= 16 and n - n8 > 4:  # AVX-512 build: an epilogue of 4 more after 2+ blocks
+        n8 += 4
     for i in range(np_, n8):
         sf = _F32(sf + _F32(a[i] * b[i]))
     for i in range(n8, n):
@@ -250,6 +255,34 @@ def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     out = np.empty_like(g)  # (n, k)
     _swiglu_rows(g, u, out)
     return out.reshape(gate.shape)
+
+
+# -- tanh (soft-capping) -----------------------------------------------------------------------------------------
+
+@numba.njit(cache=True)
+def tanhf(x):  # pragma: no cover - compiled
+    """libm tanhf of a float32 (ggml_vec_tanh_f32 and flash attention's soft-cap call it; numpy's own SIMD tanh
+    differs from it by an ulp in a third of the inputs)."""
+    return _F32(math.tanh(_F32(x)))
+
+
+@numba.njit(parallel=True, cache=True)
+def _tanh_rows(x, out):  # pragma: no cover - compiled
+    n, k = x.shape
+    for r in numba.prange(n):
+        for i in range(k):
+            out[r, i] = tanhf(x[r, i])
+
+
+def softcap(x: np.ndarray, cap: float) -> np.ndarray:
+    """cap * tanh(x / cap) as llama.cpp's graphs build it: ggml_scale(x, 1.0f / cap) (a float32 product, not a
+    division), ggml_tanh (libm tanhf per element), ggml_scale(cap). (..., k) float32 -> (..., k) float32"""
+    cap32 = _F32(cap)
+    y = np.ascontiguousarray(x, np.float32) * (_F32(1.0) / cap32)
+    flat = y.reshape(-1, y.shape[-1]) if y.ndim else y.reshape(1, 1)
+    out = np.empty_like(flat)  # (rows, k)
+    _tanh_rows(flat, out)
+    return out.reshape(y.shape) * cap32
 
 
 # -- GELU table --------------------------------------------------------------------------------------------------
@@ -305,6 +338,81 @@ def geglu(gate: np.ndarray, up: np.ndarray, table: np.ndarray) -> np.ndarray:
     out = np.empty_like(g)  # (n, k)
     _geglu_rows(g, u, table, out)
     return out.reshape(gate.shape)
+
+
+@numba.njit(parallel=True, cache=True)
+def _gelu_rows(x, table, out):  # pragma: no cover - compiled
+    n, k = x.shape
+    for r in numba.prange(n):
+        for i in range(k):
+            v = x[r, i]
+            if v <= _F32(-10.0):
+                out[r, i] = _F32(0.0)
+            elif v >= _F32(10.0):
+                out[r, i] = v
+            else:
+                out[r, i] = table[f16_bits(v)]
+
+
+def gelu(x: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """`ggml_vec_gelu_f32` under GGML_GELU_FP16 (ggml_gelu): x <= -10 gives 0, x >= 10 gives x, else the table
+    of `gelu_table` at f16(x). (..., k) float32 -> (..., k) float32"""
+    xr = np.ascontiguousarray(x, np.float32).reshape(-1, x.shape[-1])
+    out = np.empty_like(xr)  # (rows, k)
+    _gelu_rows(xr, table, out)
+    return out.reshape(x.shape)
+
+
+# -- LayerNorm ---------------------------------------------------------------------------------------------------
+
+
+@numba.njit(cache=True)
+def norm_row(x, k, eps, y):  # pragma: no cover - compiled
+    """y[:k] = (x - mean) / sqrt(var + eps), `ggml_compute_forward_norm_f32`: the sum in double in order
+    (ggml_vec_sum_f32), mean = (float)sum / k in float; `ggml_vec_cvar_f32`: x - mean stored, the squares of each
+    F32_EPR-lane vector reduced as the target's horizontal add (_mm512_reduce_add_ps / the AVX2 hadd tree) and
+    summed in double, the tail one by one in double, divided by k in double and rounded to float; 1/sqrtf in
+    float, then ggml_vec_scale_f32."""
+    s = 0.0
+    for i in range(k):
+        s += np.float64(x[i])
+    mean = _F32(s) / _F32(k)
+    sq = np.empty(F32_EPR, np.float32)
+    acc = 0.0
+    i = 0
+    while i + F32_EPR <= k:
+        for j in range(F32_EPR):
+            v = x[i + j] - mean
+            y[i + j] = v
+            sq[j] = v * v
+        acc += np.float64(hsum_vec(sq, 0))
+        i += F32_EPR
+    while i < k:
+        v = x[i] - mean
+        y[i] = v
+        acc += np.float64(v * v)
+        i += 1
+    variance = _F32(acc / k)
+    scale = _F32(1.0) / np.sqrt(variance + eps)
+    for i in range(k):
+        y[i] = y[i] * scale
+
+
+@numba.njit(parallel=True, cache=True)
+def _norm_rows(x, eps, out):  # pragma: no cover - compiled
+    n, k = x.shape
+    for r in numba.prange(n):
+        norm_row(x[r], k, eps, out[r])
+
+
+def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
+    """build_norm(LLM_NORM): ggml_norm (`norm_row`), then ggml_mul by the weight and ggml_add of the bias, each
+    rounded to float. (..., k) float32 -> (..., k) float32"""
+    xr = np.ascontiguousarray(x, np.float32).reshape(-1, x.shape[-1])
+    out = np.empty_like(xr)  # (rows, k)
+    _norm_rows(xr, _F32(eps), out)
+    out = out * np.asarray(weight, np.float32) + np.asarray(bias, np.float32)  # two roundings, as two ggml ops
+    return out.reshape(x.shape)
 
 
 # -- RMSNorm -----------------------------------------------------------------------------------------------------

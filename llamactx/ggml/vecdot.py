@@ -112,36 +112,66 @@ def _matmul_blocks(qw, dw, mw, qx, dx, sx, with_min, out):  # pragma: no cover -
             out[t, r] = np.float32(hsum_float_8(acc) + summs)
 
 
-def matmul_exact(x: np.ndarray, weight) -> np.ndarray:
-    """y = x @ W^T as ggml-cpu computes it for a 32-block weight type. (n, k) float32 -> (n, rows) float32"""
+@numba.njit(parallel=True, cache=True)
+def matmul_repacked_blocks(qw, dw, qx, dx, out):  # pragma: no cover - compiled
+    """The repacked 8x8 kernels of the 4-bit 32-block types (x86 repack.cpp `gemm_q4_b32_8x8_q8_0_lut_avx` for
+    groups of 4 activation rows, `gemv_...` for the rest; Q4_0, IQ4_NL, MXFP4): each block's whole integer dot
+    product, one FMA per block, acc = fma(float(dot), d_w * d_x, acc). qw (rows, k) and qx (n, k) int8 in element
+    order, dw (rows, nb), dx (n, nb) -> out (n, rows)"""
+    rows, k = qw.shape
+    for r in numba.prange(rows):
+        for t in range(qx.shape[0]):
+            acc = np.float32(0.0)
+            for b in range(k // 32):
+                dot = 0
+                for e in range(32 * b, 32 * b + 32):
+                    dot += np.int32(qw[r, e]) * np.int32(qx[t, e])
+                acc = fma32(np.float32(dot), np.float32(dw[r, b] * dx[t, b]), acc)
+            out[t, r] = acc
+
+
+def is_repacked_q4_0(weight) -> bool:
+    """llama.cpp repacks a Q4_0 weight with ne1 % 8 == 0 into block_q4_0x8 on every x86 build (AVX2 or better;
+    repack.cpp ggml_repack_get_optimal_repack_type), and then multiplies it with `matmul_repacked_blocks`' order."""
+    return weight.ggml_type == T.Q4_0 and weight.n_rows % 8 == 0
+
+
+def matmul_exact(x: np.ndarray, weight, repacked: bool | None = None) -> np.ndarray:
+    """y = x @ W^T as ggml-cpu computes it for a 32-block weight type: ggml_vec_dot's lanes (and tinyBLAS's, the
+    same), or a repacked Q4_0 weight's one FMA per block (`repacked`: force either; None: as llama.cpp decides
+    for this weight). (n, k) float32 -> (n, rows) float32"""
     qw, dw, mw = unpack_weight(weight)
     qx, dx, sx = quantize_activations(x, weight.ggml_type)
-    qw, qx = _lane_major(qw), _lane_major(qx)
     out = np.empty((x.shape[0], qw.shape[0]), np.float32)  # (n, rows)
+    if is_repacked_q4_0(weight) if repacked is None else repacked:
+        matmul_repacked_blocks(qw, dw, qx, dx, out)
+        return out
+    qw, qx = _lane_major(qw), _lane_major(qx)
     _matmul_blocks(qw, dw, mw, qx, dx, sx, weight.ggml_type in _WITH_MIN, out)
     return out
 
 
 @numba.njit(parallel=True, cache=True)
-def _matmul_float(w, x, tinyblas, tail_in_double, out):  # pragma: no cover - compiled
+def matmul_float_rows(w, x, tinyblas, tail_in_double, out):  # pragma: no cover - compiled
     for r in numba.prange(w.shape[0]):
         acc = np.zeros(64, np.float32)
         for t in range(x.shape[0]):
             out[t, r] = dot_tinyblas(w[r], x[t], acc) if tinyblas else dot_vec(w[r], x[t], acc, tail_in_double)
 
 
-def matmul_float(x: np.ndarray, weight, vec_dot_for_one: bool = False) -> np.ndarray:
+def matmul_float(x: np.ndarray, weight, vec_dot_for_one: bool = False, each_row_alone: bool = False) -> np.ndarray:
     """y = x @ W^T for an F32 or F16 weight as ggml-cpu computes it: the activations rounded to f16 for an F16
     weight; tinyBLAS when k % F32_EPR == 0 and ne1 % 4 == 0 (llamafile_sgemm accepts the shape), else
     ggml_vec_dot_f32 / _f16. llama.cpp also uses vec_dot for a single row; `vec_dot_for_one` does the same,
-    by default one row is computed like several. (n, k) float32 -> (n, rows) float32"""
+    by default one row is computed like several. `each_row_alone`: vec_dot for every row (ggml_mul_mat_id).
+    (n, k) float32 -> (n, rows) float32"""
     f16 = weight.ggml_type == T.F16
     w = np.ascontiguousarray(weight.data, np.float32).reshape(weight.n_rows, -1)  # (rows, k)
     xf = np.ascontiguousarray(x, np.float32)
     if f16:
         xf = xf.astype(np.float16).astype(np.float32)
     n, k = xf.shape
-    tinyblas = (n >= 2 or not vec_dot_for_one) and k % F32_EPR == 0 and w.shape[0] % 4 == 0
+    tinyblas = (n >= 2 or not vec_dot_for_one) and not each_row_alone and k % F32_EPR == 0 and w.shape[0] % 4 == 0
     out = np.empty((n, w.shape[0]), np.float32)  # (n, rows)
-    _matmul_float(w, xf, tinyblas, f16, out)
+    matmul_float_rows(w, xf, tinyblas, f16, out)
     return out

@@ -25,6 +25,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from llamactx.errors import LlamactxError
 from llamactx.gguf.block_fields import f16_field, high_bits, nibbles
+from llamactx.gguf.quants_iq import dequantize_iq4_nl, dequantize_iq4_xs, dequantize_mxfp4
 from llamactx.gguf.quants_k import (
     dequantize_q2_K,
     dequantize_q3_K,
@@ -158,6 +159,9 @@ _DECODERS: dict[int, BlockDecoder] = {
     GGMLType.Q4_K: dequantize_q4_K,
     GGMLType.Q5_K: dequantize_q5_K,
     GGMLType.Q6_K: dequantize_q6_K,
+    GGMLType.IQ4_NL: dequantize_iq4_nl,
+    GGMLType.IQ4_XS: dequantize_iq4_xs,
+    GGMLType.MXFP4: dequantize_mxfp4,
 }
 
 _FORMATS: dict[int, BlockFormat] = {

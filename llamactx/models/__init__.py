@@ -2,7 +2,7 @@
 
 Each architecture is declared once, by its module:
 - `ARCHS`: the `general.architecture` names it runs, with their RoPE type (llama_model_rope_type);
-- `MEMORY`: "kv", "recurrent" or "hybrid" (what llama_model::create_memory makes for it);
+- `MEMORY`: "kv", "recurrent", "hybrid" or "none" (an encoder) (what llama_model::create_memory makes for it);
 - `arch_hparams(meta, fields)`: its own metadata keys and checks (load_arch_hparams);
 - `tensor_shapes(hp)`: its tensors (load_arch_tensors);
 - `forward` / `build`: its graph.
@@ -20,9 +20,9 @@ from llamactx.memory.hybrid import HybridMemory
 from llamactx.memory.kv_cache import KVCache
 from llamactx.memory.kv_cache_iswa import KVCacheISWA
 from llamactx.memory.recurrent import RecurrentMemory
-from llamactx.models import gemma3, lfm2, llama, mamba2
+from llamactx.models import bert, gemma2, gemma3, granite, lfm2, llama, mamba2, phi3, smollm3
 
-MODULES = (llama, gemma3, mamba2, lfm2)
+MODULES = (llama, gemma3, mamba2, lfm2, phi3, gemma2, smollm3, granite, bert)
 ARCHITECTURES: dict[str, ModuleType] = {name: module for module in MODULES for name in module.ARCHS}
 
 
@@ -46,17 +46,26 @@ def expected_tensors(hp: HParams) -> dict[str, tuple[tuple[int, ...], bool]]:
     return arch_module(hp.arch).tensor_shapes(hp)
 
 
+def refused_tensors(hp: HParams) -> dict[str, str]:
+    """Tensors that llama.cpp would use but llamactx does not compute for this architecture: name -> why
+    (`Model.load` refuses a file holding one, rather than give other logits than llama.cpp)."""
+    module = arch_module(hp.arch)
+    return module.refused_tensors(hp) if hasattr(module, "refused_tensors") else {}
+
+
 def memory_type(arch: str) -> str:
     """The memory a context of this architecture needs: "kv" (llama_kv_cache), "recurrent"
     (llama_memory_recurrent) or "hybrid" (llama_memory_hybrid)."""
     return arch_module(arch).MEMORY
 
 
-def create_memory(hp: HParams, p: ResolvedParams) -> Memory:
+def create_memory(hp: HParams, p: ResolvedParams) -> Memory | None:
     """llama_model::create_memory: a KV cache, an iSWA cache for a model with sliding-window layers (unless
     swa_full); for a recurrent model (mamba2) one state per sequence; for a hybrid (lfm2) a KV cache of the
     attention layers beside the recurrent states of the others."""
     kind = memory_type(hp.arch)
+    if kind == "none":  # an encoder (bert): llama.cpp's create_memory returns nullptr
+        return None
     recr = [il for il in range(hp.n_layer) if hp.is_recr(il)]
     attn = [il for il in range(hp.n_layer) if not hp.is_recr(il)]
     if kind == "recurrent":
@@ -74,6 +83,8 @@ def create_memory(hp: HParams, p: ResolvedParams) -> Memory:
 def memory_description(hp: HParams, swa_full: bool = False) -> str:
     """What `create_memory` gives a model, in llama.cpp's class names (`llamactx info`)."""
     kind = memory_type(hp.arch)
+    if kind == "none":
+        return "none (an encoder: each batch is encoded whole, llama_encode)"
     if kind == "recurrent":
         return "recurrent states (llama_memory_recurrent)"
     if kind == "hybrid":

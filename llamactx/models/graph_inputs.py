@@ -98,8 +98,9 @@ def visibility_mask(cell_pos: np.ndarray, cell_has_seq: np.ndarray, tok_pos: np.
 class KVAttention:
     """Attention input for one ubatch over the KV cache, through the view the memory handed out for it: stores
     each layer's K/V into the ubatch's cells, then attends over cells [0, n_kv) with the causal / sequence /
-    sliding-window mask. An iSWA memory hands out one view for the global layers and one for the sliding-window
-    layers (`view.views()`)."""
+    sliding-window mask, soft-capping the logits where the model does (build_attn_mha reads
+    hparams.attn_soft_cap: gemma2). An iSWA memory hands out one view for the global layers and one for the
+    sliding-window layers (`view.views()`)."""
 
     def __init__(self, hp, cparams, ops, view, ub):
         self.hp, self.ops = hp, ops
@@ -126,7 +127,8 @@ class KVAttention:
         else:
             view, mask, vis = self.view, self.mask, self.vis
         view.store(il, k.reshape(n, -1), v.reshape(n, -1))
-        return self.ops.attention_kv(q, view, il, mask, vis, kq_scale, self.flash, n_threads=self.n_threads)
+        return self.ops.attention_kv(q, view, il, mask, vis, kq_scale, self.flash, n_threads=self.n_threads,
+                                     softcap=self.hp.f_attn_logit_softcapping)
 
 
 def _visible(mask: np.ndarray, cell_pos: np.ndarray, layout_exact: bool) -> VisibleCells:
@@ -152,7 +154,10 @@ class BatchAttention:
                          if hp.n_swa else self.mask)
 
     def __call__(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, kq_scale: float) -> np.ndarray:
+        if not self.hp.causal_attn:  # an encoder (bert): llama.cpp's kernels for the ubatch's f32 K/V, exactly
+            return self.ops.attention_no_cache(q, k, v, self.mask, kq_scale, self.flash)
         k16 = k.astype(np.float16).astype(np.float32)
         v16 = v.astype(np.float16).astype(np.float32)
         mask = self.mask_swa if self.hp.is_swa(il) else self.mask
-        return self.ops.attention(q, k16, v16, mask, kq_scale, self.flash, "f16")
+        return self.ops.attention(q, k16, v16, mask, kq_scale, self.flash, "f16",
+                                  softcap=self.hp.f_attn_logit_softcapping)

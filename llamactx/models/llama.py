@@ -1,6 +1,8 @@
 """The `llama` architecture (SmolLM2, Llama 2/3, Mistral and llama-style variants): src/models/llama.cpp, and the
 two Qwen variants that differ from it only in optional tensors: `qwen2` (q/k/v biases, src/models/qwen2.cpp) and
-`qwen3` (RMS-normed q and k per head before RoPE, src/models/qwen3.cpp); both rotate NEOX-style (hparams)."""
+`qwen3` (RMS-normed q and k per head before RoPE, src/models/qwen3.cpp); both rotate NEOX-style (hparams). A model
+with experts (`llama.expert_count`: Mixtral) and `qwen3moe` (qwen3 with experts, src/models/qwen3moe.cpp) replace
+the FFN by build_moe_ffn (models/moe.py)."""
 
 from __future__ import annotations
 
@@ -11,19 +13,26 @@ import numpy as np
 from llamactx.ggml.inputs import ROPE_TYPE_NEOX, ROPE_TYPE_NORM
 from llamactx.hparams import HParams, HParamsError, Meta
 from llamactx.models.graph_inputs import AttentionInput, ForwardResult, RopeConfig
+from llamactx.models.moe import build_moe_ffn, expert_tensor_shapes
 
 # the architecture names this module runs, with their RoPE type (llama_model_rope_type): llama rotates adjacent
 # pairs (NORM), the Qwens the two halves of each head (NEOX)
-ARCHS = {"llama": ROPE_TYPE_NORM, "qwen2": ROPE_TYPE_NEOX, "qwen3": ROPE_TYPE_NEOX}
+ARCHS = {"llama": ROPE_TYPE_NORM, "qwen2": ROPE_TYPE_NEOX, "qwen3": ROPE_TYPE_NEOX, "qwen3moe": ROPE_TYPE_NEOX}
 MEMORY = "kv"  # llama_model::create_memory: llama_kv_cache
 
 
 def arch_hparams(m: Meta, hp: dict) -> dict:
-    """load_arch_hparams: no keys of their own; llama's graph rotates the whole head."""
-    if m.arch == "llama" and hp["n_rot"] != hp["n_embd_head_k"]:
-        raise HParamsError(f"'llama.rope.dimension_count' = {hp['n_rot']}: expected an even number equal to the "
-                           f"head size {hp['n_embd_head_k']}")
-    return {}
+    """load_arch_hparams: llama's graph rotates the whole head; an expert's FFN width is `n_ff` for llama
+    (Mixtral) and qwen3moe's `expert_feed_forward_length` (default n_ff / n_expert_used), which must have
+    experts."""
+    if m.arch in ("llama", "qwen3moe") and hp["n_rot"] != hp["n_embd_head_k"]:
+        raise HParamsError(f"'{m.arch}.rope.dimension_count' = {hp['n_rot']}: expected an even number equal to "
+                           f"the head size {hp['n_embd_head_k']}")
+    if m.arch == "qwen3moe":
+        if not hp["n_expert"]:
+            raise HParamsError("'qwen3moe.expert_count' is missing or 0: qwen3moe needs experts")
+        return {"n_ff_exp": m.count("expert_feed_forward_length", hp["n_ff"] // hp["n_expert_used"])}
+    return {"n_ff_exp": hp["n_ff"] if hp["n_expert"] else 0}
 
 
 def tensor_shapes(hp: HParams) -> dict[str, tuple[tuple[int, ...], bool]]:
@@ -35,7 +44,7 @@ def tensor_shapes(hp: HParams) -> dict[str, tuple[tuple[int, ...], bool]]:
         "output.weight": ((hp.n_embd, hp.n_vocab), False),
         "rope_freqs.weight": ((hp.n_rot // 2,), False),  # Llama 3.1's frequency factors
     }
-    qk_norm = hp.arch == "qwen3"
+    qk_norm = hp.arch in ("qwen3", "qwen3moe")
     n_q = hp.n_embd_head_k * hp.n_head
     for il in range(hp.n_layer):
         b = f"blk.{il}."
@@ -52,10 +61,15 @@ def tensor_shapes(hp: HParams) -> dict[str, tuple[tuple[int, ...], bool]]:
             b + "attn_q_norm.weight": ((hp.n_embd_head_k,), qk_norm),
             b + "attn_k_norm.weight": ((hp.n_embd_head_k,), qk_norm),
             b + "ffn_norm.weight": ((hp.n_embd,), True),
-            b + "ffn_gate.weight": ((hp.n_embd, hp.n_ff), True),
-            b + "ffn_up.weight": ((hp.n_embd, hp.n_ff), True),
-            b + "ffn_down.weight": ((hp.n_ff, hp.n_embd), True),
         })
+        if hp.n_expert:  # Mixtral's gate may be absent (llama_model_llama: TENSOR_NOT_REQUIRED)
+            shapes.update(expert_tensor_shapes(hp, b, gate_required=hp.arch == "qwen3moe"))
+        else:
+            shapes.update({
+                b + "ffn_gate.weight": ((hp.n_embd, hp.n_ff), True),
+                b + "ffn_up.weight": ((hp.n_embd, hp.n_ff), True),
+                b + "ffn_down.weight": ((hp.n_ff, hp.n_embd), True),
+            })
     return shapes
 
 
@@ -98,7 +112,7 @@ def build(model, ops, token: np.ndarray | None, embd: np.ndarray | None, pos: np
         q = q.reshape(n, hp.n_head, hp.n_embd_head_k)
         k = k.reshape(n, hp.n_head_kv, hp.n_embd_head_k)
         v = v.reshape(n, hp.n_head_kv, hp.n_embd_head_v)
-        if b + "attn_q_norm.weight" in model.tensors:  # qwen3
+        if b + "attn_q_norm.weight" in model.tensors:  # qwen3, qwen3moe
             q = ops.rms_norm(q, model.tensors[b + "attn_q_norm.weight"], hp.f_norm_rms_eps)
             k = ops.rms_norm(k, model.tensors[b + "attn_k_norm.weight"], hp.f_norm_rms_eps)
         rp = rope.for_layer(False)
@@ -110,8 +124,11 @@ def build(model, ops, token: np.ndarray | None, embd: np.ndarray | None, pos: np
             cur, x = cur[out_ids], x[out_ids]
         x = cur + x
         cur = ops.rms_norm(x, model.tensors[b + "ffn_norm.weight"], hp.f_norm_rms_eps)
-        gate, up = ops.matmuls(cur, [w(b + "ffn_gate.weight"), w(b + "ffn_up.weight")])  # (n, n_ff) each
-        x = ops.matmul(ops.swiglu(gate, up), w(b + "ffn_down.weight")) + x  # (n, n_embd)
+        if hp.n_expert:
+            x = build_moe_ffn(model, ops, cur, b) + x  # (n, n_embd)
+        else:
+            gate, up = ops.matmuls(cur, [w(b + "ffn_gate.weight"), w(b + "ffn_up.weight")])  # (n, n_ff) each
+            x = ops.matmul(ops.swiglu(gate, up), w(b + "ffn_down.weight")) + x  # (n, n_embd)
     x = ops.rms_norm(x, model.tensors["output_norm.weight"], hp.f_norm_rms_eps)  # (n_out, n_embd)
     logits = ops.matmul(x, w(output_weight_name(model))) if want_logits else None  # (n_out, n_vocab)
     return ForwardResult(logits=logits, embd=x)

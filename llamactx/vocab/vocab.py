@@ -28,6 +28,7 @@ from llamactx.vocab.special import (
     partition,
 )
 from llamactx.vocab.tokenizers import SPM_SPACE, BpeTokenizer, SpmTokenizer
+from llamactx.vocab.wpm import WpmTokenizer
 
 __all__ = ["TOKEN_NULL", "Vocab", "VocabError"]
 
@@ -74,8 +75,9 @@ class Vocab:
         self.add_sep = flags.get("add_sep", False)  # llama_vocab_get_add_sep: SEP between a rerank query and doc
         self.add_space_prefix, self.clean_spaces = flags["add_space_prefix"], flags["clean_spaces"]
         self.ignore_merges = flags["ignore_merges"]
+        self.lowercase, self.strip_accents = flags.get("lowercase", False), flags.get("strip_accents", False)
         self._merges, self._regex_exprs = merges, regex_exprs
-        self._model: SpmTokenizer | BpeTokenizer | None = None
+        self._model: SpmTokenizer | BpeTokenizer | WpmTokenizer | None = None
         self._pieces: list[bytes | None] = [None] * self.n_tokens
         self._matchers: dict = {}  # partition's special-token matcher per parse_special
         self._nl: int | None = None
@@ -93,8 +95,9 @@ class Vocab:
         model_type = meta.get(_KEY + "model")
         if not isinstance(model_type, str):
             raise VocabError(f"'{_KEY}model' is missing or not a string: {model_type!r}")
-        if model_type not in ("llama", "gpt2"):
-            raise VocabError(f"'{_KEY}model' = {model_type!r} is not supported (supported: 'llama', 'gpt2')")
+        if model_type not in ("llama", "gpt2", "bert"):
+            raise VocabError(f"'{_KEY}model' = {model_type!r} is not supported (supported: 'llama', 'gpt2', "
+                             f"'bert')")
         texts = _string_list(meta, _KEY + "tokens")
         n = len(texts)
         for i, t in enumerate(texts):
@@ -124,6 +127,11 @@ class Vocab:
                 raise VocabError(f"'{_KEY}pre' = {pre!r} is not a supported pre-tokenizer type")
             pre_type, family, clean, ignore, add_bos = PRE_TYPES[pre]
             flags.update(add_space_prefix=False, clean_spaces=clean, ignore_merges=ignore, add_bos=add_bos)
+        if model_type == "bert":  # WPM (llama_vocab::impl::load): no space prefix, clean_spaces, [SEP] appended
+            flags.update(add_space_prefix=False, clean_spaces=True)
+            # BertNormalizer's options: lower case (default true), strip accents (default: as lowercase)
+            flags["lowercase"] = _bool(meta, _KEY + "normalizer.lowercase", True)
+            flags["strip_accents"] = _bool(meta, _KEY + "normalizer.strip_accents", flags["lowercase"])
         flags["add_space_prefix"] = _bool(meta, _KEY + "add_space_prefix", flags["add_space_prefix"])
         attrs = attrs_from_types(types, n)
         special = SpecialTokens.detect(meta, texts, token_to_id, attrs, model_type, pre_type)
@@ -131,7 +139,7 @@ class Vocab:
         flags["add_eos"] = _bool(meta, _KEY + "add_eos_token", flags["add_eos"])
         # false for SPM and BPE vocabularies unless the file says otherwise (llama-vocab.cpp sets it for WPM and
         # the jina / roberta BPE pre-tokenizers, none of which llamactx reads)
-        flags["add_sep"] = _bool(meta, _KEY + "add_sep_token", False)
+        flags["add_sep"] = _bool(meta, _KEY + "add_sep_token", model_type == "bert")
         score_list = [0.0] * n if scores is None else np.asarray(scores[:n], dtype=np.float64).tolist()
         return cls(
             model_type,
@@ -146,10 +154,12 @@ class Vocab:
             REGEX_EXPRS[family],
         )
 
-    def _tokenizer(self) -> SpmTokenizer | BpeTokenizer:
+    def _tokenizer(self) -> SpmTokenizer | BpeTokenizer | WpmTokenizer:
         # built on first use: BPE merges and SPM segment tables cost a little, detokenizing needs neither
         if self._model is None:
-            if self.model_type == "llama":
+            if self.model_type == "bert":
+                self._model = WpmTokenizer(self._token_to_id, self.unk, self.lowercase, self.strip_accents)
+            elif self.model_type == "llama":
                 self._model = SpmTokenizer(self._token_to_id, self._texts, self._scores)
             else:
                 pre = PreTokenizer(self._regex_exprs)
@@ -223,6 +233,8 @@ class Vocab:
         )
         model = self._tokenizer()
         out: list[int] = []
+        if isinstance(model, WpmTokenizer):  # llama_vocab::impl::tokenize, WPM: [CLS] ... [SEP] when add_special
+            return self._tokenize_wpm(model, fragments, add_special)
         if add_special and self.add_bos:
             if self.bos == TOKEN_NULL:
                 raise VocabError("the model asks for BOS (add_bos_token) but has no BOS token")
@@ -249,6 +261,15 @@ class Vocab:
             out.append(self.eos)
         return out
 
+    def _tokenize_wpm(self, model: WpmTokenizer, fragments: list, add_special: bool) -> list[int]:
+        """WPM: BOS ([CLS]) and SEP around the fragments with add_special, whatever add_bos / add_eos say."""
+        if add_special and (self.bos == TOKEN_NULL or self.sep == TOKEN_NULL):
+            raise VocabError("a WPM (bert) vocabulary needs BOS ([CLS]) and SEP tokens to add special tokens")
+        out = [self.bos] if add_special else []
+        for frag in fragments:
+            out += [frag] if isinstance(frag, int) else model.tokenize(frag)
+        return out + [self.sep] if add_special else out
+
     # ---- detokenize ----------------------------------------------------------------------------------------
 
     def token_to_piece(self, token: int, special: bool = False) -> bytes:
@@ -269,7 +290,7 @@ class Vocab:
         if attr & (ATTR_UNKNOWN | ATTR_CONTROL | ATTR_USER_DEFINED):
             return text.encode("utf-8", "surrogateescape")
         if attr & ATTR_NORMAL:
-            if self.model_type == "llama":
+            if self.model_type in ("llama", "bert"):  # SPM and WPM: '▁' back to a space
                 return text.replace(SPM_SPACE, " ").encode("utf-8", "surrogateescape")
             return _decode_byte_level(text)
         if attr & ATTR_BYTE:

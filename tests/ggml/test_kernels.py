@@ -25,6 +25,7 @@ from llamactx.ggml import kernels
 from llamactx.ggml import quants_cpu as QC
 from llamactx.ggml.intrinsics import round_f16
 from llamactx.ggml.kernels import q8 as KQ
+from llamactx.ggml.vecdot import matmul_exact
 from llamactx.gguf import quants as Q
 from llamactx.gguf.quants_k import scale_min_k4
 from llamactx.model import Weight
@@ -70,7 +71,8 @@ def assert_matches_reference(x: np.ndarray, w: Weight, path: str) -> None:
     of |terms| (|x_q| . |W|) of each output, a bound on float32 summation-order differences."""
     got = kernels.matmul(x, kernels.pack_weight(w), THREADS, path=path)  # (n, n_rows)
     ref = OPS.matmul(x, w) if w.ggml_type not in (T.F32, T.F16) else None
-    if w.ggml_type in EXACT:
+    if w.ggml_type in EXACT:  # the kernels' order is ggml_vec_dot's (a repacked Q4_0 weight stays on the reference)
+        ref = matmul_exact(x, w, repacked=False)
         assert got.view(np.uint32).tolist() == ref.view(np.uint32).tolist()
         return
     xq = OPS.activations_for(x, w.ggml_type).astype(np.float64)  # (n, k)
@@ -462,6 +464,56 @@ def test_kquants_llama_order_match_vecdot_k_bit_for_bit(t, path):
             for threads in {1, THREADS}:
                 got = kernels.matmul(x, kernels.pack_weight(w), threads, path=path, llama_order=True)
                 assert got.view(np.uint32).tolist() == matmul_k(x, w).view(np.uint32).tolist(), (n_rows, n, threads)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_q4_0_llama_order_matches_repacked_blocks_bit_for_bit(path):
+    """llama_order=True for Q4_0: llama.cpp's repacked gemm/gemv order (one FMA per block of its whole integer dot
+    product, no hsum), bit for bit as vecdot.matmul_repacked_blocks whatever the number of activation rows (8, 4
+    and single rows, and their mixes), in one thread's share of the row groups or two (an odd number of groups
+    too: the single-row path's last group alone). The order differs from ggml_vec_dot's, which llama_order=False
+    keeps."""
+    check_path(path)
+    rng = np.random.default_rng(40)
+    differs = 0
+    for k, n_rows in ((32, 8), (96, 24), (256, 40), (576, 64)):
+        w = random_weight(T.Q4_0, k, n_rows, rng)
+        pw = kernels.pack_weight(w)
+        for n in (1, 2, 3, 4, 5, 8, 9, 17):
+            x = (rng.standard_normal((n, k)) * 2).astype(np.float32)
+            ref = matmul_exact(x, w, repacked=True)
+            for threads in {1, THREADS}:
+                got = kernels.matmul(x, pw, threads, path=path, llama_order=True)
+                assert got.view(np.uint32).tolist() == ref.view(np.uint32).tolist(), (k, n_rows, n, threads)
+            vec_dot = matmul_exact(x, w, repacked=False)
+            got = kernels.matmul(x, pw, THREADS, path=path, llama_order=False)
+            assert got.view(np.uint32).tolist() == vec_dot.view(np.uint32).tolist(), (k, n_rows, n)
+            differs += int((vec_dot != ref).sum())
+    assert differs > 0  # the two orders are told apart
+
+
+def test_fast_ops_runs_repacked_q4_0_on_the_kernels():
+    """FastOps computes the repacked Q4_0 weights of tests/data/tiny's llama-q4_0 on the kernels (llama_order)
+    and keeps llama.cpp's prompt logits, op by op and as the compiled graph (the context's default)."""
+    from llamactx import Batch, Context, ContextParams
+    from llamactx.backend.fast import FastOps
+    from llamactx.ggml.vecdot import is_repacked_q4_0
+    from tests.models.tiny import load_tiny
+
+    _, model, ref, arrays = load_tiny("llama-q4_0")
+    repacked = [w for w in map(model.weight, model.tensor_infos) if is_repacked_q4_0(w)]
+    assert repacked and all(FastOps._kernel_order(w) is True for w in repacked)
+    for graph in (True, False):
+        for i, prompt in enumerate(ref["prompts"]):
+            ops = FastOps(model)
+            if not graph:  # op by op, as ReferenceOps.compute_graph runs a build
+                ops.compute_graph = lambda build, model, *args, ops=ops: build(model, ops, *args)
+            ctx = Context(model, ContextParams(n_ctx=512, n_batch=512, n_threads=2, flash_attn="disabled"), ops=ops)
+            batch = Batch(len(prompt["tokens"]))
+            for pos, tok in enumerate(prompt["tokens"]):
+                batch.add(tok, pos, [0], logits=True)
+            assert ctx.decode(batch) == 0
+            np.testing.assert_array_equal(ctx.get_logits(), arrays[f"prompt_{i}"], err_msg=f"prompt {i} graph {graph}")
 
 
 def _mapped_file_rss(path) -> int:

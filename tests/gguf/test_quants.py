@@ -20,7 +20,8 @@ T = GGMLQuantizationType
 FLOATS = [T.F32, T.F16, T.BF16]
 LEGACY = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
 K_QUANTS = [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]
-SUPPORTED = FLOATS + LEGACY + K_QUANTS
+IQ = [T.IQ4_NL, T.IQ4_XS, T.MXFP4]
+SUPPORTED = FLOATS + LEGACY + K_QUANTS + IQ
 
 
 
@@ -148,7 +149,7 @@ def test_dequantize_rejects_bad_input():
     msg = str(err.value)
     assert "'blk.0.attn_q.weight'" in msg and "IQ2_XXS (16)" in msg and "Q4_K" in msg
     assert isinstance(err.value, ValueError)
-    for t in (T.TQ1_0, T.MXFP4, T.Q8_1, T.IQ4_NL, T.Q8_K):
+    for t in (T.TQ1_0, T.IQ1_S, T.Q8_1, T.IQ3_XXS, T.Q8_K):
         fmt = Q.block_format(t)
         with pytest.raises(Q.UnsupportedTypeError, match=f"'w': ggml type {t.name} "):
             Q.dequantize(np.zeros(fmt.type_size, np.uint8), t, (fmt.block_size,), name="w")

@@ -93,6 +93,8 @@ def tensor_bytes(shape: tuple[int, ...], ggml_type: int, rng: np.random.Generato
     blocks = rng.integers(0, 256, (n // block, size), dtype=np.uint8)
     for off in SCALE_OFFSETS.get(T(ggml_type), []):
         blocks[:, off : off + 2] = np.frombuffer(np.float16(0.002).tobytes(), np.uint8)
+    if ggml_type == T.MXFP4:
+        blocks[:, 0] = 120  # E8M0 exponent: 2^-8 per (doubled) E2M1 step
     return blocks.reshape(*shape[:0:-1], shape[0] // block * size)
 
 

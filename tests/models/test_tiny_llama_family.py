@@ -1,5 +1,7 @@
 """The llama family's variants on tiny synthetic models against llama.cpp's logits (tests/data/tiny, REFERENCE.md):
-qwen2 (q/k/v biases), qwen3 (q/k RMSNorm), Llama 3's RoPE frequency factors and YaRN scaling."""
+qwen2 (q/k/v biases), qwen3 (q/k RMSNorm), Llama 3's RoPE frequency factors, YaRN scaling, and the mixtures of
+experts: qwen3moe (Q8_0 experts) and llama with experts (Mixtral-style, F16 experts); and Q4_0 weights, which
+llama.cpp repacks (llama-q4_0, qwen3moe-q4_0)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from llamactx.backend.reference import ReferenceOps
 from tests.gguf.tiny_model import finish
 from tests.models.tiny import TINY, load_tiny
 
-NAMES = ["qwen2", "qwen3", "llama3", "yarn"]
+NAMES = ["qwen2", "qwen3", "llama3", "yarn", "qwen3moe", "mixtral", "llama-q4_0", "qwen3moe-q4_0"]
 
 
 @pytest.fixture(scope="module", params=NAMES)

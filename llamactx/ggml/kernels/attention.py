@@ -75,7 +75,7 @@ def _attend_epr8(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, ou
     if n_conv:
         kv_to_f32(k, v, n_head_kv, kt, vf)
     _attention(q.reshape(n, n_head, d_k), k, v, n_head_kv, cells, n_cells, scale, mask_add, False,
-               out.reshape(n, n_head, d_v), kt, vf, n_threads * 8)
+               out.reshape(n, n_head, d_v), kt, vf, n_threads * 8, _F32(0.0))
 
 
 @numba.njit(cache=True)

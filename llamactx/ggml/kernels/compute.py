@@ -19,20 +19,33 @@ from numba import carray, njit, prange, types
 from numba.extending import intrinsic, overload
 
 from llamactx.ggml import vec as ggml_vec
-from llamactx.ggml.cpu import PATH_PORTABLE, PATH_VNNI
+from llamactx.ggml.cpu import F32_EPR, PATH_PORTABLE, PATH_VNNI
 from llamactx.ggml.graph import Graph, GraphUnsupported, Tensor
 from llamactx.ggml.inputs import ROPE_TYPE_NEOX
 from llamactx.ggml.intrinsics import f16_bits
 from llamactx.ggml.kernels.attention import attend
 from llamactx.ggml.kernels.flash import flash_attend
 from llamactx.ggml.kernels.get_rows import rows_q8_0_x4
-from llamactx.ggml.kernels.matmul import Q8_0, matmul_portable, matmul_vnni
+from llamactx.ggml.kernels.matmul import (
+    F32,
+    Q8_0,
+    expert_order,
+    matmul_id_portable,
+    matmul_id_vnni,
+    matmul_portable,
+    matmul_vnni,
+)
+from llamactx.ggml.kernels.repack import units
 from llamactx.ggml.kernels.simd import PORTABLE, VNNI, TagType
+from llamactx.ggml.moe import route_row
+from llamactx.ggml.vecdot import matmul_float_rows
 
 # ops
-GET_ROWS, RMS_NORM, MUL_MAT, ADD, ADD_ROW, SCALE, ROPE, SWIGLU, GEGLU, ATTN, SELECT = range(1, 12)
+(GET_ROWS, RMS_NORM, MUL_MAT, ADD, ADD_ROW, SCALE, ROPE, SWIGLU, GEGLU, ATTN, SELECT, MOE_ROUTE, MUL_MAT_ID,
+ MOE_SUM) = range(1, 15)
 _OPS = {"get_rows": GET_ROWS, "rms_norm": RMS_NORM, "mul_mat": MUL_MAT, "add": ADD, "add_row": ADD_ROW,
-        "scale": SCALE, "rope": ROPE, "swiglu": SWIGLU, "geglu": GEGLU, "attn": ATTN, "select": SELECT}
+        "scale": SCALE, "rope": ROPE, "swiglu": SWIGLU, "geglu": GEGLU, "attn": ATTN, "select": SELECT,
+        "moe_route": MOE_ROUTE, "mul_mat_id": MUL_MAT_ID, "moe_sum": MOE_SUM}
 # buffers
 ARENA, OUT_LOGITS, OUT_EMBD, IN_EMBD = range(4)
 # program columns: op, destination (buffer, offset, row stride), rows, cols, sources a, b, c, params
@@ -250,6 +263,17 @@ def _encode(row, frow, t: Tensor, place, vec_offsets, weight_index, kernel_order
         if t.src[0].col0 or row[AL] != t.src[0].cols:
             raise GraphUnsupported("a matmul of a strided view")
         row[P0], row[P1], row[P2] = weight_index(ws), bool(kernel_order(ws[0])), ws[0].ggml_type
+    elif t.op == "mul_mat_id":
+        (w,) = t.graph.weights[p[0]]
+        order = expert_order(w.ggml_type, t.shape[2])
+        if t.src[0].col0 or row[AL] != t.src[0].cols or order < 0:
+            raise GraphUnsupported(f"a mul_mat_id of a strided view or of {w.type_name} experts")
+        row[P0], row[P1], row[P2], row[P3] = weight_index((w,)), p[1], int(p[2]) + 2 * order, p[3]
+        row[P4] = units(w.ggml_type, t.shape[2])  # packed units of one expert
+    elif t.op == "moe_route":
+        row[P0], row[P1], row[P2], frow[0] = p[0], p[1], t.src[0].cols, p[2]
+    elif t.op == "moe_sum":
+        row[P0] = p[0]
     elif t.op == "add_row":
         row[P0] = vec_offsets[p[0]]
     elif t.op == "scale":
@@ -285,6 +309,27 @@ def _matmul_impl(path, n_tasks, kind, llama_order, x, qs, qh, sc, mn, d, m, out)
 
     def portable(path, n_tasks, kind, llama_order, x, qs, qh, sc, mn, d, m, out):
         matmul_portable(n_tasks, kind, llama_order, x, qs, qh, sc, mn, d, m, out)
+
+    return portable
+
+
+def _matmul_id(path, n_tasks, kind, per_row, x, starts, unit, qs, qh, sc, mn, d, m, out):
+    """matmul_id_vnni or matmul_id_portable, chosen at compile time by the path tag."""
+
+
+@overload(_matmul_id, jit_options={"cache": True})
+def _matmul_id_impl(path, n_tasks, kind, per_row, x, starts, unit, qs, qh, sc, mn, d, m, out):
+    if not isinstance(path, TagType):
+        return None
+    if path.tag_name == "vnni":
+
+        def vnni(path, n_tasks, kind, per_row, x, starts, unit, qs, qh, sc, mn, d, m, out):
+            matmul_id_vnni(n_tasks, kind, per_row, x, starts, unit, qs, qh, sc, mn, d, m, out)
+
+        return vnni
+
+    def portable(path, n_tasks, kind, per_row, x, starts, unit, qs, qh, sc, mn, d, m, out):
+        matmul_id_portable(n_tasks, kind, per_row, x, starts, unit, qs, qh, sc, mn, d, m, out)
 
     return portable
 
@@ -334,6 +379,62 @@ def _glu_node_par(gelu_table, g, go, gl, u, uo, ul, n, k, y, yo, yl):
 
 
 @njit(cache=True)
+def _route_node(a, ao, al, n, n_expert, k, norm_w, w_scale, y, yo, yl):  # pragma: no cover - compiled
+    """MOE_ROUTE: each token's experts (as floats) and weights, ggml.moe.route_row."""
+    probs = np.empty(n_expert, np.float32)
+    idx = np.empty(n_expert, np.int32)
+    for r in range(n):
+        route_row(a[ao + r * al : ao + r * al + n_expert], k, norm_w, w_scale, probs, idx,
+                  y[yo + r * yl : yo + r * yl + 2 * k])
+
+
+@njit(cache=True)
+def _mul_mat_id_node(path, n_threads, kind, w, x, xo, xl, shared, per_row, ne0, ids, io, il, n, k, n_ff, unit,
+                     y, yo, yl):  # pragma: no cover - compiled
+    """MUL_MAT_ID: the rows routed to each expert gathered (grouped by expert, in token order within each, as
+    ggml's matrix_row_counts), every expert's rows in one parallel region (matmul.matmul_id_*), the outputs
+    scattered back to (token, slot)."""
+    qs, qh, sc, mn, d, m = w
+    n_expert = qs.shape[0] // unit
+    count = np.zeros(n_expert + 1, np.int64)
+    for t in range(n):
+        for s in range(k):
+            count[int(ids[io + t * il + s]) + 1] += 1
+    for e in range(n_expert):
+        count[e + 1] += count[e]
+    order = np.empty(n * k, np.int64)  # (token * k + slot), grouped by expert
+    fill = count[:n_expert].copy()
+    for t in range(n):
+        for s in range(k):
+            e = int(ids[io + t * il + s])
+            order[fill[e]] = t * k + s
+            fill[e] += 1
+    xs = np.empty((n * k, ne0), np.float32)
+    out = np.empty((n * k, n_ff), np.float32)
+    for r in range(n * k):
+        t, s = order[r] // k, order[r] % k
+        src = xo + t * xl + (0 if shared else s * ne0)
+        xs[r] = x[src : src + ne0]
+    _matmul_id(path, n_threads, kind, per_row, xs, count, unit, qs, qh, sc, mn, d, m, out)
+    for r in range(n * k):
+        t, s = order[r] // k, order[r] % k
+        dst = yo + t * yl + s * n_ff
+        y[dst : dst + n_ff] = out[r]
+
+
+@njit(cache=True)
+def _moe_sum_node(a, ao, al, route, ro, rl, n, k, cols, y, yo, yl):  # pragma: no cover - compiled
+    """MOE_SUM: ggml_mul by each slot's weight, then the slots added in order."""
+    for r in range(n):
+        for j in range(cols):
+            acc = a[ao + r * al + j] * route[ro + r * rl + k]
+            for s in range(1, k):
+                p = a[ao + r * al + s * cols + j] * route[ro + r * rl + k + s]
+                acc = acc + p
+            y[yo + r * yl + j] = acc
+
+
+@njit(cache=True)
 def _store_kv(cache, il, cells, x, xo, xl, n, cols):
     """ggml_set_rows: the ubatch's rows rounded to f16 into its cells of layer il (cache: uint16 bits)."""
     for t in range(n):
@@ -362,7 +463,11 @@ def _run(path, prog, fprm, arena, out_logits, out_embd, in_embd, tokens, pos, ou
             x = a[ao : ao + n * al].reshape((n, al))
             out = y[yo : yo + n * cols].reshape((n, cols))
             qs, qh, sc, mn, d, m = _weight(w_meta, i)
-            _matmul(path, n_threads, w_kind[i], prog[s, P1] != 0, x, qs, qh, sc, mn, d, m, out)
+            if w_kind[i] == F32:  # vecdot.matmul_float's row-invariant order: tinyBLAS where the shape allows
+                wf = qs.view(np.float32)  # (rows, k)
+                matmul_float_rows(wf, x, al % F32_EPR == 0 and cols % 4 == 0, False, out)
+            else:
+                _matmul(path, n_threads, w_kind[i], prog[s, P1] != 0, x, qs, qh, sc, mn, d, m, out)
         elif op == ATTN:
             row, n_head, n_head_kv = layer_rows[prog[s, P0]], prog[s, P2], prog[s, P3]
             c, co, cl = bufs[prog[s, CB]], prog[s, CO], prog[s, CL]
@@ -423,6 +528,14 @@ def _run(path, prog, fprm, arena, out_logits, out_embd, in_embd, tokens, pos, ou
             for r in range(n):
                 for j in range(cols):
                     y[yo + r * yl + j] = a[ao + out_ids[r] * al + j]
+        elif op == MOE_ROUTE:
+            _route_node(a, ao, al, n, prog[s, P2], prog[s, P0], prog[s, P1] != 0, fprm[s, 0], y, yo, yl)
+        elif op == MUL_MAT_ID:
+            i, k = prog[s, P0], prog[s, P1]
+            _mul_mat_id_node(path, n_threads, w_kind[i], _weight(w_meta, i), a, ao, al, prog[s, P2] & 1 != 0,
+                             prog[s, P2] >> 1 != 0, prog[s, P3], b, bo, bl, n, k, cols // k, prog[s, P4], y, yo, yl)
+        elif op == MOE_SUM:
+            _moe_sum_node(a, ao, al, b, bo, bl, n, prog[s, P0], cols, y, yo, yl)
         elif op == GET_ROWS:
             i = prog[s, P0]
             qs, _, sc, _, _, _ = _weight(w_meta, i)

@@ -13,19 +13,29 @@ and a group's bytes are read once for every activation row: rows of activations 
 time (prompts, batched decode), then one at a time. Four activation rows' Q4_1/Q5_1 min chains share one register
 (lane 4j + r: weight row j, activation row r; the activations' s are stored block-major for it), so eight rows'
 accumulators fit the 32 registers without spilling.
+
+`x4_rows_repacked` is the other order of Q4_0, the one llama.cpp runs for the Q4_0 weights it repacks into
+`block_q4_0x8` (ne1 % 8 == 0; arch/x86/repack.cpp `gemm_q4_b32_8x8_q8_0_lut_avx` / `gemv_...`, the same per-output
+arithmetic in both): the block's whole integer dot product (the sum of the eight lanes, exact) and ONE FMA per
+block, acc = fma(float(dot), d_w * d_x, acc), and no horizontal sum (llamactx.ggml.vecdot.matmul_repacked_blocks).
 """
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
 from numba.extending import overload
 
 from llamactx.ggml.kernels.simd import Tag, TagType, prefetch
 from llamactx.ggml.kernels.vnni import izero16, vdot16
 from llamactx.ggml.kernels.wide import (
+    bfma4,
+    bfma16,
     fbcast4,
     ffma16,
     hsum_rows,
+    rsum4,
+    rsum4x4,
     wadd4,
     wbits,
     wfma4,
@@ -35,8 +45,10 @@ from llamactx.ggml.kernels.wide import (
     wlo,
     wload,
     wmins,
+    wquarter,
     wscale,
     wscales,
+    wscales4,
     wstore4,
     wzero,
     wzero4,
@@ -258,3 +270,106 @@ def x4_rows(path, dec, W, a, g0, g1, out):
                 a0, b0 = _x4_row(path, dec, wA, wB, d16, a, i, b, a0, b0)
                 m0 = _x4_min1(dec, m4, a, i, b, m0)
             _x4_store(dec, out, i, g * ROWS_PER_GROUP, a0, b0, m0)
+
+
+# --- the repacked order (Q4_0 weights llama.cpp repacks) -----------------------------------------------------------
+
+
+@njit(cache=True)
+def _block_terms(a):
+    """Block-major (nb, n) copies of what the repacked order adds per block: the offset term -8 * (sum of the block's
+    activation quants), int32 (the sum of its eight `xoff` lanes), and d_x, float32."""
+    xoff, xd = a[2], a[1]
+    n, nb = xd.shape
+    off = np.empty((nb, n), np.int32)
+    dx = np.empty((nb, n), np.float32)
+    for i in range(n):
+        for b in range(nb):
+            s = 0
+            for lane in range(b * 8, b * 8 + 8):
+                s += xoff[i, lane]
+            off[b, i] = s
+            dx[b, i] = xd[i, b]
+    return off, dx
+
+
+@njit(cache=True)
+def _block_dot(path, wA, wB, xq, i, b):
+    """The unsigned quants' dot products of block b with activation row i, both halves into one register: lanes
+    4j..4j+3 of the result sum to weight row j's u8 . s8 block dot (i32x16)."""
+    return vdot16(path, vdot16(path, izero16(), wA, xbcast16(xq, i, b * 32)), wB, xbcast16(xq, i, b * 32 + 16))
+
+
+@njit(cache=True)
+def _repacked_rows4(path, wA, wB, d4, xq, off, dx, i, b, acc):
+    """One block of the group against activation rows i..i+3: acc (lane 4r + j: activation row i + r, weight row j)
+    + float(dot) * (d_w * d_x), one FMA per output."""
+    dots = rsum4x4(_block_dot(path, wA, wB, xq, i, b), _block_dot(path, wA, wB, xq, i + 1, b),
+                   _block_dot(path, wA, wB, xq, i + 2, b), _block_dot(path, wA, wB, xq, i + 3, b))
+    return bfma16(acc, dots, off, dx, b, i, d4)
+
+
+@njit(cache=True)
+def _repacked_store4(out, i, c, acc):
+    """out[i + r, c:c+4] = lanes 4r..4r+3 of a `_repacked_rows4` accumulator; fewer at the matrix's end."""
+    n = out.shape[1] - c
+    wstore4(out, i, c, wquarter(acc, 0), n)
+    wstore4(out, i + 1, c, wquarter(acc, 1), n)
+    wstore4(out, i + 2, c, wquarter(acc, 2), n)
+    wstore4(out, i + 3, c, wquarter(acc, 3), n)
+
+
+@njit(cache=True)
+def _repacked_row(path, W, xq, off, dx, g, i, b, acc):
+    """Block b of row group g against the single activation row i (llama.cpp's gemv order): acc (f32x4, one chain
+    per weight row) + float(dot) * (d_w * d_x)."""
+    qs, qh, sc, _, _, _ = W
+    wA, wB = decode_x4(DEC_Q4_0, qs, qh, g, b)
+    return bfma4(acc, rsum4(_block_dot(path, wA, wB, xq, i, b)), off[b, i], wscales4(sc, g, b * 8), dx[b, i])
+
+
+@njit(cache=True)
+def x4_rows_repacked(path, W, a, g0, g1, out):
+    """out[:, 4*g0 : 4*g1] (clipped to the matrix) for row groups g0..g1-1 of a Q4_0 weight in the repacked order:
+    activation rows eight, then four at a time (one f32x16 accumulator holds 4 x 4 outputs), then one at a time.
+    Every output is the same whatever the number of rows (llama.cpp's gemm and gemv agree)."""
+    qs, qh, sc, _, _, _ = W
+    xq = a[0]
+    off, dx = _block_terms(a)
+    n, nb = a[1].shape
+    n4 = n - n % 4
+    n8 = n - n % 8
+    for g in range(g0, g1):
+        c = g * ROWS_PER_GROUP
+        for i in range(0, n8, 8):
+            lo, hi = wzero(), wzero()
+            for b in range(nb):
+                wA, wB = decode_x4(DEC_Q4_0, qs, qh, g, b)
+                d4 = wscales4(sc, g, b * 8)
+                lo = _repacked_rows4(path, wA, wB, d4, xq, off, dx, i, b, lo)
+                hi = _repacked_rows4(path, wA, wB, d4, xq, off, dx, i + 4, b, hi)
+            _repacked_store4(out, i, c, lo)
+            _repacked_store4(out, i + 4, c, hi)
+        for i in range(n8, n4, 4):
+            acc = wzero()
+            for b in range(nb):
+                wA, wB = decode_x4(DEC_Q4_0, qs, qh, g, b)
+                acc = _repacked_rows4(path, wA, wB, wscales4(sc, g, b * 8), xq, off, dx, i, b, acc)
+            _repacked_store4(out, i, c, acc)
+    ahead = prefetch_distance(qs, qh, sc)
+    for i in range(n4, n):  # single activation rows: two groups at a time, two FMA chains in flight
+        for g in range(g0, g1 - 1, 2):
+            if i == n4:  # the first pass streams the weights
+                prefetch_ahead(qs, qh, sc, g, g0, g1, ahead, 2)
+            y0, y1 = wzero4(), wzero4()
+            for b in range(nb):
+                y0 = _repacked_row(path, W, xq, off, dx, g, i, b, y0)
+                y1 = _repacked_row(path, W, xq, off, dx, g + 1, i, b, y1)
+            wstore4(out, i, g * ROWS_PER_GROUP, y0, out.shape[1] - g * ROWS_PER_GROUP)
+            wstore4(out, i, (g + 1) * ROWS_PER_GROUP, y1, out.shape[1] - (g + 1) * ROWS_PER_GROUP)
+        if (g1 - g0) % 2:
+            g = g1 - 1
+            y = wzero4()
+            for b in range(nb):
+                y = _repacked_row(path, W, xq, off, dx, g, i, b, y)
+            wstore4(out, i, g * ROWS_PER_GROUP, y, out.shape[1] - g * ROWS_PER_GROUP)

@@ -23,9 +23,18 @@ from llamactx.ggml.cpu import PATH_PORTABLE, PATH_VNNI, active_path, cpu_feature
 from llamactx.ggml.intrinsics import round_f16
 from llamactx.ggml.kernels.kquants import DEC_Q4K, DEC_Q5K, k45_rows, q4k_x8_rows, q6k_rows, q6k_tiled_rows
 from llamactx.ggml.kernels.ktile import TILE_MIN_ROWS, q4k_tile_rows, q6k_tile_rows
-from llamactx.ggml.kernels.legacy import DEC_Q4_0, DEC_Q4_1, DEC_Q5_0, DEC_Q5_1, DEC_Q8_0, ROWS_PER_GROUP, x4_rows
+from llamactx.ggml.kernels.legacy import (
+    DEC_Q4_0,
+    DEC_Q4_1,
+    DEC_Q5_0,
+    DEC_Q5_1,
+    DEC_Q8_0,
+    ROWS_PER_GROUP,
+    x4_rows,
+    x4_rows_repacked,
+)
 from llamactx.ggml.kernels.q8 import quantize_q8_0, quantize_q8_1, quantize_q8_K
-from llamactx.ggml.kernels.repack import PackedWeight
+from llamactx.ggml.kernels.repack import PackedWeight, units
 from llamactx.ggml.kernels.simd import (
     PORTABLE,
     VNNI,
@@ -117,9 +126,11 @@ def _float_rows(f16, W, a, r0, r1, out):
 @njit(cache=True)
 def _rows_of_type(path, kind, llama_order, W, a, u0, u1, out):
     """out for units u0..u1-1 of weights of ggml type `kind` (the branch is taken once per task, not per row): groups
-    of four rows for the 32-element block types, else rows. llama_order: Q4_K / Q6_K in the order of llama.cpp's
-    repacked / tiled kernels (`matmul`)."""
-    if kind == Q4_0:
+    of four rows for the 32-element block types, else rows. llama_order: Q4_0 / Q4_K / Q6_K in the order of
+    llama.cpp's repacked / tiled kernels (`matmul`)."""
+    if llama_order and kind == Q4_0:
+        x4_rows_repacked(path, W, a, u0, u1, out)
+    elif kind == Q4_0:
         x4_rows(path, DEC_Q4_0, W, a, u0, u1, out)
     elif kind == Q4_1:
         x4_rows(path, DEC_Q4_1, W, a, u0, u1, out)
@@ -192,6 +203,78 @@ def matmul_portable(n_tasks, kind, llama_order, x, qs, qh, sc, mn, d, m, out):
         _rows_of_type(PORTABLE, kind, llama_order, W, a, u0, u1, out)
 
 
+@njit(cache=True)
+def _experts_share(path, kind, per_row, a, starts, unit, task, n_tasks, qs, qh, sc, mn, d, m, out):
+    """Task `task`'s share of every expert's units: ggml_mul_mat_id's experts in one parallel region (`x` (M, k)
+    holds the rows routed to each expert, grouped: expert e's are [starts[e], starts[e + 1]); its weights are
+    units [e * unit, (e + 1) * unit) of the packed slots; out (M, rows of one expert)), so that one token's
+    experts keep every thread busy with one launch. Each row is computed as ggml computes it alone: ggml_vec_dot,
+    a repacked Q4_0 expert's gemv (its order is row invariant: all rows in one call), or with `per_row` (a
+    repacked Q4_K expert) the repacked gemv, one row at a time."""
+    u0, u1 = _share(task, n_tasks, unit)
+    repacked = kind == Q4_0 and out.shape[1] % 8 == 0  # vecdot.is_repacked_q4_0 of one expert (n_ff rows)
+    for e in range(starts.shape[0] - 1):
+        r0, r1 = starts[e], starts[e + 1]
+        if r0 == r1:
+            continue
+        w0, w1 = e * unit, (e + 1) * unit
+        W = (qs[w0:w1], qh[w0:w1], sc[w0:w1], mn[w0:w1], d[w0:w1], m[w0:w1])
+        if per_row:
+            for r in range(r0, r1):
+                ar = (a[0][r : r + 1], a[1][r : r + 1], a[2][r : r + 1], a[3][r : r + 1])
+                _rows_of_type(path, kind, True, W, ar, u0, u1, out[r : r + 1])
+        else:
+            ae = (a[0][r0:r1], a[1][r0:r1], a[2][r0:r1], a[3][r0:r1])
+            _rows_of_type(path, kind, repacked, W, ae, u0, u1, out[r0:r1])
+
+
+@njit(parallel=True, cache=True)
+def matmul_id_vnni(n_tasks, kind, per_row, x, starts, unit, qs, qh, sc, mn, d, m, out):
+    """`_experts_share` of every task, with `vpdpbusd`."""
+    a = _activations(kind, x)
+    n_tasks = max(1, min(n_tasks, unit))
+    for task in prange(n_tasks):
+        _experts_share(VNNI, kind, per_row, a, starts, unit, task, n_tasks, qs, qh, sc, mn, d, m, out)
+
+
+@njit(parallel=True, cache=True)
+def matmul_id_portable(n_tasks, kind, per_row, x, starts, unit, qs, qh, sc, mn, d, m, out):
+    """`_experts_share` of every task, with the portable integer dot product."""
+    a = _activations(kind, x)
+    n_tasks = max(1, min(n_tasks, unit))
+    for task in prange(n_tasks):
+        _experts_share(PORTABLE, kind, per_row, a, starts, unit, task, n_tasks, qs, qh, sc, mn, d, m, out)
+
+
+def expert_order(ggml_type: int, n_ff: int) -> int:
+    """How the kernels run a stacked expert weight's rows as ggml_mul_mat_id does (each row alone): 0 all of an
+    expert's rows in one call (row invariant: Q4_0 in ggml_vec_dot's order, or with n_ff % 8 == 0 repacked, in its
+    gemv's order; Q5_0, Q8_0, Q4_K unless repacked, Q5_K, Q6_K in ggml_vec_dot's), 1 one row at a time (a Q4_K
+    expert of ne1 % 8 == 0, repacked: its gemv), -1 not on the kernels (the reference computes it: Q4_1 / Q5_1
+    whose activation sums are block-major, the other types)."""
+    t = int(ggml_type)
+    if t == Q4_K:
+        return 1 if n_ff % 8 == 0 else 0
+    if t in (Q4_0, Q5_0, Q8_0, Q5_K, Q6_K):
+        return 0
+    return -1
+
+
+def matmul_id(x: np.ndarray, pw: PackedWeight, starts: np.ndarray, n_ff: int, n_threads: int) -> np.ndarray:
+    """The rows routed to each expert of a stacked expert matrix (pw: n_expert * n_ff rows), in one launch.
+    x (M, k) float32, expert e's rows [starts[e], starts[e + 1]) -> (M, n_ff) float32. Raises ValueError for a
+    type `expert_order` does not run on the kernels."""
+    order = expert_order(pw.ggml_type, n_ff)
+    if order < 0:
+        raise ValueError(f"matmul_id {pw.name!r}: {pw.type_name} experts of {n_ff} rows are not on the kernels")
+    out = np.empty((x.shape[0], n_ff), np.float32)  # (M, n_ff)
+    kernel = matmul_id_vnni if _DEFAULT_KERNEL is matmul_vnni else matmul_id_portable
+    set_threads(n_threads)
+    kernel(n_threads, pw.ggml_type, order == 1, np.ascontiguousarray(x, np.float32), starts,
+           units(pw.ggml_type, n_ff), pw.qs, pw.qh, pw.sc, pw.mn, pw.d, pw.m, out)
+    return out
+
+
 # --- the entry point -----------------------------------------------------------------------------------------
 
 _KERNELS = {PATH_VNNI: matmul_vnni, PATH_PORTABLE: matmul_portable}
@@ -208,10 +291,11 @@ def matmul(
     """y = x @ W^T as ggml_mul_mat(W, x) computes it on the CPU. x: (n, k) float32 -> (n, n_rows) float32.
 
     `path` ("vnni" / "portable") defaults to `active_path()`; `out`, when given, must be a C-contiguous float32
-    (n, n_rows) array and is returned. `llama_order`: Q4_K in the order of llama.cpp's repacked kernels (what it
-    runs for weights with ne1 % 8 == 0) and Q6_K in its tiled kernel's order for n >= 8, both bit for bit as
-    llamactx.ggml.vecdot_k; otherwise (and for the other types) ggml_vec_dot's order. Raises ValueError for a row
-    length that is not the weight's, an unknown path, the VNNI path on a CPU without it, or an unusable `out`.
+    (n, n_rows) array and is returned. `llama_order`: Q4_0 and Q4_K in the order of llama.cpp's repacked kernels
+    (what it runs for weights with ne1 % 8 == 0) and Q6_K in its tiled kernel's order for n >= 8, bit for bit as
+    llamactx.ggml.vecdot.matmul_repacked_blocks (Q4_0) and vecdot_k; otherwise (and for the other types)
+    ggml_vec_dot's order. Raises ValueError for a row length that is not the weight's, an unknown path, the VNNI
+    path on a CPU without it, or an unusable `out`.
     """
     if x.dtype != np.float32 or not x.flags.c_contiguous:
         x = np.ascontiguousarray(x, dtype=np.float32)

@@ -6,7 +6,9 @@ does with `block_q4_0x4`), so one 64-byte load holds block b of four rows. Two `
 broadcast four times, `vdot16` (vnni.py) gives 16 int32 lanes per register, lane 4j + l of `A` / `B` being lane l /
 4 + l of ggml's eight `dpbusd` lanes of row j. Every lane is converted, scaled and accumulated on its own as in
 ggml, so the registers only change where the lanes sit, not a bit of the arithmetic; `hsum_rows` then reduces
-each row's eight lanes in `hsum_float_8`'s order.
+each row's eight lanes in `hsum_float_8`'s order. The repacked Q4_0 order (legacy.py `x4_rows_repacked`) instead
+adds each row's lanes as integers (`rsum4`, `rsum4x4`: the block's exact dot) and makes one FMA per block
+(`bfma4`, `bfma16`).
 
 Types: `i8x64`, `i32x16`, `f32x16` and `f32x4` (one float per weight row of the group), all in registers.
 """
@@ -29,11 +31,13 @@ _V64I8 = ir.VectorType(_I8, 64)
 _V16I32 = ir.VectorType(_I32, 16)
 _V16F32 = ir.VectorType(_F32, 16)
 _V4F32 = ir.VectorType(_F32, 4)
+_V4I32 = ir.VectorType(_I32, 4)
 
 i8x64 = VecType(types.int8, 64)
 i32x16 = VecType(types.int32, 16)
 f32x16 = VecType(types.float32, 16)
 f32x4 = VecType(types.float32, 4)
+i32x4 = VecType(types.int32, 4)
 
 
 def _const(vt, value):
@@ -159,6 +163,17 @@ def wscale(typingctx, d, x):
 
 
 @intrinsic
+def wscales4(typingctx, arr, row, col):
+    """The f16 scales of the four rows at byte [row, col], one per lane -> f32x4."""
+    sig = f32x4(arr, types.intp, types.intp)
+
+    def codegen(context, builder, sig, args):
+        return _halves4(context, builder, sig.args[0], *args)
+
+    return sig, codegen
+
+
+@intrinsic
 def wmins(typingctx, arr, row, col):
     """The f16 mins of the four rows at byte [row, col] -> f32x4."""
     sig = f32x4(arr, types.intp, types.intp)
@@ -279,6 +294,94 @@ def wstore4(typingctx, arr, row, col, v, n):
                         builder.store(builder.extract_element(v, ir.Constant(_I32, j)),
                                       builder.gep(base, [ir.Constant(_I32, j)]))
         return context.get_dummy_value()
+
+    return sig, codegen
+
+
+# --- whole-block dot products (the repacked Q4_0 order) ----------------------------------------------------------
+
+
+@intrinsic
+def rsum4(typingctx, v):
+    """Lane j = the sum of lanes 4j..4j+3 of v (after `vdot16` of both halves: row j's whole block dot) -> i32x4.
+    Integer adds: exact in any order."""
+    sig = i32x4(i32x16)
+
+    def codegen(context, builder, sig, args):
+        v = args[0]
+        pairs = builder.add(builder.shuffle_vector(v, v, lane_index(range(0, 16, 2))),
+                            builder.shuffle_vector(v, v, lane_index(range(1, 16, 2))))
+        return builder.add(builder.shuffle_vector(pairs, pairs, lane_index(range(0, 8, 2))),
+                           builder.shuffle_vector(pairs, pairs, lane_index(range(1, 8, 2))))
+
+    return sig, codegen
+
+
+@intrinsic
+def rsum4x4(typingctx, v0, v1, v2, v3):
+    """`rsum4` of four registers at once, lane 4r + j = row j's sum in v_r (activation row r), with two rounds of
+    two-source shuffles (pair sums of v0/v1 and v2/v3, then their pairs) instead of four reductions -> i32x16."""
+    sig = i32x16(i32x16, i32x16, i32x16, i32x16)
+
+    def codegen(context, builder, sig, args):
+        def pair_sums(a, b):  # lane 4j + 2r + h = v_r[4j + 2h] + v_r[4j + 2h + 1], r in (a, b)
+            first = [16 * r + 4 * j + 2 * h for j in range(4) for r in range(2) for h in range(2)]
+            return builder.add(builder.shuffle_vector(a, b, lane_index(first)),
+                               builder.shuffle_vector(a, b, lane_index([i + 1 for i in first])))
+
+        p01, p23 = pair_sums(args[0], args[1]), pair_sums(args[2], args[3])
+        first = [16 * (r // 2) + 4 * j + 2 * (r % 2) for r in range(4) for j in range(4)]
+        return builder.add(builder.shuffle_vector(p01, p23, lane_index(first)),
+                           builder.shuffle_vector(p01, p23, lane_index([i + 1 for i in first])))
+
+    return sig, codegen
+
+
+@intrinsic
+def bfma4(typingctx, acc, dot, off, d, x):
+    """acc + float(dot + off) * (d * x) for four rows' chains (f32x4): the repacked gemv's `fma(float(dot), d_w *
+    d_x, acc)`, off the activation's offset term of the block (an int32 broadcast), x = d_x (a float32
+    broadcast). One rounding for the scale, one for the FMA."""
+    sig = f32x4(f32x4, i32x4, types.int32, f32x4, types.float32)
+
+    def codegen(context, builder, sig, args):
+        acc, dot, off, d, x = args
+        total = builder.sitofp(builder.add(dot, splat(builder, off, 4)), _V4F32)
+        return _fma(builder, _V4F32, total, builder.fmul(d, splat(builder, x, 4)), acc)
+
+    return sig, codegen
+
+
+@intrinsic
+def bfma16(typingctx, acc, dot, off, dx, b, i, d):
+    """`bfma4` for activation rows i..i+3 at once, lane 4r + j = (activation row i + r, weight row j), as `rsum4x4`
+    lays them out: off and dx are block-major (nb, n) int32 / float32 (row b holds block b of every activation
+    row), d the four weight rows' scales -> f32x16."""
+    sig = f32x16(f32x16, i32x16, off, dx, types.intp, types.intp, f32x4)
+
+    def codegen(context, builder, sig, args):
+        acc, dot, off, dx, b, i, d = args
+        per_row = lane_index([r for r in range(4) for _ in range(4)])
+        o = builder.load(ptr2d(context, builder, sig.args[2], off, b, i, _V4I32), align=4)
+        x = builder.load(ptr2d(context, builder, sig.args[3], dx, b, i, _V4F32), align=4)
+        o, x = builder.shuffle_vector(o, o, per_row), builder.shuffle_vector(x, x, per_row)
+        d16 = builder.shuffle_vector(d, d, lane_index(list(range(4)) * 4))
+        total = builder.sitofp(builder.add(dot, o), _V16F32)
+        return _fma(builder, _V16F32, total, builder.fmul(d16, x), acc)
+
+    return sig, codegen
+
+
+@intrinsic
+def wquarter(typingctx, v, r):
+    """Lanes 4r..4r+3 of v -> f32x4 (activation row r of a `bfma16` accumulator)."""
+    if not isinstance(r, types.IntegerLiteral) or not 0 <= r.literal_value <= 3:
+        return None
+    q = r.literal_value
+    sig = f32x4(f32x16, r)
+
+    def codegen(context, builder, sig, args):
+        return builder.shuffle_vector(args[0], args[0], lane_index(range(4 * q, 4 * q + 4)))
 
     return sig, codegen
 

@@ -142,6 +142,39 @@ def transformer(name: str, arch: str, seed: int, kind: T, bias: bool = False, qk
     return finish(w)
 
 
+def moe(name: str, arch: str, seed: int, kind: T, n_expert: int, n_expert_used: int, n_ff_exp: int) -> Path:
+    """A transformer whose FFNs are mixtures of experts (build_moe_ffn): qwen3moe (qwen3 with experts) or llama
+    with experts (Mixtral). The router's logits are scaled up so that the top experts are clearly chosen."""
+    v = smollm2_vocab()
+    path = OUT / f"tiny-{name}.gguf"
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(f"tiny {name}")
+    wt = Weights(w, seed, kind)
+    n_layer, n_head, n_head_kv, head_dim = 2, 4, 2, 16
+    common(w, wt, v, n_layer, n_ff_exp if arch == "llama" else n_ff_exp * n_expert_used)  # llama: n_ff is an expert's
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_rope_freq_base(10000.0)
+    w.add_rope_dimension_count(head_dim)
+    w.add_expert_count(n_expert)
+    w.add_expert_used_count(n_expert_used)
+    if arch == "qwen3moe":
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+        w.add_expert_feed_forward_length(n_ff_exp)
+    wt.vec("output_norm.weight", (N_EMBD,), 1.0)
+    wt.mat("output.weight", N_EMBD, N_VOCAB)
+    for il in range(n_layer):
+        b = f"blk.{il}."
+        attention_block(wt, b, n_head, n_head_kv, head_dim, qk_norm=arch == "qwen3moe")
+        wt.vec(b + "ffn_norm.weight", (N_EMBD,), 1.0)
+        wt.mat(b + "ffn_gate_inp.weight", N_EMBD, n_expert, scale=4.0 / np.sqrt(N_EMBD), kind=T.F32)
+        for part, ne0, ne1 in (("gate", N_EMBD, n_ff_exp), ("up", N_EMBD, n_ff_exp), ("down", n_ff_exp, N_EMBD)):
+            data = wt.rng.standard_normal((n_expert, ne1, ne0)) / np.sqrt(ne0)  # ggml (ne0, ne1, n_expert)
+            wt.put(f"{b}ffn_{part}_exps.weight", data.astype(np.float32), kind)
+    return finish(w)
+
+
 def mamba2(seed: int = 5, name: str = "mamba2", d_state: int = 16, n_group: int = 2) -> Path:
     """d_state 16 runs ggml_ssm_scan's scalar loop; 128 (mamba2-s128, as real Mamba-2 models) its SIMD lanes."""
     v = smollm2_vocab()
@@ -202,6 +235,56 @@ def lfm2(seed: int = 6) -> Path:
     return finish(w)
 
 
+def dense_family(name: str, arch: str, seed: int, kind: T, n_layer: int) -> Path:
+    """The llama-like families (llamactx/models/phi3.py, gemma2.py, smollm3.py, granite.py) at n_embd 64, 4 heads
+    of 16 (2 KV heads): phi3 with fused attn_qkv and a gate+up ffn_up; gemma2 with a window of 8 tokens on its
+    even layers, both soft-caps, post-norms and tied output; smollm3 with 4 layers (the fourth without RoPE);
+    granite with its four scales."""
+    v = smollm2_vocab()
+    path = OUT / f"tiny-{name}.gguf"
+    w = gguf.GGUFWriter(str(path), arch)
+    # not "phi3" in the name: llama_vocab::load gives a "phi-3"/"phi3" model's special tokens Phi-3's strip flags
+    # and looks up "</s>", which this vocabulary lacks
+    w.add_name(f"tiny {name}".replace("phi3", "phi 3"))
+    wt = Weights(w, seed, kind)
+    n_head, n_head_kv, head_dim, n_ff = 4, 2, 16, 128
+    common(w, wt, v, n_layer, n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_rope_freq_base(10000.0)
+    w.add_rope_dimension_count(head_dim)
+    if arch == "gemma2":
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+        w.add_sliding_window(8)
+        w.add_attn_logit_softcapping(10.0)  # Gemma 2's own are 50 and 30: a smaller cap bends more of the scores
+        w.add_final_logit_softcapping(30.0)
+    if arch == "granite":
+        w.add_embedding_scale(12.0)
+        w.add_residual_scale(0.22)
+        w.add_attention_scale(0.3)
+        w.add_logit_scale(8.0)
+    wt.vec("output_norm.weight", (N_EMBD,), 1.0)
+    if arch != "gemma2":
+        wt.mat("output.weight", N_EMBD, N_VOCAB)
+    n_kv = n_head_kv * head_dim
+    for il in range(n_layer):
+        b = f"blk.{il}."
+        if arch == "phi3":
+            wt.vec(b + "attn_norm.weight", (N_EMBD,), 1.0)
+            wt.mat(b + "attn_qkv.weight", N_EMBD, n_head * head_dim + 2 * n_kv)
+            wt.mat(b + "attn_output.weight", n_head * head_dim, N_EMBD)
+            wt.vec(b + "ffn_norm.weight", (N_EMBD,), 1.0)
+            wt.mat(b + "ffn_up.weight", N_EMBD, 2 * n_ff)  # gate rows, then up rows
+            wt.mat(b + "ffn_down.weight", n_ff, N_EMBD)
+            continue
+        attention_block(wt, b, n_head, n_head_kv, head_dim)
+        ffn_block(wt, b, n_ff)
+        if arch == "gemma2":  # gains of 32: else the embeddings (times 8) outweigh the layers in the residual
+            wt.vec(b + "post_attention_norm.weight", (N_EMBD,), 32.0)  # and the tied output repeats the last token
+            wt.vec(b + "post_ffw_norm.weight", (N_EMBD,), 32.0)
+    return finish(w)
+
 
 MODELS = {
     "qwen2": lambda: transformer("qwen2", "qwen2", 1, T.Q8_0, bias=True),
@@ -211,6 +294,14 @@ MODELS = {
     "mamba2": mamba2,
     "mamba2-s128": lambda: mamba2(7, "mamba2-s128", d_state=128, n_group=1),
     "lfm2": lfm2,
+    "qwen3moe": lambda: moe("qwen3moe", "qwen3moe", 8, T.Q8_0, n_expert=8, n_expert_used=2, n_ff_exp=32),
+    "mixtral": lambda: moe("mixtral", "llama", 9, T.F16, n_expert=4, n_expert_used=2, n_ff_exp=64),
+    "llama-q4_0": lambda: transformer("llama-q4_0", "llama", 11, T.Q4_0),  # repacked 8x8 by llama.cpp
+    "qwen3moe-q4_0": lambda: moe("qwen3moe-q4_0", "qwen3moe", 12, T.Q4_0, n_expert=8, n_expert_used=2, n_ff_exp=32),
+    "phi3": lambda: dense_family("phi3", "phi3", 10, T.Q8_0, 2),
+    "gemma2": lambda: dense_family("gemma2", "gemma2", 11, T.F16, 4),
+    "smollm3": lambda: dense_family("smollm3", "smollm3", 12, T.F32, 4),
+    "granite": lambda: dense_family("granite", "granite", 13, T.Q8_0, 2),
 }
 
 if __name__ == "__main__":

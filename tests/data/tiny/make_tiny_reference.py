@@ -22,15 +22,21 @@ HERE = Path(__file__).parent
 OUT = HERE / os.environ.get("REFERENCE_VARIANT", "")
 PROMPTS = ["The quick brown fox jumps over the lazy dog.", "Hello, world! 1 2 3",
            "def add(a, b):\n    return a + b\n"]
+# flash attention runs its tiled kernel from 64 tokens of a ubatch: the -fa references add a prompt that long
+LONG_PROMPT = "The quick brown fox jumps over the lazy dog. " * 4 + "Hello, world!"
 N_GREEDY = 64
 
 
 def reference(name: str) -> None:
-    llm = Llama(model_path=str(HERE / f"tiny-{name}.gguf"), n_ctx=512, n_batch=512, n_threads=2,
-                logits_all=True, verbose=False, seed=0, flash_attn=False)
-    out: dict = {"model": f"tiny-{name}.gguf", "prompts": [], "n_vocab": llm.n_vocab()}
+    """<name>-fa: the model tiny-<name>.gguf with flash attention on (gemma2: its soft-capped flash kernels)."""
+    model, flash = (name[: -len("-fa")], True) if name.endswith("-fa") else (name, False)
+    llm = Llama(model_path=str(HERE / f"tiny-{model}.gguf"), n_ctx=512, n_batch=512, n_threads=2,
+                logits_all=True, verbose=False, seed=0, flash_attn=flash)
+    out: dict = {"model": f"tiny-{model}.gguf", "prompts": [], "n_vocab": llm.n_vocab()}
+    if flash:
+        out["flash_attn"] = True
     arrays = {}
-    for i, text in enumerate(PROMPTS):
+    for i, text in enumerate(PROMPTS + [LONG_PROMPT] if flash else PROMPTS):
         toks = llm.tokenize(text.encode(), add_bos=False, special=True)
         llm.reset()
         llm.eval(toks)
@@ -55,5 +61,6 @@ def reference(name: str) -> None:
 
 
 if __name__ == "__main__":
-    for name in sys.argv[1:] or ["qwen2", "qwen3", "llama3", "yarn", "mamba2", "mamba2-s128", "lfm2"]:
+    for name in sys.argv[1:] or ["qwen2", "qwen3", "llama3", "yarn", "mamba2", "mamba2-s128", "lfm2", "qwen3moe",
+                                 "mixtral", "phi3", "gemma2", "gemma2-fa", "smollm3", "granite"]:
         reference(name)

@@ -1,0 +1,131 @@
+"""The quant types beyond the embedded models' (issue #26) on tiny synthetic models against llama.cpp's logits
+(tests/data/quants, REFERENCE.md): Q2_K, Q3_K, Q5_K, IQ4_XS (tiny-quants-k) and IQ4_NL, MXFP4, BF16
+(tiny-quants-nl), each in tensors that take every kernel llama.cpp picks for it (repacked or not, tiled or vec_dot,
+tinyBLAS or vec_dot), for prompts of 40, 19 and 6 tokens and 16 single-token decode steps; and single matmuls of
+every kernel against libggml's own results."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from llamactx import Batch, Context, ContextParams, Model
+from llamactx.backend.fast import FastOps
+from llamactx.backend.reference import ReferenceOps
+from llamactx.ggml.cpu import arithmetic
+from llamactx.ggml.vecdot_kx import is_repacked_kx
+from llamactx.ggml.vecdot_nl import is_repacked_nl
+from llamactx.model import ModelLoadError, Weight
+from tests.conftest import VARIANT_DIR
+from tests.data.quants.quant_matmul_cases import MATMUL_CASES, N_ROWS, case_data
+from tests.gguf.tiny_model import write_tiny_llama
+
+QUANTS = Path(__file__).parent.parent / "data" / "quants"
+REF = QUANTS / VARIANT_DIR  # llama.cpp's outputs for the arithmetic this run computes (avx2/: its AVX2 build)
+TYPES = {"k": {T.Q2_K, T.Q3_K, T.Q5_K, T.IQ4_XS}, "nl": {T.IQ4_NL, T.MXFP4, T.BF16}}
+# the reference folder holds a build with AVX512_BF16 (its BF16 dot products use dpbf16); an AVX-512 target without
+# it computes another build's BF16 sums, and no reference of that build is kept
+_BF16_MISMATCH = arithmetic()["f32_epr"] == 16 and not arithmetic()["bf16_dot"]
+
+
+@pytest.fixture(scope="module", params=["k", "nl"])
+def quant_model(request):
+    name = request.param
+    if not (REF / f"{name}.npz").exists():
+        pytest.skip(f"no llama.cpp reference for tiny-quants-{name} in {REF} (this arithmetic's build: "
+                    f"{arithmetic()['variant']}; make it with tests/data/quants/make_quant_reference.py)")
+    if name == "nl" and _BF16_MISMATCH:
+        pytest.skip("BF16 reference made with AVX512_BF16; this AVX-512 target has none")
+    ref = json.loads((REF / f"{name}.json").read_text())
+    with np.load(REF / f"{name}.npz") as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    return name, Model.load(QUANTS / f"tiny-quants-{name}.gguf"), ref, arrays
+
+
+def new_ctx(model, ops=None) -> Context:
+    """The references were made with flash attention off."""
+    return Context(model, ContextParams(n_ctx=512, n_batch=512, n_threads=2, flash_attn="disabled"), ops=ops)
+
+
+def decode_all(ctx: Context, tokens, pos0: int = 0) -> np.ndarray:
+    batch = Batch(len(tokens))
+    for i, t in enumerate(tokens):
+        batch.add(t, pos0 + i, [0], logits=True)
+    assert ctx.decode(batch) == 0
+    return ctx.get_logits().copy()  # (n, n_vocab)
+
+
+def make_ops(kind: str, model, single_row: bool = False):
+    ops = ReferenceOps(ggml_single_row=single_row) if kind == "reference" else FastOps(model)
+    ops.ggml_single_row = single_row
+    return ops
+
+
+def test_models_hold_every_type_on_every_path(quant_model):
+    """Each type is a weight matrix of its model, and the ne1 % 8 choices go both ways where they exist."""
+    name, model, _, _ = quant_model
+    weights = [model.weight(n) for n, info in model.tensor_infos.items() if len(info.shape) == 2]
+    assert TYPES[name] <= {T(w.ggml_type) for w in weights}
+    if name == "k" and arithmetic()["f32_epr"] == 16:
+        assert {is_repacked_kx(w) for w in weights if w.ggml_type == T.Q2_K} == {True, False}
+    if name == "nl":
+        for t in (T.IQ4_NL, T.MXFP4):
+            assert {is_repacked_nl(w) for w in weights if w.ggml_type == t} == {True, False}
+
+
+@pytest.mark.parametrize("kind", ["reference", "fast"])
+def test_prompt_logits_bit_identical(quant_model, kind):
+    name, model, ref, arrays = quant_model
+    for i, prompt in enumerate(ref["prompts"]):
+        got = decode_all(new_ctx(model, make_ops(kind, model)), prompt["tokens"])
+        np.testing.assert_array_equal(got, arrays[f"prompt_{i}"], err_msg=f"{name} {kind} prompt {i}")
+
+
+@pytest.mark.parametrize("kind", ["reference", "fast"])
+def test_teacher_forced_decode_bit_identical(quant_model, kind):
+    """Greedy steps after the first prompt, one token per decode as llama.cpp ran them, with ggml's single-row
+    kernels (attention and BF16 weights take ggml_vec_dot at n = 1; the quantized matmuls always pick by n)."""
+    name, model, ref, arrays = quant_model
+    ctx = new_ctx(model, make_ops(kind, model, single_row=True))
+    toks = ref["prompts"][0]["tokens"]
+    row = decode_all(ctx, toks)[-1]
+    for step, tok in enumerate(ref["greedy"]):
+        np.testing.assert_array_equal(row, arrays["greedy"][step], err_msg=f"{name} {kind} step {step}")
+        row = decode_all(ctx, [tok], pos0=len(toks) + step)[-1]
+
+
+@pytest.fixture(scope="module")
+def ggml_matmuls():
+    if not (REF / "matmuls.npz").exists():
+        pytest.skip(f"no llama.cpp matmul reference in {REF} (make it with tests/data/quants/make_quant_reference.py)")
+    with np.load(REF / "matmuls.npz") as npz:
+        return {k: npz[k] for k in npz.files}
+
+
+@pytest.mark.parametrize("case", MATMUL_CASES, ids=lambda c: c["name"])
+def test_single_matmul_bit_identical_to_libggml(ggml_matmuls, case):
+    """One ggml_mul_mat per row count (1, 3, 6, 9, 17: vec_dot or gemv, gemm + gemv, tiled narrow and wide), the
+    weight repacked where llama.cpp repacks it: every kernel checked directly, not only where its bits survive the
+    next layer's activation quantization."""
+    if case["type"] == T.BF16 and _BF16_MISMATCH:
+        pytest.skip("BF16 reference made with AVX512_BF16; this AVX-512 target has none")
+    t, data, x = case_data(case)
+    data.flags.writeable = False
+    w = Weight(case["name"], t, (case["k"], case["rows"]), data)
+    got = np.concatenate([ReferenceOps(ggml_single_row=True).matmul(x[:n], w) for n in N_ROWS])
+    np.testing.assert_array_equal(got, ggml_matmuls[case["name"]], err_msg=case["name"])
+
+
+def test_unsupported_type_is_named_with_the_supported_ones(tmp_path):
+    path = write_tiny_llama(tmp_path / "iq2.gguf", types={"blk.0.attn_q.weight": T.IQ2_XXS}, n_embd=256,
+                            n_ff=256, n_layer=1, n_head=2, n_head_kv=1)
+    with pytest.raises(ModelLoadError) as err:
+        Model.load(path)
+    msg = str(err.value)
+    assert "'blk.0.attn_q.weight'" in msg and "IQ2_XXS" in msg
+    for supported in ("Q4_0", "Q8_0", "Q2_K", "Q3_K", "Q5_K", "IQ4_NL", "IQ4_XS", "MXFP4", "BF16"):
+        assert supported in msg.split("allowed:")[1], supported
