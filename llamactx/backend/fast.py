@@ -23,6 +23,7 @@ from llamactx.ggml.kernels.flash import flash_attend
 from llamactx.ggml.kernels.get_rows import get_rows, get_rows_q8_0_packed
 from llamactx.ggml.kernels.matmul import expert_order, matmul, matmul_id
 from llamactx.ggml.kernels.repack import can_pack, pack_weight, pack_weights
+from llamactx.ggml.moe import group_by_expert, stacked
 from llamactx.ggml.vecdot import EXACT_TYPES, is_repacked_q4_0
 from llamactx.ggml.vecdot_k import is_exact_k
 from llamactx.lora import AdaptedModel, AdaptedWeight, is_adapted, lora_matmuls
@@ -136,13 +137,10 @@ class FastOps(ReferenceOps):
         n_ff = int(weight.shape[1])
         if expert_order(weight.ggml_type, n_ff) < 0 or x.shape[0] == 0:
             return super().matmul_id(x, weight, selected)
-        pw = self._packed(dataclasses.replace(weight, shape=(weight.shape[0], n_ff * int(weight.shape[2]))))
-        n, k = selected.shape
-        flat = np.argsort(selected, axis=None, kind="stable")  # (n * k,) (token, slot) grouped by expert
-        t, s = np.divmod(flat, k)
-        starts = np.searchsorted(selected.reshape(-1)[flat], np.arange(int(weight.shape[2]) + 1)).astype(np.int64)
+        pw = self._packed(stacked(weight))
+        t, s, starts = group_by_expert(selected, int(weight.shape[2]))
         rows = x[t] if x.ndim == 2 else x[t, s]  # (n * k, ne0) grouped by expert
-        out = np.empty((n, k, n_ff), np.float32)  # (n, k, ne1)
+        out = np.empty((*selected.shape, n_ff), np.float32)  # (n, k, ne1)
         out[t, s] = matmul_id(rows, pw, starts, n_ff, self.threads)
         return out
 

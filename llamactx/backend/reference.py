@@ -18,7 +18,7 @@ from llamactx.ggml.attention import attention_f16, attention_f16_cells
 from llamactx.ggml.cpu import arithmetic
 from llamactx.ggml.flash_attn import flash_attn_f16_cells
 from llamactx.ggml.inputs import ROPE_TYPE_NEOX, RopeParams, VisibleCells
-from llamactx.ggml.moe import argsort_desc, expert, norm_weights, rows_by_expert, sigmoid_rows, soft_max_rows
+from llamactx.ggml.moe import argsort_desc, expert, group_by_expert, norm_weights, sigmoid_rows, soft_max_rows
 from llamactx.ggml.quants_cpu import fake_quant, vec_dot_type
 from llamactx.ggml.vecdot import EXACT_TYPES, FLOAT_TYPES, matmul_exact, matmul_float
 from llamactx.ggml.vecdot_bf16 import matmul_bf16
@@ -136,9 +136,11 @@ class ReferenceOps:
         weight: ggml shape (ne0, ne1, n_expert); selected (n, k) -> (n, k, ne1)"""
         n, k = selected.shape
         out = np.empty((n, k, weight.shape[1]), np.float32)  # (n, k, ne1)
-        for e, t, s in rows_by_expert(selected):
+        tokens, slots, starts = group_by_expert(selected, int(weight.shape[2]))
+        for e in np.flatnonzero(np.diff(starts)):
+            t, s = tokens[starts[e] : starts[e + 1]], slots[starts[e] : starts[e + 1]]
             rows = x[t] if x.ndim == 2 else x[t, s]  # (m, ne0)
-            out[t, s] = self.matmul_rows(rows, expert(weight, e))
+            out[t, s] = self.matmul_rows(rows, expert(weight, int(e)))
         return out
 
     @staticmethod

@@ -10,13 +10,13 @@ that computes eagerly on other ops. llamactx.ggml.kernels.compute plans and runs
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from llamactx.errors import LlamactxError
 from llamactx.ggml.inputs import RopeParams
+from llamactx.ggml.moe import stacked
 
 
 class GraphUnsupported(LlamactxError, NotImplementedError):
@@ -215,12 +215,11 @@ class Graph:
         """ggml_mul_mat_id: x (n, ne0) shared by a token's experts, or (n, k, ne0) one row per slot -> (n, k, ne1).
         The stacked experts are one matrix of n_expert * ne1 rows for the weight table. An expert's width must be
         a multiple of 16, so that the SwiGLU over a token's k outputs at once keeps each output's SIMD groups."""
-        ne0, ne1, n_expert = (int(s) for s in weight.shape)
+        ne0, ne1 = int(weight.shape[0]), int(weight.shape[1])
         k = selected.cols
-        stacked = dataclasses.replace(weight, shape=(ne0, ne1 * n_expert))
         if ne1 % 16 or x.shape[-1] != ne0:  # the executor's plan refuses expert types off its kernels
             raise GraphUnsupported(f"no executor mul_mat_id for {weight.name!r}")
-        self.weights.append((stacked,))
+        self.weights.append((stacked(weight),))
         return self.node("mul_mat_id", (x, selected.storage), (x.rows, k, ne1),
                          (len(self.weights) - 1, k, len(x.shape) == 2, ne0))
 

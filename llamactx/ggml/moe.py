@@ -290,13 +290,18 @@ def expert(weight, e: int):
                                data=weight.data[e * ne1 : (e + 1) * ne1])
 
 
-def rows_by_expert(selected: np.ndarray):
-    """For each expert that some token uses: (expert, token indices, slot indices), as ggml_mul_mat_id groups
-    the rows of src1 per expert (matrix_row_counts). selected: (n, k) int32."""
-    order = np.argsort(selected, axis=None, kind="stable")  # (n * k,) flat (token, slot), grouped by expert
-    flat = selected.reshape(-1)[order]
-    bounds = np.flatnonzero(np.diff(flat)) + 1
-    for group in np.split(order, bounds):
-        if group.size:
-            t, s = np.divmod(group, selected.shape[1])
-            yield int(selected.reshape(-1)[group[0]]), t, s
+def stacked(weight):
+    """A stacked expert weight (ggml shape (ne0, ne1, n_expert)) as one 2-D weight of n_expert * ne1 rows, expert
+    by expert (the matrix the kernels pack once for all experts)."""
+    ne0, ne1, n_expert = (int(s) for s in weight.shape)
+    return dataclasses.replace(weight, shape=(ne0, ne1 * n_expert))
+
+
+def group_by_expert(selected: np.ndarray, n_expert: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The (token, slot) pairs of `selected` (n, k) grouped by expert, in token order within each, as
+    ggml_mul_mat_id groups the rows of src1 (matrix_row_counts): (tokens (n*k,), slots (n*k,), starts
+    (n_expert + 1,) int64: expert e's pairs are [starts[e], starts[e + 1]))."""
+    flat = np.argsort(selected, axis=None, kind="stable")  # (n * k,)
+    tokens, slots = np.divmod(flat, selected.shape[1])
+    starts = np.searchsorted(selected.reshape(-1)[flat], np.arange(n_expert + 1)).astype(np.int64)
+    return tokens, slots, starts

@@ -145,6 +145,34 @@ def copy_meta(writer: GGUFWriter, src, keep=lambda key: True) -> None:
                              None if sub is None else GGUFValueType(sub))
 
 
+def rewrite_gguf(src: str | Path, dst: str | Path, meta: Mapping[str, object] | None = None,
+                 tensors: Mapping[str, np.ndarray | None] | None = None) -> Path:
+    """A copy of the GGUF `src` at `dst` with metadata keys replaced (None: removed; ints as UINT32, floats as
+    FLOAT32) and tensors replaced (a float32 array in numpy order; None: removed); the rest as stored."""
+    import gguf
+
+    from llamactx.gguf.reader import GGUFFile
+
+    meta, tensors = meta or {}, tensors or {}
+    src_file = GGUFFile(Path(src))
+    writer = GGUFWriter(str(dst), src_file.meta["general.architecture"])
+    copy_meta(writer, src_file, keep=lambda key: key not in meta)
+    for key, value in meta.items():
+        if value is not None:
+            _add(writer, key, value)
+    for t in gguf.GGUFReader(src).tensors:
+        if t.name in tensors:
+            continue
+        quantized = t.tensor_type not in (GGMLQuantizationType.F32, GGMLQuantizationType.F16)
+        writer.add_tensor(t.name, np.asarray(t.data), raw_shape=t.data.shape if quantized else None,
+                          raw_dtype=t.tensor_type)
+    for name, data in tensors.items():
+        if data is not None:
+            writer.add_tensor(name, data)
+    src_file.close()
+    return finish(writer)
+
+
 def _add(writer: GGUFWriter, key: str, value: object) -> None:
     """One metadata value: ints as UINT32 (UINT64 past its range, INT32 when negative), floats as FLOAT32 (np.float64
     as FLOAT64), lists of str as string arrays, other lists as FLOAT32 / INT32 arrays."""

@@ -127,22 +127,13 @@ def test_generation_is_refused(bert):
 
 def _rewrite(tmp_path, drop_tensor: str | None = None, drop_key: str | None = None, set_key=None):
     """tiny-bert.gguf copied without one tensor or key, or with one key changed."""
-    import gguf
+    from tests.gguf.tiny_model import rewrite_gguf
 
-    from llamactx.gguf.reader import GGUFFile
-    from tests.gguf.tiny_model import copy_meta, finish
-
-    src = GGUFFile(TINY / "tiny-bert.gguf")
-    path = tmp_path / "bad-bert.gguf"
-    w = gguf.GGUFWriter(str(path), "bert")
-    copy_meta(w, src, keep=lambda k: k != drop_key and (set_key is None or k != set_key[0]))
+    meta = {drop_key: None} if drop_key else {}
     if set_key is not None:
-        w.add_uint32(set_key[0], set_key[1])
-    reader = gguf.GGUFReader(TINY / "tiny-bert.gguf")
-    for t in reader.tensors:
-        if t.name != drop_tensor:
-            w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
-    return finish(w)
+        meta[set_key[0]] = set_key[1]
+    return rewrite_gguf(TINY / "tiny-bert.gguf", tmp_path / "bad-bert.gguf", meta,
+                        {drop_tensor: None} if drop_tensor else None)
 
 
 @pytest.mark.parametrize("case, match", [

@@ -7,18 +7,16 @@ from __future__ import annotations
 
 import json
 
-import gguf
 import numpy as np
 import pytest
 
 from llamactx import Batch, Context, ContextParams, Model
 from llamactx.backend.reference import ReferenceOps
 from llamactx.engine import Engine, Limits
-from llamactx.gguf.reader import GGUFFile
 from llamactx.hparams import HParamsError
 from llamactx.model import ModelLoadError
 from llamactx.sampling import SamplerChain, SamplingParams
-from tests.gguf.tiny_model import copy_meta, finish
+from tests.gguf.tiny_model import rewrite_gguf
 from tests.models.tiny import TINY, TINY_REF, load_tiny
 
 NAMES = ["phi3", "gemma2", "smollm3", "granite"]
@@ -217,28 +215,7 @@ def test_smollm3_rope_layers_and_context_shift():
 def rewrite(name: str, path, meta: dict | None = None, tensors: dict | None = None):
     """tiny-<name>.gguf copied to `path`, with metadata keys replaced (None: removed) and tensors replaced (a
     float32 numpy array in numpy order; None: removed)."""
-    meta, tensors = meta or {}, tensors or {}
-    src = GGUFFile(TINY / f"tiny-{name}.gguf")
-    w = gguf.GGUFWriter(str(path), src.meta["general.architecture"])
-    copy_meta(w, src, keep=lambda key: key not in meta)
-    for key, value in meta.items():
-        if isinstance(value, bool):
-            w.add_bool(key, value)
-        elif isinstance(value, float):
-            w.add_float32(key, value)
-        elif isinstance(value, int):
-            w.add_uint32(key, value)
-    reader = gguf.GGUFReader(TINY / f"tiny-{name}.gguf")
-    for t in reader.tensors:
-        if t.name in tensors:
-            continue
-        quantized = t.tensor_type not in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16)
-        w.add_tensor(t.name, np.asarray(t.data), raw_shape=t.data.shape if quantized else None,
-                     raw_dtype=t.tensor_type)
-    for tname, data in tensors.items():
-        if data is not None:
-            w.add_tensor(tname, data)
-    return finish(w)
+    return rewrite_gguf(TINY / f"tiny-{name}.gguf", path, meta, tensors)
 
 
 def test_phi3_attn_qkv_of_the_wrong_size_is_refused(tmp_path):

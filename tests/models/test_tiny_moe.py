@@ -8,7 +8,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 
-import gguf
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
@@ -24,7 +23,7 @@ from llamactx.hparams import HParamsError
 from llamactx.model import ModelLoadError, Weight
 from llamactx.sampling import SamplerChain, SamplingParams
 from tests.ggml.test_kernels import random_weight
-from tests.gguf.tiny_model import finish
+from tests.gguf.tiny_model import rewrite_gguf
 from tests.models.tiny import TINY, load_tiny
 
 STD_SORT = r"""
@@ -146,26 +145,9 @@ def test_engine_serves_moe_greedy():
         assert seq.output[:16] == ref["greedy"][:16]
 
 
-def _rewrite(tmp_path, src_name: str, meta: dict | None = None, drop: str | None = None, arch: str | None = None):
+def _rewrite(tmp_path, src_name: str, meta: dict | None = None, drop: str | None = None):
     """A copy of a tiny GGUF with some metadata values replaced and a tensor dropped."""
-    src = gguf.GGUFReader(TINY / f"tiny-{src_name}.gguf")
-    arch = arch or str(src.fields["general.architecture"].contents())
-    w = gguf.GGUFWriter(tmp_path / "bad.gguf", arch)
-    meta = meta or {}
-    for field in src.fields.values():
-        if field.name.startswith("GGUF.") or field.name == "general.architecture":
-            continue
-        if field.name in meta:
-            w.add_uint32(field.name, meta[field.name])
-            continue
-        w.add_key_value(field.name, field.contents(), field.types[0],
-                        field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None)
-    for t in src.tensors:
-        if t.name == drop:
-            continue
-        raw = t.tensor_type not in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16)
-        w.add_tensor(t.name, np.asarray(t.data), raw_shape=t.data.shape if raw else None, raw_dtype=t.tensor_type)
-    return finish(w)
+    return rewrite_gguf(TINY / f"tiny-{src_name}.gguf", tmp_path / "bad.gguf", meta, {drop: None} if drop else None)
 
 
 @pytest.mark.parametrize("meta,message", [
