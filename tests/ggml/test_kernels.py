@@ -147,6 +147,26 @@ def test_matmul_random_weights(t, path):
         assert_matches_reference(x, w, path)
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_matmul_full_range_quants_never_saturate(path):
+    """Every quant byte at 0x7F / 0xFF / 0x80 against activations of +-127: the largest products each type can
+    make. On the portable path with AVX2 the small quants take `pmaddubsw`, whose int16 pairs saturate past 32767;
+    Q8_0's unsigned q + 128 (up to 255 x 127 x 2) must not go that way."""
+    check_path(path)
+    x = np.ones((3, 96), np.float32)  # (3, 96)
+    x[1] = -1.0
+    x[2, 1::2] = -1.0
+    for t in EXACT:
+        fmt = Q.block_format(t)
+        for byte in (0x7F, 0xFF, 0x80):
+            data = np.full((7, 96 // fmt.block_size, fmt.type_size), byte, np.uint8)
+            for off in SCALE_OFFSETS[t]:
+                data[:, :, off : off + 2] = np.float16(0.01).reshape(1).view(np.uint8)
+            data = data.reshape(7, -1)
+            data.flags.writeable = False
+            assert_matches_reference(x, Weight(f"full.{T(t).name}", int(t), (96, 7), data), path)
+
+
 def test_matmul_extreme_activations_stay_exact():
     """Zero blocks, huge and tiny magnitudes, and a spike: ties in the activation quants and full-range lanes."""
     rng = np.random.default_rng(3)

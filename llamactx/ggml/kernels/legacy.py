@@ -26,8 +26,9 @@ import numpy as np
 from numba import njit
 from numba.extending import overload
 
+from llamactx.ggml.cpu import cpu_features
 from llamactx.ggml.kernels.simd import Tag, TagType, prefetch
-from llamactx.ggml.kernels.vnni import izero16, vdot16
+from llamactx.ggml.kernels.vnni import izero16, vdot16, vdot16_q8, vdot16_u8
 from llamactx.ggml.kernels.wide import (
     bfma4,
     bfma16,
@@ -104,17 +105,34 @@ def _has_min(dec):
     return lambda dec: value
 
 
+def wdot(path, dec, acc, w, x):
+    """acc + `vdot16` of a decoded block. Q8_0's unsigned quants (q + 128), where `pmaddubsw` could saturate, take
+    `vdot16_u8`, or on the portable path with AVX2 ggml's sign trick (`vdot16_q8`: q . x, the acc it replaces being
+    exactly the offset term -128 * sum(x) that the unsigned form needs)."""
+
+
+@overload(wdot, jit_options={"cache": True})
+def _wdot(path, dec, acc, w, x):
+    if not isinstance(dec, TagType) or not isinstance(path, TagType):
+        return None
+    if dec.tag_name == "dec_q8_0":
+        if path.tag_name == "portable" and cpu_features()["avx2"]:
+            return lambda path, dec, acc, w, x: vdot16_q8(path, izero16(), w, x)
+        return lambda path, dec, acc, w, x: vdot16_u8(path, acc, w, x)
+    return lambda path, dec, acc, w, x: vdot16(path, acc, w, x)
+
+
 @njit(cache=True)
 def _x4_row(path, dec, wA, wB, d16, a, i, b, accA, accB):
     """Block b of the group against activation row i: ggml's lanes of the four rows, each scaled by d_w * d_x and
     accumulated (fmadd)."""
     xq, xd, xoff, _ = a
     if has_min(dec):
-        la = vdot16(path, izero16(), wA, xbcast16(xq, i, b * 32))
-        lb = vdot16(path, izero16(), wB, xbcast16(xq, i, b * 32 + 16))
+        la = wdot(path, dec, izero16(), wA, xbcast16(xq, i, b * 32))
+        lb = wdot(path, dec, izero16(), wB, xbcast16(xq, i, b * 32 + 16))
     else:
-        la = vdot16(path, xbcast_i4(xoff, i, b * 8), wA, xbcast16(xq, i, b * 32))
-        lb = vdot16(path, xbcast_i4(xoff, i, b * 8 + 4), wB, xbcast16(xq, i, b * 32 + 16))
+        la = wdot(path, dec, xbcast_i4(xoff, i, b * 8), wA, xbcast16(xq, i, b * 32))
+        lb = wdot(path, dec, xbcast_i4(xoff, i, b * 8 + 4), wB, xbcast16(xq, i, b * 32 + 16))
     s = wscale(d16, xd[i, b])
     return wfmadd(accA, la, s), wfmadd(accB, lb, s)
 

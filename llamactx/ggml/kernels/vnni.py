@@ -1,12 +1,15 @@
 """The integer dot product of the matmul kernels and the int32 lane arithmetic around it (llvmlite intrinsics).
 
 LLVM never emits `vpdpbusd` by itself (its autovectorizer was never seen to pick it), so it is called as an
-intrinsic. `vdot` is the one operation that differs per path:
-`llvm.x86.avx512.vpdpbusd.256` (AVX512-VNNI + VL, or AVX-VNNI) on the VNNI path, plain LLVM vector IR (zext/sext,
-multiply, pairwise adds: `vpmaddwd` on x86) on the portable path. `vdot16` is the same on 64 bytes (the four
-weight rows of wide.py): one 512-bit `vpdpbusd` with AVX512-VNNI, two 256-bit ones on AVX-VNNI. The path is the
-type of a `simd.Tag` argument, so numba compiles (and caches) one specialization per path and both can run in one
-process.
+intrinsic. `vdot` is the one operation that differs per path: `llvm.x86.avx512.vpdpbusd.256` (AVX512-VNNI + VL, or
+AVX-VNNI) on the VNNI path. On the portable path, where the target has AVX2, ggml's own AVX2 pair `pmaddubsw` +
+`pmaddwd` (`mul_sum_us8_pairs_float`): exact because no pair of products leaves int16 while the unsigned operand is
+at most 128, as every weight decoder's is but Q8_0's q + 128 (an activation quant is within +-127). Q8_0 takes
+ggml's sign trick there (`vdot16_q8`); without AVX2, plain LLVM vector IR (zext/sext, multiply, pairwise adds:
+`vpmaddwd` on x86), which LLVM never turns into `pmaddubsw` and which runs about 3x slower. `vdot16` is
+the same on 64 bytes (the four weight rows of wide.py): one 512-bit `vpdpbusd` with AVX512-VNNI, two 256-bit ones on
+AVX-VNNI. The path is the type of a `simd.Tag` argument, so numba compiles (and caches) one specialization per path
+and both can run in one process.
 
 Lane layout, on both paths: lane k of the `<8 x i32>` result sums the products of bytes 4k..4k+3, the lanes of
 ggml's `_mm256_dpbusd_epi32` / `maddubs + madd`, so lanes 0-3 cover elements 0-15 and lanes 4-7 elements 16-31.
@@ -52,52 +55,88 @@ def _dot_portable(builder, acc, a, b):
     return builder.add(acc, quads)
 
 
+def _halves(builder, dot, acc, a, b):
+    """`dot` on each 256-bit half of 512-bit operands, the lanes joined again."""
+    def half(v, h):
+        m = v.type.count // 2
+        return builder.shuffle_vector(v, v, lane_index(range(h * m, (h + 1) * m)))
+
+    halves = [dot(builder, half(acc, h), half(a, h), half(b, h)) for h in (0, 1)]
+    return builder.shuffle_vector(halves[0], halves[1], lane_index(range(acc.type.count)))
+
+
+def _dot_maddubs(builder, acc, a, b):
+    """acc + lane sums of u8(a) * s8(b) with `pmaddubsw` (saturating pairs to int16) and `pmaddwd` by ones: one
+    512-bit pair with AVX512BW, else 256-bit ones on each half. Exact only while u8(a) <= 128 (see the module)."""
+    n = a.type.count
+    if n == 64 and not cpu_features()["avx512bw"]:
+        return _halves(builder, _dot_maddubs, acc, a, b)
+    v16, v32 = ir.VectorType(_I16, n // 2), ir.VectorType(_I32, n // 4)
+    ub, wd = ("llvm.x86.avx512.pmaddubs.w.512", "llvm.x86.avx512.pmaddw.d.512") if n == 64 else \
+        ("llvm.x86.avx2.pmadd.ub.sw", "llvm.x86.avx2.pmadd.wd")
+    pairs = builder.call(cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16, [a.type, b.type]), ub),
+                         [a, b])
+    quads = builder.call(cgutils.get_or_insert_function(builder.module, ir.FunctionType(v32, [v16, v16]), wd),
+                         [pairs, ir.Constant(v16, [1] * (n // 2))])
+    return builder.add(acc, quads)
+
+
+def _dot_sign_q8(builder, acc, a, b):
+    """acc + lane sums of q * s8(b) for Q8_0's stored q + 128 (a), as ggml's AVX2 `mul_sum_i8_pairs_float`:
+    `psignb` moves q's sign onto b, then `pmaddubsw(|q|, .)` (|q| <= 128: exact) and `pmaddwd` by ones, on each
+    256-bit half. The result lacks the 128 * sum(b) of the unsigned form: the caller's offset term cancels it."""
+    n = a.type.count
+    if n == 64:
+        return _halves(builder, _dot_sign_q8, acc, a, b)
+    q = builder.xor(a, ir.Constant(a.type, [0x80] * n))  # (32,) int8: the signed quants
+    psign = cgutils.get_or_insert_function(builder.module, ir.FunctionType(a.type, [a.type, a.type]),
+                                           "llvm.x86.avx2.psign.b")
+    return _dot_maddubs(builder, acc, builder.call(psign, [q, q]), builder.call(psign, [b, q]))
+
+
+def _dot_small(builder, acc, a, b):
+    """The portable path's dot product of a weight quant <= 128: `pmaddubsw` where the target has AVX2."""
+    return (_dot_maddubs if cpu_features()["avx2"] else _dot_portable)(builder, acc, a, b)
+
+
 def _dot_vnni(builder, acc, a, b):
     """acc + u8(a) . s8(b) with `vpdpbusd`: one 512-bit instruction where the CPU has AVX512-VNNI, else 256-bit
     ones (AVX512-VNNI + VL or AVX-VNNI) on each half."""
     n = acc.type.count
     if n == 16 and not cpu_features()["avx512vnni"]:
-        halves = [
-            _dot_vnni(builder, *(builder.shuffle_vector(v, v, lane_index(range(h * v.type.count // 2,
-                                                                           (h + 1) * v.type.count // 2)))
-                                 for v in (acc, a, b)))
-            for h in (0, 1)
-        ]
-        return builder.shuffle_vector(halves[0], halves[1], lane_index(range(16)))
+        return _halves(builder, _dot_vnni, acc, a, b)
     vt = ir.VectorType(_I32, n)
     fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vt, [vt] * 3),
                                         f"llvm.x86.avx512.vpdpbusd.{32 * n}")
     return builder.call(fn, [acc, builder.bitcast(a, vt), builder.bitcast(b, vt)])
 
 
-@intrinsic
-def vdot(typingctx, path, acc, a, b):
-    """acc + u8(a) . s8(b) summed 4 bytes per lane -> i32x8 (`vpdpbusd` on the VNNI path). Exact: no saturation."""
-    if not isinstance(path, TagType) or path.tag_name not in ("vnni", "portable"):
-        return None
-    sig = i32x8(path, i32x8, i8x32, i8x32)
-    vnni = path.tag_name == "vnni"
+def _vdot_intrinsic(vec_i32, vec_i8, portable, doc):
+    """An intrinsic (path, acc, a, b) -> acc + u8(a) . s8(b), 4 bytes per lane: `vpdpbusd` on the VNNI path,
+    `portable(builder, acc, a, b)` on the other."""
 
-    def codegen(context, builder, sig, args):
-        _, acc, a, b = args
-        return _dot_vnni(builder, acc, a, b) if vnni else _dot_portable(builder, acc, a, b)
+    def typer(typingctx, path, acc, a, b):
+        if not isinstance(path, TagType) or path.tag_name not in ("vnni", "portable"):
+            return None
+        dot = _dot_vnni if path.tag_name == "vnni" else portable
 
-    return sig, codegen
+        def codegen(context, builder, sig, args):
+            return dot(builder, *args[1:])
+
+        return vec_i32(path, vec_i32, vec_i8, vec_i8), codegen
+
+    typer.__name__ = typer.__qualname__ = doc.split(":")[0]
+    typer.__doc__ = doc
+    return intrinsic(typer)
 
 
-@intrinsic
-def vdot16(typingctx, path, acc, a, b):
-    """`vdot` on 64 bytes: 16 lanes (wide.py's four weight rows) -> i32x16."""
-    if not isinstance(path, TagType) or path.tag_name not in ("vnni", "portable"):
-        return None
-    sig = i32x16(path, i32x16, i8x64, i8x64)
-    vnni = path.tag_name == "vnni"
-
-    def codegen(context, builder, sig, args):
-        _, acc, a, b = args
-        return _dot_vnni(builder, acc, a, b) if vnni else _dot_portable(builder, acc, a, b)
-
-    return sig, codegen
+vdot = _vdot_intrinsic(i32x8, i8x32, _dot_small, "vdot: 32 bytes -> i32x8; the weight quant u8(a) <= 128")
+vdot16 = _vdot_intrinsic(i32x16, i8x64, _dot_small, "vdot16: `vdot` on 64 bytes (wide.py's four weight rows) -> "
+                         "i32x16; u8(a) <= 128")
+vdot16_u8 = _vdot_intrinsic(i32x16, i8x64, _dot_portable, "vdot16_u8: `vdot16` for any u8(a) (Q8_0's q + 128): "
+                            "widened, never saturating, on the portable path")
+vdot16_q8 = _vdot_intrinsic(i32x16, i8x64, _dot_sign_q8, "vdot16_q8: the signed dot of Q8_0's q + 128 quants "
+                            "(portable path, AVX2): acc + q . s8(b), without the unsigned form's offset")
 
 
 @intrinsic
