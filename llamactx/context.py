@@ -29,8 +29,6 @@ from llamactx.models.graph_inputs import BatchAttention, HybridInput, KVAttentio
 from llamactx.state import load_file, read_state, save_file, write_state
 from llamactx.state_io import StateError
 
-N_CLS_OUT = 1  # llama_hparams.n_cls_out: the values a RANK pooling keeps per sequence (no classifier labels here)
-
 
 class DecodeStatus(IntEnum):
     """What `decode` returns (llama_decode's 0 / 1 / 2; still equal to those ints). An invalid batch (-1) raises
@@ -256,28 +254,40 @@ class Context:
         self._output_ids, self._logits, self._embd, self._embd_seq = output_ids, logits, embd, {}
 
     def _pool(self, alloc: AllocatedBatch, out_rows: np.ndarray) -> dict[int, np.ndarray]:
-        """Per-sequence pooled embeddings (LLAMA_POOLING_TYPE_MEAN / CLS / LAST / RANK) over the batch's tokens.
-
-        RANK follows llama-graph.cpp `build_pooling`: the last token's hidden state for a causal model (the first
-        for a non-causal one, as llm_graph_input_cls::set_input picks), through the classifier head when the model
-        has one (none of llamactx's architectures loads cls / cls_out tensors, so none is applied), keeping
-        hparams.n_cls_out = 1 values (llama_context's RANK extraction): the score is element 0."""
+        """Per-sequence pooled embeddings (LLAMA_POOLING_TYPE_MEAN / CLS / LAST / RANK) over the batch's tokens,
+        the sequences in ascending seq_id order (the ubatch's seq_idx)."""
         pooling = self.params.pooling_type
         if pooling == "none":
             return {}
-        pooled = {}
         seqs = sorted({s for ids in alloc.seq_ids for s in ids})
         seq_rows = [[self._output_ids[i] for i in out_rows if s in alloc.seq_ids[i]] for s in seqs]
-        means = _mean_pool(self._embd, seq_rows) if pooling == "mean" else None  # (n_seqs, n_embd)
-        for j, (s, rows) in enumerate(zip(seqs, seq_rows, strict=True)):
-            vecs = self._embd[rows]  # (n_tok_s, n_embd)
-            if means is not None:
-                pooled[s] = means[j]
-            elif pooling == "rank":
-                pooled[s] = (vecs[-1] if self.params.causal_attn else vecs[0])[:N_CLS_OUT].copy()  # (1,)
-            else:
-                pooled[s] = vecs[0] if pooling == "cls" else vecs[-1]
-        return pooled
+        if pooling == "rank":
+            return self._rank(seqs, seq_rows)
+        if pooling == "mean":
+            return dict(zip(seqs, _mean_pool(self._embd, seq_rows), strict=True))
+        picked = [rows[0] if pooling == "cls" else rows[-1] for rows in seq_rows]
+        return dict(zip(seqs, self._embd[picked], strict=True))  # build_inp_cls + ggml_get_rows: (n_seqs, n_embd)
+
+    def _rank(self, seqs: list[int], seq_rows: list[list[int]]) -> dict[int, np.ndarray]:
+        """LLAMA_POOLING_TYPE_RANK as llama-graph.cpp `build_pooling` builds it: each sequence's first token's
+        state (its last for a causal model, as llm_graph_input_cls::set_input picks; the mean of its states when
+        the model's classifier.pooling_type is mean), through the architecture's classifier head when it has one
+        (bert: cls, tanh, cls.output). Then llama_context's RANK extraction: sequence j's scores are the
+        hparams.n_cls_out floats at offset n_cls_out * j of the pooled tensor, read as one flat buffer (so for a
+        model whose head does not end in n_cls_out values, sequence j > 0 reads row 0's values j, j + 1 ..., as
+        llama.cpp does). -> seq_id -> (n_cls_out,)"""
+        hp = self.model.hparams
+        if hp.pooling_type_cls == "mean":
+            cur = _mean_pool(self._embd, seq_rows)  # (n_seqs, n_embd)
+        else:
+            picked = [rows[-1] if self.params.causal_attn else rows[0] for rows in seq_rows]
+            cur = self._embd[picked]  # (n_seqs, n_embd)
+        head = getattr(self._arch, "classifier_head", None)
+        if head is not None:
+            cur = head(self.model, self.ops, cur)  # (n_seqs, n_cls_out)
+        flat = np.ascontiguousarray(cur, np.float32).reshape(-1)  # (n_seqs * n_out,)
+        n = hp.n_cls_out
+        return {s: flat[n * j : n * (j + 1)].copy() for j, s in enumerate(seqs)}
 
     def _output_row(self, i: int, kind: str) -> int:
         n_outputs = int((self._output_ids >= 0).sum())
@@ -312,7 +322,7 @@ class Context:
 
     def get_embeddings_seq(self, seq_id: int) -> np.ndarray:
         """Pooled embedding of `seq_id` from the last decode (pooling mean | cls | last: (n_embd,) float32; rank:
-        the (n_cls_out,) = (1,) score)."""
+        the (hparams.n_cls_out,) scores)."""
         if seq_id not in self._embd_seq:
             raise KeyError(f"get_embeddings_seq: no pooled embedding for seq_id {seq_id} "
                            f"(pooling_type = {self.params.pooling_type!r})")

@@ -17,7 +17,7 @@ from collections.abc import Generator, Sequence
 import numpy as np
 
 from llamactx.batch import Batch
-from llamactx.context import N_CLS_OUT, Context, DecodeStatus
+from llamactx.context import Context, DecodeStatus
 from llamactx.cparams import ContextParams
 from llamactx.errors import LlamactxError
 from llamactx.model import Model
@@ -47,9 +47,9 @@ class Embedder:
         self._ctx: Context | None = None
 
     def embed(self, inputs: Sequence[Sequence[int]]) -> np.ndarray:
-        """One normalised vector per token list. -> (len(inputs), n_embd) float32; with pooling "rank" one score
-        per token list: (len(inputs), 1), not normalised. Raises EmbeddingError for an empty input or one longer
-        than n_ctx (naming its index)."""
+        """One normalised vector per token list. -> (len(inputs), n_embd) float32; with pooling "rank" the scores
+        of each token list: (len(inputs), n_cls_out), not normalised. Raises EmbeddingError for an empty input or
+        one longer than n_ctx (naming its index)."""
         steps = self.steps(inputs)
         while True:
             try:
@@ -73,10 +73,11 @@ class Embedder:
             raise EmbeddingError("pooling 'none' gives one vector per token: use embed_tokens")
         self.check(inputs)
         rank = self.pooling == "rank"
-        out = np.zeros((len(inputs), N_CLS_OUT if rank else self.model.hparams.n_embd), np.float32)  # (n, n_out)
+        hp = self.model.hparams
+        out = np.zeros((len(inputs), hp.n_cls_out if rank else hp.n_embd), np.float32)  # (n, n_out)
         for i, tokens in enumerate(inputs):
             ctx = self._decode(tokens, i)
-            vec = ctx.get_embeddings_seq(0)  # (n_embd,), or (1,) for rank
+            vec = ctx.get_embeddings_seq(0)  # (n_embd,), or (n_cls_out,) for rank
             out[i] = vec if rank else embd_normalize(vec)
             yield
         return out

@@ -54,12 +54,9 @@ def wordpiece_vocab() -> list[str]:
     return pieces
 
 
-def main() -> Path:
+def add_wordpiece_vocab(w: gguf.GGUFWriter) -> int:
+    """The vocabulary's metadata, as convert_hf_to_gguf.py writes a BERT tokenizer; returns its size."""
     tokens = wordpiece_vocab()
-    n_vocab = len(tokens)
-    path = OUT / "tiny-bert.gguf"
-    w = gguf.GGUFWriter(str(path), "bert")
-    w.add_name("tiny bert")
     w.add_tokenizer_model("bert")
     w.add_token_list(tokens)
     w.add_token_types([int(gguf.TokenType.CONTROL if t in SPECIALS else gguf.TokenType.NORMAL) for t in tokens])
@@ -70,6 +67,19 @@ def main() -> Path:
     w.add_unk_token_id(ids["[UNK]"])
     w.add_pad_token_id(ids["[PAD]"])
     w.add_mask_token_id(ids["[MASK]"])
+    return len(tokens)
+
+
+def main() -> Path:
+    _, w = bert_writer(OUT / "tiny-bert.gguf", "tiny bert", gguf.PoolingType.MEAN)
+    return finish(w)
+
+
+def bert_writer(path: Path, title: str, pooling: gguf.PoolingType) -> tuple[Weights, gguf.GGUFWriter]:
+    """The tiny BERT's metadata and tensors, not yet written (make_tiny_rerank.py adds a classifier head)."""
+    w = gguf.GGUFWriter(str(path), "bert")
+    w.add_name(title)
+    n_vocab = add_wordpiece_vocab(w)
     w.add_context_length(N_CTX)
     w.add_embedding_length(N_EMBD)
     w.add_block_count(N_LAYER)
@@ -77,7 +87,7 @@ def main() -> Path:
     w.add_head_count(N_HEAD)
     w.add_layer_norm_eps(1e-12)
     w.add_causal_attention(False)
-    w.add_pooling_type(gguf.PoolingType.MEAN)
+    w.add_pooling_type(pooling)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     wt = Weights(w, 11, T.F32)
     wt.mat("token_embd.weight", N_EMBD, n_vocab, scale=1.0)
@@ -99,7 +109,7 @@ def main() -> Path:
         wt.vec(b + "ffn_down.bias", (N_EMBD,))
         wt.vec(b + "layer_output_norm.weight", (N_EMBD,), 1.0)
         wt.vec(b + "layer_output_norm.bias", (N_EMBD,))
-    return finish(w)
+    return wt, w
 
 
 if __name__ == "__main__":
