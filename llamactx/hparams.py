@@ -88,6 +88,9 @@ class HParams:
     causal_attn: bool = True  # attention.causal (LLM_KV_ATTENTION_CAUSAL)
     pooling_type: str = "none"  # pooling_type (LLM_KV_POOLING_TYPE): none, mean, cls, last, rank
     n_token_types: int = 0  # tokenizer.ggml.token_type_count (bert: 2, "sentence A / B")
+    # a classifier head (rerankers: pooling rank): its output values per sequence and the pooling before it
+    n_cls_out: int = 1  # len(classifier.output_labels) (LLM_KV_CLASSIFIER_OUTPUT_LABELS), 1 without labels
+    pooling_type_cls: str = "unspecified"  # classifier.pooling_type (LLM_KV_CLASSIFIER_POOLING_TYPE)
 
     def is_recr(self, il: int) -> bool:
         """Whether layer `il` keeps a recurrent state instead of K/V (llama_hparams::is_recr)."""
@@ -170,15 +173,16 @@ def _as_f32(value: float) -> float:
         return math.copysign(math.inf, value)
 
 
-def swa_pattern(meta: Meta, n_layer: int, n_swa: int) -> tuple[bool, ...]:
-    """`llama_hparams::set_swa_pattern(n_pattern)` without dense_first: every n_pattern-th layer is global. The key
-    may instead hold one flag per layer."""
+def swa_pattern(meta: Meta, n_layer: int, n_swa: int, default: int = 6) -> tuple[bool, ...]:
+    """`llama_hparams::set_swa_pattern(n_pattern)` without dense_first: every n_pattern-th layer is global.
+    `load_swa_pattern(ml, default)`: the key may be absent (the architecture's default pattern: 6 for gemma3, 2 for
+    gpt-oss) or hold one flag per layer."""
     if n_swa <= 0:
         return (False,) * n_layer
     key = f"{meta.arch}.attention.sliding_window_pattern"
-    value = meta.meta.get(key, 6)
+    value = meta.meta.get(key, default)
     if isinstance(value, int) and not isinstance(value, bool):
-        pattern = meta.count("attention.sliding_window_pattern", 6, lo=0)
+        pattern = meta.count("attention.sliding_window_pattern", default, lo=0)
         return tuple(pattern == 0 or il % pattern < pattern - 1 for il in range(n_layer))
     dtype = getattr(value, "dtype", None)  # a numeric GGUF array is a numpy array
     if dtype is None or dtype.kind not in "biu" or len(value) != n_layer:

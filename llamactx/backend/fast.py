@@ -15,6 +15,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from llamactx.backend.reference import ReferenceOps
+from llamactx.ggml.attention import sink_values
 from llamactx.ggml.cpu import active_path, check_target, set_threads
 from llamactx.ggml.graph import Graph, GraphAttention, GraphUnsupported
 from llamactx.ggml.kernels.attention import attend
@@ -158,21 +159,26 @@ class FastOps(ReferenceOps):
             return is_repacked_q4_0(weight)
         return True if can_pack(weight.ggml_type) and is_exact_k(weight) else None
 
-    def attention_kv(self, q, kv, il, mask, vis, kq_scale, flash, n_threads=1, softcap=0.0):
+    def attention_kv(self, q, kv, il, mask, vis, kq_scale, flash, n_threads=1, softcap=0.0, sinks=None):
         # an f16 cache is read in place, only the cells each token sees
         d_v = kv.v_stored(il).shape[1] // (kv.n_embd_k_gqa // q.shape[-1])
         # ggml's kernel picked from the ubatch's shape (vec_dot order for one token; flash attention's three
         # kernels): the reference has it
         single = self.ggml_single_row and (q.shape[0] == 1 or flash)
-        # logit soft-capping (gemma2) is computed by the reference kernels, exactly
-        if kv.type_k != "f16" or kv.type_v != "f16" or q.shape[-1] % 16 or d_v % 16 or single or softcap:
-            return super().attention_kv(q, kv, il, mask, vis, kq_scale, flash, n_threads, softcap)
+        # logit soft-capping (gemma2), and attention sinks (gpt-oss) with flash attention, are computed by the
+        # reference kernels, exactly; the compiled kq / softmax / kqv kernel takes sinks itself
+        if (kv.type_k != "f16" or kv.type_v != "f16" or q.shape[-1] % 16 or d_v % 16 or single or softcap
+                or (flash and sinks is not None)):
+            return super().attention_kv(q, kv, il, mask, vis, kq_scale, flash, n_threads, softcap, sinks)
         n, n_head, _ = q.shape
         out = np.empty((n, n_head * d_v), np.float32)  # (n, n_head * d_v)
-        kernel = flash_attend if flash else attend
-        kernel(np.ascontiguousarray(q, np.float32).reshape(n, -1), kv.k_stored(il).view(np.uint16),
-               kv.v_stored(il).view(np.uint16), n_head, kv.n_embd_k_gqa // q.shape[-1], vis.cells, vis.n_cells,
-               vis.mask_add, np.float32(kq_scale), out, self.threads)
+        args = (np.ascontiguousarray(q, np.float32).reshape(n, -1), kv.k_stored(il).view(np.uint16),
+                kv.v_stored(il).view(np.uint16), n_head, kv.n_embd_k_gqa // q.shape[-1], vis.cells, vis.n_cells,
+                vis.mask_add, np.float32(kq_scale), out, self.threads)
+        if flash:
+            flash_attend(*args)
+        else:
+            attend(*args, sink_values(sinks, n_head))
         return out
 
     def get_rows(self, weight, ids: np.ndarray) -> np.ndarray:

@@ -18,7 +18,9 @@ from llamactx.ggml.attention import attention_f16, attention_f16_cells
 from llamactx.ggml.cpu import arithmetic
 from llamactx.ggml.flash_attn import flash_attn_f16_cells
 from llamactx.ggml.inputs import ROPE_TYPE_NEOX, RopeParams, VisibleCells
+from llamactx.ggml.moe import add_id as moe_add_id
 from llamactx.ggml.moe import argsort_desc, expert, group_by_expert, norm_weights, sigmoid_rows, soft_max_rows
+from llamactx.ggml.moe import swiglu_oai as moe_swiglu_oai
 from llamactx.ggml.quants_cpu import fake_quant, vec_dot_type
 from llamactx.ggml.vecdot import EXACT_TYPES, FLOAT_TYPES, matmul_exact, matmul_float
 from llamactx.ggml.vecdot_bf16 import matmul_bf16
@@ -144,6 +146,18 @@ class ReferenceOps:
         return out
 
     @staticmethod
+    def add_id(x: np.ndarray, bias: np.ndarray, selected: np.ndarray) -> np.ndarray:
+        """ggml_add_id: each slot's row plus the bias row of its expert (gpt-oss's expert biases).
+        x (n, k, m), bias (n_expert, m), selected (n, k) -> (n, k, m)"""
+        return moe_add_id(x, bias, selected)
+
+    @staticmethod
+    def swiglu_oai(gate: np.ndarray, up: np.ndarray, alpha: float, limit: float) -> np.ndarray:
+        """ggml_swiglu_oai: gpt-oss's clamped SwiGLU, x / (1 + expf(-alpha x)) * (y + 1) (llamactx.ggml.moe).
+        (..., k) -> (..., k)"""
+        return moe_swiglu_oai(gate, up, alpha, limit)
+
+    @staticmethod
     def moe_sum(experts: np.ndarray, weights: np.ndarray) -> np.ndarray:
         """ggml_mul(experts, weights), then the slots added in order, ((e0 + e1) + e2) + ...
         experts (n, k, n_embd), weights (n, k) -> (n, n_embd)"""
@@ -230,24 +244,27 @@ class ReferenceOps:
     # -- attention ----------------------------------------------------------------------------------------------
 
     def attention_kv(self, q: np.ndarray, kv, il: int, mask: np.ndarray, vis: VisibleCells, kq_scale: float,
-                     flash: bool, n_threads: int = 1, softcap: float = 0.0) -> np.ndarray:
+                     flash: bool, n_threads: int = 1, softcap: float = 0.0,
+                     sinks: np.ndarray | None = None) -> np.ndarray:
         """`attention` over cells [0, kv.n_kv) of layer `il`, through the memory's view of the KV cache
         (llamactx.memory.KVView): the cache is decoded to f32 first. vis: the cells `mask` leaves visible, in
         the order the sums run (by position). Flash attention over an f16 cache follows ggml's kernels bit for
         bit (llamactx.ggml.flash_attn; n_threads: the graph's threads, which split a single token's cells).
         softcap: the attention logit soft-cap (hparams.f_attn_logit_softcapping, gemma2; 0: none), as
-        build_attn_mha applies it without flash attention and ggml_flash_attn_ext with it.
+        build_attn_mha applies it without flash attention and ggml_flash_attn_ext with it. sinks: the layer's
+        attention sinks (n_head,) (attn_sinks.weight, gpt-oss; None: none), as ggml_soft_max_add_sinks and
+        ggml_flash_attn_ext_add_sinks add them.
         q: (n, n_head, d_k) -> (n, n_head * d_v)"""
         n_head_kv = kv.n_embd_k_gqa // q.shape[-1]
         if flash and kv.type_k == "f16" and kv.type_v == "f16":
             return flash_attn_f16_cells(q, kv.k_stored(il), kv.v_stored(il), n_head_kv, vis, kq_scale, kv.kv_size,
-                                        n_threads, self.ggml_single_row, self.fp16_accumulator, softcap)
+                                        n_threads, self.ggml_single_row, self.fp16_accumulator, softcap, sinks)
         if kv.type_k == "f16" and not flash and q.shape[-1] % 16 == 0:
             return attention_f16_cells(q, kv.k_rows(il), kv.v_rows(il), n_head_kv, vis, kq_scale,
-                                       self.ggml_single_row, softcap)
+                                       self.ggml_single_row, softcap, sinks)
         k = kv.k_rows(il).reshape(kv.n_kv, n_head_kv, -1)  # (n_kv, n_head_kv, d_k)
         v = kv.v_rows(il).reshape(kv.n_kv, n_head_kv, -1)  # (n_kv, n_head_kv, d_v)
-        return self.attention(q, k, v, mask, kq_scale, flash, kv.type_k, softcap)
+        return self.attention(q, k, v, mask, kq_scale, flash, kv.type_k, softcap, sinks)
 
     def attention(
         self,
@@ -259,6 +276,7 @@ class ReferenceOps:
         flash: bool,
         k_type: str = "f16",
         softcap: float = 0.0,
+        sinks: np.ndarray | None = None,
     ) -> np.ndarray:
         """Multi-head attention with grouped KV heads (build_attn_mha).
 
@@ -267,16 +285,16 @@ class ReferenceOps:
         with f16-rounded q, and the softmax probabilities are rounded to f16 before P*V. With flash attention q is
         rounded like the K cache's vec_dot_type and P*V stays in f32. The f16 cache without flash attention follows
         ggml bit for bit (llamactx.ggml.attention); the other cases sum the products in float64 and round, so a
-        token's result does not depend on the other tokens and cells. softcap: `attention_kv`'s.
+        token's result does not depend on the other tokens and cells. softcap, sinks: `attention_kv`'s.
         -> (n, n_head * d_v)"""
         if k_type == "f16" and not flash and q.shape[-1] % 16 == 0:
-            return attention_f16(q, k, v, mask, kq_scale, self.ggml_single_row, softcap)
+            return attention_f16(q, k, v, mask, kq_scale, self.ggml_single_row, softcap, sinks)
         if k_type == "f16" and flash:  # k, v hold f16 values: ggml's flash_attn_ext over them as a cache
             n_kv, n_head_kv = k.shape[:2]
             k16 = k.astype(np.float16).reshape(n_kv, -1)  # (n_kv, n_head_kv * d_k)
             v16 = v.astype(np.float16).reshape(n_kv, -1)  # (n_kv, n_head_kv * d_v)
             return flash_attn_f16_cells(q, k16, v16, n_head_kv, VisibleCells.from_mask(mask), kq_scale, n_kv, 1,
-                                        self.ggml_single_row, self.fp16_accumulator, softcap)
+                                        self.ggml_single_row, self.fp16_accumulator, softcap, sinks)
         n, n_head, _ = q.shape
         n_head_kv = k.shape[1]
         qc = self.activations_for(q.reshape(n * n_head, -1), _KV_TYPE_IDS[k_type]).reshape(q.shape)
@@ -286,7 +304,8 @@ class ReferenceOps:
         if softcap:
             scores = ggml_vec.softcap(scores, softcap)
         scores = scores.reshape(n_head_kv, n, -1, k.shape[0]) * np.float32(kq_scale) + mask[None, :, None, :]
-        probs = _softmax(scores)  # (n_head_kv, n, gqa, n_kv)
+        sink = None if sinks is None else np.asarray(sinks, np.float32).reshape(n_head_kv, 1, -1, 1)
+        probs = _softmax(scores, sink)  # (n_head_kv, n, gqa, n_kv)
         if not flash:
             probs = probs.astype(np.float16).astype(np.float32)
         out = np.matmul(
@@ -324,12 +343,17 @@ class ReferenceOps:
 _KV_TYPE_IDS = {"f32": T.F32, "f16": T.F16, "q8_0": T.Q8_0, "q4_0": T.Q4_0}
 
 
-def _softmax(x: np.ndarray) -> np.ndarray:
-    """ggml_soft_max over the last axis: exp(x - max), the sum accumulated in double."""
+def _softmax(x: np.ndarray, sink: np.ndarray | None = None) -> np.ndarray:
+    """ggml_soft_max over the last axis: exp(x - max), the sum accumulated in double. sink (broadcast against
+    x[..., :1]): one more logit per row without a value (attention sinks), in the max and the sum."""
     m = x.max(axis=-1, keepdims=True)
+    if sink is not None:
+        m = np.maximum(m, sink)
     with np.errstate(invalid="ignore"):
         e = np.exp(x - m)  # masked entries: exp(-inf) = 0
     s = e.astype(np.float64).sum(axis=-1, keepdims=True)
+    if sink is not None:
+        s = s + np.exp(sink - m).astype(np.float64)
     return (e * (1.0 / s).astype(np.float32)).astype(np.float32)
 
 

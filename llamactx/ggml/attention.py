@@ -18,7 +18,9 @@ This is the reference (ReferenceOps); ggml/kernels/attention.py is the same arit
 
 The softmax (`ggml_compute_forward_soft_max_f32`, `ggml_vec_soft_max_f32`) scales, adds the mask, takes the max,
 exponentiates with `ggml_v_expf` F32_EPR lanes at a time summing each group (`hsum_vec`) into a double,
-and multiplies by the float of 1/sum. The probabilities are rounded to f16 before kqv.
+and multiplies by the float of 1/sum. The probabilities are rounded to f16 before kqv. A model with attention
+sinks (gpt-oss, `ggml_soft_max_add_sinks`) has one more logit per head, without a value row: it joins the max,
+and libm's expf(sink - max) joins the sum.
 
 In kqv the sums run over KV cells, so ggml's lanes depend on absolute cell indices. Here the lanes follow each
 token's visible cells in order (rank 0, 1, ...): for one sequence that fills the cache from cell 0, the usual
@@ -27,6 +29,8 @@ a token's result independent of where other sequences sit in the cache.
 """
 
 from __future__ import annotations
+
+import math
 
 import numba
 import numpy as np
@@ -41,13 +45,20 @@ from llamactx.ggml.vec import dot_tinyblas, dot_vec, hsum_vec, tanhf, v_expf, ve
 _F32 = np.float32
 
 
+NO_SINK = _F32(-np.inf)  # a head without an attention sink
+
+
 @numba.njit(cache=True, error_model="numpy")
-def _soft_max(w, m, e):  # pragma: no cover - compiled
+def _soft_max(w, m, e, sink):  # pragma: no cover - compiled
     """ggml_vec_soft_max_f32 over w[:m] (already scaled and masked) in F32_EPR-lane groups; writes the normalized
     probabilities to e[:m] and zeros to e[m:] (the masked cells of the group). The max is `vec_max`'s, and the
-    loops run over slices under numpy's error model so that LLVM vectorizes them."""
+    loops run over slices under numpy's error model so that LLVM vectorizes them. sink: the head's attention sink
+    (ggml_soft_max_add_sinks, gpt-oss; NO_SINK: none), a logit that joins the max and the sum but has no value
+    row: `max = MAX(max, sink)` before the exponentials, `sum += (double) expf(sink - max)` after their sum."""
     wv, ev = w[:m], e[:m]
     mx = vec_max(wv, m)
+    if sink != NO_SINK:
+        mx = mx if mx > sink else sink
     for r in range(m):
         ev[r] = v_expf(wv[r] - mx)
     for r in range(m, e.shape[0]):
@@ -55,6 +66,8 @@ def _soft_max(w, m, e):  # pragma: no cover - compiled
     s = 0.0
     for i in range(0, e.shape[0], F32_EPR):
         s += np.float64(hsum_vec(e, i))
+    if sink != NO_SINK:
+        s += np.float64(_F32(math.exp(sink - mx)))  # libm expf
     inv = _F32(1.0 / s) if s > 0 else _F32(np.nan)  # no visible cell: ggml's row is NaN too
     for r in range(m):
         ev[r] = ev[r] * inv
@@ -90,12 +103,13 @@ def kv_to_f32(k, v, n_head_kv, kt, vf):  # pragma: no cover - compiled
 
 @numba.njit(parallel=True, cache=True)
 def _attention(q, k, v, n_head_kv, cells, n_cells, scale, mask_add, single, out, kt, vf, n_ch,
-               cap):  # pragma: no cover
+               cap, sinks):  # pragma: no cover
     """q (n, n_head, d_k) float32 (not yet rounded); k (n_kv, n_head_kv * d_k) and v (n_kv, n_head_kv * d_v):
     float32 holding f16 values, or the f16 cache itself as uint16 bits (read in place). kt, vf: `kv_to_f32`
     of the first kt.shape[2] cells (kt.shape[2] == 0: none); a token whose visible cells are consecutive and
     among those reads them there, with the same arithmetic in the same order, vectorized over cells. cap: the
-    attention logit soft-cap (0: none), applied to kq before the softmax's scale and mask (`_soft_cap`)."""
+    attention logit soft-cap (0: none), applied to kq before the softmax's scale and mask (`_soft_cap`).
+    sinks (n_head,): each head's attention sink (NO_SINK: none; `_soft_max`)."""
     n, n_head, d_k = q.shape
     inv_cap = _F32(1.0) / cap if cap != _F32(0.0) else _F32(0.0)
     d_v = v.shape[1] // n_head_kv
@@ -156,7 +170,7 @@ def _attention(q, k, v, n_head_kv, cells, n_cells, scale, mask_add, single, out,
                     # ggml_vec_scale_f32, then += 1.0f * mask
                     w[r] = _soft_cap(kq, inv_cap, cap) * scale + mask_add[t, r]
             e = e_buf[:m_pad]  # all of it written by _soft_max
-            _soft_max(w, m, e)
+            _soft_max(w, m, e, sinks[h])
             for r in range(m):
                 e[r] = round_f16(e[r])
             # kqv: lanes over ranks; F32_EPR lanes (tinyBLAS) or 4 x F32_EPR (vec_dot_f16) per output element j
@@ -222,22 +236,34 @@ def _hadd8_col(a, j):  # pragma: no cover - compiled
     return ((a[0, j] + a[4, j]) + (a[1, j] + a[5, j])) + ((a[2, j] + a[6, j]) + (a[3, j] + a[7, j]))
 
 
+def sink_values(sinks: np.ndarray | None, n_head: int) -> np.ndarray:
+    """Each query head's attention sink as the kernels take them: (n_head,) float32, NO_SINK for a model without
+    sinks (None). A model's attn_sinks.weight must have one value per head (ValueError otherwise)."""
+    if sinks is None:
+        return np.full(n_head, NO_SINK, np.float32)
+    out = np.ascontiguousarray(sinks, np.float32).reshape(-1)
+    if out.shape != (n_head,):
+        raise ValueError(f"attention sinks: {out.shape[0]} values for {n_head} heads")
+    return out
+
+
 def attention_f16(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, kq_scale: float, vec_dot_for_one: bool = False,
-    softcap: float = 0.0,
+    softcap: float = 0.0, sinks: np.ndarray | None = None,
 ) -> np.ndarray:
     """Non-flash attention over an f16 cache, bit for bit as ggml-cpu (module docstring).
 
     q: (n, n_head, d_k) float32; k: (n_kv, n_head_kv, d_k) and v: (n_kv, n_head_kv, d_v) float32 holding f16
     values; mask: (n, n_kv) float32, -inf where a cell is not visible. d_k must be a multiple of 16.
     vec_dot_for_one: a single token goes through ggml_vec_dot_f16, as in llama.cpp's decode. softcap: the
-    attention logit soft-cap (gemma2's attn_logit_softcapping; 0: none).
+    attention logit soft-cap (gemma2's attn_logit_softcapping; 0: none). sinks: (n_head,) each head's attention
+    sink (gpt-oss's attn_sinks, ggml_soft_max_add_sinks; None: none).
     -> (n, n_head * d_v) float32"""
     n_kv, n_head_kv = k.shape[:2]
     k2 = np.ascontiguousarray(k, np.float32).reshape(n_kv, -1)  # (n_kv, n_head_kv * d_k)
     v2 = np.ascontiguousarray(v, np.float32).reshape(n_kv, -1)  # (n_kv, n_head_kv * d_v)
     return attention_f16_cells(q, k2, v2, n_head_kv, VisibleCells.from_mask(mask), kq_scale, vec_dot_for_one,
-                               softcap)
+                               softcap, sinks)
 
 
 def attention_f16_cells(
@@ -249,6 +275,7 @@ def attention_f16_cells(
     kq_scale: float,
     vec_dot_for_one: bool = False,
     softcap: float = 0.0,
+    sinks: np.ndarray | None = None,
 ) -> np.ndarray:
     """`attention_f16` over K/V rows as stored: k (n_kv, n_head_kv * d_k), v (n_kv, n_head_kv * d_v), either
     float32 holding f16 values or an f16 cache's rows (np.float16, read in place without a copy); `vis` lists
@@ -282,5 +309,6 @@ def attention_f16_cells(
         vf,
         numba.get_num_threads() * 8,
         _F32(softcap),
+        sink_values(sinks, n_head),
     )
     return out.reshape(n, -1)

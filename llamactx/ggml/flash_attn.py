@@ -20,6 +20,9 @@ ggml picks one of three kernels for the whole op, from the ubatch's shape:
   (ceil(n_kv / n_threads) each); each chunk runs the one-chunk loop from M = -inf, and the chunks are merged in
   order with `VKQ = VKQ * expf(M_old - M) + VKQ_c * expf(M_c - M)` (first product fused), same for S.
 
+Attention sinks (gpt-oss) are added to each row after its cells as one more score without a value row (in the
+split kernel, to the first chunk's partials): `_add_sink`.
+
 By default (`ggml_single_row=False`, as ReferenceOps computes one row like several elsewhere) every token takes the
 tiled kernel's arithmetic, which is row invariant: llama.cpp's bits for n >= 64 (prompts, perplexity), and for
 fewer tokens the same answer a token would get in a larger batch. `ggml_single_row=True` (the ReferenceOps
@@ -38,7 +41,7 @@ import math
 import numba
 import numpy as np
 
-from llamactx.ggml.attention import kv_to_f32
+from llamactx.ggml.attention import NO_SINK, kv_to_f32, sink_values
 from llamactx.ggml.cpu import F32_EPR
 from llamactx.ggml.inputs import VisibleCells
 from llamactx.ggml.intrinsics import f16_to_f32, fma32, round_f16, round_f16_f64
@@ -57,11 +60,13 @@ def _exp(x):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True)
-def _tiled_row(q, k, v, k0, v0, cells, m, mask_add, scale, vkq, kq, e, kt, vf, hk, cap):  # pragma: no cover
+def _tiled_row(q, k, v, k0, v0, cells, m, mask_add, scale, vkq, kq, e, kt, vf, hk, cap,
+               sink):  # pragma: no cover
     """One token and head through `_flash_attn_ext_tiled`: vkq (d_v,) gets the normalized output. kt (n_head_kv,
     d_k, n_conv), vf (n_head_kv, n_conv, d_v): the first n_conv cells as float32; a token whose visible cells are
     0..m-1 among them reads them there (the same arithmetic, vectorized over a tile's cells). cap: the logit
-    soft-cap (0: none; `scale` is then already divided by it, as ggml does)."""
+    soft-cap (0: none; `scale` is then already divided by it, as ggml does). sink: the head's attention sink
+    (NO_SINK: none), added after the last tile (`_add_sink`)."""
     d_k = q.shape[0]
     d_v = vkq.shape[0]
     fast = m <= kt.shape[2]
@@ -124,9 +129,30 @@ def _tiled_row(q, k, v, k0, v0, cells, m, mask_add, scale, vkq, kq, e, kt, vf, h
                 c = cells[r0 + j]
                 for d in range(d_v):
                     vkq[d] = fma32(f16_to_f32(v[c, v0 + d]), p, vkq[d])
+    big_m, s = _add_sink(vkq, big_m, s, sink, True)
     inv = _F32(0.0) if s == _F32(0.0) else _F32(1.0) / s
     for d in range(d_v):
         vkq[d] = vkq[d] * inv
+
+
+@numba.njit(cache=True)
+def _add_sink(vkq, big_m, s, sink, fused):  # pragma: no cover - compiled
+    """ggml_compute_forward_flash_attn_ext's sinks (gpt-oss), once per row after its cells (the first KV chunk's,
+    when split): the sink is one more score without a value row. A sink above the running max M rescales the f32
+    accumulator vkq (d_v,) by expf(M - sink) and becomes the max; else it adds expf(sink - M) to the sum:
+    S = S * ms + vs, which GCC fuses in the tiled kernel (`fused`) but not in the one-chunk one (measured against
+    llama.cpp's kqv_out tensors: each other choice misses rows). NO_SINK: nothing. -> (M, S)"""
+    if sink == NO_SINK:
+        return big_m, s
+    if sink > big_m:
+        ms = _exp(big_m - sink)
+        for d in range(vkq.shape[0]):
+            vkq[d] = vkq[d] * ms
+        if fused:
+            return sink, fma32(s, ms, _F32(1.0))
+        p = s * ms
+        return sink, p + _F32(1.0)
+    return big_m, s + _exp(sink - big_m)
 
 
 @numba.njit(cache=True)
@@ -180,10 +206,10 @@ def _chunk_row(qh, k, v, k0, v0, cells, r_start, r_end, mask_add, scale, vkq16, 
 
 @numba.njit(parallel=True, cache=True)
 def _flash(q, k, v, n_head_kv, cells, n_cells, scale, mask_add, mode, n_split, fp16, kt, vf, out,
-           cap):  # pragma: no cover
+           cap, sinks):  # pragma: no cover
     """mode 0: tiled; 1: one chunk; 2: split KV into n_split chunks (one token). k, v: the f16 cache rows as
     uint16 bits, (n_kv, n_head_kv * d). fp16: the f16 vector ops run in half precision (AVX512-FP16).
-    out (n, n_head, d_v)."""
+    sinks (n_head,): each head's attention sink (NO_SINK: none). out (n, n_head, d_v)."""
     n, n_head, d_k = q.shape
     d_v = out.shape[2]
     n_h = d_v & ~127 if fp16 else 0  # GGML_F16_STEP = 128 elements per SIMD step with AVX512-FP16
@@ -199,7 +225,8 @@ def _flash(q, k, v, n_head_kv, cells, n_cells, scale, mask_add, mode, n_split, f
         if mode == 0:
             kq = np.empty(TILE_KV, np.float32)
             e = np.empty(TILE_KV, np.float32)
-            _tiled_row(q[t, h], k, v, k0, v0, cells[t], m, mask_add[t], scale, vkq, kq, e, kt, vf, hk, cap)
+            _tiled_row(q[t, h], k, v, k0, v0, cells[t], m, mask_add[t], scale, vkq, kq, e, kt, vf, hk, cap,
+                       sinks[h])
             out[t, h] = vkq
             continue
         qh = np.empty(d_k, np.float32)
@@ -209,6 +236,7 @@ def _flash(q, k, v, n_head_kv, cells, n_cells, scale, mask_add, mode, n_split, f
         acc = np.empty(64, np.float32)
         if mode == 1:
             big_m, s_sum = _chunk_row(qh, k, v, k0, v0, cells[t], 0, m, mask_add[t], scale, vkq, kr, acc, n_h, cap)
+            big_m, s_sum = _add_sink(vkq, big_m, s_sum, sinks[h], False)  # VKQ16 widened to f32 first: exact
             inv = _F32(0.0) if s_sum == _F32(0.0) else _F32(1.0) / s_sum
             for d in range(d_v):
                 out[t, h, d] = vkq[d] * inv
@@ -225,10 +253,12 @@ def _flash(q, k, v, n_head_kv, cells, n_cells, scale, mask_add, mode, n_split, f
             if r_start >= n_kv:
                 continue
             r_end = min(r_start + chunk, m)
-            if r_start >= r_end:
+            if r_start >= r_end and (ci > 0 or sinks[h] == NO_SINK):
                 continue  # S_chunk == 0: skipped
             m_c, s_c = _chunk_row(qh, k, v, k0, v0, cells[t], r_start, r_end, mask_add[t], scale, vkq, kr, acc, n_h,
                                   cap)
+            if ci == 0:  # the sink joins the first chunk's partials only
+                m_c, s_c = _add_sink(vkq, m_c, s_c, sinks[h], False)
             if s_c == _F32(0.0):
                 continue
             m_new = max(m_fin, m_c)
@@ -247,7 +277,7 @@ def _flash(q, k, v, n_head_kv, cells, n_cells, scale, mask_add, mode, n_split, f
 
 def flash_attn_f16_cells(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_head_kv: int, vis: VisibleCells,
                          kq_scale: float, kv_size: int, n_threads: int, ggml_single_row: bool = False,
-                         fp16: bool = False, softcap: float = 0.0) -> np.ndarray:
+                         fp16: bool = False, softcap: float = 0.0, sinks: np.ndarray | None = None) -> np.ndarray:
     """ggml_flash_attn_ext over an f16 cache's rows (module docstring). q: (n, n_head, d_k) float32; k (n_kv,
     n_head_kv * d_k) and v (n_kv, n_head_kv * d_v) np.float16 rows as stored; vis: each token's visible cells by
     rank; kv_size: the cache's cells (bounds the padded n_kv of the split rule); n_threads: the threads ggml would
@@ -256,7 +286,8 @@ def flash_attn_f16_cells(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_head_kv:
     arithmetic, so that its result does not depend on the rest of the batch (what ggml gives for n >= 64).
     fp16: the one-chunk kernel's f16 vector ops in half precision, as ggml built with AVX512-FP16 runs them.
     softcap: ggml_flash_attn_ext's logit_softcap (gemma2; 0: none): the scale is divided by it (`scale /=
-    logit_softcap`, in float), and each score becomes softcap * tanhf(kq * scale) before the mask.
+    logit_softcap`, in float), and each score becomes softcap * tanhf(kq * scale) before the mask. sinks: (n_head,)
+    each head's attention sink (gpt-oss's attn_sinks, ggml_flash_attn_ext_add_sinks; None: none).
     -> (n, n_head * d_v) float32"""
     n, n_head, _ = q.shape
     d_v = v.shape[1] // n_head_kv
@@ -276,5 +307,5 @@ def flash_attn_f16_cells(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_head_kv:
         kv_to_f32(k16, v16, n_head_kv, kt, vf)
     scale = _F32(kq_scale) / _F32(softcap) if softcap else _F32(kq_scale)
     _flash(np.ascontiguousarray(q, np.float32), k16, v16, n_head_kv, vis.cells, vis.n_cells, scale,
-           vis.mask_add, mode, np.array(split, np.int64), fp16, kt, vf, out, _F32(softcap))
+           vis.mask_add, mode, np.array(split, np.int64), fp16, kt, vf, out, _F32(softcap), sink_values(sinks, n_head))
     return out.reshape(n, -1)

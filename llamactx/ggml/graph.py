@@ -201,6 +201,12 @@ class Graph:
     def silu(self, x: Tensor) -> Tensor:
         raise GraphUnsupported("silu without a gate")
 
+    def swiglu_oai(self, gate: Tensor, up: Tensor, alpha: float, limit: float) -> Tensor:
+        raise GraphUnsupported("swiglu_oai")
+
+    def add_id(self, x: Tensor, bias, selected: Tensor) -> Tensor:
+        raise GraphUnsupported("add_id (per-expert biases)")
+
     def moe_route(self, logits: Tensor, n_expert_used: int, gating: str, norm_w: bool,
                   w_scale: float) -> tuple[Tensor, Tensor]:
         """One node of (n, 2k): each token's k experts (as floats, exact below 2^24) then their weights; the two
@@ -245,7 +251,9 @@ class GraphAttention:
     def __init__(self, graph: Graph, hparams) -> None:
         self.graph, self.hparams = graph, hparams
 
-    def __call__(self, il: int, q: Tensor, k: Tensor, v: Tensor, kq_scale: float) -> Tensor:
+    def __call__(self, il: int, q: Tensor, k: Tensor, v: Tensor, kq_scale: float, sinks=None) -> Tensor:
         if self.hparams.f_attn_logit_softcapping:
             raise GraphUnsupported("attention logit soft-capping")
+        if sinks is not None:
+            raise GraphUnsupported("attention sinks")
         return self.graph.attention(il, q, k, v, kq_scale, self.hparams.is_swa(il))

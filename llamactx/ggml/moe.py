@@ -11,6 +11,9 @@ The router's ops, in graph order (each exact here):
   come out in llama.cpp's order. The order matters beyond the chosen set: the experts' outputs are added in it;
 - `ggml_get_rows` of the probabilities, `ggml_sum_rows` (`ggml_vec_sum_f32`: a double sum in order), `ggml_clamp`
   to 6.103515625e-5 and `ggml_div` (`norm_weights`).
+gpt-oss's experts add one bias row per selected expert to their matmuls' outputs (`ggml_add_id`: a float add,
+`add_id`) and gate with `ggml_swiglu_oai` (`swiglu_oai`), its router gates with "softmax_weight" (the top k of the
+raw logits, then `ggml_soft_max` of their k logits).
 The expert matmuls (`ggml_mul_mat_id`) compute every row on its own: `vec_dot` with one row
 (ggml-cpu.c `ggml_compute_forward_mul_mat_id_one_chunk`) or a repacked weight's `gemv` (repack.cpp
 `forward_mul_mat_id`), never the tinyBLAS or gemm kernels of a plain mul_mat; the ops layer runs them.
@@ -280,6 +283,34 @@ def sigmoid_rows(x: np.ndarray) -> np.ndarray:
 def _sigmoid(x, y):  # pragma: no cover - compiled
     for i in range(x.shape[0]):
         y[i] = _F32(1.0) / (_F32(1.0) + _F32(math.exp(-x[i])))
+
+
+@numba.njit(cache=True, error_model="numpy")
+def _swiglu_oai(g, u, alpha, limit, y):  # pragma: no cover - compiled
+    for i in range(g.shape[0]):
+        x = limit if limit < g[i] else g[i]  # std::min(x, limit)
+        v = -limit if u[i] < -limit else (limit if limit < u[i] else u[i])  # std::clamp(y, -limit, limit)
+        glu = x / (_F32(1.0) + _F32(math.exp(alpha * -x)))  # libm expf
+        y[i] = glu * (v + _F32(1.0))
+
+
+def swiglu_oai(gate: np.ndarray, up: np.ndarray, alpha: float, limit: float) -> np.ndarray:
+    """ggml_swiglu_oai (ops.cpp `ggml_compute_forward_swiglu_oai_f32`, a scalar loop): x = min(gate, limit),
+    y = clamp(up, -limit, limit), x / (1 + expf(alpha * -x)) * (y + 1), in float with libm expf. gpt-oss's
+    experts use alpha 1.702, limit 7 (build_moe_ffn, LLM_FFN_SWIGLU_OAI_MOE). (..., k) float32 -> same"""
+    g = np.ascontiguousarray(gate, np.float32)
+    u = np.ascontiguousarray(up, np.float32)
+    if g.shape != u.shape:
+        raise ValueError(f"swiglu_oai: gate {g.shape} and up {u.shape} differ")
+    y = np.empty_like(g)
+    _swiglu_oai(g.reshape(-1), u.reshape(-1), _F32(alpha), _F32(limit), y.reshape(-1))
+    return y
+
+
+def add_id(x: np.ndarray, bias: np.ndarray, selected: np.ndarray) -> np.ndarray:
+    """ggml_add_id(x, bias, selected): each slot's row plus its expert's bias row (ggml_vec_add_f32, a float add).
+    x (n, k, m), bias (n_expert, m), selected (n, k) -> (n, k, m)"""
+    return np.add(x, np.asarray(bias, np.float32)[selected], dtype=np.float32)
 
 
 def expert(weight, e: int):

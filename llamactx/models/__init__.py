@@ -20,9 +20,9 @@ from llamactx.memory.hybrid import HybridMemory
 from llamactx.memory.kv_cache import KVCache
 from llamactx.memory.kv_cache_iswa import KVCacheISWA
 from llamactx.memory.recurrent import RecurrentMemory
-from llamactx.models import bert, gemma2, gemma3, granite, lfm2, llama, mamba2, phi3, smollm3
+from llamactx.models import bert, gemma2, gemma3, gpt_oss, granite, lfm2, llama, mamba2, phi3, smollm3
 
-MODULES = (llama, gemma3, mamba2, lfm2, phi3, gemma2, smollm3, granite, bert)
+MODULES = (llama, gemma3, mamba2, lfm2, phi3, gemma2, smollm3, granite, bert, gpt_oss)
 ARCHITECTURES: dict[str, ModuleType] = {name: module for module in MODULES for name in module.ARCHS}
 
 

@@ -17,8 +17,10 @@ from llamactx.ggml.inputs import RopeParams, VisibleCells
 class AttentionInput(Protocol):
     """Stores the ubatch's K/V of a layer (if it has a cache) and attends over what the ubatch may see."""
 
-    def __call__(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, kq_scale: float) -> np.ndarray:
-        """q (n, n_head, d_k), k (n, n_head_kv, d_k), v (n, n_head_kv, d_v) float32 -> (n, n_head * d_v)"""
+    def __call__(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, kq_scale: float,
+                 sinks: np.ndarray | None = None) -> np.ndarray:
+        """q (n, n_head, d_k), k (n, n_head_kv, d_k), v (n, n_head_kv, d_v) float32 -> (n, n_head * d_v).
+        sinks: the layer's attention sinks (n_head,) (build_attn's `sinks`: gpt-oss), or None."""
 
 
 class RecurrentInput(Protocol):
@@ -51,8 +53,9 @@ class LayerMappedAttention:
         self.attn = attn
         self.index = {il: i for i, il in enumerate(layers)}
 
-    def __call__(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, kq_scale: float) -> np.ndarray:
-        return self.attn(self.index[il], q, k, v, kq_scale)
+    def __call__(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, kq_scale: float,
+                 sinks: np.ndarray | None = None) -> np.ndarray:
+        return self.attn(self.index[il], q, k, v, kq_scale, sinks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +123,8 @@ class KVAttention:
             self.mask_swa = visibility_mask(self.view_swa.cell_pos, has_seq, ub.pos, cparams.causal_attn, hp.n_swa)
             self.vis_swa = _visible(self.mask_swa, self.view_swa.cell_pos, exact)
 
-    def __call__(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, kq_scale: float) -> np.ndarray:
+    def __call__(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, kq_scale: float,
+                 sinks: np.ndarray | None = None) -> np.ndarray:
         n = q.shape[0]
         if self.hp.is_swa(il):
             view, mask, vis = self.view_swa, self.mask_swa, self.vis_swa
@@ -128,7 +132,7 @@ class KVAttention:
             view, mask, vis = self.view, self.mask, self.vis
         view.store(il, k.reshape(n, -1), v.reshape(n, -1))
         return self.ops.attention_kv(q, view, il, mask, vis, kq_scale, self.flash, n_threads=self.n_threads,
-                                     softcap=self.hp.f_attn_logit_softcapping)
+                                     softcap=self.hp.f_attn_logit_softcapping, sinks=sinks)
 
 
 def _visible(mask: np.ndarray, cell_pos: np.ndarray, layout_exact: bool) -> VisibleCells:
@@ -153,11 +157,12 @@ class BatchAttention:
         self.mask_swa = (visibility_mask(ub.pos, has_seq, ub.pos, cparams.causal_attn, hp.n_swa)
                          if hp.n_swa else self.mask)
 
-    def __call__(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, kq_scale: float) -> np.ndarray:
+    def __call__(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, kq_scale: float,
+                 sinks: np.ndarray | None = None) -> np.ndarray:
         if not self.hp.causal_attn:  # an encoder (bert): llama.cpp's kernels for the ubatch's f32 K/V, exactly
             return self.ops.attention_no_cache(q, k, v, self.mask, kq_scale, self.flash)
         k16 = k.astype(np.float16).astype(np.float32)
         v16 = v.astype(np.float16).astype(np.float32)
         mask = self.mask_swa if self.hp.is_swa(il) else self.mask
         return self.ops.attention(q, k16, v16, mask, kq_scale, self.flash, "f16",
-                                  softcap=self.hp.f_attn_logit_softcapping)
+                                  softcap=self.hp.f_attn_logit_softcapping, sinks=sinks)

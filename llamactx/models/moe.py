@@ -1,10 +1,13 @@
 """The mixture-of-experts FFN block: llm_graph_context::build_moe_ffn (src/llama-graph.cpp), for the architectures
-whose layers route each token to n_expert_used of n_expert SwiGLU experts (qwen3moe; llama with experts, Mixtral).
+whose layers route each token to n_expert_used of n_expert SwiGLU experts (qwen3moe; llama with experts, Mixtral;
+gpt-oss, whose router and experts have biases and whose experts gate with swiglu_oai).
 
 The graph, as llama.cpp builds it: router logits = ffn_gate_inp x; probabilities (softmax); the top
 n_expert_used (ggml_argsort_top_k); their probabilities as weights, normalized to sum 1; gate and up of each
 selected expert (ggml_mul_mat_id: each expert's rows together), SwiGLU, down; the outputs times their weights,
-added slot by slot. The ops (llamactx.ggml.moe) give each step llama.cpp's bits.
+added slot by slot. With biases (gpt-oss) the router's bias is added to its logits (ggml_add) and each expert
+matmul's output gets its expert's bias row (ggml_add_id). The ops (llamactx.ggml.moe) give each step llama.cpp's
+bits.
 """
 
 from __future__ import annotations
@@ -13,29 +16,51 @@ import numpy as np
 
 from llamactx.hparams import HParams
 
+SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = 1.702, 7.0  # build_moe_ffn's LLM_FFN_SWIGLU_OAI_MOE constants
 
-def expert_tensor_shapes(hp: HParams, b: str, gate_required: bool = True) -> dict[str, tuple[tuple[int, ...], bool]]:
-    """A MoE layer's router and stacked expert tensors (ggml shapes: (ne0, ne1, n_expert))."""
-    return {
+
+def expert_tensor_shapes(hp: HParams, b: str, gate_required: bool = True,
+                         biases: bool = False) -> dict[str, tuple[tuple[int, ...], bool]]:
+    """A MoE layer's router and stacked expert tensors (ggml shapes: (ne0, ne1, n_expert)); with `biases`
+    (gpt-oss) the router's bias (n_expert,) and each expert's output bias (ne1, n_expert), all required."""
+    shapes = {
         b + "ffn_gate_inp.weight": ((hp.n_embd, hp.n_expert), True),
         b + "ffn_gate_exps.weight": ((hp.n_embd, hp.n_ff_exp, hp.n_expert), gate_required),
         b + "ffn_up_exps.weight": ((hp.n_embd, hp.n_ff_exp, hp.n_expert), True),
         b + "ffn_down_exps.weight": ((hp.n_ff_exp, hp.n_embd, hp.n_expert), True),
     }
+    if biases:
+        shapes.update({
+            b + "ffn_gate_inp.bias": ((hp.n_expert,), True),
+            b + "ffn_gate_exps.bias": ((hp.n_ff_exp, hp.n_expert), True),
+            b + "ffn_up_exps.bias": ((hp.n_ff_exp, hp.n_expert), True),
+            b + "ffn_down_exps.bias": ((hp.n_embd, hp.n_expert), True),
+        })
+    return shapes
 
 
 def build_moe_ffn(model, ops, cur: np.ndarray, b: str, norm_w: bool = True, w_scale: float = 0.0,
-                  gating: str = "softmax") -> np.ndarray:
-    """build_moe_ffn with LLM_FFN_SILU for layer prefix `b`. cur (n, n_embd) -> (n, n_embd)"""
+                  gating: str = "softmax", act: str = "silu", biases: bool = False) -> np.ndarray:
+    """build_moe_ffn for layer prefix `b`: act "silu" (LLM_FFN_SILU: SwiGLU, or SiLU without gate experts) or
+    "swiglu_oai" (LLM_FFN_SWIGLU_OAI_MOE); `biases`: the router's and the experts' biases (gpt-oss's
+    ffn_*.bias, `expert_tensor_shapes(biases=True)`). cur (n, n_embd) -> (n, n_embd)"""
     hp = model.hparams
     w = model.weight
     logits = ops.matmul(cur, w(b + "ffn_gate_inp.weight"))  # (n, n_expert)
+    if biases:
+        logits = logits + model.tensors[b + "ffn_gate_inp.bias"]
     selected, weights = ops.moe_route(logits, hp.n_expert_used, gating, norm_w, w_scale)  # (n, k) each
-    up = ops.matmul_id(cur, w(b + "ffn_up_exps.weight"), selected)  # (n, k, n_ff_exp)
-    if model.has_tensor(b + "ffn_gate_exps.weight"):
-        gate = ops.matmul_id(cur, w(b + "ffn_gate_exps.weight"), selected)  # (n, k, n_ff_exp)
-        act = ops.swiglu(gate, up)
+
+    def experts_of(x, part: str) -> np.ndarray:  # ggml_mul_mat_id, then ggml_add_id of the bias rows
+        y = ops.matmul_id(x, w(f"{b}ffn_{part}_exps.weight"), selected)  # (n, k, ne1)
+        return ops.add_id(y, model.tensors[f"{b}ffn_{part}_exps.bias"], selected) if biases else y
+
+    up = experts_of(cur, "up")  # (n, k, n_ff_exp)
+    has_gate = model.has_tensor(b + "ffn_gate_exps.weight")
+    gate = experts_of(cur, "gate") if has_gate else None  # (n, k, n_ff_exp)
+    if act == "swiglu_oai":
+        cur = ops.swiglu_oai(gate, up, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT)
     else:
-        act = ops.silu(up)
-    experts = ops.matmul_id(act, w(b + "ffn_down_exps.weight"), selected)  # (n, k, n_embd)
+        cur = ops.swiglu(gate, up) if has_gate else ops.silu(up)
+    experts = experts_of(cur, "down")  # (n, k, n_embd)
     return ops.moe_sum(experts, weights)  # (n, n_embd)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from llamactx.ggml.attention import _attention, _soft_max, kv_to_f32
+from llamactx.ggml.attention import NO_SINK, _attention, _soft_max, kv_to_f32
 from llamactx.ggml.cpu import F32_EPR
 from llamactx.ggml.intrinsics import round_f16
 from llamactx.ggml.kernels.wide import (
@@ -41,10 +41,12 @@ SPLIT_MIN_CELLS = 512  # few tokens over at least this many cells: attention in 
 
 
 @numba.njit(cache=True)
-def attend(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, out, n_threads):  # pragma: no cover
+def attend(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, out, n_threads,
+           sinks=None):  # pragma: no cover
     """out (n, n_head * d_v) = attention of q (n, n_head * d_k) float32 over the cells each token sees: k (n_kv,
     n_head_kv * d_k) and v (n_kv, n_head_kv * d_v) are an f16 cache's rows as uint16 bits; cells (n, max
-    visible) lists token t's n_cells[t] visible cells in cell order, mask_add their mask values. d_k, d_v
+    visible) lists token t's n_cells[t] visible cells in cell order, mask_add their mask values; sinks (n_head,)
+    each head's attention sink (gpt-oss; ggml.attention.sink_values), None (the graph's attention): none. d_k, d_v
     multiples of 16 (checked by the callers). The query heads of one KV head are computed together, so each
     cell's K and V rows are read once for the group (from L1 for its other heads). Few tokens over many cells
     (decode at depth) run in three passes whose work splits evenly over `n_threads` (`_attend_split`); else each
@@ -52,17 +54,22 @@ def attend(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, out, n_t
     n = q.shape[0]
     if n == 0:
         return
+    if sinks is None:
+        sk = np.full(n_head, NO_SINK, np.float32)
+    else:
+        sk = sinks
     if F32_EPR != 16:
-        _attend_epr8(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, out, n_threads)
+        _attend_epr8(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, out, n_threads, sk)
         return
     if n * n_head_kv < 2 * n_threads and n_cells.max() >= SPLIT_MIN_CELLS:
-        _attend_split(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, out, n_threads)
+        _attend_split(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, out, n_threads, sk)
     else:
-        _attend_groups(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, out, n_threads)
+        _attend_groups(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, out, n_threads, sk)
 
 
 @numba.njit(cache=True)
-def _attend_epr8(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, out, n_threads):  # pragma: no cover
+def _attend_epr8(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, out, n_threads,
+                 sinks):  # pragma: no cover
     """`attend` for a target with 8-lane float vectors (AVX2): tinyBLAS<8, __m256> chains interleave elements
     that this module's 16-lane registers keep apart, so the reference kernel (llamactx.ggml.attention, vectorized
     over cells) computes it."""
@@ -75,7 +82,7 @@ def _attend_epr8(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, ou
     if n_conv:
         kv_to_f32(k, v, n_head_kv, kt, vf)
     _attention(q.reshape(n, n_head, d_k), k, v, n_head_kv, cells, n_cells, scale, mask_add, False,
-               out.reshape(n, n_head, d_v), kt, vf, n_threads * 8, _F32(0.0))
+               out.reshape(n, n_head, d_v), kt, vf, n_threads * 8, _F32(0.0), sinks)
 
 
 @numba.njit(cache=True)
@@ -242,7 +249,8 @@ def _group_values(v, cl, hk, d_v, m, e, p, lanes, vf, out, t):
 
 
 @numba.njit(parallel=True, cache=True)
-def _attend_groups(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, out, n_threads):  # pragma: no cover
+def _attend_groups(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, out, n_threads,
+                   sinks):  # pragma: no cover
     """`attend` with (token, KV head) groups dealt round robin to the threads (rows of a causal prefill see more
     cells the later they come), each with its own scratch."""
     n = q.shape[0]
@@ -271,7 +279,7 @@ def _attend_groups(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, 
             _round_queries(q, t, hk, qv)
             _group_scores(k, cl, mask_add, scale, t, hk, 0, m, qv, w_buf, tmp, kf)
             for g in range(gqa):
-                _soft_max(w_buf[g, :m_pad], m, e_buf[g, :m_pad])
+                _soft_max(w_buf[g, :m_pad], m, e_buf[g, :m_pad], sinks[hk * gqa + g])
             _group_values(v, cl, hk, d_v, m, e_buf, p_buf, lanes, vf, out, t)
 
 
@@ -300,14 +308,14 @@ def _split_scores(q, k, n_head, n_head_kv, cl, n_cells, mask_add, scale, w, n_bl
 
 
 @numba.njit(parallel=True, cache=True)
-def _split_soft_max(w, n_cells, e):  # pragma: no cover
-    """e[t, h] = ggml_vec_soft_max_f32 of w[t, h, :n_cells[t]], one task per (token, head)."""
+def _split_soft_max(w, n_cells, e, sinks):  # pragma: no cover
+    """e[t, h] = ggml_vec_soft_max_f32 of w[t, h, :n_cells[t]] with head h's sink, one task per (token, head)."""
     n, n_head = w.shape[0], w.shape[1]
     for task in numba.prange(n * n_head):
         t, h = task // n_head, task % n_head
         m = n_cells[t]
         m_pad = (m + 63) // 64 * 64
-        _soft_max(w[t, h, :m_pad], m, e[t, h, :m_pad])
+        _soft_max(w[t, h, :m_pad], m, e[t, h, :m_pad], sinks[h])
 
 
 @numba.njit(cache=True, inline="always")
@@ -366,7 +374,8 @@ def _split_reduce(lanes, out):  # pragma: no cover
 
 
 @numba.njit(cache=True)
-def _attend_split(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, out, n_threads):  # pragma: no cover
+def _attend_split(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, out, n_threads,
+                  sinks):  # pragma: no cover
     """`attend` for few tokens over many cells: scores split over cell blocks, softmax per head, kqv split over
     its 16 lanes, then the lanes reduced; the same sums in the same order as `_attend_groups`."""
     n = q.shape[0]
@@ -378,7 +387,7 @@ def _attend_split(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, o
     for t in range(n):
         _slot_cells(cells, t, n_cells[t], cl[t])
     _split_scores(q, k, n_head, n_head_kv, cl, n_cells, mask_add, scale, w, 4 * n_threads)
-    _split_soft_max(w, n_cells, e)
+    _split_soft_max(w, n_cells, e, sinks)
     lanes = np.empty((n, n_head, 16, d_v), np.float32)
     _split_values(v, n_head, n_head_kv, cl, n_cells, e, lanes)
     _split_reduce(lanes, out)

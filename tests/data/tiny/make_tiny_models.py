@@ -2,7 +2,8 @@
 
 One model per architecture or memory variant that no installable package ships small: qwen2 (attention biases),
 qwen3 (q/k RMSNorm), llama with Llama 3's RoPE frequency factors (rope_freqs.weight), llama with YaRN RoPE
-scaling, mamba2 (recurrent memory) and lfm2 (hybrid: short-convolution and attention layers). Each has 2-4
+scaling, mamba2 (recurrent memory), lfm2 (hybrid: short-convolution and attention layers) and gpt-oss (sinks,
+iSWA, biased experts; Q8_0 or MXFP4 experts). Each has 2-4
 layers, n_embd 64, and a 1024-token vocabulary cut from SmolLM2's BPE tokenizer (the first 1024 tokens and the
 merges among them). Matrices are F32, F16 or Q8_0, norms F32.
 
@@ -286,6 +287,55 @@ def dense_family(name: str, arch: str, seed: int, kind: T, n_layer: int) -> Path
     return finish(w)
 
 
+def gpt_oss(name: str, seed: int, kind: T, expert_kind: T) -> Path:
+    """gpt-oss (llamactx/models/gpt_oss.py) at n_embd 64: 4 layers (0 and 2 slide over a window of 8 tokens),
+    4 heads of 32 (2 KV heads; q is 128 wide, not n_embd) with q/k/v/output biases and attention sinks, YaRN RoPE
+    (factor 8 over 256 positions), 8 experts of 64 (2 used) with router and expert biases, and the "gpt-4o"
+    pre-tokenizer over the SmolLM2 vocabulary. The experts' gate and up outputs spread past swiglu_oai's limit of 7;
+    the sinks are about as large as the attention scores, so that both sides of each max are taken."""
+    v = smollm2_vocab()
+    path = OUT / f"tiny-{name}.gguf"
+    w = gguf.GGUFWriter(str(path), "gpt-oss")
+    w.add_name(f"tiny {name}")
+    wt = Weights(w, seed, kind)
+    n_layer, n_head, n_head_kv, head_dim, n_expert, n_ff_exp = 4, 4, 2, 32, 8, 64
+    common(w, wt, dict(v, pre="gpt-4o"), n_layer, n_ff_exp)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_dimension_count(head_dim)
+    w.add_rope_freq_base(150000.0)
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(8.0)
+    w.add_rope_scaling_orig_ctx_len(256)
+    w.add_sliding_window(8)
+    w.add_expert_count(n_expert)
+    w.add_expert_used_count(2)
+    w.add_expert_feed_forward_length(n_ff_exp)
+    wt.vec("output_norm.weight", (N_EMBD,), 1.0)
+    wt.mat("output.weight", N_EMBD, N_VOCAB)
+    n_q, n_kv = n_head * head_dim, n_head_kv * head_dim
+    for il in range(n_layer):
+        b = f"blk.{il}."
+        wt.vec(b + "attn_norm.weight", (N_EMBD,), 1.0)
+        for part, ne1 in (("q", n_q), ("k", n_kv), ("v", n_kv)):
+            wt.mat(f"{b}attn_{part}.weight", N_EMBD, ne1)
+            wt.vec(f"{b}attn_{part}.bias", (ne1,))
+        wt.mat(b + "attn_output.weight", n_q, N_EMBD)
+        wt.vec(b + "attn_output.bias", (N_EMBD,))
+        wt.vec(b + "attn_sinks.weight", (n_head,), 0.5, 1.5)
+        wt.vec(b + "post_attention_norm.weight", (N_EMBD,), 1.0)
+        wt.mat(b + "ffn_gate_inp.weight", N_EMBD, n_expert, scale=4.0 / np.sqrt(N_EMBD), kind=T.F32)
+        wt.vec(b + "ffn_gate_inp.bias", (n_expert,))
+        for part, ne0, ne1, scale in (("gate", N_EMBD, n_ff_exp, 3.0), ("up", N_EMBD, n_ff_exp, 3.0),
+                                      ("down", n_ff_exp, N_EMBD, 0.5)):
+            data = wt.rng.standard_normal((n_expert, ne1, ne0)) * scale / np.sqrt(ne0)  # ggml (ne0, ne1, n_expert)
+            wt.put(f"{b}ffn_{part}_exps.weight", data.astype(np.float32), expert_kind)
+            wt.vec(f"{b}ffn_{part}_exps.bias", (ne1, n_expert), 0.0, 0.5)
+    return finish(w)
+
+
 MODELS = {
     "qwen2": lambda: transformer("qwen2", "qwen2", 1, T.Q8_0, bias=True),
     "qwen3": lambda: transformer("qwen3", "qwen3", 2, T.F16, qk_norm=True),
@@ -302,6 +352,8 @@ MODELS = {
     "gemma2": lambda: dense_family("gemma2", "gemma2", 11, T.F16, 4),
     "smollm3": lambda: dense_family("smollm3", "smollm3", 12, T.F32, 4),
     "granite": lambda: dense_family("granite", "granite", 13, T.Q8_0, 2),
+    "gpt-oss": lambda: gpt_oss("gpt-oss", 14, T.Q8_0, T.Q8_0),
+    "gpt-oss-mxfp4": lambda: gpt_oss("gpt-oss-mxfp4", 15, T.F16, T.MXFP4),  # the released models' expert type
 }
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ Usage: $LLAMACPP/venv/bin/python tests/data/tiny/make_tiny_reference.py [name ..
 Writes tests/data/tiny/<name>.json (tokens, greedy completion) and <name>.npz (logits, float32):
   prompts: for each text, llama.cpp's tokens and the logits of every position ("prompt_<i>", (n, n_vocab))
   greedy: 64 greedy tokens after the first prompt, and the logits that chose each ("greedy", (64, n_vocab))
+  tokenize (gpt-oss, whose vocabulary runs the "gpt-4o" pre-tokenizer): llama.cpp's tokens of TOKENIZE_TEXTS
 """
 
 from __future__ import annotations
@@ -25,6 +26,14 @@ PROMPTS = ["The quick brown fox jumps over the lazy dog.", "Hello, world! 1 2 3"
 # flash attention runs its tiled kernel from 64 tokens of a ubatch: the -fa references add a prompt that long
 LONG_PROMPT = "The quick brown fox jumps over the lazy dog. " * 4 + "Hello, world!"
 N_GREEDY = 64
+# digits, punctuation, case changes, contractions, CJK, accents, emoji, runs of spaces, tabs and newlines
+TOKENIZE_TEXTS = ["In 2024, GPT-4o's tokenizer split 1234567 into 123|456|7 - didn't it? YES I'LL",
+                  "  leading spaces,\ttabs\n\nand  double   spaces  ",
+                  "日本語のテキスト、中文字符，한국어 텍스트!",
+                  "CamelCaseWords and ALLCAPS or mixedCASE: https://example.com/path/to?x=1&y=2",
+                  "naïve café – «quotes» and émojis 🙂👍🏽",
+                  "line1\r\nline2\n\n\n  x/y//z\n /\n"]
+TOKENIZE = ("gpt-oss",)  # the models whose references record TOKENIZE_TEXTS
 
 
 def reference(name: str) -> None:
@@ -54,6 +63,9 @@ def reference(name: str) -> None:
         llm.eval([t])
     out["greedy"] = gen
     arrays["greedy"] = np.stack(rows)
+    if name in TOKENIZE:
+        out["tokenize"] = [{"text": t, "tokens": llm.tokenize(t.encode(), add_bos=False, special=True)}
+                           for t in TOKENIZE_TEXTS]
     OUT.mkdir(exist_ok=True)
     (OUT / f"{name}.json").write_text(json.dumps(out, indent=1))
     np.savez_compressed(OUT / f"{name}.npz", **arrays)
@@ -62,5 +74,6 @@ def reference(name: str) -> None:
 
 if __name__ == "__main__":
     for name in sys.argv[1:] or ["qwen2", "qwen3", "llama3", "yarn", "mamba2", "mamba2-s128", "lfm2", "qwen3moe",
-                                 "mixtral", "phi3", "gemma2", "gemma2-fa", "smollm3", "granite"]:
+                                 "mixtral", "phi3", "gemma2", "gemma2-fa", "smollm3", "granite", "gpt-oss",
+                                 "gpt-oss-fa", "gpt-oss-mxfp4"]:
         reference(name)
