@@ -20,6 +20,7 @@ from llamactx.chat_template import ChatTemplate
 from llamactx.embedded import resolve_model_path
 from llamactx.embedding import Embedder
 from llamactx.engine import Engine
+from llamactx.engine.session_tier import SessionParams
 from llamactx.engine.speculative import SpecParams
 from llamactx.lora import load_adapters
 from llamactx.model import Model
@@ -52,6 +53,9 @@ class RuntimeParams:
     context: Mapping[str, Any] = field(default_factory=dict)  # other ContextParams fields (--rope-freq-base ...)
     spec: SpecParams | None = None  # --spec-type ...: speculative decoding (engine/speculative.py); None: off
     n_ctx_checkpoints: int = 8  # -ctxcp: context checkpoints per slot (engine/checkpoints.py); 0: off
+    # --session-ram, --session-dir, --session-disk: evicted slots' states in RAM, then on disk
+    # (engine/session_tier.py); None: off
+    session: SessionParams | None = None
 
     def context_params(self) -> dict[str, Any]:
         """The ContextParams fields of the engine's context (n_ctx and the slots aside)."""
@@ -72,6 +76,7 @@ class Runtime:
         self.engine = None if params.vocab_only else Engine(self.model, n_slots=params.n_slots, n_ctx=params.n_ctx,
                                                             lora=self.lora, spec=params.spec,
                                                             n_ctx_checkpoints=params.n_ctx_checkpoints,
+                                                            session=params.session,
                                                             **params.context_params())
         self._template: ChatTemplate | None = None
         self._embedder: Embedder | None = None

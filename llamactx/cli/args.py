@@ -94,6 +94,16 @@ def add_context(p: argparse.ArgumentParser, n_ctx: int = 4096, engine: bool = Fa
                        type=non_negative_int, default=8, metavar="N",
                        help="context checkpoints per slot, so that a recurrent or hybrid model (mamba2, lfm2) reuses "
                             "the part of a cached prompt a new one shares (default 8; 0 = off)")
+        p.add_argument("--session-ram", type=float, default=0, metavar="MiB",
+                       help="keep the states of evicted slots in up to this many MiB of RAM, so that a conversation "
+                            "whose prompt starts with one resumes without decoding it again (default 0: off)")
+        p.add_argument("--session-dir", default=None, metavar="DIR",
+                       help="below --session-ram: keep evicted states as files in DIR (several servers may share "
+                            "it), bounded by --session-disk")
+        p.add_argument("--session-disk", type=float, default=0, metavar="MiB",
+                       help="the bound of --session-dir in MiB, least recently used files deleted first")
+        p.add_argument("--session-min-tokens", type=non_negative_int, default=64, metavar="N",
+                       help="store only states of at least N tokens in the session tier (default 64)")
 
 
 # llama.cpp's sampling flags (common/arg.cpp): (flags, SamplingParams field, type, help). Each defaults to None:
@@ -162,8 +172,28 @@ def runtime_params(args: argparse.Namespace, **fields):
                  n_batch=args.batch_size, n_ubatch=args.ubatch_size, n_threads=args.threads,
                  n_threads_batch=args.threads_batch or args.threads, type_k=args.cache_type_k,
                  type_v=args.cache_type_v, flash_attn=args.flash_attn, swa_full=args.swa_full,
-                 n_ctx_checkpoints=args.ctx_checkpoints)
+                 n_ctx_checkpoints=args.ctx_checkpoints, session=session_params(args))
     return RuntimeParams(**{**flags, **fields})
+
+
+def session_params(args: argparse.Namespace):
+    """The SessionParams of --session-ram / --session-dir / --session-disk (MiB), None when neither level is
+    asked for; CommandError for a negative size or a directory without its bound (or the reverse)."""
+    from llamactx.engine.session_tier import SessionParams
+
+    if not args.session_ram and args.session_dir is None and not args.session_disk:
+        return None
+    for flag, value in (("--session-ram", args.session_ram), ("--session-disk", args.session_disk)):
+        if not (math.isfinite(value) and value >= 0):
+            raise CommandError(f"{flag} = {value} must be a number of MiB >= 0")
+    if (args.session_dir is None) != (args.session_disk == 0):
+        raise CommandError("--session-dir and --session-disk go together: the disk level needs a directory and a "
+                           "bound in MiB > 0")
+    if args.session_min_tokens < 1:
+        raise CommandError(f"--session-min-tokens = {args.session_min_tokens} must be >= 1")
+    mib = 1 << 20
+    return SessionParams(ram_bytes=int(args.session_ram * mib), disk_dir=args.session_dir,
+                         disk_bytes=int(args.session_disk * mib), min_tokens=args.session_min_tokens)
 
 
 def flash_attn_type(value: str) -> str:

@@ -4,6 +4,8 @@ nano-vllm's engine/).
     text_stream.py   TextStream: token bytes -> printable text, stop strings held back
     sequence.py      Sequence: one request's state (tokens, n_past, sampler, limits, finish reason)
     prefix_cache.py  PrefixCache: the slots (context sequences), what each holds, prefix sharing, LRU eviction
+    session_tier.py  SessionTier: evicted slots' states in RAM, then on disk, restored by token prefix
+    state_store.py   StateRam, StateDisk: sequence states in RAM and as files, bounded in bytes, LRU
     scheduler.py     Scheduler: waiting / running queues, admission, chunked prefill, preemption (decides only)
     engine.py        Engine.step(): schedule -> one Batch -> decode -> sample -> post-process (and verify drafts)
     speculative.py   SpecParams, Speculator: speculative decoding's drafters and parameters (common/speculative.cpp)
@@ -21,8 +23,10 @@ from llamactx.engine.sequence import (
     SequenceStatus,
     Timings,
 )
+from llamactx.engine.session_tier import SessionParams
 from llamactx.engine.speculative import NgramParams, SpecParams, SpecParamsError
 from llamactx.engine.text_stream import TextStream
 
 __all__ = ["Chunk", "Completion", "Engine", "EngineError", "EngineStats", "GenerationError", "Limits", "NgramParams",
-           "Sequence", "SequenceStatus", "SpecParams", "SpecParamsError", "StepOutput", "TextStream", "Timings"]
+           "Sequence", "SequenceStatus", "SessionParams", "SpecParams", "SpecParamsError", "StepOutput", "TextStream",
+           "Timings"]

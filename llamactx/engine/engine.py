@@ -34,6 +34,7 @@ from llamactx.cparams import ContextParams
 from llamactx.engine.checkpoints import CheckpointParams
 from llamactx.engine.scheduler import Scheduled, Scheduler
 from llamactx.engine.sequence import Chunk, EngineError, Limits, Sequence
+from llamactx.engine.session_tier import SessionParams, SessionTier
 from llamactx.engine.speculative import SpecParams, Speculator
 from llamactx.memory import MemoryOpError
 from llamactx.model import Model
@@ -76,14 +77,18 @@ class Engine:
     context is n_ctx / n_slots (llama-server with an explicit -np). `spec`: speculative decoding (None: off).
     `n_ctx_checkpoints` (llama-server's --ctx-checkpoints, 0 = off) and `checkpoint_max_bytes`: per slot, the
     context checkpoints that let a recurrent or hybrid memory reuse part of a cached prompt (engine/checkpoints.py).
-    Raises EngineError for a bad argument."""
+    `session`: the session tier below the slots, in RAM and on disk, that evicted slots' states go to and come
+    back from (engine/session_tier.py; None or nothing enabled: off). Raises EngineError for a bad argument."""
 
     def __init__(self, model: Model, n_slots: int = 1, n_ctx: int = 4096, lora=(), spec: SpecParams | None = None,
-                 n_ctx_checkpoints: int = 8, checkpoint_max_bytes: int = 256 << 20, **context_params):
+                 n_ctx_checkpoints: int = 8, checkpoint_max_bytes: int = 256 << 20,
+                 session: SessionParams | None = None, **context_params):
         if not 1 <= n_slots <= 256:
             raise EngineError(f"n_slots = {n_slots} is outside [1, 256]")
         if spec is not None and not isinstance(spec, SpecParams):
             raise EngineError(f"spec: expected SpecParams or None, got {type(spec).__name__}")
+        if session is not None and not isinstance(session, SessionParams):
+            raise EngineError(f"session: expected SessionParams or None, got {type(session).__name__}")
         self.model = model
         context_params.setdefault("kv_unified", True)
         self.ctx = Context(model, ContextParams(n_ctx=n_ctx, n_seq_max=n_slots, **context_params))
@@ -93,9 +98,11 @@ class Engine:
         # Q4_K / Q6_K weights: a ubatch of at most GEMV_ROWS rows runs every row as one alone (speculative.py)
         self._max_draft = None if _row_invariant(model) else GEMV_ROWS - 1
         p = self.ctx.params
+        enabled = session is not None and session.enabled and self.ctx.memory is not None
+        self.session = SessionTier(self.ctx, session) if enabled else None
         self.scheduler = Scheduler(self.ctx.memory, n_slots, p.n_batch, p.n_ubatch,
                                    self._draft if self.speculator is not None else None,
-                                   CheckpointParams(n_ctx_checkpoints, checkpoint_max_bytes))
+                                   CheckpointParams(n_ctx_checkpoints, checkpoint_max_bytes), self.session)
         self.set_adapters_lora(lora)
         self.stats = EngineStats()
 

@@ -11,6 +11,10 @@ recently used when memory runs short.
 A memory that cannot keep a partial prefix (recurrent, hybrid) reuses a slot's whole history, or else the latest
 context checkpoint (engine/checkpoints.py) that starts the new prompt: its state is restored (from this slot, or
 from another slot whose cells are shared up to it) and only the rest of the prompt is decoded.
+
+With a session tier (engine/session_tier.py), what a slot loses (evicted, or cut back for a prompt that diverges
+from it) is first stored there, and a prompt that starts with a stored state longer than anything the cells give
+it gets that state back and decodes only the rest.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from dataclasses import dataclass, field
 
 from llamactx.engine.checkpoints import CHECKPOINT_TAIL, Checkpoint, CheckpointParams, Checkpoints
 from llamactx.engine.sequence import Sequence
+from llamactx.engine.session_tier import SessionTier
 from llamactx.memory import Memory
 from llamactx.state_io import StateError
 
@@ -52,8 +57,11 @@ def common_prefix(a: Seq[int], b: Seq[int]) -> int:
 class PrefixCache:
     """The slots of one context and the tokens each holds. Acts on the memory only through seq_rm / seq_cp."""
 
-    def __init__(self, memory: Memory, n_slots: int, checkpoints: CheckpointParams | None = None):
+    def __init__(self, memory: Memory, n_slots: int, checkpoints: CheckpointParams | None = None,
+                 tier: SessionTier | None = None):
+        """`tier`: where the states of evicted slots go and come back from (None: they are dropped)."""
         self.memory = memory
+        self.tier = tier
         self.ckpt_params = checkpoints or CheckpointParams()
         self.slots = [Slot(i, checkpoints=Checkpoints(self.ckpt_params)) for i in range(n_slots)]
         self._tick = itertools.count(1)
@@ -93,18 +101,36 @@ class PrefixCache:
         """The longest prefix of `prompt` that some slot holds in memory now."""
         return max((common_prefix(prompt, s.held) for s in self.slots), default=0)
 
+    def n_reused(self, prompt: Seq[int], cache_prompt: bool = True) -> int:
+        """How many of `prompt`'s tokens `acquire` would find in cells memory holds already: the longest prefix a
+        slot holds, or none when the session tier has a longer one (its state is loaded into new cells)."""
+        if not cache_prompt:
+            return 0
+        have = self.best_prefix(prompt)
+        return 0 if self.tier is not None and self.tier.find(prompt, len(prompt) - 1) > have else have
+
     def acquire(self, seq: Sequence, id_slot: int = -1, cache_prompt: bool = True) -> None:
         """Give `seq` an idle slot (`id_slot` if >= 0) and the longest cached prefix of its tokens: its own
-        slot's cache, or cells shared from another slot. Sets seq.seq_id, n_past and n_cached. The last token of
-        the prompt is always left to decode, so that its logits exist. Raises ValueError if no slot is idle."""
+        slot's cache, cells shared from another slot, a checkpoint, or a state from the session tier. Sets
+        seq.seq_id, n_past and n_cached. The last token of the prompt is always left to decode, so that its
+        logits exist. Raises ValueError if no slot is idle."""
         prompt = seq.tokens
         limit = len(prompt) - 1
         slot = self._choose(prompt, id_slot)
+        if not cache_prompt or common_prefix(prompt, slot.tokens) < len(slot.tokens):
+            self._store(slot)  # the slot is about to lose some of what it holds
         n_keep = self._reusable(prompt, slot, slot.tokens, limit) if cache_prompt else 0
         donor, n_shared = self._donor(prompt, slot, limit) if cache_prompt else (None, 0)
         src, ckpt = self._checkpoint(prompt, slot, limit) if cache_prompt else (None, None)
         mem = self.memory
-        if ckpt is not None and ckpt.n_tokens > max(n_keep, n_shared):
+        n_cells = max(n_keep, n_shared, ckpt.n_tokens if ckpt is not None else 0)
+        n_tier = 0
+        if self.tier is not None and cache_prompt:  # a stored state longer than what the cells give, if any
+            n_tier = self.tier.restore(slot.seq_id, prompt, n_cells, limit)
+        if n_tier:
+            n_keep = n_tier
+            slot.checkpoints.clear()
+        elif ckpt is not None and ckpt.n_tokens > max(n_keep, n_shared):
             n_keep = self._restore(slot, src, ckpt)
         elif donor is not None and n_shared >= max(n_keep + 1, MIN_SHARED):
             mem.seq_rm(slot.seq_id)
@@ -203,10 +229,20 @@ class PrefixCache:
         if not idle:
             return False
         slot = min(idle, key=lambda s: s.last_used)
+        self._store(slot)
         self.memory.seq_rm(slot.seq_id)
         slot.tokens = []
         slot.checkpoints.clear()
         return True
+
+    def _store(self, slot: Slot) -> None:
+        """Keep an idle slot's state in the session tier before its cells go, where it can be continued at its
+        end (long enough ones only: the tier's min_tokens)."""
+        n, seq_id = len(slot.tokens), slot.seq_id
+        if self.tier is None or slot.holder is not None or not n:
+            return
+        if self.memory.seq_pos_max(seq_id) == n - 1 and self.memory.can_continue(seq_id, n):
+            self.tier.store(seq_id, slot.tokens)
 
     def clear_slot(self, seq_id: int) -> None:
         """Forget an idle slot's cache (POST /slots/{id}?action=erase)."""

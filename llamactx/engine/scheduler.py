@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from llamactx.engine.checkpoints import CheckpointParams
 from llamactx.engine.prefix_cache import PrefixCache, common_prefix
 from llamactx.engine.sequence import Sequence, SequenceStatus
+from llamactx.engine.session_tier import SessionTier
 from llamactx.memory import Memory
 
 
@@ -46,18 +47,19 @@ class Scheduler:
 
     def __init__(self, memory: Memory, n_slots: int, n_batch: int, n_ubatch: int | None = None,
                  drafter: Callable[[Sequence, int], list[int]] | None = None,
-                 checkpoints: CheckpointParams | None = None):
+                 checkpoints: CheckpointParams | None = None, tier: SessionTier | None = None):
         """`drafter(seq, n_max)`: at most n_max draft tokens to verify after a generating sequence's pending token
         (None: no speculative decoding). Drafts are kept within the first `n_ubatch` tokens of the batch, so that a
         sequence's verified tokens are placed in one ubatch (an iSWA cache then never reuses a cell that its next
         token, after a rejection, still attends to). `checkpoints`: the slots' context checkpoints (None: the
-        defaults); while they are taken, a prompt chunk ends where one is due (PrefixCache.checkpoint_at)."""
+        defaults); while they are taken, a prompt chunk ends where one is due (PrefixCache.checkpoint_at).
+        `tier`: the session tier evicted slots' states go to (None: none)."""
         self.memory = memory
         self.n_slots = n_slots
         self.n_batch = n_batch
         self.n_ubatch = n_batch if n_ubatch is None else min(n_ubatch, n_batch)
         self.drafter = drafter
-        self.cache = PrefixCache(memory, n_slots, checkpoints)
+        self.cache = PrefixCache(memory, n_slots, checkpoints, tier)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the last is the youngest
         self.n_preempted = 0
@@ -131,19 +133,19 @@ class Scheduler:
 
     def _admit(self, seq: Sequence) -> bool:
         """Give the head of the queue a slot if the cells its uncached prompt needs fit beside what the running
-        sequences still need (evicting idle caches if that makes it fit). A request whose prompt starts with
-        what a running request is still prefilling waits for that prefill, then shares its cells."""
+        sequences still need (evicting idle caches if that makes it fit; a state the session tier restores takes
+        new cells). A request whose prompt starts with what a running request is still prefilling waits for that
+        prefill, then shares its cells."""
         if seq.id_slot >= 0 and self.cache.slots[seq.id_slot].holder is not None:
             return False  # the slot it asked for is busy: it waits for it
         have = self.cache.best_prefix(seq.tokens) if seq.cache_prompt else 0
         if any(not other.is_generating and common_prefix(seq.tokens, other.tokens) > have + 1
                for other in self.running):
             return False
-        reserved = sum(len(s.pending) for s in self.running)
-        while not self.memory.can_fit(reserved + len(seq.tokens) - have, 0):
+        needed = sum(len(s.pending) for s in self.running) + len(seq.tokens)
+        while not self.memory.can_fit(needed - self.cache.n_reused(seq.tokens, seq.cache_prompt), 0):
             if not self.cache.evict_one():
                 return False
-            have = self.cache.best_prefix(seq.tokens) if seq.cache_prompt else 0
         self.cache.acquire(seq, seq.id_slot, seq.cache_prompt)
         if seq.t_admitted is None:
             seq.t_admitted = time.perf_counter()

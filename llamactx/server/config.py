@@ -127,6 +127,10 @@ class ServerState:
                 if self.loras:
                     self.set_lora_scales(self.engine, scales)  # the engine thread has not started yet
             prompt_cache = PromptCache(c.cache_ram, c.cache_idle_slots, rt.kv_unified) if c.cache_ram else None
+            if rt.session is not None and self.engine.session is not None:
+                s = rt.session
+                log.info("session tier: %s MiB in RAM%s, states of %d+ tokens", s.ram_bytes >> 20,
+                         f", {s.disk_bytes >> 20} MiB in {s.disk_dir}" if s.disk_dir else "", s.min_tokens)
             self.worker = EngineWorker(self.engine, rt.n_slots + c.max_queue, c.timeout, prompt_cache)
             self.worker.start()
             self.ready.set()

@@ -7,18 +7,20 @@ asked for, else the idle slot whose tokens share the most of the prompt (over 10
 used one, whose context is then saved here ("updating prompt cache") and replaced by the cached prompt that best
 matches the new one. With idle-slot caching on (the default with --cache-ram), launching a request also saves
 every other idle slot here and, with a unified KV pool, clears it, so its cells go to the running requests and
-it comes back from RAM when asked for. The states are the context's sequence states (`state_seq_get_data`);
-the oldest go first past N MiB. Everything here runs on the engine thread, through the engine's slot API.
+it comes back from RAM when asked for. The states are the context's sequence states (`state_seq_get_data`),
+held in the engine's one store of states in RAM (engine/state_store.py `StateRam`, which the session tier's RAM
+level is too); the oldest go first past N MiB. Everything here runs on the engine thread, through the engine's
+slot API.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-from dataclasses import dataclass
 
 from llamactx.engine import Engine
 from llamactx.engine.prefix_cache import common_prefix
+from llamactx.engine.state_store import SessionEntry, StateRam
 from llamactx.errors import LlamactxError
 
 log = logging.getLogger("llamactx.server")
@@ -26,20 +28,14 @@ log = logging.getLogger("llamactx.server")
 SLOT_PROMPT_SIMILARITY = 0.1  # llama-server's --slot-prompt-similarity default
 
 
-@dataclass(slots=True)
-class CachedPrompt:
-    tokens: list[int]
-    state: bytes  # state_seq_get_data of the slot that held them
-
-
 class PromptCache:
     """Saved slot states, oldest first, at most `limit_mib` MiB of them (< 0: no limit)."""
 
     def __init__(self, limit_mib: float, cache_idle_slots: bool, kv_unified: bool):
-        self.limit = int(limit_mib * 1024 * 1024) if limit_mib > 0 else 0  # 0: no limit (--cache-ram -1)
+        # by their tokens, oldest first; a bound of 0 is no limit (--cache-ram -1)
+        self.states = StateRam(int(limit_mib * 1024 * 1024) if limit_mib > 0 else 0)
         self.cache_idle_slots = cache_idle_slots
         self.kv_unified = kv_unified
-        self.states: list[CachedPrompt] = []
         self._tick = itertools.count(1)
         self._last_used: dict[int, int] = {}
         self._reserved: set[int] = set()  # slots given to requests added since the last step (not yet running)
@@ -50,7 +46,7 @@ class PromptCache:
 
     @property
     def size(self) -> int:
-        return sum(len(s.state) for s in self.states)
+        return self.states.nbytes
 
     def launch(self, engine: Engine, prompt: list[int], id_slot: int) -> int:
         """Before `prompt` is added to the engine: choose its slot (the id to add it with; -1 when no slot is
@@ -107,16 +103,16 @@ class PromptCache:
     def _save(self, engine: Engine, slot: int) -> bool:
         """server_prompt_cache::alloc: False for an empty slot, one already held whole, or one over the limit."""
         tokens = engine.slot_tokens(slot)
-        if not tokens or any(common_prefix(s.tokens, tokens) == len(tokens) for s in self.states):
+        if not tokens or any(common_prefix(s.tokens, tokens) == len(tokens) for _, s in self.states.items()):
             return False
-        state = engine.ctx.state_seq_get_data(slot)
-        if self.limit and len(state) > self.limit:
-            log.warning("prompt state of %d bytes exceeds --cache-ram, not cached", len(state))
+        entry = SessionEntry(tuple(tokens), engine.ctx.state_seq_get_data(slot))
+        if not self.states.fits(entry):
+            log.warning("prompt state of %d bytes exceeds --cache-ram, not cached", entry.nbytes)
             return False
-        self.states = [s for s in self.states if common_prefix(s.tokens, tokens) < len(s.tokens)]  # obsolete
-        while self.states and self.limit and self.size + len(state) > self.limit:
-            self.states.pop(0)
-        self.states.append(CachedPrompt(tokens, state))
+        for key, s in self.states.items():
+            if common_prefix(s.tokens, tokens) == len(s.tokens):  # obsolete: the new one holds all of it
+                self.states.pop(key)
+        self.states.put(entry.tokens, entry)  # the oldest go past the limit
         return True
 
     def _load(self, engine: Engine, slot: int, prompt: list[int]) -> None:
@@ -127,7 +123,7 @@ class PromptCache:
         f_keep_best = lcp / len(held) if held else -1.0
         f_sim_best = lcp / len(prompt)
         best = None
-        for s in self.states:
+        for _, s in self.states.items():
             n = common_prefix(s.tokens, prompt)
             f_keep, f_sim = n / len(s.tokens), n / len(prompt)
             if f_keep >= 0.25 and f_keep > f_keep_best and f_sim > f_sim_best:
@@ -140,5 +136,5 @@ class PromptCache:
         except LlamactxError as e:  # memory unchanged: the slot simply starts empty
             log.warning("could not restore a cached prompt into slot %d: %s", slot, e)
             return
-        engine.set_slot_tokens(slot, best.tokens)
-        self.states.remove(best)
+        engine.set_slot_tokens(slot, list(best.tokens))
+        self.states.pop(best.tokens)
