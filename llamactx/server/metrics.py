@@ -43,13 +43,22 @@ class Metrics:
     def render(self, snap: Snapshot) -> bytes:
         """Prometheus' text exposition, written as llama-server writes it (its names kept as they are: a counter
         such as n_tokens_max has no _total); starts the next throughput window."""
+        lines = []
+        for name, kind, doc, value in self.rows(snap):
+            lines += [f"# HELP llamacpp:{name} {doc}", f"# TYPE llamacpp:{name} {kind}", sample(name, value)]
+        return ("\n".join(lines) + "\n").encode()
+
+    def rows(self, snap: Snapshot) -> list[tuple[str, str, str, float]]:
+        """`collect`'s rows, the throughput gauges over the window since the previous call (which this starts)."""
         with self._lock:
             start, self._window_start = self._window_start, snap.stats
-        lines = []
-        for name, kind, doc, value in collect(snap, start):
-            shown = repr(float(value)) if isinstance(value, float) else str(int(value))
-            lines += [f"# HELP llamacpp:{name} {doc}", f"# TYPE llamacpp:{name} {kind}", f"llamacpp:{name} {shown}"]
-        return ("\n".join(lines) + "\n").encode()
+        return collect(snap, start)
+
+
+def sample(name: str, value: float, labels: str = "") -> str:
+    """One sample line: `llamacpp:<name>{labels} <value>` (labels: "" or 'key="value",...')."""
+    shown = repr(float(value)) if isinstance(value, float) else str(int(value))
+    return f"llamacpp:{name}{{{labels}}} {shown}" if labels else f"llamacpp:{name} {shown}"
 
 
 def _rate(n: float, t_ms: float) -> float:
