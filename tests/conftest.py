@@ -16,6 +16,18 @@ DATA = Path(__file__).parent / "data"
 # AVX-512 build's, and avx2/ the AVX2 build's; the tests compare with the one of the arithmetic they run
 VARIANT = str(arithmetic()["variant"])
 VARIANT_DIR = "avx2" if VARIANT == "avx2" else "."
+# the AVX-512 build with GCC's AMD tuning (native on Zen 4/5) sums ggml_vec_dot_f32's tail without the Intel
+# build's epilogue (llamactx.ggml.vec.dot_vec): the references that this changes are in a znver/ folder beside them
+TAIL_DIR = "znver" if VARIANT == "avx512-znver" else None
+
+
+def reference_path(base: Path, name: str) -> Path:
+    """The reference file `name` of folder `base` for this run's arithmetic: base/znver/name on the AMD-tuned
+    AVX-512 build where that exists (a reference that depends on the f32 dot product's tail), else
+    base/VARIANT_DIR/name."""
+    if TAIL_DIR is not None and (base / TAIL_DIR / name).exists():
+        return base / TAIL_DIR / name
+    return base / VARIANT_DIR / name
 REFERENCE_DIRS = {"smollm2": DATA / "smollm2-135m-instruct-q4_1" / VARIANT_DIR,
                   "gemma3": DATA / "gemma3-270m-q4_k_m" / VARIANT_DIR}
 

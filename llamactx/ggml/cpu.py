@@ -5,7 +5,8 @@ The **target** is the CPU numba compiles for: the host, or `NUMBA_CPU_NAME` (an 
 the VNNI kernel path (`vpdpbusd` on 256-bit vectors needs AVX512-VNNI + AVX512-VL, Ice Lake / Zen 4 and newer, or
 AVX-VNNI, Alder Lake and newer) and the arithmetic that depends on the ISA (`arithmetic()`): ggml's float vector
 width `F32_EPR` (16 lanes with AVX-512, 8 with AVX2), which orders its float sums, and flash attention's f16
-accumulator in half precision with AVX512-FP16. So one machine builds and tests for another CPU that it can run:
+accumulator in half precision with AVX512-FP16; and its CPU name, which decides GCC's tuning of the f32 dot
+product's tail (`F32_TAIL_EPILOGUE`: Intel or AMD). So one machine builds and tests for another CPU that it can run:
 a target whose features the host lacks is refused (its code would stop on an illegal instruction).
 
 numba compiles for `NUMBA_CPU_NAME` with the *host's* features unless `NUMBA_CPU_FEATURES` is set, which would make
@@ -111,6 +112,13 @@ _TARGET = _configure_numba()
 # compile-time constant of the kernels; numba's cache keys them by the target's CPU name and features.
 F32_EPR = 16 if "avx512f" in _TARGET[1] else 8
 
+# How GCC vectorized the tail of ggml_vec_dot_f32 (`sumf += x[i]*y[i]` over the last n % 64 elements) in the
+# AVX-512 build: 8 at a time, and with Intel tuning (native on Emerald Rapids) 4 more when more than 4 remain after
+# 2+ blocks; with AMD tuning (native on Zen 4/5: GCC 12's -march=native is znver3 + the AVX-512 flags) no such
+# epilogue. The compiler's tuning, not the ISA, decides it, so it follows the target's LLVM CPU name
+# (docs/numerics.md). A compile-time constant of dot_vec, like F32_EPR.
+F32_TAIL_EPILOGUE = F32_EPR == 16 and not _TARGET[0].startswith("znver")
+
 
 def check_target() -> None:
     """Raise TargetError (one line for the user) if NUMBA_CPU_NAME / NUMBA_CPU_FEATURES cannot be used here."""
@@ -136,21 +144,27 @@ def arithmetic() -> dict[str, object]:
     "f32_epr": ggml's float vector width (16 AVX-512, 8 AVX2), which orders softmax, SiLU, f16 dot products and
     tinyBLAS sums. "fp16_accumulator": flash attention's one-chunk kernel accumulates in half precision (ggml built
     with AVX512-FP16). "bf16_dot": BF16 weights are multiplied with `_mm512_dpbf16_ps` (ggml built with
-    AVX512_BF16, llamactx.ggml.vecdot_bf16; its tests' reference folder is that build's). "variant": the name of
-    that arithmetic ("avx512-fp16", "avx512", "avx2"), which picks the tests' references. "build": the llama.cpp
-    build whose logits llamactx's equal on this target."""
+    AVX512_BF16, llamactx.ggml.vecdot_bf16; its tests' reference folder is that build's). "f32_tail_epilogue":
+    ggml_vec_dot_f32's tail has GCC's 4-wide epilogue (an AVX-512 build with Intel tuning; F32_TAIL_EPILOGUE).
+    "variant": the name of that arithmetic ("avx512-fp16", "avx512", "avx512-znver", "avx2"), which picks the
+    tests' references. "build": the llama.cpp build whose logits llamactx's equal on this target."""
     feats = cpu_features()
     fp16 = bool(feats["avx512fp16"])
     if F32_EPR == 16:
         variant = "avx512-fp16" if fp16 else "avx512"
-        build = "GGML_AVX512=ON with AVX512-FP16 (native on Sapphire Rapids and newer, without AMX)" if fp16 else \
-            "GGML_AVX512=ON without AVX512-FP16 (native on Zen 4/5, Ice Lake, Cascade Lake)"
+        build = "AVX-512 with AVX512-FP16, without AMX" if fp16 else "AVX-512 without AVX512-FP16"
+        if F32_TAIL_EPILOGUE:
+            build += ", the f32 dot product's tail as GCC 12 tunes it for Intel (native on Emerald Rapids)"
+        else:
+            variant += "-znver"
+            build += ", the f32 dot product's tail as GCC 12 tunes it for AMD (native on Zen 4/5)"
     else:
         variant = "avx2"
         build = "GGML_NATIVE=OFF GGML_AVX=ON GGML_AVX2=ON GGML_FMA=ON GGML_F16C=ON (native on Haswell to Raptor " \
             "Lake, Zen 1-3)"
     bf16_dot = F32_EPR == 16 and bool(feats["avx512bf16"])
-    return {"f32_epr": F32_EPR, "fp16_accumulator": fp16, "bf16_dot": bf16_dot, "variant": variant, "build": build}
+    return {"f32_epr": F32_EPR, "fp16_accumulator": fp16, "bf16_dot": bf16_dot,
+            "f32_tail_epilogue": F32_TAIL_EPILOGUE, "variant": variant, "build": build}
 
 
 def path_for(environ: Mapping[str, str]) -> str:

@@ -24,7 +24,7 @@ import math
 import numba
 import numpy as np
 
-from llamactx.ggml.cpu import F32_EPR
+from llamactx.ggml.cpu import F32_EPR, F32_TAIL_EPILOGUE
 from llamactx.ggml.intrinsics import f16_bits, fma32, pow2_f64
 from llamactx.ggml.libm import libm
 
@@ -187,11 +187,12 @@ def dot_vec(a, b, acc, tail_in_double):  # pragma: no cover - compiled
     """ggml_vec_dot_f16 / ggml_vec_dot_f32 (ggml-cpu/vec.cpp): 4 x F32_EPR FMA lanes over the first
     n & ~(4 F32_EPR - 1) elements, reduced (0+2), (1+3), (0+1), then `_mm512_reduce_add_ps` (AVX-512) or
     `reduce_hadd8` (AVX2); the tail is summed in double (f16) or, for f32, as GCC compiles `sumf += x[i]*y[i]`: 8
-    (AVX-512 build) or 4 (AVX2 build) at a time vectorized (the products rounded, then added in order), in the
-    AVX-512 build then 4 more the same way when that loop ran at least twice and more than 4 remain (GCC's
-    vectorized epilogue, as measured), the rest fused (FMA). Checked against llama.cpp's LoRA B matmuls of ranks
-    4-88 (F32, k = rank: tails 5-24) and BERT's mean pooling (k = tokens: tails 3-31,
-    tests/models/test_tiny_bert.py), both builds.
+    (AVX-512 build) or 4 (AVX2 build) at a time vectorized (the products rounded, then added in order), the rest
+    fused (FMA). With Intel tuning (F32_TAIL_EPILOGUE: the AVX-512 build native on Emerald Rapids) 4 more are
+    summed the same way when the 8-wide loop ran at least twice and more than 4 remain (GCC's vectorized epilogue);
+    with AMD tuning (native on Zen 4/5) not. Checked against llama.cpp's LoRA B matmuls of ranks 4-88 (F32,
+    k = rank: tails 5-24), BERT's mean pooling (k = tokens: tails 3-31, tests/models/test_tiny_bert.py), both
+    builds, and the Zen 4 build's ggml_vec_dot_f32 itself for n = 1..200 (tests/ggml/test_vec_dot_f32_tail.py).
     `acc`: scratch of 64 floats."""
     n = a.shape[0]
     step = 4 * F32_EPR
@@ -211,11 +212,20 @@ def dot_vec(a, b, acc, tail_in_double):  # pragma: no cover - compiled
         for i in range(np_, n):
             s += np.float64(a[i] * b[i])
         return _F32(s)
-    w = 8 if F32_EPR == 16 else 4  # GCC vectorizes the tail 8 (AVX-512 build) or 4 (AVX2 build) at a time
-    n8 = np_ + (n - np_) // w * w
-    if F32_EPR == 16 and n8 - np_ >= 16 and n - n8 > 4:  # AVX-512 build: an epilogue of 4 more after 2+ blocks
+    return f32_tail(a, b, np_, sf, F32_TAIL_EPILOGUE)
+
+
+@numba.njit(cache=True)
+def f32_tail(a, b, start, sf, epilogue):  # pragma: no cover - compiled
+    """sf + a[start:] . b[start:] as GCC vectorized ggml_vec_dot_f32's `sumf += x[i]*y[i]`: w = 8 (AVX-512 build)
+    or 4 (AVX2) at a time, each product rounded and added in order, then (`epilogue`, Intel tuning) 4 more the same
+    way when the w-wide loop ran at least twice and more than 4 remain, then the rest fused (FMA)."""
+    n = a.shape[0]
+    w = 8 if F32_EPR == 16 else 4
+    n8 = start + (n - start) // w * w
+    if epilogue and n8 - start >= 16 and n - n8 > 4:
         n8 += 4
-    for i in range(np_, n8):
+    for i in range(start, n8):
         sf = _F32(sf + _F32(a[i] * b[i]))
     for i in range(n8, n):
         sf = fma32(a[i], b[i], sf)

@@ -12,10 +12,11 @@ from llamactx.cli import main
 
 
 def _bert_reference():
-    from tests.models.tiny import TINY, TINY_REF
+    from tests.conftest import reference_path
+    from tests.models.tiny import TINY
 
-    ref = json.loads((TINY_REF / "bert.json").read_text())
-    with np.load(TINY_REF / "bert.npz") as npz:
+    ref = json.loads(reference_path(TINY, "bert.json").read_text())
+    with np.load(reference_path(TINY, "bert.npz")) as npz:
         arrays = {k: npz[k] for k in npz.files}
     return str(TINY / "tiny-bert.gguf"), ref, arrays
 

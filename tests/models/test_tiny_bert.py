@@ -17,7 +17,8 @@ from llamactx.engine.sequence import EngineError
 from llamactx.hparams import ModelLoadError
 from llamactx.sampling import SamplerChain, SamplingParams
 from llamactx.state_io import StateError
-from tests.models.tiny import TINY, TINY_REF
+from tests.conftest import reference_path
+from tests.models.tiny import TINY
 
 POOLINGS = ("none", "mean", "cls", "last")
 FLASH = {"fa": "enabled", "nofa": "disabled"}
@@ -30,12 +31,12 @@ def bert() -> Model:
 
 @pytest.fixture(scope="module")
 def ref() -> dict:
-    return json.loads((TINY_REF / "bert.json").read_text())
+    return json.loads(reference_path(TINY, "bert.json").read_text())
 
 
 @pytest.fixture(scope="module")
 def npz() -> dict[str, np.ndarray]:
-    with np.load(TINY_REF / "bert.npz") as f:
+    with np.load(reference_path(TINY, "bert.npz")) as f:
         return {k: f[k] for k in f.files}
 
 

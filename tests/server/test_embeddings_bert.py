@@ -13,7 +13,8 @@ import openai
 import pytest
 
 from llamactx.embedding import embd_normalize
-from tests.models.tiny import TINY, TINY_REF
+from tests.conftest import reference_path
+from tests.models.tiny import TINY
 from tests.server.conftest import Running, running_server
 
 
@@ -29,8 +30,8 @@ def client(bert_server):
 
 
 def test_embeddings_are_llama_cpps_vectors(client):
-    ref = json.loads((TINY_REF / "bert.json").read_text())
-    with np.load(TINY_REF / "bert.npz") as npz:
+    ref = json.loads(reference_path(TINY, "bert.json").read_text())
+    with np.load(reference_path(TINY, "bert.npz")) as npz:
         # the server's default flash attention is llama.cpp's -fa auto: on for a CPU
         expected = [embd_normalize(npz[f"fa_mean_{i}"]) for i in (0, 2)]
     out = client.embeddings.create(model="tiny-bert", input=[ref["texts"][0], ref["texts"][2]])

@@ -2,7 +2,9 @@
 llama-cpp-python 0.3.36 built from the tree behind every reference here (build 0c1e570).
 
 Usage: $LLAMACPP/venv/bin/python tests/data/tiny/make_tiny_bert_reference.py
-(REFERENCE_VARIANT=avx2 with LLAMA_CPP_LIB_PATH at llama.cpp built for AVX2 writes into avx2/ instead.)
+(REFERENCE_VARIANT=avx2 with LLAMA_CPP_LIB_PATH at llama.cpp built for AVX2 writes into avx2/ instead, and
+REFERENCE_VARIANT=znver, llama.cpp built natively on Zen 4/5, into znver/: its mean pooling sums
+ggml_vec_dot_f32's tail as GCC's AMD tuning compiled it.)
 Writes tests/data/tiny/bert.json and bert.npz:
   json: "texts"; "tokens" (llm.tokenize with add_special, WPM [CLS] ... [SEP]) and "tokens_plain" (without);
         "pooling_type" (what llama.cpp read from the file)
