@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from llamactx import Batch, Context, ContextParams, Model
+from llamactx import Context, ContextParams, Model
 from llamactx.embedding import Embedder, embd_normalize
 from llamactx.engine import Engine
 from llamactx.engine.sequence import EngineError
@@ -18,7 +18,7 @@ from llamactx.hparams import ModelLoadError
 from llamactx.sampling import SamplerChain, SamplingParams
 from llamactx.state_io import StateError
 from tests.conftest import reference_path
-from tests.models.tiny import TINY
+from tests.models.tiny import TINY, encoder_context, sequences_batch
 
 POOLINGS = ("none", "mean", "cls", "last")
 FLASH = {"fa": "enabled", "nofa": "disabled"}
@@ -41,16 +41,7 @@ def npz() -> dict[str, np.ndarray]:
 
 
 def _context(model: Model, pooling: str, fa: str, n_seq_max: int = 1) -> Context:
-    return Context(model, ContextParams(n_ctx=512, n_batch=512, n_ubatch=512, n_seq_max=n_seq_max, embeddings=True,
-                                        pooling_type=pooling, flash_attn=FLASH[fa]))
-
-
-def _batch(token_lists: list[list[int]]) -> Batch:
-    batch = Batch(sum(len(t) for t in token_lists))
-    for s, tokens in enumerate(token_lists):
-        for p, t in enumerate(tokens):
-            batch.add(t, p, (s,), True)
-    return batch
+    return encoder_context(model, pooling, FLASH[fa], n_seq_max)
 
 
 def test_hparams_and_vocab(bert, ref):
@@ -65,7 +56,7 @@ def test_hparams_and_vocab(bert, ref):
 def test_each_text_alone_is_llama_cpps(bert, ref, npz, pooling, fa):
     ctx = _context(bert, pooling, fa)
     for i, tokens in enumerate(ref["tokens"]):
-        assert ctx.encode(_batch([tokens])) == 0
+        assert ctx.encode(sequences_batch([tokens])) == 0
         got = ctx.get_embeddings() if pooling == "none" else ctx.get_embeddings_seq(0)
         np.testing.assert_array_equal(got, npz[f"{fa}_{pooling}_{i}"], err_msg=f"text {i}")
 
@@ -76,7 +67,7 @@ def test_all_texts_in_one_batch_are_llama_cpps(bert, ref, npz, pooling, fa):
     """254 tokens of 8 sequences in one ubatch: flash attention's tiled kernel over the ubatch's cells, mean
     pooling's dots over every row (zeros included) and tinyBLAS for 8 columns, as llama.cpp runs them."""
     ctx = _context(bert, pooling, fa, n_seq_max=8)
-    assert ctx.encode(_batch(ref["tokens"])) == 0
+    assert ctx.encode(sequences_batch(ref["tokens"])) == 0
     for s in range(len(ref["tokens"])):
         np.testing.assert_array_equal(ctx.get_embeddings_seq(s), npz[f"{fa}_{pooling}_batch_{s}"], err_msg=f"seq {s}")
 
@@ -88,9 +79,9 @@ def test_two_sequences_in_one_batch_equal_each_alone(bert, ref):
     ctx = _context(bert, "none", "fa", n_seq_max=2)
     alone = []
     for tokens in pair:
-        ctx.encode(_batch([tokens]))
+        ctx.encode(sequences_batch([tokens]))
         alone.append(np.array(ctx.get_embeddings()))
-    ctx.encode(_batch(pair))
+    ctx.encode(sequences_batch(pair))
     np.testing.assert_array_equal(ctx.get_embeddings(), np.concatenate(alone))
 
 
@@ -99,7 +90,7 @@ def test_decode_encodes_and_the_models_pooling_is_the_default(bert, ref, npz):
     (mean), as llama.cpp's context does (default_0: llama-cpp-python's defaults, flash attention off)."""
     ctx = Context(bert, ContextParams(n_ctx=512, n_ubatch=512, embeddings=True, flash_attn="disabled"))
     assert ctx.params.pooling_type == "mean" and not ctx.params.causal_attn and ctx.memory is None
-    assert ctx.decode(_batch([ref["tokens"][0]])) == 0
+    assert ctx.decode(sequences_batch([ref["tokens"][0]])) == 0
     np.testing.assert_array_equal(ctx.get_embeddings_seq(0), npz["default_0"])
     with pytest.raises(IndexError, match="no logits"):
         ctx.get_logits_ith(-1)

@@ -10,11 +10,11 @@ import json
 import numpy as np
 import pytest
 
-from llamactx import Batch, Context, ContextParams, Model
+from llamactx import Model
 from llamactx.ggml.inputs import ROPE_TYPE_NEOX
 from llamactx.hparams import ModelLoadError
 from tests.conftest import VARIANT
-from tests.models.tiny import TINY, TINY_REF
+from tests.models.tiny import TINY, TINY_REF, encoder_context, sequences_batch
 
 POOLINGS = ("none", "mean", "cls", "last")
 
@@ -38,19 +38,6 @@ def npz(ref) -> dict[str, np.ndarray]:
         return {k: f[k] for k in f.files}
 
 
-def _context(model: Model, pooling: str, n_seq_max: int = 1) -> Context:
-    return Context(model, ContextParams(n_ctx=512, n_batch=512, n_ubatch=512, n_seq_max=n_seq_max, embeddings=True,
-                                        pooling_type=pooling, flash_attn="disabled"))
-
-
-def _batch(token_lists: list[list[int]]) -> Batch:
-    batch = Batch(sum(len(t) for t in token_lists))
-    for s, tokens in enumerate(token_lists):
-        for p, t in enumerate(tokens):
-            batch.add(t, p, (s,), True)
-    return batch
-
-
 def test_hparams_and_tokens(nomic, ref):
     hp = nomic.hparams
     assert (hp.arch, hp.rope_type, hp.n_rot, hp.rope_freq_base) == ("nomic-bert", ROPE_TYPE_NEOX, 16, 1000.0)
@@ -61,17 +48,17 @@ def test_hparams_and_tokens(nomic, ref):
 
 @pytest.mark.parametrize("pooling", POOLINGS)
 def test_each_text_alone_is_llama_cpps(nomic, ref, npz, pooling):
-    ctx = _context(nomic, pooling)
+    ctx = encoder_context(nomic, pooling)
     for i, tokens in enumerate(ref["tokens"]):
-        assert ctx.encode(_batch([tokens])) == 0
+        assert ctx.encode(sequences_batch([tokens])) == 0
         got = ctx.get_embeddings() if pooling == "none" else ctx.get_embeddings_seq(0)
         np.testing.assert_array_equal(got, npz[f"{pooling}_{i}"], err_msg=f"text {i}")
 
 
 @pytest.mark.parametrize("pooling", ("mean", "cls", "last"))
 def test_all_texts_in_one_batch_are_llama_cpps(nomic, ref, npz, pooling):
-    ctx = _context(nomic, pooling, n_seq_max=len(ref["tokens"]))
-    assert ctx.encode(_batch(ref["tokens"])) == 0
+    ctx = encoder_context(nomic, pooling, n_seq_max=len(ref["tokens"]))
+    assert ctx.encode(sequences_batch(ref["tokens"])) == 0
     for s in range(len(ref["tokens"])):
         np.testing.assert_array_equal(ctx.get_embeddings_seq(s), npz[f"{pooling}_batch_{s}"], err_msg=f"seq {s}")
 
@@ -93,6 +80,6 @@ def test_missing_q_k_v_without_attn_qkv_is_named(tmp_path):
 
     path = rewrite_gguf(TINY / "tiny-nomic-bert.gguf", tmp_path / "bad-nomic.gguf", None,
                         {"blk.1.attn_k.weight": None})
-    ctx = _context(Model.load(path), "mean")
+    ctx = encoder_context(Model.load(path), "mean")
     with pytest.raises(ModelLoadError, match="'blk.1.attn_k.weight' is missing, and so is 'blk.1.attn_qkv.weight'"):
-        ctx.encode(_batch([[2, 10, 3]]))
+        ctx.encode(sequences_batch([[2, 10, 3]]))

@@ -11,12 +11,12 @@ import json
 import numpy as np
 import pytest
 
-from llamactx import Batch, Context, ContextParams, Model
+from llamactx import Context, Model
 from llamactx.api.rerank import format_prompt
 from llamactx.embedding import Embedder
 from llamactx.hparams import ModelLoadError
 from tests.conftest import VARIANT
-from tests.models.tiny import TINY, TINY_REF
+from tests.models.tiny import TINY, TINY_REF, encoder_context, sequences_batch
 
 FILES = {"rerank": "tiny-bert-rerank.gguf", "rerank-labels": "tiny-bert-rerank-labels.gguf",
          "no-head": "tiny-bert.gguf"}
@@ -40,16 +40,7 @@ def _f32(hexes: list[str]) -> np.ndarray:
 
 
 def _context(model: Model, n_seq_max: int = 1) -> Context:
-    return Context(model, ContextParams(n_ctx=512, n_batch=512, n_ubatch=512, n_seq_max=n_seq_max, embeddings=True,
-                                        pooling_type="rank", flash_attn="disabled"))
-
-
-def _batch(token_lists: list[list[int]]) -> Batch:
-    batch = Batch(sum(len(t) for t in token_lists))
-    for s, tokens in enumerate(token_lists):
-        for p, t in enumerate(tokens):
-            batch.add(t, p, (s,), True)
-    return batch
+    return encoder_context(model, "rank", n_seq_max=n_seq_max)
 
 
 def test_hparams_are_llama_cpps(models, ref):
@@ -71,7 +62,7 @@ def test_pairs_are_formatted_as_llama_server(models, ref):
 def test_each_pair_alone_is_llama_cpps(models, ref, name):
     ctx = _context(models[name])
     for i, tokens in enumerate(ref["tokens"]):
-        assert ctx.encode(_batch([tokens])) == 0
+        assert ctx.encode(sequences_batch([tokens])) == 0
         np.testing.assert_array_equal(ctx.get_embeddings_seq(0), _f32(ref[name]["alone"][i]), err_msg=f"pair {i}")
 
 
@@ -80,7 +71,7 @@ def test_all_pairs_in_one_batch_are_llama_cpps(models, ref, name):
     """The head's mul_mat over 5 pooled rows (not one), and llama_context's extraction of n_cls_out floats at
     offset n_cls_out * seq_idx: without a head, sequence j reads element j of sequence 0's pooled state."""
     ctx = _context(models[name], n_seq_max=len(ref["tokens"]))
-    assert ctx.encode(_batch(ref["tokens"])) == 0
+    assert ctx.encode(sequences_batch(ref["tokens"])) == 0
     for s in range(len(ref["tokens"])):
         np.testing.assert_array_equal(ctx.get_embeddings_seq(s), _f32(ref[name]["batch"][s]), err_msg=f"seq {s}")
 

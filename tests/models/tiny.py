@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from llamactx import Model
+from llamactx import Batch, Context, ContextParams, Model
 from tests.conftest import VARIANT_DIR
 
 TINY = Path(__file__).parent.parent / "data" / "tiny"
@@ -21,3 +21,18 @@ def load_tiny(name: str) -> tuple[str, Model, dict, dict[str, np.ndarray]]:
     with np.load(TINY_REF / f"{name}.npz") as npz:
         arrays = {k: npz[k] for k in npz.files}
     return name, Model.load(TINY / f"tiny-{name}.gguf"), ref, arrays
+
+
+def encoder_context(model: Model, pooling: str, flash_attn: str = "disabled", n_seq_max: int = 1) -> Context:
+    """An embeddings context for the tiny encoders (bert, nomic-bert, the rerankers): one 512-token ubatch."""
+    return Context(model, ContextParams(n_ctx=512, n_batch=512, n_ubatch=512, n_seq_max=n_seq_max, embeddings=True,
+                                        pooling_type=pooling, flash_attn=flash_attn))
+
+
+def sequences_batch(token_lists: list[list[int]]) -> Batch:
+    """Token list s as sequence s from position 0, every token an output."""
+    batch = Batch(sum(len(t) for t in token_lists))
+    for s, tokens in enumerate(token_lists):
+        for p, t in enumerate(tokens):
+            batch.add(t, p, (s,), True)
+    return batch
