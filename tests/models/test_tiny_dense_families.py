@@ -17,7 +17,7 @@ from llamactx.hparams import HParamsError
 from llamactx.model import ModelLoadError
 from llamactx.sampling import SamplerChain, SamplingParams
 from tests.gguf.tiny_model import rewrite_gguf
-from tests.models.tiny import TINY, TINY_REF, load_tiny
+from tests.models.tiny import TINY, TINY_REF, load_tiny, sequences_batch
 
 NAMES = ["phi3", "gemma2", "smollm3", "granite"]
 OPS = {"reference": ReferenceOps, "fast": lambda: None}  # None: the context's default, FastOps
@@ -132,11 +132,7 @@ def test_two_sequences_in_one_batch_equal_each_alone(tiny):
     name, model, ref, arrays = tiny
     a, b = ref["prompts"][0]["tokens"], ref["prompts"][1]["tokens"]
     ctx = new_ctx(model, n_seq_max=2)
-    batch = Batch(len(a) + len(b))
-    for seq, toks in ((0, a), (1, b)):
-        for i, t in enumerate(toks):
-            batch.add(t, i, [seq], logits=True)
-    assert ctx.decode(batch) == 0
+    assert ctx.decode(sequences_batch([a, b])) == 0
     both = ctx.get_logits()
     np.testing.assert_array_equal(both[: len(a)], arrays["prompt_0"])
     np.testing.assert_array_equal(both[len(a):], arrays["prompt_1"])

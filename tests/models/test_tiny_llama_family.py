@@ -11,7 +11,7 @@ import pytest
 from llamactx import Batch, Context, ContextParams, Model
 from llamactx.backend.reference import ReferenceOps
 from tests.gguf.tiny_model import finish
-from tests.models.tiny import TINY, load_tiny
+from tests.models.tiny import TINY, load_tiny, sequences_batch
 
 NAMES = ["qwen2", "qwen3", "llama3", "yarn", "qwen3moe", "mixtral", "llama-q4_0", "qwen3moe-q4_0"]
 
@@ -63,11 +63,7 @@ def test_two_sequences_in_one_batch_equal_each_alone(tiny):
     name, model, ref, arrays = tiny
     a, b = ref["prompts"][0]["tokens"], ref["prompts"][1]["tokens"]
     ctx = new_ctx(model, n_seq_max=2)
-    batch = Batch(len(a) + len(b))
-    for seq, toks in ((0, a), (1, b)):
-        for i, t in enumerate(toks):
-            batch.add(t, i, [seq], logits=True)
-    assert ctx.decode(batch) == 0
+    assert ctx.decode(sequences_batch([a, b])) == 0
     both = ctx.get_logits()
     np.testing.assert_array_equal(both[: len(a)], arrays["prompt_0"])
     np.testing.assert_array_equal(both[len(a):], arrays["prompt_1"])
