@@ -4,8 +4,8 @@ llama.cpp is the native `llama-bench` built by ../shared/tools/build_llamacpp.sh
 references (never llama-cpp-python, whose Python layer slows the anchor down). Each round runs llama-bench's test,
 then `llamactx bench` with the same options, each in a fresh process; the table reports medians over rounds.
 
-Usage: python bench/compare_llamacpp.py [-m smollm2|gemma3] [-p 512] [-n 128] [-d 0] [-r 3] [-t 2] [--fa off|on]
-           [--llamacpp DIR (default $LLAMACPP or ~/.cache/llamactx-llamacpp)] [--pythonpath CHECKOUT]
+Usage: python bench/compare_llamacpp.py [-m smollm2|gemma3|FILE.gguf] [-p 512] [-n 128] [-d 0] [-r 3] [-t 2]
+           [--fa off|on] [--llamacpp DIR (default $LLAMACPP or ~/.cache/llamactx-llamacpp)] [--pythonpath CHECKOUT]
            [--target CPU --llama-bench PATH]
 `--target haswell` compiles ours for that CPU (NUMBA_CPU_NAME, its own NUMBA_CACHE_DIR .numba-<CPU>), against the
 llama-bench of `--llama-bench` (llama.cpp built for that CPU, e.g. `-DGGML_NATIVE=OFF -DGGML_AVX2=ON ...`).
@@ -52,7 +52,7 @@ def main() -> None:
     default_dir = os.environ.get("LLAMACPP", str(Path.home() / ".cache/llamactx-llamacpp"))
     ap.add_argument("--llamacpp", default=default_dir, help="where build_llamacpp.sh put bin/llama-bench")
     ap.add_argument("--pythonpath", default=None, help="run llamactx from this checkout instead")
-    ap.add_argument("-m", "--model", default="smollm2")
+    ap.add_argument("-m", "--model", default="smollm2", help="smollm2, gemma3 or a GGUF file (both sides load it)")
     ap.add_argument("-p", "--n-prompt", type=int, default=512)
     ap.add_argument("-n", "--n-gen", type=int, default=128)
     ap.add_argument("-d", "--n-depth", type=int, default=0)

@@ -27,12 +27,15 @@ from llamactx.ggml.kernels.repack import can_pack, pack_weight, pack_weights
 from llamactx.ggml.moe import group_by_expert, stacked
 from llamactx.ggml.vecdot import EXACT_TYPES, is_repacked_q4_0
 from llamactx.ggml.vecdot_k import is_exact_k
+from llamactx.ggml.vecdot_kx import is_repacked_kx
+from llamactx.ggml.vecdot_nl import NL_TYPES, is_repacked_nl
 from llamactx.lora import AdaptedModel, AdaptedWeight, is_adapted, lora_matmuls
 from llamactx.memory.kv_cache import KVView
 from llamactx.models.graph_inputs import KVAttention
 
 _Q8_0 = int(T.Q8_0)
 _KERNEL_EXACT = frozenset(int(t) for t in EXACT_TYPES)  # 32-block types: bit-identical to ggml in the kernels
+_KERNEL_TILED = frozenset(int(t) for t in (T.Q3_K, T.Q5_K, T.IQ4_XS))  # never repacked by llama.cpp (x86)
 
 
 class FastOps(ReferenceOps):
@@ -111,8 +114,9 @@ class FastOps(ReferenceOps):
 
     def matmul(self, x: np.ndarray, weight) -> np.ndarray:
         # The kernels reproduce ggml's vec_dot, and for the K-quants llama.cpp repacks or tiles (vecdot_k) its
-        # order too; the other weights (F32/F16/BF16, Q2_K/Q3_K/Q5_K/IQ4_XS/IQ4_NL/MXFP4, Q4_K with ne1 % 8 != 0) stay
-        # on the reference, which follows llama.cpp for them (vecdot_kx, vecdot_nl, vecdot_bf16).
+        # order too (Q3_K/Q5_K/IQ4_XS, repacked Q2_K/IQ4_NL/MXFP4: kxquants); the other weights (F32/F16/BF16, and
+        # Q2_K/IQ4_NL/MXFP4/Q4_K with ne1 % 8 != 0) stay on the reference, which follows llama.cpp for them
+        # (vecdot_kx, vecdot_nl, vecdot_bf16).
         if isinstance(weight, AdaptedWeight):  # LoRA: the base product on the kernels, then the adapters'
             return lora_matmuls(self, x, [weight])[0]
         order = self._kernel_order(weight)
@@ -157,6 +161,12 @@ class FastOps(ReferenceOps):
         """llama_order for the kernels' matmul of this weight, None where the reference computes it."""
         if weight.ggml_type in _KERNEL_EXACT:  # a repacked Q4_0 weight: llama.cpp's repacked gemm/gemv order
             return is_repacked_q4_0(weight)
+        if weight.ggml_type in _KERNEL_TILED:  # ggml_vec_dot below 8 rows, the tiled kernel from 8 (kxquants)
+            return True
+        if weight.ggml_type == T.Q2_K:  # the kernels have its repacked order (ne1 % 8 == 0, an AVX-512 target)
+            return True if is_repacked_kx(weight) else None
+        if weight.ggml_type in NL_TYPES:  # the kernels have llama.cpp's repacked order only (ne1 % 8 == 0)
+            return True if is_repacked_nl(weight) else None
         return True if can_pack(weight.ggml_type) and is_exact_k(weight) else None
 
     def attention_kv(self, q, kv, il, mask, vis, kq_scale, flash, n_threads=1, softcap=0.0, sinks=None):

@@ -4,7 +4,8 @@ A call quantizes the activation rows to the weight type's `vec_dot_type` (Q8_0 f
 Q4_1/Q5_1, Q8_K for the K-quants; ggml-cpu.c `type_traits_cpu`; quantize.py) and then runs ggml's AVX2/VNNI
 vec_dot for every (weight row, activation row) pair, operation for operation: integer lanes of 4 products, each
 converted and scaled on its own, ggml's horizontal sum. So every output is bit-identical to ggml's vec_dot
-(legacy.py for Q4_0..Q8_0, kquants.py for Q4_K/Q5_K/Q6_K) and does not depend on the other rows of the batch.
+(legacy.py for Q4_0..Q8_0, kquants.py for Q4_K/Q5_K/Q6_K, kxquants.py / kxtile.py for Q2_K/Q3_K/IQ4_XS/
+IQ4_NL/MXFP4 and Q5_K's tiled order) and does not depend on the other rows of the batch.
 F16/F32 weights take a float32 dot product (x rounded to f16 for F16, as ggml; the summation order differs).
 
 One parallel kernel per path serves every type (numba compiles two, not twenty): `prange` gives each thread a
@@ -23,6 +24,17 @@ from llamactx.ggml.cpu import PATH_PORTABLE, PATH_VNNI, active_path, cpu_feature
 from llamactx.ggml.intrinsics import round_f16
 from llamactx.ggml.kernels.kquants import DEC_Q4K, DEC_Q5K, k45_rows, q4k_x8_rows, q6k_rows, q6k_tiled_rows
 from llamactx.ggml.kernels.ktile import TILE_MIN_ROWS, q4k_tile_rows, q6k_tile_rows
+from llamactx.ggml.kernels.kxquants import (
+    DEC_IQ4XS,
+    DEC_Q3K,
+    LUT_IQ4NL,
+    LUT_MXFP4,
+    kx_rows,
+    nl_rows,
+    q2k_rows,
+    q5k_tiled_rows,
+)
+from llamactx.ggml.kernels.kxtile import kx_tile_rows, nl_tile_rows, q5k_tile_rows
 from llamactx.ggml.kernels.legacy import (
     DEC_Q4_0,
     DEC_Q4_1,
@@ -52,6 +64,7 @@ _F0 = np.float32(0.0)
 F32, F16 = int(T.F32), int(T.F16)
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = int(T.Q4_0), int(T.Q4_1), int(T.Q5_0), int(T.Q5_1), int(T.Q8_0)
 Q4_K, Q5_K, Q6_K = int(T.Q4_K), int(T.Q5_K), int(T.Q6_K)
+Q2_K, Q3_K, IQ4_XS, IQ4_NL, MXFP4 = int(T.Q2_K), int(T.Q3_K), int(T.IQ4_XS), int(T.IQ4_NL), int(T.MXFP4)
 TILED_MIN_ROWS = 8  # llama.cpp's tiled Q6_K kernel serves ubatches of 8 rows or more (tiled.cpp ggml_tiled_min_batch)
 
 
@@ -81,7 +94,7 @@ def _activations(kind, x):
         xs = np.empty((k // 32, n), np.float32)  # block-major
         quantize_q8_1(x, xq, xd, xs)
         return xq, xd, none_i, xs
-    if kind == Q4_K or kind == Q5_K or kind == Q6_K:
+    if kind == Q4_K or kind == Q5_K or kind == Q6_K or kind == Q3_K or kind == IQ4_XS or kind == Q2_K:
         xd = np.empty((n, k // 256), np.float32)
         bsums = np.empty((n, k // 16), np.int32)
         quantize_q8_K(x, xq, xd, bsums)
@@ -126,8 +139,9 @@ def _float_rows(f16, W, a, r0, r1, out):
 @njit(cache=True)
 def _rows_of_type(path, kind, llama_order, W, a, u0, u1, out):
     """out for units u0..u1-1 of weights of ggml type `kind` (the branch is taken once per task, not per row): groups
-    of four rows for the 32-element block types, else rows. llama_order: Q4_0 / Q4_K / Q6_K in the order of
-    llama.cpp's repacked / tiled kernels (`matmul`)."""
+    of four rows for the 32-element block types, else rows. llama_order: Q4_0 / Q4_K / Q6_K / Q5_K / Q3_K /
+    IQ4_XS in the order of llama.cpp's repacked / tiled kernels (`matmul`). IQ4_NL / MXFP4 always run in the
+    repacked order (kxquants.nl_rows)."""
     if llama_order and kind == Q4_0:
         x4_rows_repacked(path, W, a, u0, u1, out)
     elif kind == Q4_0:
@@ -148,6 +162,24 @@ def _rows_of_type(path, kind, llama_order, W, a, u0, u1, out):
         q6k_tile_rows(path, W, a, u0, u1, out)
     elif llama_order and kind == Q6_K and a[0].shape[0] >= TILED_MIN_ROWS:
         q6k_tiled_rows(path, W, a, u0, u1, out)
+    elif llama_order and kind == Q5_K and a[0].shape[0] >= TILE_MIN_ROWS:
+        q5k_tile_rows(path, W, a, u0, u1, out)
+    elif llama_order and (kind == Q3_K or kind == IQ4_XS) and a[0].shape[0] >= TILE_MIN_ROWS:
+        kx_tile_rows(path, kind == IQ4_XS, W, a, u0, u1, out)
+    elif llama_order and kind == Q5_K and a[0].shape[0] >= TILED_MIN_ROWS:
+        q5k_tiled_rows(path, W, a, u0, u1, out)
+    elif kind == Q2_K:
+        q2k_rows(path, llama_order, W, a, u0, u1, out)
+    elif kind == Q3_K:
+        kx_rows(path, DEC_Q3K, llama_order and a[0].shape[0] >= TILED_MIN_ROWS, W, a, u0, u1, out)
+    elif kind == IQ4_XS:
+        kx_rows(path, DEC_IQ4XS, llama_order and a[0].shape[0] >= TILED_MIN_ROWS, W, a, u0, u1, out)
+    elif (kind == IQ4_NL or kind == MXFP4) and a[0].shape[0] >= TILE_MIN_ROWS:
+        nl_tile_rows(path, kind == MXFP4, W, a, u0, u1, out)
+    elif kind == IQ4_NL:
+        nl_rows(path, LUT_IQ4NL, W, a, u0, u1, out)
+    elif kind == MXFP4:
+        nl_rows(path, LUT_MXFP4, W, a, u0, u1, out)
     elif kind == Q4_K:
         k45_rows(path, DEC_Q4K, W, a, u0, u1, out)
     elif kind == Q5_K:
@@ -249,13 +281,16 @@ def matmul_id_portable(n_tasks, kind, per_row, x, starts, unit, qs, qh, sc, mn, 
 def expert_order(ggml_type: int, n_ff: int) -> int:
     """How the kernels run a stacked expert weight's rows as ggml_mul_mat_id does (each row alone): 0 all of an
     expert's rows in one call (row invariant: Q4_0 in ggml_vec_dot's order, or with n_ff % 8 == 0 repacked, in its
-    gemv's order; Q5_0, Q8_0, Q4_K unless repacked, Q5_K, Q6_K in ggml_vec_dot's), 1 one row at a time (a Q4_K
-    expert of ne1 % 8 == 0, repacked: its gemv), -1 not on the kernels (the reference computes it: Q4_1 / Q5_1
-    whose activation sums are block-major, the other types)."""
+    gemv's order; Q5_0, Q8_0, Q4_K unless repacked, Q3_K, Q5_K, Q6_K, IQ4_XS in ggml_vec_dot's; IQ4_NL / MXFP4
+    with n_ff % 8 == 0 in the repacked gemv's), 1 one row at a time (a Q4_K expert of ne1 % 8 == 0, repacked: its
+    gemv), -1 not on the kernels (the reference computes it: Q4_1 / Q5_1 whose activation sums are block-major,
+    the other types)."""
     t = int(ggml_type)
     if t == Q4_K:
         return 1 if n_ff % 8 == 0 else 0
-    if t in (Q4_0, Q5_0, Q8_0, Q5_K, Q6_K):
+    if t in (Q4_0, Q5_0, Q8_0, Q3_K, Q5_K, Q6_K, IQ4_XS):
+        return 0
+    if t in (IQ4_NL, MXFP4) and n_ff % 8 == 0:  # repacked: one FMA per block, the same order for any row count
         return 0
     return -1
 
@@ -292,10 +327,11 @@ def matmul(
 
     `path` ("vnni" / "portable") defaults to `active_path()`; `out`, when given, must be a C-contiguous float32
     (n, n_rows) array and is returned. `llama_order`: Q4_0 and Q4_K in the order of llama.cpp's repacked kernels
-    (what it runs for weights with ne1 % 8 == 0) and Q6_K in its tiled kernel's order for n >= 8, bit for bit as
-    llamactx.ggml.vecdot.matmul_repacked_blocks (Q4_0) and vecdot_k; otherwise (and for the other types)
-    ggml_vec_dot's order. Raises ValueError for a row length that is not the weight's, an unknown path, the VNNI
-    path on a CPU without it, or an unusable `out`.
+    (what it runs for weights with ne1 % 8 == 0) and Q6_K / Q5_K / Q3_K / IQ4_XS in its tiled kernel's order for
+    n >= 8, bit for bit as llamactx.ggml.vecdot.matmul_repacked_blocks (Q4_0), vecdot_k and vecdot_kx; otherwise
+    (and for the other types) ggml_vec_dot's order. IQ4_NL / MXFP4 take the repacked order (ne1 % 8 == 0 in
+    llama.cpp; vecdot_nl) either way. Raises ValueError for a row length that is not the weight's, an unknown
+    path, the VNNI path on a CPU without it, or an unusable `out`.
     """
     if x.dtype != np.float32 or not x.flags.c_contiguous:
         x = np.ascontiguousarray(x, dtype=np.float32)

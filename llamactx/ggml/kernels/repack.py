@@ -26,6 +26,14 @@ for the 32-element types; nb = blocks per row; a slot a type does not use is an 
     Q4_K  nibbles (nb*128)      -                  6-bit sc (nb*8)       mins (nb*8)  d (nb)    dmin (nb)
     Q5_K  nibbles (nb*128)      bits (nb*32)       6-bit sc (nb*8)       mins (nb*8)  d         dmin
     Q6_K  ql nibbles (nb*128)   2-bit (nb*64)      int8 sc (nb*16)       -            d         -
+    Q2_K  2-bit (nb*64)         -                  4-bit sc (nb*16)      4-bit m (nb*16) d      dmin
+    Q3_K  2-bit (nb*64)         hmask (nb*32)      int8 sc-32 (nb*16)    -            d         -
+    IQ4_XS nibbles (nb*128)     -                  int8 ls-32 x2 (nb*16) -            d         -
+    IQ4_NL nibbles (nb*16)      -                  -                     -            d         -
+    MXFP4 nibbles (nb*16)       -                  -                     -            E8M0/2    -
+
+(Q2_K, Q3_K, IQ4_XS, IQ4_NL and MXFP4 run in kxquants.py; IQ4_XS's per-32 scales are stored once per 16 elements, as
+Q3_K's, so both share one kernel.)
 
 F32/F16 rows are views of the stored tensor. The 32-element types take exactly their stored bytes; the K-quants
 widen their f16 scales to f32 (Q4_K: 1.03x); nothing holds a float32 copy of a quantized matrix.
@@ -41,7 +49,9 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from llamactx.ggml.kernels.legacy import ROWS_PER_GROUP
+from llamactx.gguf.block_fields import SHIFT_2BIT
 from llamactx.gguf.quants import block_format
+from llamactx.gguf.quants_iq import e8m0_to_fp32_half
 from llamactx.gguf.quants_k import scale_min_k4
 
 SLOTS = ("qs", "qh", "sc", "mn", "d", "m")
@@ -162,6 +172,42 @@ def _pack_q6_K(b: np.ndarray) -> dict[str, np.ndarray]:
     return {"qs": _bytes(b, 0, 128), "qh": _bytes(b, 128, 192), "sc": _bytes(b, 192, 208), "d": _half(b, 208)}
 
 
+def _pack_q3_K(b: np.ndarray) -> dict[str, np.ndarray]:
+    """hmask[32], qs[64], scales[12] (6-bit, offset 32: ggml-quants.c dequantize_row_q3_K's aux), f16 d."""
+    n, nb, _ = b.shape
+    packed = b[:, :, 96:108].reshape(n * nb, 12)
+    low = np.concatenate([packed[:, 0:8] & 0x0F, packed[:, 0:8] >> 4], axis=1)  # (n*nb, 16)
+    high = (packed[:, None, 8:12] >> SHIFT_2BIT[0]) & np.uint8(3)  # (n*nb, 4, 4)
+    sc = ((low | (high.reshape(-1, 16) << 4)).astype(np.int16) - 32).astype(np.int8).view(np.uint8)
+    return {"qs": _bytes(b, 32, 96), "qh": _bytes(b, 0, 32), "sc": sc.reshape(n, nb * 16), "d": _half(b, 108)}
+
+
+def _pack_q2_K(b: np.ndarray) -> dict[str, np.ndarray]:
+    """scales[16] (4-bit scale | 4-bit min << 4), qs[64], f16 d, f16 dmin."""
+    sc = _bytes(b, 0, 16)
+    return {"qs": _bytes(b, 16, 80), "sc": sc & np.uint8(0x0F), "mn": sc >> np.uint8(4), "d": _half(b, 80),
+            "m": _half(b, 82)}
+
+
+def _pack_iq4_xs(b: np.ndarray) -> dict[str, np.ndarray]:
+    """f16 d, u16 scales_h, scales_l[4], qs[128]: ls - 32 per 32 elements (dequantize_row_iq4_xs), twice."""
+    n, nb, _ = b.shape
+    scales_h = np.ascontiguousarray(b[:, :, 2:4]).view("<u2").astype(np.int32)  # (n, nb, 1)
+    scales_l = b[:, :, 4:8].astype(np.int32)  # (n, nb, 4)
+    ib = np.arange(8)
+    ls = (((scales_l[:, :, ib // 2] >> (4 * (ib % 2))) & 0xF) | (((scales_h >> (2 * ib)) & 3) << 4)) - 32
+    sc = np.repeat(ls.astype(np.int8), 2, axis=2).view(np.uint8)  # (n, nb, 16)
+    return {"qs": _bytes(b, 8, 136), "sc": sc.reshape(n, nb * 16), "d": _half(b, 0)}
+
+
+def _pack_iq4_nl(b: np.ndarray) -> dict[str, np.ndarray]:
+    return {"qs": _bytes(b, 2, 18), "d": _half(b, 0)}
+
+
+def _pack_mxfp4(b: np.ndarray) -> dict[str, np.ndarray]:
+    return {"qs": _bytes(b, 1, 17), "d": e8m0_to_fp32_half(np.ascontiguousarray(b[:, :, 0]))}
+
+
 _PACKERS: dict[int, Callable[[np.ndarray], dict[str, np.ndarray]]] = {
     T.Q4_0: _pack_q4_0,
     T.Q4_1: _pack_q4_1,
@@ -171,6 +217,11 @@ _PACKERS: dict[int, Callable[[np.ndarray], dict[str, np.ndarray]]] = {
     T.Q4_K: _pack_q4_K,
     T.Q5_K: _pack_q5_K,
     T.Q6_K: _pack_q6_K,
+    T.Q2_K: _pack_q2_K,
+    T.Q3_K: _pack_q3_K,
+    T.IQ4_XS: _pack_iq4_xs,
+    T.IQ4_NL: _pack_iq4_nl,
+    T.MXFP4: _pack_mxfp4,
 }
 
 PACKABLE_TYPES: tuple[int, ...] = (T.F32, T.F16, *_PACKERS)
