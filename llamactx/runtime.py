@@ -53,6 +53,7 @@ class RuntimeParams:
     context: Mapping[str, Any] = field(default_factory=dict)  # other ContextParams fields (--rope-freq-base ...)
     spec: SpecParams | None = None  # --spec-type ...: speculative decoding (engine/speculative.py); None: off
     n_ctx_checkpoints: int = 8  # -ctxcp: context checkpoints per slot (engine/checkpoints.py); 0: off
+    checkpoint_min_step: int = 0  # -cms: least spacing of mid-prompt checkpoints, in tokens
     # --session-ram, --session-dir, --session-disk: evicted slots' states in RAM, then on disk
     # (engine/session_tier.py); None: off
     session: SessionParams | None = None
@@ -76,6 +77,7 @@ class Runtime:
         self.engine = None if params.vocab_only else Engine(self.model, n_slots=params.n_slots, n_ctx=params.n_ctx,
                                                             lora=self.lora, spec=params.spec,
                                                             n_ctx_checkpoints=params.n_ctx_checkpoints,
+                                                            checkpoint_min_step=params.checkpoint_min_step,
                                                             session=params.session,
                                                             **params.context_params())
         self._template: ChatTemplate | None = None

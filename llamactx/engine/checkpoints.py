@@ -3,15 +3,18 @@
 ggml-org/llama.cpp PR #15293).
 
 A recurrent state (mamba2) or the recurrent half of a hybrid memory (lfm2) cannot be cut back to a shorter prefix
-(`Memory.partial_prefix` False), so without checkpoints a prompt that diverges from what a slot holds is decoded
-again from its start. While a prompt is processed the engine snapshots its sequence's state before each prompt
-chunk (`Memory.checkpoint_write`: the blob of llama.cpp's LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY); the scheduler ends a
-chunk `CHECKPOINT_TAIL` tokens before the prompt's end so that one snapshot sits right before its last tokens, as
-llama-server does. A later prompt that shares at least a checkpoint's tokens restores the latest such checkpoint
+(`Memory.partial_prefix` False), and an iSWA cache (Gemma 3) forgets the positions that left its sliding window, so
+without checkpoints a prompt that diverges from what a slot holds (for iSWA: before the window) is decoded again
+from its start (`Memory.needs_checkpoints`). While a prompt is processed the engine snapshots its sequence's state
+before each prompt chunk (`Memory.checkpoint_write`: the blob of llama.cpp's LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY, a
+recurrent state or the SWA cells the next token attends to); the scheduler ends chunks at llama-server's tail
+points, 4 + n_ubatch and 4 tokens before the prompt's end (`checkpoint_tails`), so that snapshots sit right before
+its last tokens. A later prompt that shares at least a checkpoint's tokens restores the latest such checkpoint
 (`Memory.checkpoint_load`) and decodes only the rest; checkpoints past the divergence are dropped.
 
-Each slot keeps at most `n_max` checkpoints and `max_bytes` bytes of them, oldest dropped first. `n_max = 0`
-turns them off: such prompts are reprocessed in full, as before (never different tokens).
+Each slot keeps at most `n_max` checkpoints and `max_bytes` bytes of them, oldest dropped first; away from the
+prompt's end a snapshot within `min_step` tokens of the last one is skipped. `n_max = 0` turns them off: such
+prompts are reprocessed in full, as before (never different tokens).
 """
 
 from __future__ import annotations
@@ -20,21 +23,29 @@ from dataclasses import dataclass, field
 
 from llamactx.engine.sequence import EngineError
 
-CHECKPOINT_TAIL = 4  # llama-server's checkpoint 4 tokens before the end of the prompt (PR #20288)
+CHECKPOINT_TAIL = 4  # llama-server's last checkpoint, 4 tokens before the end of the prompt (PR #20288)
+
+
+def checkpoint_tails(n_batch: int, n_ubatch: int) -> tuple[int, ...]:
+    """How many tokens before a prompt's end its chunks stop for a checkpoint, farthest first: llama-server's
+    `checkpoint_offsets` {4 + n_ubatch, 4}, each at most n_batch."""
+    return tuple(sorted({min(n_batch, CHECKPOINT_TAIL + n_ubatch), min(n_batch, CHECKPOINT_TAIL)}, reverse=True))
 
 
 @dataclass(frozen=True, slots=True)
 class CheckpointParams:
-    """How many checkpoints a slot keeps (`--ctx-checkpoints`, 0 = off) and their byte budget per slot."""
+    """How many checkpoints a slot keeps (`--ctx-checkpoints`, 0 = off), their byte budget per slot, and the
+    least spacing in tokens of those taken away from a prompt's end (`--checkpoint-min-step`, 0 = none)."""
 
     n_max: int = 8
     max_bytes: int = 256 << 20
+    min_step: int = 0
 
     def __post_init__(self):
-        if self.n_max < 0:
-            raise EngineError(f"n_ctx_checkpoints = {self.n_max} must be >= 0")
-        if self.max_bytes < 0:
-            raise EngineError(f"checkpoint max_bytes = {self.max_bytes} must be >= 0")
+        for name, value in (("n_ctx_checkpoints", self.n_max), ("checkpoint max_bytes", self.max_bytes),
+                            ("checkpoint_min_step", self.min_step)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise EngineError(f"{name} = {value!r} must be an integer >= 0")
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ import itertools
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
-from llamactx.engine.checkpoints import CHECKPOINT_TAIL, Checkpoint, CheckpointParams, Checkpoints
+from llamactx.engine.checkpoints import Checkpoint, CheckpointParams, Checkpoints, checkpoint_tails
 from llamactx.engine.sequence import Sequence
 from llamactx.engine.session_tier import SessionTier
 from llamactx.memory import Memory
@@ -58,33 +58,44 @@ class PrefixCache:
     """The slots of one context and the tokens each holds. Acts on the memory only through seq_rm / seq_cp."""
 
     def __init__(self, memory: Memory, n_slots: int, checkpoints: CheckpointParams | None = None,
-                 tier: SessionTier | None = None):
-        """`tier`: where the states of evicted slots go and come back from (None: they are dropped)."""
+                 tier: SessionTier | None = None, n_batch: int = 2048, n_ubatch: int = 512):
+        """`tier`: where the states of evicted slots go and come back from (None: they are dropped). `n_batch`,
+        `n_ubatch`: the context's, which place the checkpoints near a prompt's end (checkpoint_tails)."""
         self.memory = memory
         self.tier = tier
         self.ckpt_params = checkpoints or CheckpointParams()
+        self.tails = checkpoint_tails(n_batch, n_ubatch)
         self.slots = [Slot(i, checkpoints=Checkpoints(self.ckpt_params)) for i in range(n_slots)]
         self._tick = itertools.count(1)
 
     @property
     def checkpointing(self) -> bool:
-        """Whether prompts leave checkpoints: they are on and the memory cannot cut a sequence back."""
-        return self.ckpt_params.n_max > 0 and not self.memory.partial_prefix
+        """Whether prompts leave checkpoints: they are on and the memory can lose a prefix's state (recurrent,
+        hybrid, a sliding window: Memory.needs_checkpoints)."""
+        return self.ckpt_params.n_max > 0 and self.memory.needs_checkpoints
 
     def checkpoint_at(self, seq: Sequence) -> int:
-        """Where `seq`'s next prompt chunk should end at the latest: CHECKPOINT_TAIL tokens before the end of its
-        prompt while it is before that (so a checkpoint holds all but the prompt's last tokens); else its end."""
-        cut = seq.n_prompt - CHECKPOINT_TAIL
-        return cut if self.checkpointing and seq.n_past < cut else len(seq.tokens)
+        """Where `seq`'s next prompt chunk should end at the latest: at the next of the tail points (`tails`
+        tokens before the end of its prompt), so that a checkpoint holds all but the prompt's last tokens; else
+        its end."""
+        if self.checkpointing:
+            for tail in self.tails:
+                if seq.n_past < seq.n_prompt - tail:
+                    return seq.n_prompt - tail
+        return len(seq.tokens)
 
     def checkpoint(self, seq: Sequence) -> None:
         """Snapshot `seq`'s memory before its next prompt chunk is decoded (llama-server's create_checkpoint, made
-        before llama_decode): the state holding tokens[:n_past]."""
+        before llama_decode): the state holding tokens[:n_past]. Away from the prompt's end, not within
+        `min_step` tokens of the slot's last checkpoint (--checkpoint-min-step)."""
         if not self.checkpointing or not 0 < seq.n_past < seq.n_prompt:
             return
         ckpts = self.slots[seq.seq_id].checkpoints
         if ckpts.items and ckpts.items[-1].n_tokens == seq.n_past:
             return  # restored from it, or already taken
+        near_end = seq.n_prompt - seq.n_past <= self.tails[0]
+        if not near_end and ckpts.items and seq.n_past < ckpts.items[-1].n_tokens + self.ckpt_params.min_step:
+            return
         data = self.memory.checkpoint_write(seq.seq_id)
         if data is not None:
             ckpts.add(seq.tokens[: seq.n_past], data)

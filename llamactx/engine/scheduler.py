@@ -59,7 +59,7 @@ class Scheduler:
         self.n_batch = n_batch
         self.n_ubatch = n_batch if n_ubatch is None else min(n_ubatch, n_batch)
         self.drafter = drafter
-        self.cache = PrefixCache(memory, n_slots, checkpoints, tier)
+        self.cache = PrefixCache(memory, n_slots, checkpoints, tier, self.n_batch, self.n_ubatch)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the last is the youngest
         self.n_preempted = 0

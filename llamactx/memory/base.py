@@ -133,6 +133,13 @@ class Memory(ABC):
 
     # -- state --------------------------------------------------------------------------------------------------
 
+    @property
+    def needs_checkpoints(self) -> bool:
+        """Whether a sequence can lose what a shorter prefix of it needs, so that context checkpoints let it be
+        continued there: a memory without partial prefixes (recurrent, hybrid), or an iSWA cache whose
+        sliding-window part is smaller than the context (llama-server checkpoints these, server-context.cpp)."""
+        return not self.partial_prefix
+
     def checkpoint_write(self, seq_id: int) -> bytes | None:
         """The part of `seq_id`'s state that `seq_rm` cannot roll back, as a blob for `checkpoint_load` (llama.cpp's
         state_seq_get_data with LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY, what llama-server's context checkpoints hold);

@@ -335,11 +335,13 @@ class KVCache(Memory):
 
     # -- state (llama_kv_cache::state_write / state_read) --------------------------------------------------------
 
-    def state_write(self, seq_id: int | None) -> bytes:
+    def state_write(self, seq_id: int | None, p0: int = 0) -> bytes:
         """The cells of every sequence (seq_id None: positions, sequence sets, K, V) or of one sequence (positions,
         K, V) as bytes: str type_k | str type_v | u32 n_layer, n_embd_k_gqa, n_embd_v_gqa, n_seq_max, n_cells |
-        i32 pos[n_cells] | seq bitsets (whole cache only) | K rows of every layer | V rows of every layer."""
+        i32 pos[n_cells] | seq bitsets (whole cache only) | K rows of every layer | V rows of every layer. `p0`:
+        only the cells at positions >= p0 (a sliding window's context checkpoint)."""
         idx = self.cells.seq_cells(-1 if seq_id is None else seq_id)  # (n_cells,) in position order
+        idx = idx[self.cells.pos[idx] >= p0] if p0 > 0 else idx
         parts = [pack_str(self.type_k), pack_str(self.type_v),
                  struct.pack("<IIIII", self.n_layer, self.n_embd_k_gqa, self.n_embd_v_gqa, self.n_seq_max, idx.size),
                  self.cells.pos[idx].astype("<i4").tobytes()]

@@ -30,7 +30,7 @@ from llamactx.batch import UBatch
 from llamactx.memory.base import Memory, MemoryOpError
 from llamactx.memory.kv_cache import KVCache, KVView, Placement, RopeShift
 from llamactx.memory.kv_cells import CellsSnapshot
-from llamactx.state_io import StateReader
+from llamactx.state_io import StateError, StateReader
 
 SWA_PAD = 256  # the SWA cache is always padded to 256 cells (llama.cpp issue 17037)
 
@@ -111,18 +111,22 @@ class SWAKVCache(KVCache):
     def place(self, idx: np.ndarray, ub: UBatch) -> None:
         """Occupy cells `idx` with `ub` (llama_kv_cache::apply_ubatch): a sequence whose cell of position p is
         overwritten loses every position <= p here, and the head moves past the last cell."""
+        self._occupy(idx, ub.pos, ub.seq_ids)
+        self.head = int(idx[-1]) + 1
+
+    def _occupy(self, idx: np.ndarray, pos: np.ndarray, seq_ids) -> None:
+        """Cells `idx` hold `pos` of `seq_ids` now; a sequence that had one of them loses its positions up to it."""
         c = self.cells
         taken = idx[c.pos[idx] >= 0]
         rm_max: dict[int, int] = {}
         for cell in taken:
             s = int(np.argmax(c.seq[cell]))
             rm_max[s] = max(rm_max.get(s, -1), int(c.pos[cell]))
-        c.apply(idx, ub.pos, ub.seq_ids)
+        c.apply(idx, pos, seq_ids)
         for s, p in rm_max.items():
             p_min = c.seq_pos_min(s)
             if 0 <= p_min <= p:
                 c.rm(s, p_min, p + 1)
-        self.head = int(idx[-1]) + 1
 
     def prepare(self, ubatches: Sequence[UBatch]) -> SWAPlacement | None:
         before = self.cells.snapshot()
@@ -196,10 +200,36 @@ class SWAKVCache(KVCache):
             first = self._freed_since(occupied)
             self.head = 0 if first is None else first
 
-    def state_apply(self, state, dest_seq_id: int | None) -> None:
-        super().state_apply(state, dest_seq_id)
+    # -- a sequence's state takes usable cells, as a ubatch does (llama_kv_cache::state_read_meta's find_slot) --
+
+    def _usable_for(self, seq_id: int) -> np.ndarray:
+        """(size,) bool: the cells a state loaded into `seq_id` may take: usable ones and its own."""
+        c = self.cells
+        return self._usable() | (c.seq[:, seq_id] & (c.seq.sum(axis=1) == 1))
+
+    def state_check_fits(self, state, dest_seq_id: int | None) -> None:
         if dest_seq_id is None:
+            return super().state_check_fits(state, dest_seq_id)
+        self.check_seq(dest_seq_id)
+        available = int(np.count_nonzero(self._usable_for(dest_seq_id)))
+        if state.pos.size > available:
+            raise StateError(f"sequence state needs {state.pos.size} cells, only {available} of the sliding-window "
+                             f"cache are free or masked for seq_id {dest_seq_id}")
+
+    def state_apply(self, state, dest_seq_id: int | None) -> None:
+        """The whole cache as KVCache's; one sequence's cells go where `find_slot` puts a ubatch (empty cells, and
+        cells whose sequence no longer sees them), from the head on, and the head moves past them."""
+        if dest_seq_id is None:
+            super().state_apply(state, dest_seq_id)
             self.head = 0
+            return
+        self.cells.rm(dest_seq_id, -1, -1)
+        idx = self.find_slot(state.pos.size)  # state_check_fits made sure there are enough
+        self._occupy(idx, state.pos, [(dest_seq_id,)] * state.pos.size)
+        self.k[:, idx] = state.k
+        self.v[:, idx] = state.v
+        if idx.size:
+            self.head = int(idx[-1]) + 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,6 +377,45 @@ class KVCacheISWA(Memory):
         for name, cache in (("base", self.base), ("swa", self.swa)):
             out.update({f"{name}.{k}": v for k, v in cache.memory_breakdown().items()})
         return out
+
+    # -- context checkpoints: the window of the SWA cache (state_write with LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) ---
+
+    @property
+    def needs_checkpoints(self) -> bool:
+        """The SWA cache forgets positions once they leave the window, unless it is as large as the base cache
+        (swa_full). Not with `layout_exact` (views never rotated): a restored window sits in other cells than a
+        fresh prefill's, and that mode promises llama.cpp's cells."""
+        return self.swa.size < self.base.size and self.swa.rotate
+
+    def checkpoint_write(self, seq_id: int) -> bytes:
+        """The SWA cells of `seq_id` that the token after its last one attends to (positions > n_past - 1 - n_swa;
+        llama.cpp's checkpoint holds the whole SWA range, of which the rest is never read again). The base cache
+        keeps every position, so it is not part of a checkpoint."""
+        self.check_seq(seq_id)
+        n_past = self.swa.seq_pos_max(seq_id) + 1
+        return self.swa.state_write(seq_id, p0=max(0, n_past - self.n_swa + 1))
+
+    def checkpoint_load(self, seq_id: int, data: bytes, n_past: int) -> None:
+        """Put `seq_id` back to holding [0, n_past): the base cache cut there, the SWA cache's cells of the seq
+        replaced by the checkpoint's window. Raises StateError, memory unchanged, for a blob that is not the window
+        ending at n_past - 1, a base cache that no longer holds [0, n_past), or no free SWA cells for it."""
+        self.check_seq(seq_id)
+        r = StateReader(data)
+        state = self.swa.state_read(r, whole=False)
+        pos = state.pos
+        if r.remaining():
+            raise StateError(f"checkpoint has {r.remaining()} trailing bytes")
+        start = max(0, n_past - self.n_swa + 1)
+        if not pos.size or pos[-1] != n_past - 1 or pos[0] > start or (np.diff(pos) != 1).any():
+            span = f"[{pos[0]}, {pos[-1]}]" if pos.size else "nothing"
+            raise StateError(f"checkpoint holds positions {span}, not the window [{start}, {n_past - 1}] of "
+                             f"n_past = {n_past}")
+        if self.base.seq_pos_min(seq_id) != 0 or self.base.seq_pos_max(seq_id) < n_past - 1:
+            raise StateError(f"seq {seq_id}: the base cache holds [{self.base.seq_pos_min(seq_id)}, "
+                             f"{self.base.seq_pos_max(seq_id)}], not all of [0, {n_past})")
+        self.swa.state_check_fits(state, seq_id)
+        self.base.seq_rm(seq_id, n_past, -1)
+        self.swa.state_apply(state, seq_id)
 
     # -- state: the base cache's section, then the SWA cache's (llama_kv_cache_iswa::state_write) ---------------
 
