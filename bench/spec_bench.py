@@ -1,4 +1,4 @@
-"""Speculative decoding (n-gram drafts) against plain decoding: one stream, generation tokens/s.
+"""Speculative decoding (n-gram drafts or a draft model) against plain decoding: one stream, generation tokens/s.
 
 Two tasks, each run alternately without and with speculation (so a machine whose load drifts hurts both alike):
 (a) input-grounded: the model repeats ~500 tokens of code with a variable renamed, greedy (drafts from the prompt
@@ -9,6 +9,10 @@ since the first), the prompt is not counted. The issue's targets: >= 2x on (a), 
 Usage: python bench/spec_bench.py [-m smollm2] [-t 2] [-n 256] [--runs 3] [--task a,b]
            [--spec-type ngram-simple] [--spec-ngram-simple-size-n N] [--spec-ngram-simple-size-m N] ... (every
            llama-server --spec-* flag of cli/args.py; default --spec-type ngram-simple)
+           [--draft-model FNAME] (= --spec-type draft-simple -md FNAME: speculation with a draft model; a test
+           draft made of the model's own first layers: tests/models/draft.py `write_draft`)
+With a draft model, each run starts with an empty draft context, so the draft's own prompt processing, which
+happens at the first draft (after the first token), is counted in tg.
 """
 
 from __future__ import annotations
@@ -36,7 +40,11 @@ def task_prompt(model: Model, task: str) -> str:
 def run_once(engine: Engine, prompt: list[int], temp: float, seed: int, n: int) -> dict:
     params = SamplingParams(temperature=temp, seed=seed)
     sampler = SamplerChain.default(params, engine.model.hparams.n_vocab, engine.model.vocab, n_ctx=engine.n_ctx_slot)
-    if engine.speculator is not None:  # drafters start empty: ngram-mod's table would remember the last run's answer
+    if engine.speculator is not None and engine.speculator.draft_model is not None:  # an empty draft context
+        d = engine.speculator.draft_model
+        d.ctx.memory.clear(data=False)
+        d.held = [[] for _ in d.held]
+    elif engine.speculator is not None:  # drafters start empty: ngram-mod's table would remember the last answer
         engine.speculator = Speculator(engine.spec)
     n_decode, st = engine.stats.n_decode, engine.stats
     drafted, accepted = st.n_draft_tokens, st.n_draft_accepted
@@ -56,8 +64,12 @@ def main() -> None:
     p.add_argument("-n", "--n-predict", type=int, default=256)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--task", default="a,b")
+    p.add_argument("--draft-model", default=None, help="= --spec-type draft-simple -md FNAME")
     add_speculative(p)
     args = p.parse_args()
+    if args.draft_model is not None:
+        args.spec_draft_model = args.draft_model
+        args.spec_type = args.spec_type or ["draft-simple"]
     if not args.spec_type:
         args.spec_type = ["ngram-simple"]
     spec = spec_params(args)
@@ -67,6 +79,9 @@ def main() -> None:
     for e in engines.values():
         e.warmup()
     print(f"{args.model}, -t {args.threads}, {args.n_predict} tokens, {spec}")
+    if engines[True].speculator is not None and engines[True].speculator.draft_model is not None:
+        d = engines[True].speculator.draft_model.model
+        print(f"draft model: {d.path} ({d.hparams.n_layer} layers, {d.size / 2**20:.0f} MiB)")
     for task in args.task.split(","):
         prompt = model.vocab.tokenize(task_prompt(model, task), parse_special=True)
         temp = 0.0 if task == "a" else 1.0

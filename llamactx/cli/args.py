@@ -92,8 +92,14 @@ def add_context(p: argparse.ArgumentParser, n_ctx: int = 4096, engine: bool = Fa
     if engine:
         p.add_argument("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints", dest="ctx_checkpoints",
                        type=non_negative_int, default=8, metavar="N",
-                       help="context checkpoints per slot, so that a recurrent or hybrid model (mamba2, lfm2) reuses "
-                            "the part of a cached prompt a new one shares (default 8; 0 = off)")
+                       help="context checkpoints per slot, so that a recurrent, hybrid or sliding-window model "
+                            "(mamba2, lfm2, gemma3) reuses the part of a cached prompt a new one shares (default 8; "
+                            "0 = off)")
+        p.add_argument("-cms", "--checkpoint-min-step", dest="checkpoint_min_step", type=non_negative_int,
+                       default=0, metavar="N",
+                       help="least spacing in tokens between the checkpoints taken away from a prompt's end "
+                            "(default 0: one before each prompt chunk of -b tokens; llama-server's 8192 spaces the "
+                            "ones it takes at user messages, which llamactx does not track)")
         p.add_argument("--session-ram", type=float, default=0, metavar="MiB",
                        help="keep the states of evicted slots in up to this many MiB of RAM, so that a conversation "
                             "whose prompt starts with one resumes without decoding it again (default 0: off)")
@@ -172,7 +178,8 @@ def runtime_params(args: argparse.Namespace, **fields):
                  n_batch=args.batch_size, n_ubatch=args.ubatch_size, n_threads=args.threads,
                  n_threads_batch=args.threads_batch or args.threads, type_k=args.cache_type_k,
                  type_v=args.cache_type_v, flash_attn=args.flash_attn, swa_full=args.swa_full,
-                 n_ctx_checkpoints=args.ctx_checkpoints, session=session_params(args))
+                 n_ctx_checkpoints=args.ctx_checkpoints, checkpoint_min_step=args.checkpoint_min_step,
+                 session=session_params(args))
     return RuntimeParams(**{**flags, **fields})
 
 
@@ -369,7 +376,9 @@ def add_speculative(p: argparse.ArgumentParser) -> None:
     """Speculative decoding's flags, llama-server's names and ranges; `spec_params(args)` makes the SpecParams."""
     g = p.add_argument_group("speculative decoding")
     g.add_argument("--spec-type", action="append", default=None, metavar="TYPES",
-                   help="comma-separated: none, ngram-simple, ngram-map-k, ngram-mod (default none)")
+                   help="comma-separated: none, ngram-simple, ngram-map-k, ngram-mod, draft-simple (default none)")
+    g.add_argument("--spec-draft-model", "-md", "--model-draft", dest="spec_draft_model", default=None,
+                   metavar="FNAME", help="draft model for --spec-type draft-simple (same vocabulary as -m)")
     for flag, field, kind, lo, hi, text in SPEC_FLAGS:
         dest = "spec_" + (field if isinstance(field, str) else "_".join(field))
         g.add_argument(flag, dest=dest, type=_ranged(kind, lo, hi), default=None, metavar="N", help=text)
@@ -379,13 +388,25 @@ def add_speculative(p: argparse.ArgumentParser) -> None:
 
 def spec_params(args: argparse.Namespace):
     """The SpecParams of the --spec-* flags given (their defaults otherwise), None without --spec-type; a type
-    llamactx does not know or support is a CommandError."""
+    llamactx does not know or support, or draft-simple without a draft model, is a CommandError. A draft model
+    without draft-simple is not used, as in llama-server 0c1e570 (said on stderr)."""
+    from llamactx.embedded import resolve_model_path
     from llamactx.engine.speculative import NgramParams, SpecParams, SpecParamsError
 
-    if not args.spec_type:
+    draft = getattr(args, "spec_draft_model", None)
+    types = tuple(t.strip() for value in args.spec_type or () for t in value.split(",") if t.strip())
+    if draft is not None and "draft-simple" not in types:
+        print("llamactx: --spec-draft-model unused: speculation with a draft model needs --spec-type draft-simple",
+              file=sys.stderr)
+    if not types:
         return None
-    types = tuple(t.strip() for value in args.spec_type for t in value.split(",") if t.strip())
-    top: dict = {}
+    if draft is not None and "draft-simple" in types:
+        try:
+            top: dict = {"draft_model": str(resolve_model_path(draft))}
+        except OSError as e:
+            raise CommandError(f"--spec-draft-model: {e}") from None
+    else:
+        top = {}
     nested: dict[str, dict] = {"ngram_simple": {}, "ngram_map_k": {}}
     for _, field, _, _, _, _ in SPEC_FLAGS:
         value = getattr(args, "spec_" + (field if isinstance(field, str) else "_".join(field)))

@@ -16,7 +16,8 @@ did not pick (common_sampler_sample_and_accept_n) and removes the rest from memo
 without drafts, token for token, wherever the weights' kernels are row invariant (speculative.py says where they
 are not). Memories that cannot drop a suffix (recurrent, hybrid: `partial_prefix` False; no state rollback) and
 `kv_layout_exact` contexts, whose bits depend on where cells sit, decode without drafts (`Engine.spec_disabled`
-says why).
+says why). With a draft model (`draft-simple`, engine/draft_model.py) every step first drafts for all generating
+sequences at once (`Speculator.prepare`), so the draft context decodes them together, as llama-server does.
 """
 
 from __future__ import annotations
@@ -75,13 +76,14 @@ class Engine:
     `ContextParams` fields (n_batch, n_ubatch, n_threads, type_k...). The context's KV cells are one pool; with
     kv_unified (the default) each slot may use up to `n_ctx` tokens while memory lasts, without it each slot's
     context is n_ctx / n_slots (llama-server with an explicit -np). `spec`: speculative decoding (None: off).
-    `n_ctx_checkpoints` (llama-server's --ctx-checkpoints, 0 = off) and `checkpoint_max_bytes`: per slot, the
-    context checkpoints that let a recurrent or hybrid memory reuse part of a cached prompt (engine/checkpoints.py).
+    `n_ctx_checkpoints` (llama-server's --ctx-checkpoints, 0 = off), `checkpoint_max_bytes` and
+    `checkpoint_min_step` (--checkpoint-min-step): per slot, the context checkpoints that let a recurrent, hybrid or
+    sliding-window memory reuse part of a cached prompt (engine/checkpoints.py).
     `session`: the session tier below the slots, in RAM and on disk, that evicted slots' states go to and come
     back from (engine/session_tier.py; None or nothing enabled: off). Raises EngineError for a bad argument."""
 
     def __init__(self, model: Model, n_slots: int = 1, n_ctx: int = 4096, lora=(), spec: SpecParams | None = None,
-                 n_ctx_checkpoints: int = 8, checkpoint_max_bytes: int = 256 << 20,
+                 n_ctx_checkpoints: int = 8, checkpoint_max_bytes: int = 256 << 20, checkpoint_min_step: int = 0,
                  session: SessionParams | None = None, **context_params):
         if not 1 <= n_slots <= 256:
             raise EngineError(f"n_slots = {n_slots} is outside [1, 256]")
@@ -94,7 +96,9 @@ class Engine:
         self.ctx = Context(model, ContextParams(n_ctx=n_ctx, n_seq_max=n_slots, **context_params))
         self.spec = spec
         self.spec_disabled = self._why_no_speculation(spec)  # None when speculating (or not asked to)
-        self.speculator = Speculator(spec) if spec is not None and spec.enabled and not self.spec_disabled else None
+        self.speculator = None
+        if spec is not None and spec.enabled and not self.spec_disabled:
+            self.speculator = Speculator(spec, model, n_slots, self._draft_context_params())
         # Q4_K / Q6_K weights: a ubatch of at most GEMV_ROWS rows runs every row as one alone (speculative.py)
         self._max_draft = None if _row_invariant(model) else GEMV_ROWS - 1
         p = self.ctx.params
@@ -102,7 +106,8 @@ class Engine:
         self.session = SessionTier(self.ctx, session) if enabled else None
         self.scheduler = Scheduler(self.ctx.memory, n_slots, p.n_batch, p.n_ubatch,
                                    self._draft if self.speculator is not None else None,
-                                   CheckpointParams(n_ctx_checkpoints, checkpoint_max_bytes), self.session)
+                                   CheckpointParams(n_ctx_checkpoints, checkpoint_max_bytes, checkpoint_min_step),
+                                   self.session)
         self.set_adapters_lora(lora)
         self.stats = EngineStats()
 
@@ -115,6 +120,15 @@ class Engine:
         if self.ctx.params.kv_layout_exact:
             return "kv_layout_exact: a token's bits depend on where its cells sit, a draft could change them"
         return None
+
+    def _draft_context_params(self) -> dict:
+        """A draft model's context: the target's n_ctx, batch sizes, threads and KV layout, one sequence per slot
+        (common_speculative_init_from_params: the draft context holds as many tokens per sequence as the target's),
+        its KV cache in f16 (--spec-draft-type-k / -v's default)."""
+        p = self.ctx.params
+        return dict(n_ctx=p.n_ctx, n_batch=p.n_batch, n_ubatch=p.n_ubatch, n_threads=p.n_threads,
+                    n_threads_batch=p.n_threads_batch, flash_attn=p.flash_attn, swa_full=p.swa_full,
+                    kv_unified=p.kv_unified)
 
     def warmup(self) -> None:
         """Decode a 2-token and a 1-token batch and forget them, and sample once with the default chain, so that
@@ -209,6 +223,9 @@ class Engine:
 
     def step(self) -> list[StepOutput]:
         """One decode of every scheduled sequence's tokens; returns what each sampled sequence produced."""
+        if self.speculator is not None and self.speculator.draft_model is not None:
+            self.speculator.prepare([(seq.seq_id, seq.id, seq.tokens, self._n_draft_max(seq, self.n_ctx_slot))
+                                     for seq in self.scheduler.running if seq.is_generating])
         plan = self.scheduler.schedule()
         if not plan:
             return []
@@ -238,12 +255,15 @@ class Engine:
     def _draft(self, seq: Sequence, n_max: int) -> list[int]:
         """The scheduler's drafter: at most `n_max` draft tokens for generating `seq`, and no more than its context
         and max_tokens leave room for (llama-server's get_n_draft_max)."""
+        return self.speculator.draft(seq.seq_id, seq.id, seq.tokens, self._n_draft_max(seq, n_max))
+
+    def _n_draft_max(self, seq: Sequence, n_max: int) -> int:
         n_max = min(n_max, self.n_ctx_slot - seq.n_past - 2)
         if self._max_draft is not None:
             n_max = min(n_max, self._max_draft)
         if seq.limits.max_tokens >= 0:
             n_max = min(n_max, seq.limits.max_tokens - seq.n_output - 1)
-        return self.speculator.draft(seq.seq_id, seq.id, seq.tokens, n_max)
+        return n_max
 
     def _postprocess(self, plan: list[Scheduled], before: dict[Sequence, list[Chunk]]) -> list[StepOutput]:
         outputs = []
