@@ -10,14 +10,14 @@ import json
 import numpy as np
 import pytest
 
-from llamactx import Batch, Context, ContextParams, Model
+from llamactx import Model
 from llamactx.backend.reference import ReferenceOps
 from llamactx.engine import Engine, Limits
 from llamactx.hparams import HParamsError
 from llamactx.model import ModelLoadError
 from llamactx.sampling import SamplerChain, SamplingParams
 from tests.gguf.tiny_model import rewrite_gguf
-from tests.models.tiny import TINY, TINY_REF, load_tiny, sequences_batch
+from tests.models.tiny import TINY, TINY_REF, assert_flash_single_row, decode_all, load_tiny, new_ctx, sequences_batch
 
 NAMES = ["phi3", "gemma2", "smollm3", "granite"]
 OPS = {"reference": ReferenceOps, "fast": lambda: None}  # None: the context's default, FastOps
@@ -36,19 +36,6 @@ def gemma2_fa():
     with np.load(TINY_REF / "gemma2-fa.npz") as npz:
         arrays = {k: npz[k] for k in npz.files}
     return model, ref, arrays
-
-
-def new_ctx(model, ops=None, flash_attn: str = "disabled", **kw) -> Context:
-    """The references were made with flash attention off (gemma2-fa: on)."""
-    return Context(model, ContextParams(n_ctx=512, n_batch=512, n_threads=2, flash_attn=flash_attn, **kw), ops=ops)
-
-
-def decode_all(ctx: Context, tokens, seq: int = 0, pos0: int = 0) -> np.ndarray:
-    batch = Batch(len(tokens))
-    for i, t in enumerate(tokens):
-        batch.add(t, pos0 + i, [seq], logits=True)
-    assert ctx.decode(batch) == 0
-    return ctx.get_logits().copy()  # (n, n_vocab)
 
 
 @pytest.mark.parametrize("ops", list(OPS))
@@ -90,16 +77,7 @@ def test_teacher_forced_greedy_identical(tiny, single_row):
 def test_gemma2_flash_attention_soft_cap_bit_identical(gemma2_fa):
     """With flash attention the soft-cap is ggml_flash_attn_ext's (scale / cap, then cap * tanhf): prompts (fewer
     than 64 tokens: ggml's one-chunk kernel) and 64 decode steps bit-identical under ggml_single_row."""
-    model, ref, arrays = gemma2_fa
-    for i, prompt in enumerate(ref["prompts"]):
-        ctx = new_ctx(model, ReferenceOps(ggml_single_row=True), flash_attn="enabled")
-        np.testing.assert_array_equal(decode_all(ctx, prompt["tokens"]), arrays[f"prompt_{i}"], err_msg=f"{i}")
-    ctx = new_ctx(model, ReferenceOps(ggml_single_row=True), flash_attn="enabled")
-    toks = ref["prompts"][0]["tokens"]
-    row = decode_all(ctx, toks)[-1]
-    for step, tok in enumerate(ref["greedy"]):
-        np.testing.assert_array_equal(row, arrays["greedy"][step], err_msg=f"step {step}")
-        row = decode_all(ctx, [tok], pos0=len(toks) + step)[-1]
+    assert_flash_single_row(*gemma2_fa[-3:])
 
 
 @pytest.mark.parametrize("ops", list(OPS))

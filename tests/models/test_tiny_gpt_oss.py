@@ -16,7 +16,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from llamactx import Batch, Context, ContextParams, Model
+from llamactx import Context, ContextParams, Model
 from llamactx.backend.reference import ReferenceOps
 from llamactx.engine import Engine, Limits
 from llamactx.ggml.attention import attention_f16_cells
@@ -29,7 +29,7 @@ from llamactx.model import ModelLoadError
 from llamactx.sampling import SamplerChain, SamplingParams
 from tests.conftest import VARIANT
 from tests.gguf.tiny_model import rewrite_gguf
-from tests.models.tiny import TINY, TINY_REF, sequences_batch
+from tests.models.tiny import TINY, TINY_REF, assert_flash_single_row, decode_all, new_ctx, sequences_batch
 
 NAMES = ["gpt-oss", "gpt-oss-mxfp4"]
 OPS = {"reference": ReferenceOps, "fast": lambda: None}  # None: the context's default, FastOps
@@ -55,19 +55,6 @@ def tiny(request):
 @pytest.fixture(scope="module")
 def tiny_fa():
     return load("gpt-oss-fa")
-
-
-def new_ctx(model, ops=None, flash_attn: str = "disabled", **kw) -> Context:
-    """The references were made with flash attention off (gpt-oss-fa: on)."""
-    return Context(model, ContextParams(n_ctx=512, n_batch=512, n_threads=2, flash_attn=flash_attn, **kw), ops=ops)
-
-
-def decode_all(ctx: Context, tokens, seq: int = 0, pos0: int = 0) -> np.ndarray:
-    batch = Batch(len(tokens))
-    for i, t in enumerate(tokens):
-        batch.add(t, pos0 + i, [seq], logits=True)
-    assert ctx.decode(batch) == 0
-    return ctx.get_logits().copy()  # (n, n_vocab)
 
 
 def test_hparams_and_tensors(tiny):
@@ -164,16 +151,7 @@ def test_flash_attention_sinks_bit_identical(tiny_fa):
     """With flash attention the sinks are ggml_flash_attn_ext's (after each row's cells): the prompts (fewer than
     64 tokens: the one-chunk kernel; 64 or more: the tiled one) and 64 decode steps bit-identical under
     ggml_single_row."""
-    _, model, ref, arrays = tiny_fa
-    for i, prompt in enumerate(ref["prompts"]):
-        ctx = new_ctx(model, ReferenceOps(ggml_single_row=True), flash_attn="enabled")
-        np.testing.assert_array_equal(decode_all(ctx, prompt["tokens"]), arrays[f"prompt_{i}"], err_msg=f"{i}")
-    ctx = new_ctx(model, ReferenceOps(ggml_single_row=True), flash_attn="enabled")
-    toks = ref["prompts"][0]["tokens"]
-    row = decode_all(ctx, toks)[-1]
-    for step, tok in enumerate(ref["greedy"]):
-        np.testing.assert_array_equal(row, arrays["greedy"][step], err_msg=f"step {step}")
-        row = decode_all(ctx, [tok], pos0=len(toks) + step)[-1]
+    assert_flash_single_row(*tiny_fa[-3:])
 
 
 @pytest.mark.parametrize("ops", list(OPS))

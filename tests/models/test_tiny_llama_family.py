@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from llamactx import Batch, Context, ContextParams, Model
+from llamactx import Batch, Model
 from llamactx.backend.reference import ReferenceOps
 from tests.gguf.tiny_model import finish
-from tests.models.tiny import TINY, load_tiny, sequences_batch
+from tests.models.tiny import TINY, decode_all, load_tiny, new_ctx, sequences_batch
 
 NAMES = ["qwen2", "qwen3", "llama3", "yarn", "qwen3moe", "mixtral", "llama-q4_0", "qwen3moe-q4_0"]
 
@@ -19,19 +19,6 @@ NAMES = ["qwen2", "qwen3", "llama3", "yarn", "qwen3moe", "mixtral", "llama-q4_0"
 @pytest.fixture(scope="module", params=NAMES)
 def tiny(request):
     return load_tiny(request.param)
-
-
-def new_ctx(model, ops=None, **kw) -> Context:
-    """The references were made with flash attention off."""
-    return Context(model, ContextParams(n_ctx=512, n_batch=512, n_threads=2, flash_attn="disabled", **kw), ops=ops)
-
-
-def decode_all(ctx: Context, tokens, seq: int = 0, pos0: int = 0) -> np.ndarray:
-    batch = Batch(len(tokens))
-    for i, t in enumerate(tokens):
-        batch.add(t, pos0 + i, [seq], logits=True)
-    assert ctx.decode(batch) == 0
-    return ctx.get_logits().copy()  # (n, n_vocab)
 
 
 def test_prompt_logits_bit_identical(tiny):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from llamactx import Batch, Context, ContextParams, Model
+from llamactx import Model
 from llamactx.backend.fast import FastOps
 from llamactx.backend.reference import ReferenceOps
 from llamactx.ggml.cpu import arithmetic
@@ -23,6 +23,7 @@ from llamactx.model import ModelLoadError, Weight
 from tests.conftest import VARIANT_DIR
 from tests.data.quants.quant_matmul_cases import MATMUL_CASES, N_ROWS, case_data
 from tests.gguf.tiny_model import write_tiny_llama
+from tests.models.tiny import decode_all, new_ctx
 
 QUANTS = Path(__file__).parent.parent / "data" / "quants"
 REF = QUANTS / VARIANT_DIR  # llama.cpp's outputs for the arithmetic this run computes (avx2/: its AVX2 build)
@@ -44,19 +45,6 @@ def quant_model(request):
     with np.load(REF / f"{name}.npz") as npz:
         arrays = {k: npz[k] for k in npz.files}
     return name, Model.load(QUANTS / f"tiny-quants-{name}.gguf"), ref, arrays
-
-
-def new_ctx(model, ops=None) -> Context:
-    """The references were made with flash attention off."""
-    return Context(model, ContextParams(n_ctx=512, n_batch=512, n_threads=2, flash_attn="disabled"), ops=ops)
-
-
-def decode_all(ctx: Context, tokens, pos0: int = 0) -> np.ndarray:
-    batch = Batch(len(tokens))
-    for i, t in enumerate(tokens):
-        batch.add(t, pos0 + i, [0], logits=True)
-    assert ctx.decode(batch) == 0
-    return ctx.get_logits().copy()  # (n, n_vocab)
 
 
 def make_ops(kind: str, model, single_row: bool = False):

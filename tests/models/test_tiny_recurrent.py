@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from llamactx import Batch, Context, ContextParams
+from llamactx import Batch
 from llamactx.backend.reference import ReferenceOps
 from llamactx.models import ARCHITECTURES
-from tests.models.tiny import TINY, load_tiny
+from tests.models.tiny import TINY, decode_all, load_tiny, new_ctx
 
 NAMES = [name for name in ("mamba2", "mamba2-s128", "lfm2") if name.split("-")[0] in ARCHITECTURES]
 
@@ -18,19 +18,6 @@ NAMES = [name for name in ("mamba2", "mamba2-s128", "lfm2") if name.split("-")[0
 @pytest.fixture(scope="module", params=NAMES)
 def tiny(request):
     return load_tiny(request.param)
-
-
-def new_ctx(model, ops=None, **kw) -> Context:
-    """The references are llama.cpp's with flash attention off (lfm2's attention layers)."""
-    return Context(model, ContextParams(n_ctx=512, n_batch=512, n_threads=2, flash_attn="disabled", **kw), ops=ops)
-
-
-def decode_all(ctx: Context, tokens, seq: int = 0, pos0: int = 0) -> np.ndarray:
-    batch = Batch(len(tokens))
-    for i, t in enumerate(tokens):
-        batch.add(t, pos0 + i, [seq], logits=True)
-    assert ctx.decode(batch) == 0
-    return ctx.get_logits().copy()  # (n, n_vocab)
 
 
 @pytest.mark.parametrize("ops", ["fast", "reference"])

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from llamactx import Batch, Context, ContextParams, Model
+from llamactx.backend.reference import ReferenceOps
 from tests.conftest import VARIANT_DIR
 
 TINY = Path(__file__).parent.parent / "data" / "tiny"
@@ -36,3 +37,32 @@ def sequences_batch(token_lists: list[list[int]]) -> Batch:
         for p, t in enumerate(tokens):
             batch.add(t, p, (s,), True)
     return batch
+
+
+def new_ctx(model: Model, ops=None, flash_attn: str = "disabled", **kw) -> Context:
+    """A 512-token context for a tiny model; the references were made with flash attention off (the -fa
+    variants: on)."""
+    return Context(model, ContextParams(n_ctx=512, n_batch=512, n_threads=2, flash_attn=flash_attn, **kw), ops=ops)
+
+
+def decode_all(ctx: Context, tokens, seq: int = 0, pos0: int = 0) -> np.ndarray:
+    """Decode `tokens` as sequence `seq` from position pos0, every token an output: the logits (n, n_vocab)."""
+    batch = Batch(len(tokens))
+    for i, t in enumerate(tokens):
+        batch.add(t, pos0 + i, [seq], logits=True)
+    assert ctx.decode(batch) == 0
+    return ctx.get_logits().copy()  # (n, n_vocab)
+
+
+def assert_flash_single_row(model: Model, ref: dict, arrays: dict[str, np.ndarray]) -> None:
+    """With flash attention under ggml_single_row: every prompt, then the greedy steps after prompt 0, equal
+    llama.cpp's logits bit for bit."""
+    for i, prompt in enumerate(ref["prompts"]):
+        ctx = new_ctx(model, ReferenceOps(ggml_single_row=True), flash_attn="enabled")
+        np.testing.assert_array_equal(decode_all(ctx, prompt["tokens"]), arrays[f"prompt_{i}"], err_msg=f"{i}")
+    ctx = new_ctx(model, ReferenceOps(ggml_single_row=True), flash_attn="enabled")
+    toks = ref["prompts"][0]["tokens"]
+    row = decode_all(ctx, toks)[-1]
+    for step, tok in enumerate(ref["greedy"]):
+        np.testing.assert_array_equal(row, arrays["greedy"][step], err_msg=f"step {step}")
+        row = decode_all(ctx, [tok], pos0=len(toks) + step)[-1]
