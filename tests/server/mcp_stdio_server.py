@@ -1,5 +1,5 @@
 """A tiny stdio MCP server for tests/server/test_tools.py: NDJSON JSON-RPC 2.0 on stdin/stdout. Tools: echo,
-add, fail (an isError result), sleep (seconds), crash (exits after its reply), notify (a notification before
+add, fail (an isError result), sleep (seconds), crash (exits 0.3 s after its reply), notify (a notification before
 the reply). Run as `python mcp_stdio_server.py`; stdlib only."""
 
 import json
@@ -42,6 +42,7 @@ def call(req_id, name: str, args: dict) -> dict:
         return text(req_id, "slept")
     if name == "crash":
         send(text(req_id, "crashing"))
+        time.sleep(0.3)  # dying but not yet reaped: the client's next call is written to this child
         os._exit(1)
     if name == "notify":
         send({"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progress": 1}})

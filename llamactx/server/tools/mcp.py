@@ -356,20 +356,30 @@ class McpManager:
         return list(self.registry)
 
     async def call_tool(self, server: str, tool: str, arguments: dict) -> dict:
-        """{"plain_text_response": text} or {"error": message}; never raises for the server's failures."""
+        """{"plain_text_response": text} or {"error": message}; never raises for the server's failures.
+        A call sent to a reused child that then dies without replying (it was already exiting: a crash after its
+        last reply is not yet reaped when the next call is written) is sent once more to a fresh child. A call
+        that kills a fresh child is not repeated."""
         self._bind()
-        session = await self._get_or_spawn(server)
+        session, reused = await self._get_or_spawn(server)
         if session is None:
             return {"error": f"MCP server unavailable: {server}"}
-        return await session.call_tool(tool, arguments, self._stop)
+        reply = await session.call_tool(tool, arguments, self._stop)
+        if reused and not session.is_alive() and reply.get("error", "").startswith("transport closed"):
+            session, _ = await self._get_or_spawn(server)
+            if session is None:
+                return {"error": f"MCP server unavailable: {server}"}
+            reply = await session.call_tool(tool, arguments, self._stop)
+        return reply
 
-    async def _get_or_spawn(self, name: str) -> McpStdio | None:
+    async def _get_or_spawn(self, name: str) -> tuple[McpStdio | None, bool]:
+        """The server's live session, and whether it was already running (False: spawned now)."""
         async with self._spawn_lock:
             if self.stopping or name not in self.configs or time.monotonic() < self.dead_until.get(name, 0.0):
-                return None
+                return None, False
             session = self.sessions.get(name)
             if session is not None and session.is_alive():
-                return session
+                return session, True
             if session is not None:
                 log.warning("MCP '%s' is no longer alive: %s", name, session.diagnostics())
                 del self.sessions[name]
@@ -378,9 +388,9 @@ class McpManager:
             if not await fresh.start():
                 log.warning("MCP '%s': failed to start: %s", name, fresh.diagnostics())
                 self.dead_until[name] = time.monotonic() + COOLDOWN_S
-                return None
+                return None, False
             self.sessions[name] = fresh
-            return fresh
+            return fresh, False
 
     def shutdown(self) -> None:
         """Fail every in-flight call at once ("cancelled") and refuse new ones. Safe from a signal handler or
