@@ -14,10 +14,13 @@ With `spec=SpecParams(types=("ngram-simple",))` generating sequences bring draft
 same batch; post-processing samples each draft position in turn, keeps the tokens up to the first one the sampler
 did not pick (common_sampler_sample_and_accept_n) and removes the rest from memory (`seq_rm`): the output is the one
 without drafts, token for token, wherever the weights' kernels are row invariant (speculative.py says where they
-are not). Memories that cannot drop a suffix (recurrent, hybrid: `partial_prefix` False; no state rollback) and
-`kv_layout_exact` contexts, whose bits depend on where cells sit, decode without drafts (`Engine.spec_disabled`
-says why). With a draft model (`draft-simple`, engine/draft_model.py) every step first drafts for all generating
-sequences at once (`Speculator.prepare`), so the draft context decodes them together, as llama-server does.
+are not). Memories that cannot drop a suffix (recurrent, hybrid: `partial_prefix` False) roll back instead: the
+engine snapshots a drafting sequence's state before the decode (`Memory.checkpoint_write`, llama-server's
+speculative checkpoint) and, when a draft token is rejected, restores it and decodes the accepted tokens again in
+the next step (llama-server's replay). `kv_layout_exact` contexts, whose bits depend on where cells sit, decode
+without drafts (`Engine.spec_disabled` says why). With a draft model (`draft-simple`, engine/draft_model.py) every
+step first drafts for all generating sequences at once (`Speculator.prepare`), so the draft context decodes them
+together, as llama-server does.
 """
 
 from __future__ import annotations
@@ -115,8 +118,6 @@ class Engine:
         """Why this engine decodes without drafts although asked to speculate; None otherwise."""
         if spec is None or not spec.enabled:
             return None
-        if not self.ctx.memory.partial_prefix:
-            return "the memory cannot remove rejected draft tokens (a recurrent state has no rollback)"
         if self.ctx.params.kv_layout_exact:
             return "kv_layout_exact: a token's bits depend on where its cells sit, a draft could change them"
         return None
@@ -235,13 +236,15 @@ class Engine:
                   if s.seq.return_progress and s.seq.n_past == s.seq.n_cached < s.seq.n_prompt}
         for s in plan:
             self.scheduler.cache.checkpoint(s.seq)  # before the decode: the state before this chunk
+        rollback = {} if self.ctx.memory.partial_prefix else \
+            {s.seq: self.ctx.memory.checkpoint_write(s.seq.seq_id) for s in plan if s.draft}
         t0 = time.perf_counter()
         status = self.ctx.decode(batch)
         if status != DecodeStatus.OK:  # the scheduler checked the room, so only an abort or a surprise lands here
             self.scheduler.preempt(self.scheduler.running[-1])
             return []
         self._count(plan, (time.perf_counter() - t0) * 1000)
-        return self._postprocess(plan, before)
+        return self._postprocess(plan, before, rollback)
 
     def _batch(self, plan: list[Scheduled]) -> Batch:
         batch = Batch(sum(s.n_tokens for s in plan))
@@ -265,7 +268,8 @@ class Engine:
             n_max = min(n_max, seq.limits.max_tokens - seq.n_output - 1)
         return n_max
 
-    def _postprocess(self, plan: list[Scheduled], before: dict[Sequence, list[Chunk]]) -> list[StepOutput]:
+    def _postprocess(self, plan: list[Scheduled], before: dict[Sequence, list[Chunk]],
+                     rollback: dict[Sequence, bytes]) -> list[StepOutput]:
         outputs = []
         row = 0
         for s in plan:
@@ -278,7 +282,7 @@ class Engine:
                 if progress:
                     outputs.append(StepOutput(seq, progress))
                 continue
-            chunks = self._verify(s, first) if s.draft else self._sample(seq, row - 1)[1]
+            chunks = self._verify(s, first, rollback.get(seq)) if s.draft else self._sample(seq, row - 1)[1]
             if not seq.is_finished and seq.n_past >= self.n_ctx_slot:
                 chunks += self._context_full(seq)
             if seq.is_finished:
@@ -295,11 +299,13 @@ class Engine:
             return None, seq.finish("error")
         return token, seq.append(token, self.model.vocab, *self._logprobs(seq, i, token))
 
-    def _verify(self, s: Scheduled, first: int) -> list[Chunk]:
+    def _verify(self, s: Scheduled, first: int, snapshot: bytes | None) -> list[Chunk]:
         """Rows first .. first + len(draft) hold the logits after the sampled token and after each draft token:
         sample them in order while the sampler picks the draft's next token (common_sampler_sample_and_accept_n),
         so the sampler sees exactly the tokens it would without the draft. seq.n_past already counts the sampled
-        token; each accepted draft token adds one, and memory forgets the positions past it (`seq_rm`)."""
+        token; each accepted draft token adds one, and memory forgets the positions past it (`seq_rm`). A memory
+        without partial prefixes goes back to `snapshot`, its state before the sampled token, instead: the
+        sampled and accepted tokens are pending again and the next step decodes them (llama-server's replay)."""
         seq, draft = s.seq, s.draft
         n_past = seq.n_past
         chunks: list[Chunk] = []
@@ -312,7 +318,11 @@ class Engine:
             n_accepted += 1
             seq.n_past += 1
         if seq.n_past < n_past + len(draft):
-            self.ctx.memory.seq_rm(seq.seq_id, seq.n_past, -1)
+            if snapshot is None:
+                self.ctx.memory.seq_rm(seq.seq_id, seq.n_past, -1)
+            else:
+                self.ctx.memory.checkpoint_load(seq.seq_id, snapshot, n_past - 1)
+                seq.n_past = n_past - 1
         self._count_draft(seq, len(draft), n_accepted)
         if not seq.is_finished and not self.ctx.memory.can_continue(seq.seq_id, seq.n_past):
             self.scheduler.preempt(seq)  # cannot happen with drafts in one ubatch; recomputing is always right

@@ -160,15 +160,20 @@ def test_ngram_types_are_tried_first(smollm, smollm_prompt, smollm_plain, smollm
 
 
 @pytest.mark.parametrize("name", ["mamba2", "lfm2"])
-def test_a_recurrent_target_decodes_without_drafts(name, smollm_draft2):
-    """A recurrent target cannot drop rejected tokens: the engine says why and never loads the draft."""
+def test_a_recurrent_target_rolls_back_a_draft_models_tokens(name, smollm_draft2):
+    """A recurrent target with a draft model of its vocabulary (the tiny llama3, whose random weights draft nearly
+    always wrong): every rejection restores the target's snapshot and replays, so the outputs of 2 slots are those
+    without drafts. A draft of another vocabulary (SmolLM2's) is refused, naming the difference."""
     ref = json.loads((TINY / f"{name}.json").read_text())
     model = Model.load(TINY / f"tiny-{name}.gguf")
-    prompt = ref["prompts"][0]["tokens"] * 3
-    plain, _ = generate(model, [prompt], max_tokens=8)
-    fast, engine = generate(model, [prompt], draft_spec(smollm_draft2), max_tokens=8)
+    prompts = [p["tokens"] * 2 for p in ref["prompts"][:2]]
+    plain, _ = generate(model, prompts, max_tokens=16)
+    fast, engine = generate(model, prompts, draft_spec(Model.load(TINY / "tiny-llama3.gguf")), max_tokens=16)
     assert fast == plain
-    assert engine.speculator is None and "recurrent" in engine.spec_disabled
+    assert engine.stats.n_draft_tokens > engine.stats.n_draft_accepted
+    check_memory(engine)
+    with pytest.raises(SpecParamsError, match="n_vocab: target 1024, draft 49152"):
+        generate(model, prompts[:1], draft_spec(smollm_draft2), max_tokens=1)
 
 
 # -- the draft model and its context ---------------------------------------------------------------------------

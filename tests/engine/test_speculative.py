@@ -145,17 +145,47 @@ def test_gemma_seeded_runs_with_drafts_are_reproducible(gemma):
     assert runs[0][1].stats.n_draft_tokens > 0
 
 
+def oracle_drafter(engine: Engine, outputs: dict[tuple[int, ...], list[int]]):
+    """Replace the engine's drafter with one that knows each prompt's plain output (keyed by prompt) and drafts
+    its next tokens with a planned mistake: right for 0, 1, 2, ... tokens in turn, then one wrong token, so that
+    drafts are rejected at once, accepted in part, and (when the mistake falls past n_max) accepted in full."""
+    turn = iter(range(10**6))
+
+    def draft(seq_id, request_id, tokens, n_max):
+        for prompt, out in sorted(outputs.items(), key=lambda kv: -len(kv[0])):  # the longest that matches
+            if tuple(tokens[: len(prompt)]) == prompt:
+                done = len(tokens) - len(prompt)
+                n_right = next(turn) % 5
+                d = out[done : done + n_right] + [(out[done + n_right] + 1) % 7 if done + n_right < len(out) else 0]
+                return d[: max(n_max, 0)]
+        return []
+
+    engine.speculator.draft = draft
+
+
 @pytest.mark.parametrize("name", ["mamba2", "lfm2"])
-def test_recurrent_memories_decode_without_drafts(name):
-    """A recurrent state cannot drop rejected tokens (no rollback): the engine says so and never drafts."""
+@pytest.mark.parametrize("temp", [0.0, 0.8])
+def test_recurrent_memories_roll_rejected_drafts_back(name, temp):
+    """A recurrent state (mamba2) or hybrid memory (lfm2) cannot seq_rm rejected tokens: the engine restores the
+    state it snapshot before the verify decode and decodes the accepted tokens again (llama-server's speculative
+    checkpoint and replay). Greedy and seeded outputs are those without drafts, token for token, on 4 slots, and
+    each slot's memory ends exactly at its tokens."""
     ref = json.loads((TINY / f"{name}.json").read_text())
     model = Model.load(TINY / f"tiny-{name}.gguf")
-    prompt = ref["prompts"][0]["tokens"] * 3
-    plain, _ = generate(model, [prompt], max_tokens=12)
-    fast, engine = generate(model, [prompt], SHORT, max_tokens=12)
-    assert fast == plain
-    assert engine.speculator is None and "recurrent" in engine.spec_disabled
-    assert engine.stats.n_draft_tokens == 0
+    prompts = [p["tokens"] * k for p in ref["prompts"][:2] for k in (1, 3)]
+    plain, _ = generate(model, prompts, temp=temp, max_tokens=24)
+    engine = Engine(model, n_slots=len(prompts), n_ctx=2048, spec=SHORT, n_threads=2)
+    assert engine.spec_disabled is None and engine.speculator is not None
+    oracle_drafter(engine, {tuple(p): out for p, out in zip(prompts, plain, strict=True)})
+    seqs = [engine.add_request(p, chain(model, temp, seed=i), Limits(max_tokens=24)) for i, p in enumerate(prompts)]
+    for _ in range(500):
+        if not engine.has_work:
+            break
+        engine.step()
+    assert [s.output for s in seqs] == plain
+    st = engine.stats
+    assert 0 < st.n_draft_accepted < st.n_draft_tokens  # some drafts kept, some rolled back
+    check_memory(engine)
 
 
 def test_kv_layout_exact_decodes_without_drafts(smollm):
