@@ -255,10 +255,12 @@ class Engine:
                 batch.add(t, seq.n_past + j, (seq.seq_id,), bool(s.draft) or (s.sample and j == len(tokens) - 1))
         return batch
 
-    def _draft(self, seq: Sequence, n_max: int) -> list[int]:
-        """The scheduler's drafter: at most `n_max` draft tokens for generating `seq`, and no more than its context
-        and max_tokens leave room for (llama-server's get_n_draft_max)."""
-        return self.speculator.draft(seq.seq_id, seq.id, seq.tokens, self._n_draft_max(seq, n_max))
+    def _draft(self, seq: Sequence, n_max: int, n_gen: int, used: int) -> list[int]:
+        """The scheduler's drafter: at most `n_max` draft tokens for generating `seq`, no more than its context
+        and max_tokens leave room for (llama-server's get_n_draft_max), and no more than are worth verifying in a
+        step of `n_gen` generating sequences and `used` rows so far (speculative.DraftBudget)."""
+        n_max = self.speculator.budget.cap(seq.seq_id, n_gen, used, self._n_draft_max(seq, n_max))
+        return self.speculator.draft(seq.seq_id, seq.id, seq.tokens, n_max)
 
     def _n_draft_max(self, seq: Sequence, n_max: int) -> int:
         n_max = min(n_max, self.n_ctx_slot - seq.n_past - 2)
@@ -335,7 +337,7 @@ class Engine:
         st.n_draft_verif_steps += 1
         t.draft_n += n_draft
         t.draft_n_accepted += n_accepted
-        self.speculator.accept(seq.seq_id, n_accepted)
+        self.speculator.accept(seq.seq_id, n_accepted, n_draft)
 
     def _logprobs(self, seq: Sequence, i: int, token: int) -> tuple[float | None, tuple]:
         if seq.n_probs < 0:

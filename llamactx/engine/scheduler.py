@@ -46,10 +46,11 @@ class Scheduler:
     """Waiting and running queues over `n_slots` context sequences sharing one memory."""
 
     def __init__(self, memory: Memory, n_slots: int, n_batch: int, n_ubatch: int | None = None,
-                 drafter: Callable[[Sequence, int], list[int]] | None = None,
+                 drafter: Callable[[Sequence, int, int, int], list[int]] | None = None,
                  checkpoints: CheckpointParams | None = None, tier: SessionTier | None = None):
-        """`drafter(seq, n_max)`: at most n_max draft tokens to verify after a generating sequence's pending token
-        (None: no speculative decoding). Drafts are kept within the first `n_ubatch` tokens of the batch, so that a
+        """`drafter(seq, n_max, n_gen, used)`: at most n_max draft tokens to verify after a generating sequence's
+        pending token, in a step of n_gen generating sequences with `used` rows so far (None: no speculative
+        decoding). Drafts are kept within the first `n_ubatch` tokens of the batch, so that a
         sequence's verified tokens are placed in one ubatch (an iSWA cache then never reuses a cell that its next
         token, after a rejection, still attends to). `checkpoints`: the slots' context checkpoints (None: the
         defaults); while they are taken, a prompt chunk ends where one is due (PrefixCache.checkpoint_at).
@@ -103,7 +104,7 @@ class Scheduler:
         out = []
         for s in plan:
             n_max = max(0, min(self.n_ubatch - used, self.memory.room(s.seq.seq_id) - used))
-            draft = tuple(self.drafter(s.seq, n_max))[:n_max]
+            draft = tuple(self.drafter(s.seq, n_max, len(plan), used))[:n_max]
             out.append(Scheduled(s.seq, 1 + len(draft), True, draft) if draft else s)
             used += len(draft)
         return out, used

@@ -23,6 +23,15 @@ first, the draft model when none of them has a draft. As in llama.cpp, a draft's
 --spec-draft-p-min and dropped under --spec-draft-n-min), cut to what the slot has room for. A draft model given
 without the draft-simple type is not used (llama-server 0c1e570 loads it and then speculates with the types asked
 for only). The other draft-* types (EAGLE-3, MTP, DFlash) need models and contexts llamactx does not have.
+
+How much of a draft to verify is an economic choice llama.cpp does not make (it verifies every draft in full, and
+llama-server with 8 busy slots then serves fewer tokens/s with ngram-simple than without). A decode of a few rows
+costs about what one row costs (the weights are read once), past that each row costs its compute. `DraftBudget`
+keeps each slot's rate of accepted draft tokens and verifies a draft token only while it is expected to pay: free
+while the step has fewer than `free_rows` rows, else only if its chance to be accepted (the rate to the power of
+its place in the draft) times what a generated token costs without drafts (one step of max(free_rows, n) rows
+over n sequences) exceeds one row. A lone stream thus keeps its long drafts, and a batch that already fills the
+CPU verifies only drafts that are nearly always right. Which tokens are verified never changes the output.
 """
 
 from __future__ import annotations
@@ -80,6 +89,7 @@ class SpecParams:
     ngram_mod_n_match: int = 24  # --spec-ngram-mod-n-match: the n-gram hashed
     ngram_mod_n_min: int = 48  # --spec-ngram-mod-n-min: a shorter draft is dropped
     ngram_mod_n_max: int = 64  # --spec-ngram-mod-n-max
+    free_rows: int = 8  # rows a decode holds for about the price of one (DraftBudget; 0: verify every draft whole)
 
     def __post_init__(self) -> None:
         if isinstance(self.types, str):
@@ -104,6 +114,7 @@ class SpecParams:
         _check_int("ngram_mod_n_match", self.ngram_mod_n_match, 1, 1024)
         _check_int("ngram_mod_n_min", self.ngram_mod_n_min, 0, 1024)
         _check_int("ngram_mod_n_max", self.ngram_mod_n_max, 0, 1024)
+        _check_int("free_rows", self.free_rows, 0, 1 << 16)
 
     def _check_draft_model(self) -> None:
         dm = self.draft_model
@@ -126,6 +137,43 @@ def _check_int(name: str, value, lo: int, hi: int | None) -> None:
         raise SpecParamsError(f"{name} = {value!r} is outside {limit}")
 
 
+class DraftBudget:
+    """How many tokens of a slot's draft are worth verifying in this step (see the module docstring): per slot, a
+    decayed count of accepted draft tokens and of drafts cut short, from a prior rate of 0.8."""
+
+    PRIOR_RATE, PRIOR_WEIGHT, DECAY = 0.8, 2.0, 0.9
+
+    def __init__(self, free_rows: int):
+        self.free_rows = free_rows
+        self._counts: dict[int, tuple[float, float]] = {}  # seq_id -> (accepted tokens, rejections), decayed
+
+    def rate(self, seq_id: int) -> float:
+        """The chance that a slot's next draft token is accepted, given that those before it were."""
+        acc, rej = self._counts.get(seq_id, (0.0, 0.0))
+        return (acc + self.PRIOR_RATE * self.PRIOR_WEIGHT) / (acc + rej + self.PRIOR_WEIGHT)
+
+    def cap(self, seq_id: int, n_gen: int, used: int, n_max: int) -> int:
+        """At most `n_max` draft tokens for `seq_id` in a step of `n_gen` generating sequences whose batch holds
+        `used` rows so far."""
+        if self.free_rows == 0:
+            return n_max
+        a, per_token = self.rate(seq_id), max(self.free_rows, n_gen) / max(n_gen, 1)
+        k, p = 0, 1.0
+        while k < n_max:
+            p *= a
+            if used + k + 1 > self.free_rows and p * per_token <= 1.0:
+                break
+            k += 1
+        return k
+
+    def record(self, seq_id: int, n_draft: int, n_accepted: int) -> None:
+        acc, rej = self._counts.get(seq_id, (0.0, 0.0))
+        self._counts[seq_id] = (acc * self.DECAY + n_accepted, rej * self.DECAY + (n_accepted < n_draft))
+
+    def forget(self, seq_id: int) -> None:
+        self._counts.pop(seq_id, None)
+
+
 class Speculator:
     """The drafters of one engine and, per slot, which request they began and which drafter made the draft being
     verified (common_speculative). draft-simple needs the `target` model (its vocabulary is checked against the
@@ -144,6 +192,7 @@ class Speculator:
         self._last: dict[int, object] = {}  # seq_id -> the drafter of its last draft
         # seq_id -> (request, its n_tokens, drafter, draft): the drafts `prepare` made for this step
         self._prepared: dict[int, tuple[int, int, object, list[int]]] = {}
+        self.budget = DraftBudget(params.free_rows)
 
     def _make(self, name: str, target: Model | None, n_seq: int, context_params: Mapping[str, object]):
         p = self.params
@@ -212,11 +261,14 @@ class Speculator:
         if self._begun.get(seq_id) != request_id:
             self._begun[seq_id] = request_id
             self._last.pop(seq_id, None)
+            self.budget.forget(seq_id)
             for d in self.drafters:
                 d.begin(seq_id, prompt)
 
-    def accept(self, seq_id: int, n_accepted: int) -> None:
-        """`n_accepted` tokens of slot `seq_id`'s last draft were accepted (common_speculative_accept)."""
+    def accept(self, seq_id: int, n_accepted: int, n_draft: int) -> None:
+        """`n_accepted` of the `n_draft` tokens of slot `seq_id`'s last draft were accepted
+        (common_speculative_accept)."""
+        self.budget.record(seq_id, n_draft, n_accepted)
         last = self._last.get(seq_id)
         if last is None:
             return

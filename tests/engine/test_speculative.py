@@ -13,7 +13,7 @@ from llamactx import Model
 from llamactx.cli.args import ArgumentParser, CommandError, add_speculative, spec_params
 from llamactx.engine import Engine, EngineError, Limits
 from llamactx.engine.ngram import NgramMapK, NgramMod, NgramSimple
-from llamactx.engine.speculative import NgramParams, SpecParams, SpecParamsError, Speculator
+from llamactx.engine.speculative import DraftBudget, NgramParams, SpecParams, SpecParamsError, Speculator
 from tests.engine.test_engine import chain
 
 CODE = (Path(__file__).parents[1] / "data" / "spec_code.txt").read_text()  # a frozen copy of some Python code
@@ -186,6 +186,35 @@ def test_recurrent_memories_roll_rejected_drafts_back(name, temp):
     st = engine.stats
     assert 0 < st.n_draft_accepted < st.n_draft_tokens  # some drafts kept, some rolled back
     check_memory(engine)
+
+
+def test_the_draft_budget_verifies_what_pays():
+    """Rows under free_rows are free; past them a draft token is verified while its chance (the slot's rate to the
+    power of its place) times a plain token's cost exceeds a row: a lone stream keeps long drafts while they are
+    accepted and shortens them when they are not; a batch of free_rows generating sequences verifies none (each
+    row already costs what a token costs); free_rows 0 verifies whole drafts, as llama.cpp does."""
+    b = DraftBudget(8)
+    assert b.rate(0) == pytest.approx(0.8)
+    assert b.cap(0, 1, 1, 48) == 9  # 7 free rows, then 0.8**8 * 8 > 1 and 0.8**9 * 8 > 1, not 0.8**10 * 8
+    assert b.cap(0, 4, 4, 48) == 4 and b.cap(0, 8, 8, 48) == 0
+    for _ in range(5):
+        b.record(0, 30, 30)
+    assert b.rate(0) > 0.99 and b.cap(0, 1, 1, 48) == 48 and b.cap(0, 8, 8, 48) == 0
+    for _ in range(20):
+        b.record(0, 30, 1)
+    assert b.rate(0) < 0.8 and b.cap(0, 1, 1, 48) == 7
+    b.forget(0)
+    assert b.rate(0) == pytest.approx(0.8)
+    assert DraftBudget(0).cap(0, 8, 8, 48) == 48
+
+
+def test_a_full_batch_verifies_no_drafts_and_a_lone_stream_long_ones(smollm, smollm_prompt):
+    """On the engine: 8 streams copying at the prior rate draft nothing (the batch is already compute-bound), one
+    stream drafts and the outputs are the same."""
+    (one,), e1 = generate(smollm, [smollm_prompt], SIMPLE, max_tokens=40)
+    assert e1.stats.n_draft_tokens > 7  # longer than the free rows
+    outs, e8 = generate(smollm, [smollm_prompt] * 8, SIMPLE, max_tokens=40)
+    assert e8.stats.n_draft_tokens == 0 and outs == [one] * 8
 
 
 def test_kv_layout_exact_decodes_without_drafts(smollm):
