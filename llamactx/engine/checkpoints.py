@@ -13,8 +13,8 @@ its last tokens. A later prompt that shares at least a checkpoint's tokens resto
 (`Memory.checkpoint_load`) and decodes only the rest; checkpoints past the divergence are dropped.
 
 Each slot keeps at most `n_max` checkpoints and `max_bytes` bytes of them, oldest dropped first; away from the
-prompt's end a snapshot within `min_step` tokens of the last one is skipped. `n_max = 0` turns them off: such
-prompts are reprocessed in full, as before (never different tokens).
+prompt's end a snapshot within `min_step` tokens of the last one is skipped. `n_max = 0` turns them off, and so
+does `max_bytes = 0` (no snapshot fits): such prompts are reprocessed in full, as before (never different tokens).
 """
 
 from __future__ import annotations

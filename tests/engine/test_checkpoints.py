@@ -94,9 +94,12 @@ def test_checkpoint_of_another_slot(tiny):
     assert np.array_equal(logits, fresh(model, second, 1)[1])
 
 
-def test_checkpoints_off_reprocess_the_whole_prompt(tiny):
+@pytest.mark.parametrize("off", [dict(n_ctx_checkpoints=0), dict(checkpoint_max_bytes=0)], ids=["n0", "bytes0"])
+def test_checkpoints_off_reprocess_the_whole_prompt(tiny, off):
+    """No checkpoints (none allowed, or a budget of 0 bytes that holds none): the prompt is decoded again in
+    full, with the same logits, never wrong ones."""
     model, conv, new = tiny
-    engine = engine_for(model, n_ctx_checkpoints=0)
+    engine = engine_for(model, **off)
     generate(engine, conv, 8)
     assert engine.scheduler.cache.slots[0].checkpoints.items == []
     second = conv[:-2] + new
