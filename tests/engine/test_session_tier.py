@@ -18,8 +18,9 @@ from llamactx.engine.session_tier import SessionTier
 from llamactx.engine.state_store import SessionEntry, StateDisk, prefix_keys
 from tests.engine.test_engine import chain
 
-TEXT = (Path(__file__).parents[1] / "data" / "gpl3_head.txt").read_text()
-TINY = Path(__file__).parents[1] / "data" / "tiny"
+DATA = Path(__file__).parents[1] / "data"
+TEXT = "".join((DATA / f).read_text() for f in ("gpl3_head.txt", "spec_code.txt", "zen.txt"))  # ~3,400 tokens
+TINY = DATA / "tiny"
 N_NEW = 30  # the second turn's new tokens
 
 
@@ -51,10 +52,10 @@ def conversation(model, n_first: int):
 @pytest.mark.parametrize("name", ["smollm", "gemma"])
 def test_a_conversation_evicted_to_ram_then_disk_resumes_bit_identical(name, request, tmp_path):
     model = request.getfixturevalue(name)
-    first, new = conversation(model, 560)
+    first, new = conversation(model, 2000)  # the 2,000-token conversation, past Gemma's 512-token window
     other = model.vocab.tokenize("Hello there")  # a short request that takes the slot (too short to be stored)
 
-    plain = Engine(model, n_slots=1, n_ctx=1024)
+    plain = Engine(model, n_slots=1, n_ctx=4096)
     t1, _ = turn(plain, model, first, 8)
     held = plain.slot_tokens(0)  # the first turn as memory holds it: prompt and output but the last token
     entry_bytes = len(plain.ctx.state_seq_get_data(0)) + 4 * len(held)
@@ -65,7 +66,7 @@ def test_a_conversation_evicted_to_ram_then_disk_resumes_bit_identical(name, req
 
     # RAM holds one such state: a second one sends the first to disk
     params = SessionParams(ram_bytes=entry_bytes * 3 // 2, disk_dir=str(tmp_path), disk_bytes=4 * entry_bytes)
-    engine = Engine(model, n_slots=1, n_ctx=1024, session=params)
+    engine = Engine(model, n_slots=1, n_ctx=4096, session=params)
     tier = engine.session
     turn(engine, model, first, 8)
     assert engine.slot_tokens(0) == held
