@@ -44,8 +44,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--api-key-file", default=None, help="file with one API key per line")
     p.add_argument("--cors-origin", "--cors-origins", dest="cors_origin", action="append", default=[],
                    help="browser origins given CORS headers (repeatable or comma-separated): 'localhost' (any port "
-                        "of localhost / 127.0.0.1 / [::1], the default), '*' (any: llama-server's default), or "
-                        "exact origins")
+                        "of localhost / 127.0.0.1 / [::1]), '*' (any), or exact origins; default, as llama-server: "
+                        "'*', or 'localhost' when --tools / MCP servers are enabled")
     p.add_argument("--tags", default=None, help="comma-separated model tags shown by /v1/models")
     p.add_argument("--chat-template", default=None, metavar="NAME|JINJA",
                    help="a built-in template name (chatml, gemma, llama3) or a Jinja template, instead of the model's")
@@ -130,7 +130,7 @@ def config_from_args(args):
     if args.api_key_file:
         keys += [line.strip() for line in Path(args.api_key_file).read_text(encoding="utf-8").splitlines()
                  if line.strip()]
-    origins = [o.strip() for arg in args.cors_origin for o in arg.split(",") if o.strip()] or ["localhost"]
+    origins = [o.strip() for arg in args.cors_origin for o in arg.split(",") if o.strip()]
     n_slots = 4 if args.parallel is None else args.parallel
     kv_unified = args.parallel is None if args.kv_unified is None else args.kv_unified  # llama-server's rule
     for name, value, lo in (("--parallel", n_slots, 1), ("--ctx-size", args.ctx_size, 256),
@@ -158,6 +158,16 @@ def config_from_args(args):
     gcp = os.environ.get("AIP_MODE", "") == "PREDICTION"  # Vertex AI (llama-server's GCP compat)
     if gcp and os.environ.get("AIP_HTTP_PORT"):
         args.port = int(os.environ["AIP_HTTP_PORT"])
+    agent = agent_config_from_args(args)
+    if not origins:  # llama-server's default (common/arg.cpp): any origin, localhost while tools can run
+        tools_on = bool(agent.tools or agent.mcp_servers)
+        origins = ["localhost"] if tools_on else ["*"]
+        if tools_on:
+            print("llamactx: server tools or MCP servers are enabled: CORS answers localhost origins only "
+                  "(change with --cors-origins)", file=sys.stderr)
+    if origins == ["*"] and not keys:
+        print("llamactx: security: no API key is set and CORS allows all origins: any web page this machine's "
+              "browser opens can call this server (--api-key, or --cors-origins localhost)", file=sys.stderr)
     lora = tuple((path, 0.0 if args.lora_init_without_apply else scale) for path, scale in args.lora)
     runtime = runtime_params(args, n_slots=n_slots, kv_unified=kv_unified, chat_template=template,
                              pooling=args.pooling, lora=lora, embd_n_ctx=None)
@@ -170,8 +180,7 @@ def config_from_args(args):
                         read_timeout=args.read_timeout, max_connections=args.max_connections,
                         embd_max_inputs=args.embd_max_inputs, reranking=args.reranking,
                         sleep_idle_seconds=args.sleep_idle_seconds, cache_ram=args.cache_ram,
-                        cache_idle_slots=args.cache_idle_slots,
-                        agent=agent_config_from_args(args))
+                        cache_idle_slots=args.cache_idle_slots, agent=agent)
 
 
 def request_defaults(args) -> dict:

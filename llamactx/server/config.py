@@ -38,7 +38,8 @@ class ServerConfig:
     request_defaults: dict[str, Any] = field(default_factory=dict)  # --temp, --seed, -n ...: request fields' defaults
     api_keys: list[str] = field(default_factory=list)  # --api-key / --api-key-file
     # --cors-origins: the browser origins answered with CORS headers: "localhost" (any port of localhost,
-    # 127.0.0.1, [::1]; the default), "*" (any, llama-server's default), or exact origins
+    # 127.0.0.1, [::1]; the default here, for an app built in Python), "*" (any), or exact origins. `serve`'s
+    # default is llama-server's: "*", or "localhost" when tools or MCP servers are enabled
     cors_origins: list[str] = field(default_factory=lambda: ["localhost"])
     metrics: bool = False  # --metrics
     slots: bool = True  # --slots / --no-slots

@@ -92,13 +92,27 @@ def test_np_and_kvu_follow_llama_server(argv, n_slots, unified):
     assert (cfg.runtime.n_slots, cfg.runtime.kv_unified) == (n_slots, unified)
 
 
+@pytest.mark.parametrize(("argv", "origins", "warning"), [
+    ([], ["*"], "no API key is set and CORS allows all origins"),  # llama-server's default
+    (["--api-key", "k"], ["*"], None),
+    (["--tools", "all"], ["localhost"], "CORS answers localhost origins only"),  # tools can run: localhost
+    (["--tools", "all", "--cors-origins", "*"], ["*"], "CORS allows all origins"),
+    (["--cors-origins", "http://a.example,localhost"], ["http://a.example", "localhost"], None),
+])
+def test_serve_cors_default_is_llama_servers(argv, origins, warning, capsys):
+    cfg = config_from_args(build_parser().parse_args(["serve", *argv]))
+    assert cfg.cors_origins == origins
+    err = capsys.readouterr().err
+    assert (warning in err) if warning else "CORS" not in err
+
+
 @pytest.mark.parametrize(("origin", "reflected"), [
     ("http://localhost:3000", True), ("http://127.0.0.1", True), ("http://[::1]:8080", True),
     ("http://localhost.evil.com", False), ("http://evil.com", False),
 ])
 def test_cors_defaults_to_localhost_origins(server, origin, reflected):
-    """llama-server's preflight answer (200, its methods and headers); by default only localhost origins are
-    reflected (llama-server's own default reflects any: `--cors-origins '*'`)."""
+    """llama-server's preflight answer (200, its methods and headers); with ServerConfig's default (the Python
+    API's; `serve` defaults to llama-server's '*') only localhost origins are reflected."""
     with server.client() as http:
         res = http.options("/v1/completions", headers={"Origin": origin, "Access-Control-Request-Method": "POST",
                                                         "Access-Control-Request-Headers": "Authorization"})
