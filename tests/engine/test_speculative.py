@@ -217,6 +217,18 @@ def test_a_full_batch_verifies_no_drafts_and_a_lone_stream_long_ones(smollm, smo
     assert e8.stats.n_draft_tokens == 0 and outs == [one] * 8
 
 
+def test_eight_slots_verifying_whole_drafts_give_the_same_tokens(smollm, smollm_prompt):
+    """8 concurrent slots, every draft verified whole (free_rows 0, as llama.cpp): greedy outputs are those
+    without drafts, and no rejected token is left in memory."""
+    prompts = [smollm_prompt[: len(smollm_prompt) - 20 * i] for i in range(8)]
+    plain, _ = generate(smollm, prompts, max_tokens=24)
+    fast, e8 = generate(smollm, prompts, SpecParams(types=("ngram-simple",), free_rows=0,
+                                                    ngram_simple=NgramParams(size_n=4, size_m=16)), max_tokens=24)
+    assert fast == plain
+    assert e8.stats.n_draft_accepted > 0
+    check_memory(e8)
+
+
 def test_kv_layout_exact_decodes_without_drafts(smollm):
     engine = Engine(smollm, n_slots=1, n_ctx=256, spec=SIMPLE, kv_layout_exact=True)
     assert engine.speculator is None and "kv_layout_exact" in engine.spec_disabled
