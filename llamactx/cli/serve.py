@@ -160,14 +160,7 @@ def config_from_args(args):
         args.port = int(os.environ["AIP_HTTP_PORT"])
     agent = agent_config_from_args(args)
     if not origins:  # llama-server's default (common/arg.cpp): any origin, localhost while tools can run
-        tools_on = bool(agent.tools or agent.mcp_servers)
-        origins = ["localhost"] if tools_on else ["*"]
-        if tools_on:
-            print("llamactx: server tools or MCP servers are enabled: CORS answers localhost origins only "
-                  "(change with --cors-origins)", file=sys.stderr)
-    if origins == ["*"] and not keys:
-        print("llamactx: security: no API key is set and CORS allows all origins: any web page this machine's "
-              "browser opens can call this server (--api-key, or --cors-origins localhost)", file=sys.stderr)
+        origins = ["localhost"] if agent.tools or agent.mcp_servers else ["*"]
     lora = tuple((path, 0.0 if args.lora_init_without_apply else scale) for path, scale in args.lora)
     runtime = runtime_params(args, n_slots=n_slots, kv_unified=kv_unified, chat_template=template,
                              pooling=args.pooling, lora=lora, embd_n_ctx=None)
@@ -225,6 +218,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     app = create_app(config)
     print(f"llamactx serve: loading {config.runtime.model or 'smollm2'}; the chat page will be at {config.url}",
           file=sys.stderr, flush=True)
+    if not args.cors_origin and (config.agent.tools or config.agent.mcp_servers):
+        print("llamactx: server tools or MCP servers are enabled: CORS answers localhost origins only (change "
+              "with --cors-origins)", file=sys.stderr)
+    if config.cors_origins == ["*"] and not config.api_keys:  # llama-server's warning (server.cpp)
+        print("llamactx: security: no API key is set and CORS allows all origins: any web page this machine's "
+              "browser opens can call this server (--api-key, or --cors-origins localhost)", file=sys.stderr)
     uvicorn.Server(uvicorn_config(app, config.read_timeout, config.max_connections, host=hosts[0],
                                   port=args.port)).run(sockets=sockets)
     return 0

@@ -307,3 +307,9 @@ def test_with_an_api_key_the_page_shows_the_authentication_error_until_the_key_i
     page.reload()  # the key is remembered
     expect(page.locator("#model-name")).to_have_text(keyed_server.model_id())
     expect(page.locator("#api-key")).to_have_value(API_KEY)
+
+
+def test_serve_warns_when_any_origin_may_call_it_without_a_key(webui_server, keyed_server):
+    """llama-server's default CORS (any origin) and its security line on stderr at start, unless an API key is set."""
+    assert "no API key is set and CORS allows all origins" in webui_server.log.read_text(errors="replace")
+    assert "CORS allows all origins" not in keyed_server.log.read_text(errors="replace")
