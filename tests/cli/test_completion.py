@@ -113,8 +113,11 @@ def test_n_probs_lists_llama_cpp_probabilities(smollm, smollm_ref, capsys):
 
 
 def test_ctrl_c_stops_prints_timings_and_exits_130():
+    # a shell's background job (no job control) starts with SIGINT ignored, which a child inherits, and Python
+    # then installs no KeyboardInterrupt handler: the child starts as a terminal's foreground process does
     proc = subprocess.Popen([sys.executable, "-m", "llamactx", "run", "-p", "Once upon a time", "-n", "-1",
-                             "--ignore-eos", "--temp", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--ignore-eos", "--temp", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         first = proc.stdout.read(8)  # generation has started
         proc.send_signal(signal.SIGINT)
