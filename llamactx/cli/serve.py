@@ -218,7 +218,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     app = create_app(config)
     print(f"llamactx serve: loading {config.runtime.model or 'smollm2'}; the chat page will be at {config.url}",
           file=sys.stderr, flush=True)
-    if not args.cors_origin and (config.agent.tools or config.agent.mcp_servers):
+    if not args.cors_origin and config.cors_origins == ["localhost"]:  # config_from_args: tools are on
         print("llamactx: server tools or MCP servers are enabled: CORS answers localhost origins only (change "
               "with --cors-origins)", file=sys.stderr)
     if config.cors_origins == ["*"] and not config.api_keys:  # llama-server's warning (server.cpp)

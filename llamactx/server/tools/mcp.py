@@ -361,15 +361,13 @@ class McpManager:
         last reply is not yet reaped when the next call is written) is sent once more to a fresh child. A call
         that kills a fresh child is not repeated."""
         self._bind()
-        session, reused = await self._get_or_spawn(server)
-        if session is None:
-            return {"error": f"MCP server unavailable: {server}"}
-        reply = await session.call_tool(tool, arguments, self._stop)
-        if reused and not session.is_alive() and reply.get("error", "").startswith("transport closed"):
-            session, _ = await self._get_or_spawn(server)
+        for _ in range(2):  # a second time only after a reused child died without replying
+            session, reused = await self._get_or_spawn(server)
             if session is None:
                 return {"error": f"MCP server unavailable: {server}"}
             reply = await session.call_tool(tool, arguments, self._stop)
+            if not (reused and not session.is_alive() and reply.get("error", "").startswith("transport closed")):
+                break
         return reply
 
     async def _get_or_spawn(self, name: str) -> tuple[McpStdio | None, bool]:
