@@ -119,6 +119,12 @@ F32_EPR = 16 if "avx512f" in _TARGET[1] else 8
 # (docs/numerics.md). A compile-time constant of dot_vec, like F32_EPR.
 F32_TAIL_EPILOGUE = F32_EPR == 16 and not _TARGET[0].startswith("znver")
 
+# Whether decode's matmuls prefetch the weights in software (kernels/legacy.py PREFETCH_BYTES). The host's
+# hardware decides, not the target: on Intel (Emerald Rapids) the hardware prefetcher alone read ~60% of what
+# software prefetch reached; on AMD Zen 4 software prefetch made a single stream slower (one thread, Gemma 3's Q8_0
+# output matrix from DRAM: 24.6 GB/s without, 9.9 with). Speed only: no result depends on it.
+DECODE_PREFETCH = not llvm.get_host_cpu_name().startswith("znver")
+
 
 def check_target() -> None:
     """Raise TargetError (one line for the user) if NUMBA_CPU_NAME / NUMBA_CPU_FEATURES cannot be used here."""

@@ -26,7 +26,7 @@ import numpy as np
 from numba import njit
 from numba.extending import overload
 
-from llamactx.ggml.cpu import cpu_features
+from llamactx.ggml.cpu import DECODE_PREFETCH, cpu_features
 from llamactx.ggml.kernels.simd import Tag, TagType, prefetch
 from llamactx.ggml.kernels.vnni import izero16, vdot16, vdot16_q8, vdot16_u8
 from llamactx.ggml.kernels.wide import (
@@ -65,7 +65,8 @@ DEC_Q5_1 = Tag("dec_q5_1")
 DEC_Q8_0 = Tag("dec_q8_0")
 
 ROWS_PER_GROUP = 4
-PREFETCH_BYTES = 8192  # single activation rows stream the weights: software prefetch this far ahead
+# Single activation rows stream the weights: software prefetch this far ahead, where the host gains from it (0: none).
+PREFETCH_BYTES = 8192 if DECODE_PREFETCH else 0
 
 
 def decode_x4(dec, qs, qh, g, b):
@@ -228,7 +229,9 @@ def prefetch_rows(qs, qh, sc, g, count):
 @njit(cache=True)
 def prefetch_ahead(qs, qh, sc, g, g0, g1, ahead, count):
     """Before rows (row groups) g..g+count-1 of [g0, g1) are read: prefetch rows g+ahead..g+ahead+count-1, and
-    at g0 every row up to there, clipped to g1 (the hardware prefetcher alone reaches ~60% of the bandwidth)."""
+    at g0 every row up to there, clipped to g1. Nothing where PREFETCH_BYTES is 0 (cpu.DECODE_PREFETCH)."""
+    if PREFETCH_BYTES == 0:
+        return
     lo = g0 if g == g0 else g + ahead
     hi = min(g + ahead + count, g1)
     if hi > lo:
@@ -262,25 +265,10 @@ def x4_rows(path, dec, W, a, g0, g1, out):
                 acc = _x4_rows4(path, dec, wA, wB, d16, m16, a, i, b, acc)
             _x4_store4(dec, out, i, c, acc)
     ahead = prefetch_distance(qs, qh, sc)
-    for i in range(n4, n):  # single activation rows: two groups at a time, four FMA chains in flight
-        for g in range(g0, g1 - 1, 2):
+    for i in range(n4, n):  # single activation rows: one group at a time, so the weights are one stream
+        for g in range(g0, g1):
             if i == n4:  # the first pass streams the weights
-                prefetch_ahead(qs, qh, sc, g, g0, g1, ahead, 2)
-            a0, b0, m0 = wzero(), wzero(), wzero4()
-            a1, b1, m1 = wzero(), wzero(), wzero4()
-            for b in range(nb):
-                wA, wB = decode_x4(dec, qs, qh, g, b)
-                d16, m4 = _x4_block_scales(dec, sc, g, b)
-                a0, b0 = _x4_row(path, dec, wA, wB, d16, a, i, b, a0, b0)
-                m0 = _x4_min1(dec, m4, a, i, b, m0)
-                wA, wB = decode_x4(dec, qs, qh, g + 1, b)
-                d16, m4 = _x4_block_scales(dec, sc, g + 1, b)
-                a1, b1 = _x4_row(path, dec, wA, wB, d16, a, i, b, a1, b1)
-                m1 = _x4_min1(dec, m4, a, i, b, m1)
-            _x4_store(dec, out, i, g * ROWS_PER_GROUP, a0, b0, m0)
-            _x4_store(dec, out, i, (g + 1) * ROWS_PER_GROUP, a1, b1, m1)
-        if (g1 - g0) % 2:
-            g = g1 - 1
+                prefetch_ahead(qs, qh, sc, g, g0, g1, ahead, 1)
             a0, b0, m0 = wzero(), wzero(), wzero4()
             for b in range(nb):
                 wA, wB = decode_x4(dec, qs, qh, g, b)
@@ -375,18 +363,10 @@ def x4_rows_repacked(path, W, a, g0, g1, out):
                 acc = _repacked_rows4(path, wA, wB, wscales4(sc, g, b * 8), xq, off, dx, i, b, acc)
             _repacked_store4(out, i, c, acc)
     ahead = prefetch_distance(qs, qh, sc)
-    for i in range(n4, n):  # single activation rows: two groups at a time, two FMA chains in flight
-        for g in range(g0, g1 - 1, 2):
+    for i in range(n4, n):  # single activation rows: one group at a time, so the weights are one stream
+        for g in range(g0, g1):
             if i == n4:  # the first pass streams the weights
-                prefetch_ahead(qs, qh, sc, g, g0, g1, ahead, 2)
-            y0, y1 = wzero4(), wzero4()
-            for b in range(nb):
-                y0 = _repacked_row(path, W, xq, off, dx, g, i, b, y0)
-                y1 = _repacked_row(path, W, xq, off, dx, g + 1, i, b, y1)
-            wstore4(out, i, g * ROWS_PER_GROUP, y0, out.shape[1] - g * ROWS_PER_GROUP)
-            wstore4(out, i, (g + 1) * ROWS_PER_GROUP, y1, out.shape[1] - (g + 1) * ROWS_PER_GROUP)
-        if (g1 - g0) % 2:
-            g = g1 - 1
+                prefetch_ahead(qs, qh, sc, g, g0, g1, ahead, 1)
             y = wzero4()
             for b in range(nb):
                 y = _repacked_row(path, W, xq, off, dx, g, i, b, y)
