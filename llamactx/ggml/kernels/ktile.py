@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from llamactx.ggml.kernels.vnni import izero16, vdot16
+from llamactx.ggml.kernels.vnni import izero16, vdot16_short, vshort_lanes
 from llamactx.ggml.kernels.wide import (
     ffma16s,
     fload16,
@@ -78,11 +78,16 @@ def _q4k_tile(W, r0, r1, tile):
 
 
 @njit(cache=True, inline="always")
-def _sub_dots(path, wq, s, xq, i, j, lo, hi):
-    """lo + the tile's sub-block s . x[i, j:j+32] and hi + sub-block s+1 . x[i, j+32:j+64], lane r = row r."""
-    for q in range(8):
-        lo = vdot16(path, lo, wload(wq, s * 8 + q, 0), xbcast4(xq, i, j + 4 * q))
-        hi = vdot16(path, hi, wload(wq, (s + 1) * 8 + q, 0), xbcast4(xq, i, j + 32 + 4 * q))
+def _sub_dots(path, wq, s, xq, i, j, run):
+    """The tile's sub-block s . x[i, j:j+32] and sub-block s+1 . x[i, j+32:j+64], lane r = row r (i32x16 each).
+    `run`: `vdot16_short`'s run length for the tile's weights, 8 (4-bit) or 4 (5-bit)."""
+    lo, hi = izero16(), izero16()
+    for q0 in range(0, 8, run):
+        rlo, rhi = izero16(), izero16()
+        for q in range(q0, q0 + run):
+            rlo = vdot16_short(path, rlo, wload(wq, s * 8 + q, 0), xbcast4(xq, i, j + 4 * q))
+            rhi = vdot16_short(path, rhi, wload(wq, (s + 1) * 8 + q, 0), xbcast4(xq, i, j + 32 + 4 * q))
+        lo, hi = iadd16(lo, vshort_lanes(path, rlo)), iadd16(hi, vshort_lanes(path, rhi))
     return lo, hi
 
 
@@ -102,10 +107,10 @@ def _q4k_gemm4(path, tile, xq, xd, pairs, i):
         e2, e3 = wscale(mw, xd[i + 2, b]), wscale(mw, xd[i + 3, b])
         for c in range(4):
             s, j = b * 8 + 2 * c, b * 256 + c * 64
-            lo0, hi0 = _sub_dots(path, wq, s, xq, i, j, izero16(), izero16())
-            lo1, hi1 = _sub_dots(path, wq, s, xq, i + 1, j, izero16(), izero16())
-            lo2, hi2 = _sub_dots(path, wq, s, xq, i + 2, j, izero16(), izero16())
-            lo3, hi3 = _sub_dots(path, wq, s, xq, i + 3, j, izero16(), izero16())
+            lo0, hi0 = _sub_dots(path, wq, s, xq, i, j, 8)
+            lo1, hi1 = _sub_dots(path, wq, s, xq, i + 1, j, 8)
+            lo2, hi2 = _sub_dots(path, wq, s, xq, i + 2, j, 8)
+            lo3, hi3 = _sub_dots(path, wq, s, xq, i + 3, j, 8)
             sc0, sc1 = iload16(tsc, s, 0), iload16(tsc, s + 1, 0)
             a0 = wfmadd(a0, imul2(lo0, sc0, hi0, sc1), d0)
             a1 = wfmadd(a1, imul2(lo1, sc0, hi1, sc1), d1)
@@ -128,7 +133,7 @@ def _q4k_gemv(path, tile, xq, xd, pairs, i):
         isum, imin = izero16(), izero16()
         for c in range(4):
             s, j = b * 8 + 2 * c, b * 256 + c * 64
-            lo, hi = _sub_dots(path, wq, s, xq, i, j, izero16(), izero16())
+            lo, hi = _sub_dots(path, wq, s, xq, i, j, 8)
             isum = iadd16(isum, imul2(lo, iload16(tsc, s, 0), hi, iload16(tsc, s + 1, 0)))
             imin = iadd16(imin, imaddwd(iload16(tmn2, b * 4 + c, 0), pairs[i, b * 4 + c]))
         acc = wfmadd(acc, isum, wscale(fload16(td, b, 0), xd[i, b]))
@@ -228,10 +233,14 @@ def _q6k_tile(W, r0, r1, tile):
 
 @njit(cache=True, inline="always")
 def _q6k_dot(path, wq, b, s, xq, i):
-    """Sub-block s (16 elements) of super-block b of the tile . x[i], lane r = row r (stored values 0..63)."""
+    """Sub-block s (16 elements) of super-block b of the tile . x[i], lane r = row r (stored values 0..63: runs
+    of 2 `vdot16_short`)."""
     acc = izero16()
-    for q in range(4):
-        acc = vdot16(path, acc, wload(wq, b * 64 + 4 * s + q, 0), xbcast4(xq, i, b * 256 + 16 * s + 4 * q))
+    for q0 in range(0, 4, 2):
+        run = izero16()
+        for q in range(q0, q0 + 2):
+            run = vdot16_short(path, run, wload(wq, b * 64 + 4 * s + q, 0), xbcast4(xq, i, b * 256 + 16 * s + 4 * q))
+        acc = iadd16(acc, vshort_lanes(path, run))
     return acc
 
 

@@ -209,7 +209,7 @@ def _q5k_step(acc, path, tile, xq, xd, pairs, i, b):
     isum, imin = izero16(), izero16()
     for c in range(4):
         s, j = b * 8 + 2 * c, b * 256 + c * 64
-        lo, hi = _sub_dots(path, wq, s, xq, i, j, izero16(), izero16())
+        lo, hi = _sub_dots(path, wq, s, xq, i, j, 4)
         isum = iadd16(isum, imul2(lo, iload16(tsc, s, 0), hi, iload16(tsc, s + 1, 0)))
         imin = iadd16(imin, imaddwd(iload16(tmn2, b * 4 + c, 0), pairs[i, b * 4 + c]))
     result = wfmadd(fmul16i(isum, fload16(td, b, 0)), imin, fload16(tdm, b, 0))

@@ -65,20 +65,36 @@ def _halves(builder, dot, acc, a, b):
     return builder.shuffle_vector(halves[0], halves[1], lane_index(range(acc.type.count)))
 
 
+_PAIRWISE = {  # x86's pairwise multiply-adds: (512-bit with AVX512BW, 256-bit with AVX2)
+    "maddubs": ("llvm.x86.avx512.pmaddubs.w.512", "llvm.x86.avx2.pmadd.ub.sw"),  # u8 x s8 -> saturating i16 pairs
+    "maddwd": ("llvm.x86.avx512.pmaddw.d.512", "llvm.x86.avx2.pmadd.wd"),  # i16 x i16 -> i32 pairs (exact)
+}
+
+
+def _pairwise(builder, name, a, b):
+    """`pmaddubsw` / `pmaddwd` of two 256- or 512-bit vectors (each 512-bit one on 256-bit halves without
+    AVX512BW): elements in, pairs of products added, half as many elements of twice the width out."""
+    bits = a.type.count * a.type.element.width
+    if bits == 512 and not cpu_features()["avx512bw"]:
+        m = a.type.count // 2
+        h = [[builder.shuffle_vector(v, v, lane_index(range(k * m, (k + 1) * m))) for v in (a, b)] for k in (0, 1)]
+        lo, hi = _pairwise(builder, name, *h[0]), _pairwise(builder, name, *h[1])
+        return builder.shuffle_vector(lo, hi, lane_index(range(2 * lo.type.count)))
+    out = ir.VectorType(ir.IntType(2 * a.type.element.width), a.type.count // 2)
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(out, [a.type, b.type]),
+                                        _PAIRWISE[name][bits != 512])
+    return builder.call(fn, [a, b])
+
+
+def _ones16(n):
+    return ir.Constant(ir.VectorType(_I16, n), [1] * n)
+
+
 def _dot_maddubs(builder, acc, a, b):
-    """acc + lane sums of u8(a) * s8(b) with `pmaddubsw` (saturating pairs to int16) and `pmaddwd` by ones: one
-    512-bit pair with AVX512BW, else 256-bit ones on each half. Exact only while u8(a) <= 128 (see the module)."""
-    n = a.type.count
-    if n == 64 and not cpu_features()["avx512bw"]:
-        return _halves(builder, _dot_maddubs, acc, a, b)
-    v16, v32 = ir.VectorType(_I16, n // 2), ir.VectorType(_I32, n // 4)
-    ub, wd = ("llvm.x86.avx512.pmaddubs.w.512", "llvm.x86.avx512.pmaddw.d.512") if n == 64 else \
-        ("llvm.x86.avx2.pmadd.ub.sw", "llvm.x86.avx2.pmadd.wd")
-    pairs = builder.call(cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16, [a.type, b.type]), ub),
-                         [a, b])
-    quads = builder.call(cgutils.get_or_insert_function(builder.module, ir.FunctionType(v32, [v16, v16]), wd),
-                         [pairs, ir.Constant(v16, [1] * (n // 2))])
-    return builder.add(acc, quads)
+    """acc + lane sums of u8(a) * s8(b) with `pmaddubsw` (saturating pairs to int16) and `pmaddwd` by ones.
+    Exact only while u8(a) <= 128 (see the module)."""
+    pairs = _pairwise(builder, "maddubs", a, b)
+    return builder.add(acc, _pairwise(builder, "maddwd", pairs, _ones16(pairs.type.count)))
 
 
 def _dot_sign_q8(builder, acc, a, b):
@@ -137,6 +153,47 @@ vdot16_u8 = _vdot_intrinsic(i32x16, i8x64, _dot_portable, "vdot16_u8: `vdot16` f
                             "widened, never saturating, on the portable path")
 vdot16_q8 = _vdot_intrinsic(i32x16, i8x64, _dot_sign_q8, "vdot16_q8: the signed dot of Q8_0's q + 128 quants "
                             "(portable path, AVX2): acc + q . s8(b), without the unsigned form's offset")
+
+
+def _short_in_int16(path) -> bool:
+    """Whether `vdot16_short` sums in int16: the portable path on an AVX2 target."""
+    return path.tag_name == "portable" and cpu_features()["avx2"]
+
+
+@intrinsic
+def vdot16_short(typingctx, path, acc, a, b):
+    """`vdot16` for short runs of small weight bytes, then `vshort_lanes`: a run of calls into one acc must keep
+    calls x 2 x max u8(a) x 128 <= 32767 (8 calls for 4-bit quants, 4 for 5-bit). On the portable path with AVX2
+    each call adds `pmaddubsw`'s int16 pairs to acc's int16 halves and `vshort_lanes` does the run's one `pmaddwd`
+    by ones: a third of vdot16's instructions per call (ggml's AVX2 K-quant kernels sum their pairs so too).
+    Elsewhere it is vdot16 and `vshort_lanes` returns acc. The lanes are vdot16's sums either way: exact."""
+    if not isinstance(path, TagType) or path.tag_name not in ("vnni", "portable"):
+        return None
+
+    def codegen(context, builder, sig, args):
+        _, acc, a, b = args
+        if not _short_in_int16(sig.args[0]):
+            return (_dot_vnni if sig.args[0].tag_name == "vnni" else _dot_small)(builder, acc, a, b)
+        v16 = ir.VectorType(_I16, 32)
+        return builder.bitcast(builder.add(builder.bitcast(acc, v16), _pairwise(builder, "maddubs", a, b)),
+                               acc.type)
+
+    return i32x16(path, i32x16, i8x64, i8x64), codegen
+
+
+@intrinsic
+def vshort_lanes(typingctx, path, acc):
+    """The int32 lanes of a `vdot16_short` run's accumulator."""
+    if not isinstance(path, TagType) or path.tag_name not in ("vnni", "portable"):
+        return None
+
+    def codegen(context, builder, sig, args):
+        acc = args[1]
+        if not _short_in_int16(sig.args[0]):
+            return acc
+        return _pairwise(builder, "maddwd", builder.bitcast(acc, ir.VectorType(_I16, 32)), _ones16(32))
+
+    return i32x16(path, i32x16), codegen
 
 
 @intrinsic
