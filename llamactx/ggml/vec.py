@@ -322,16 +322,15 @@ def gelu_table() -> np.ndarray:
 @numba.njit(cache=True)
 def geglu_row(g, go, u, uo, k, table, y, yo):  # pragma: no cover - compiled
     """y[yo:yo+k] = gelu(g) * u through the f16 table (`ggml_vec_geglu_f32` under GGML_GELU_FP16): x <= -10 gives
-    0, x >= 10 gives x, else table[f16(x)]."""
+    +0 (not 0 * u, which is -0 for a negative u), x >= 10 gives x * u, else table[f16(x)] * u."""
     for i in range(k):
         x = g[go + i]
         if x <= _F32(-10.0):
-            gx = _F32(0.0)
+            y[yo + i] = _F32(0.0)
         elif x >= _F32(10.0):
-            gx = x
+            y[yo + i] = x * u[uo + i]
         else:
-            gx = table[f16_bits(x)]
-        y[yo + i] = gx * u[uo + i]
+            y[yo + i] = table[f16_bits(x)] * u[uo + i]
 
 
 @numba.njit(parallel=True, cache=True)

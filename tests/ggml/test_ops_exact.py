@@ -118,6 +118,15 @@ def test_geglu_matches_llama_cpp():
     assert_bits_equal(ReferenceOps().geglu(g["gate"], g["up"]), g["y"])
 
 
+def test_geglu_outside_the_table_is_ggmls():
+    """ggml_vec_geglu_f32 stores +0 for a gate <= -10 whatever the up value (never 0 * up: -0, or NaN for an
+    infinite up) and gate * up from 10 on."""
+    gate = np.array([[-20.0, -10.0, -20.0, 10.0, 12.0]], np.float32)
+    up = np.array([[-1.0, -3.0, np.inf, -2.0, 0.5]], np.float32)
+    y = ReferenceOps().geglu(gate, up)
+    assert y.view(np.uint32).tolist() == np.array([[0.0, 0.0, 0.0, -20.0, 6.0]], np.float32).view(np.uint32).tolist()
+
+
 def test_rms_norm_matches_llama_cpp(smollm):
     g = golden("smollm2_l0_ffn_norm")
     w = smollm.tensors["blk.0.ffn_norm.weight"]
