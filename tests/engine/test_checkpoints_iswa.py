@@ -2,7 +2,11 @@
 window has moved past where a new prompt diverges from a slot's history, the slot restores the latest checkpoint
 before the divergence (the window's cells at that point; the base cache keeps every position) and decodes only the
 rest, instead of the whole prompt (llama-server's --ctx-checkpoints / --swa-checkpoints). The logits equal a fresh
-engine's on the same prompt, bit for bit: both decode every position in the same chunks."""
+engine's on the same prompt, bit for bit, because both decode every position in the same chunks: ggml's kernels are
+not row invariant (a repacked Q4_K weight takes its last n % 4 activation rows through the gemv, which rounds once
+per super-block instead of once per 64 elements; Q6_K below 8 rows takes ggml_vec_dot), so a position's bits depend
+on where its chunk ends, in llama.cpp as here. The second turns are long enough (>= 512 tokens past the checkpoint)
+that a fresh engine cuts the prompt where the first turn did."""
 
 from __future__ import annotations
 
@@ -22,10 +26,14 @@ N_CTX = 4096  # one slot: a 1024-cell SWA cache beside the 4096-cell base cache
 
 @pytest.fixture(scope="module")
 def conversation(gemma):
-    """A 2,600-token first turn, and a second turn that keeps its first 2,000 tokens and goes on otherwise."""
+    """A 2,600-token first turn, and a second turn that keeps its first 2,000 tokens and goes on otherwise (57
+    tokens: to 2,057, so the fresh engine's chunks end at 1,536 as the first turn's do)."""
     text = (DATA / "gpl3_head.txt").read_text()
     first = gemma.vocab.tokenize(text + "\n\n" + text, add_special=True)[:2600]
-    new = gemma.vocab.tokenize(" Summarize the preamble above in one sentence, please.", add_special=False)
+    new = gemma.vocab.tokenize(
+        " Summarize the preamble above in one sentence, please. Then name three freedoms it promises to the users of"
+        " free software, say in a few words who may change the program and share the changed versions, and what a"
+        " distributor must pass on to the people who receive a copy from them.", add_special=False)
     return first, first[:2000] + new
 
 
