@@ -12,7 +12,8 @@ Four weight rows are one group, held in two 512-bit registers (wide.py), so each
 and a group's bytes are read once for every activation row: rows of activations eight (Q4_1/Q5_1) or four at a
 time (prompts, batched decode), then one at a time. Four activation rows' Q4_1/Q5_1 min chains share one register
 (lane 4j + r: weight row j, activation row r; the activations' s are stored block-major for it), so eight rows'
-accumulators fit the 32 registers without spilling.
+accumulators fit the 32 registers without spilling. With AVX2's 16 registers (`decoded_first`) Q4_0/Q5_0/Q5_1 decode
+each group once into an L1 buffer and take the activation rows one at a time instead.
 
 `x4_rows_repacked` is the other order of Q4_0, the one llama.cpp runs for the Q4_0 weights it repacks into
 `block_q4_0x8` (ne1 % 8 == 0; arch/x86/repack.cpp `gemm_q4_b32_8x8_q8_0_lut_avx` / `gemv_...`, the same per-output
@@ -26,7 +27,7 @@ import numpy as np
 from numba import njit
 from numba.extending import overload
 
-from llamactx.ggml.cpu import DECODE_PREFETCH, cpu_features
+from llamactx.ggml.cpu import DECODE_PREFETCH, F32_EPR, cpu_features
 from llamactx.ggml.kernels.simd import Tag, TagType, prefetch
 from llamactx.ggml.kernels.vnni import izero16, vdot16, vdot16_q8, vdot16_u8
 from llamactx.ggml.kernels.wide import (
@@ -34,6 +35,8 @@ from llamactx.ggml.kernels.wide import (
     bfma16,
     fbcast4,
     ffma16,
+    fload16,
+    fstore16,
     hsum_rows,
     rsum4,
     rsum4x4,
@@ -47,6 +50,7 @@ from llamactx.ggml.kernels.wide import (
     wload,
     wmins,
     wquarter,
+    wsave,
     wscale,
     wscales,
     wscales4,
@@ -94,6 +98,19 @@ def _decode_x4(dec, qs, qh, g, b):
     if dec.tag_name == "dec_q8_0":
         return lambda dec, qs, qh, g, b: (wload(qs, g, b * 128), wload(qs, g, b * 128 + 64))
     return None
+
+
+def decoded_first(dec):
+    """True where a 16-register target (AVX2) decodes a group's blocks once before its activation rows (a
+    compile-time constant): Q4_0 / Q5_0 / Q5_1, whose decode costs more than reading it back (Q5's fifth bits) or
+    whose four-row accumulators spill (measured; Q4_1's eight-row path and Q8_0's plain loads are faster as they
+    are)."""
+
+
+@overload(decoded_first, jit_options={"cache": True})
+def _decoded_first(dec):
+    value = F32_EPR == 8 and isinstance(dec, TagType) and dec.tag_name in ("dec_q4_0", "dec_q5_0", "dec_q5_1")
+    return lambda dec: value
 
 
 def has_min(dec):
@@ -239,11 +256,39 @@ def prefetch_ahead(qs, qh, sc, g, g0, g1, ahead, count):
 
 
 @njit(cache=True)
+def _x4_rows_decoded(path, dec, W, a, g0, g1, out):
+    """`x4_rows` on a 16-register target (AVX2): four activation rows' accumulators would take all sixteen ymm
+    registers and spill, so each group's blocks and scales are decoded once into buffers that stay in L1 (128 + 64
+    bytes a block) and the activation rows read them back one row at a time, each with the single-row arithmetic
+    (the same per output as every other row count)."""
+    qs, qh, sc, _, _, _ = W
+    n, nb = a[1].shape
+    wbuf = np.empty((1, nb * 128), np.uint8)  # block b: its (A, B) halves of the four rows
+    dbuf = np.empty((1, nb * 16), np.float32)  # block b: the four rows' d spread over their lanes
+    for g in range(g0, g1):
+        for b in range(nb):
+            wA, wB = decode_x4(dec, qs, qh, g, b)
+            wsave(wbuf, 0, b * 128, wA)
+            wsave(wbuf, 0, b * 128 + 64, wB)
+            fstore16(dbuf, 0, b * 16, _x4_block_scales(dec, sc, g, b)[0])
+        for i in range(n):
+            a0, b0, m0 = wzero(), wzero(), wzero4()
+            for b in range(nb):
+                wA, wB = wload(wbuf, 0, b * 128), wload(wbuf, 0, b * 128 + 64)
+                a0, b0 = _x4_row(path, dec, wA, wB, fload16(dbuf, 0, b * 16), a, i, b, a0, b0)
+                m0 = _x4_min1(dec, _x4_block_scales(dec, sc, g, b)[1], a, i, b, m0)
+            _x4_store(dec, out, i, g * ROWS_PER_GROUP, a0, b0, m0)
+
+
+@njit(cache=True)
 def x4_rows(path, dec, W, a, g0, g1, out):
     """out[:, 4*g0 : 4*g1] (clipped to the matrix) for row groups g0..g1-1 of a 32-element block type."""
     qs, qh, sc, _, _, _ = W
     xd = a[1]
     n, nb = xd.shape
+    if decoded_first(dec) and n >= 4:
+        _x4_rows_decoded(path, dec, W, a, g0, g1, out)
+        return
     n8 = n - n % 8 if has_min(dec) else 0  # eight rows at a time where registers allow (Q8_0 spills)
     n4 = n - n % 4
     for g in range(g0, g1):

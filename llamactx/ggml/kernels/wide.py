@@ -59,6 +59,18 @@ def wload(typingctx, arr, row, col):
 
 
 @intrinsic
+def wsave(typingctx, arr, row, col, v):
+    """Store an i8x64 as 64 bytes of a 2-D uint8 array at [row, col] (`wload`'s inverse)."""
+    sig = types.void(arr, types.intp, types.intp, i8x64)
+
+    def codegen(context, builder, sig, args):
+        builder.store(args[3], ptr2d(context, builder, sig.args[0], args[0], args[1], args[2], _V64I8), align=1)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
 def wlo(typingctx, v):
     """Low nibble of every byte (elements 0-15 of a Q4/Q5 block)."""
     sig = i8x64(i8x64)
