@@ -6,6 +6,11 @@ response comes back message by message, SSE streams included (Ray Serve LLM's Op
     GET /health, /v1/health    every replica's /health: 200 while one is ready, with each replica's status
     GET /metrics               every replica's /metrics: each llama-server series summed over the replicas, then
                                one series per replica (label replica="<id>")
+    GET /slots                 every replica's slots, each with its "replica"
+    POST /slots/{id}?replica=  the slot action on that replica (the query parameter may be left out while one
+                               replica runs)
+    POST /lora-adapters        the new scales on every running replica (one that starts later, by autoscaling
+                               or after a failure, starts with the flags' scales)
     anything else              forwarded to one replica: the single-process server's routes, answers and errors
 
 Failures: a replica that dies before a request's response started (queued in it, or prefilling) costs nothing:
@@ -191,15 +196,72 @@ def ingress_app(engine, renderer: PromptRenderer) -> Starlette:
             return JSONResponse(err.body(), err.status, headers={"Retry-After": "1"})
         return Response(render_metrics(answers), media_type=METRICS_TYPE)
 
+    async def slots(request: HttpRequest) -> Response:
+        answers, failed = await _calls(engine, request, config.max_body_bytes)
+        if not answers:
+            return _unavailable(failed)
+        refused = [a for a in answers if a[1] != 200]
+        if refused:  # every replica has the same flags: --no-slots answers 501 on all of them
+            return Response(refused[0][2], refused[0][1], media_type="application/json")
+        return JSONResponse([{**slot, "replica": rid} for rid, _, body in sorted(answers) for slot in json.loads(body)])
+
+    async def slot_action(request: HttpRequest) -> Response:
+        rid = request.query_params.get("replica")
+        if rid is None:
+            running = [a["replica"] for a in await _broadcast(engine, "health") if isinstance(a, dict)]
+            if len(running) != 1:
+                err = P.ProtocolError(f"replica: required while {len(running)} replicas run (GET /slots gives each "
+                                      "slot's replica)")
+                return JSONResponse(err.body(), err.status)
+            rid = running[0]
+        answers, failed = await _calls(engine, request, config.max_body_bytes, only=rid)
+        if not answers:
+            if failed:
+                return _unavailable(failed)
+            err = P.ProtocolError(f"replica: {rid!r} is not running (GET /slots gives each slot's replica)", 404,
+                                  "not_found_error")
+            return JSONResponse(err.body(), err.status)
+        _, status, body = answers[0]
+        return Response(body, status, media_type="application/json", headers={"X-Llamactx-Replica": rid})
+
+    async def lora_adapters(request: HttpRequest) -> Response:
+        answers, failed = await _calls(engine, request, config.max_body_bytes)
+        refused = [a for a in answers if a[1] != 200]
+        if refused:  # the body is checked before anything changes, the same way on every replica
+            return Response(refused[0][2], refused[0][1], media_type="application/json")
+        if failed or not answers:
+            err = P.ProtocolError(f"the scales reached {len(answers)} of {len(answers) + failed} replicas; send the "
+                                  "request again", 503, "unavailable_error", headers={"Retry-After": "1"})
+            return JSONResponse(err.body(), err.status, headers=err.headers)
+        return Response(answers[0][2], 200, media_type="application/json")
+
     forward = Forwarder(engine, renderer)
     return Starlette(routes=[Route("/health", health), Route("/v1/health", health), Route("/metrics", metrics),
+                             Route("/slots", slots), Route("/slots/{id_slot}", slot_action, methods=["POST"]),
+                             Route("/lora-adapters", lora_adapters, methods=["POST"]),
                              Route("/{path:path}", forward, methods=ALL_METHODS)])
 
 
-async def _broadcast(engine, method: str) -> list:
+async def _calls(engine, request: HttpRequest, limit: int, only: str | None = None) -> tuple[list, int]:
+    """The request run on every replica (or on `only`) to its end: ([(replica id, status, body)], how many
+    replicas failed to answer); a body over `limit` bytes gets one 413 answer."""
+    body = await _read_body(request.receive, limit)
+    if body is None:
+        err = P.ProtocolError("request body exceeds the size limit", 413)
+        return [("", err.status, json.dumps(err.body()).encode())], 0
+    answers = await _broadcast(engine, "call", ForwardedRequest.of(request.scope, body), only)
+    return [a for a in answers if isinstance(a, tuple)], sum(isinstance(a, BaseException) for a in answers)
+
+
+def _unavailable(failed: int) -> Response:
+    err = P.ProtocolError(f"no engine replica answered ({failed} failed)", 503, "unavailable_error")
+    return JSONResponse(err.body(), err.status, headers={"Retry-After": "1"})
+
+
+async def _broadcast(engine, method: str, *args) -> list:
     """Every running replica's answer to `method` (an exception for one that failed); [] with none running."""
     try:
-        response = engine.broadcast(method)
+        response = engine.broadcast(method, *args)
         return await asyncio.wait_for(response.results_async(timeout_s=FANOUT_TIMEOUT_S, return_exceptions=True),
                                       FANOUT_TIMEOUT_S)
     except (asyncio.TimeoutError, *REPLICA_GONE) as e:

@@ -3,6 +3,8 @@
 its view of the shared disk tier), reached only through the ingress (ingress.py), never by Ray's HTTP proxy.
 
     forward(req)     a ForwardedRequest run by the app; streams its response messages (forward.py)
+    call(req, only)  the same run to its end -> (replica id, status, body), or None on a replica other than `only`
+                     (the ingress's fan-out routes: /slots, POST /lora-adapters)
     health()         this replica's /health, with its id and pid (the ingress's /health lists every replica)
     metrics_rows()   its /metrics rows (the ingress's /metrics adds them up, and lists each)
     check_health()   Ray Serve's health check: a replica whose model failed to load (a wake from
@@ -52,6 +54,17 @@ class EngineReplica:
     async def forward(self, req: ForwardedRequest):
         async for message in relay(self.app, req, [(REPLICA_HEADER, self.replica_id.encode())]):
             yield message
+
+    async def call(self, req: ForwardedRequest, only: str | None = None) -> tuple[str, int, bytes] | None:
+        if only is not None and only != self.replica_id:
+            return None
+        status, body = 500, []
+        async for kind, *fields in relay(self.app, req):
+            if kind == "start":
+                status = fields[0]
+            else:
+                body.append(fields[0])
+        return self.replica_id, status, b"".join(body)
 
     async def health(self) -> dict:
         """{"replica", "pid", "status"}: "ok", or llama-server's error message (loading, failed)."""
