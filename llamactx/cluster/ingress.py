@@ -182,18 +182,17 @@ def ingress_app(engine, renderer: PromptRenderer) -> Starlette:
         replicas = [a if isinstance(a, dict) else {"status": "error", "error": str(a)} for a in answers]
         if any(r["status"] == "ok" for r in replicas):
             return JSONResponse({"status": "ok", "replicas": replicas})
-        err = P.ProtocolError("no engine replica is ready", 503, "unavailable_error", replicas=replicas)
-        return JSONResponse(err.body(), err.status, headers={"Retry-After": "1"})
+        return _error(P.ProtocolError("no engine replica is ready", 503, "unavailable_error",
+                                      headers={"Retry-After": "1"}, replicas=replicas))
 
     async def metrics(request: HttpRequest) -> Response:
         if not config.metrics:
-            err = P.ProtocolError("This server does not support metrics endpoint. Start it with `--metrics`", 501,
-                                  "not_supported_error")
-            return JSONResponse(err.body(), err.status)
+            return _error(P.ProtocolError("This server does not support metrics endpoint. Start it with `--metrics`",
+                                          501, "not_supported_error"))
         answers = [a for a in await _broadcast(engine, "metrics_rows") if isinstance(a, tuple) and a[1]]
         if not answers:
-            err = P.ProtocolError("no engine replica is ready", 503, "unavailable_error")
-            return JSONResponse(err.body(), err.status, headers={"Retry-After": "1"})
+            return _error(P.ProtocolError("no engine replica is ready", 503, "unavailable_error",
+                                          headers={"Retry-After": "1"}))
         return Response(render_metrics(answers), media_type=METRICS_TYPE)
 
     async def slots(request: HttpRequest) -> Response:
@@ -202,7 +201,7 @@ def ingress_app(engine, renderer: PromptRenderer) -> Starlette:
             return _unavailable(failed)
         refused = [a for a in answers if a[1] != 200]
         if refused:  # every replica has the same flags: --no-slots answers 501 on all of them
-            return Response(refused[0][2], refused[0][1], media_type="application/json")
+            return _relayed(refused[0])
         return JSONResponse([{**slot, "replica": rid} for rid, _, body in sorted(answers) for slot in json.loads(body)])
 
     async def slot_action(request: HttpRequest) -> Response:
@@ -210,30 +209,29 @@ def ingress_app(engine, renderer: PromptRenderer) -> Starlette:
         if rid is None:
             running = [a["replica"] for a in await _broadcast(engine, "health") if isinstance(a, dict)]
             if len(running) != 1:
-                err = P.ProtocolError(f"replica: required while {len(running)} replicas run (GET /slots gives each "
-                                      "slot's replica)")
-                return JSONResponse(err.body(), err.status)
+                return _error(P.ProtocolError(f"replica: required while {len(running)} replicas run (GET /slots "
+                                              "gives each slot's replica)"))
             rid = running[0]
         answers, failed = await _calls(engine, request, config.max_body_bytes, only=rid)
         if not answers:
             if failed:
                 return _unavailable(failed)
-            err = P.ProtocolError(f"replica: {rid!r} is not running (GET /slots gives each slot's replica)", 404,
-                                  "not_found_error")
-            return JSONResponse(err.body(), err.status)
-        _, status, body = answers[0]
-        return Response(body, status, media_type="application/json", headers={"X-Llamactx-Replica": rid})
+            return _error(P.ProtocolError(f"replica: {rid!r} is not running (GET /slots gives each slot's "
+                                          "replica)", 404, "not_found_error"))
+        response = _relayed(answers[0])
+        response.headers["X-Llamactx-Replica"] = rid
+        return response
 
     async def lora_adapters(request: HttpRequest) -> Response:
         answers, failed = await _calls(engine, request, config.max_body_bytes)
         refused = [a for a in answers if a[1] != 200]
         if refused:  # the body is checked before anything changes, the same way on every replica
-            return Response(refused[0][2], refused[0][1], media_type="application/json")
+            return _relayed(refused[0])
         if failed or not answers:
-            err = P.ProtocolError(f"the scales reached {len(answers)} of {len(answers) + failed} replicas; send the "
-                                  "request again", 503, "unavailable_error", headers={"Retry-After": "1"})
-            return JSONResponse(err.body(), err.status, headers=err.headers)
-        return Response(answers[0][2], 200, media_type="application/json")
+            return _error(P.ProtocolError(f"the scales reached {len(answers)} of {len(answers) + failed} replicas; "
+                                          "send the request again", 503, "unavailable_error",
+                                          headers={"Retry-After": "1"}))
+        return _relayed(answers[0])
 
     forward = Forwarder(engine, renderer)
     return Starlette(routes=[Route("/health", health), Route("/v1/health", health), Route("/metrics", metrics),
@@ -253,9 +251,19 @@ async def _calls(engine, request: HttpRequest, limit: int, only: str | None = No
     return [a for a in answers if isinstance(a, tuple)], sum(isinstance(a, BaseException) for a in answers)
 
 
+def _error(err: P.ProtocolError) -> Response:
+    """llama-server's error shape, with the error's headers."""
+    return JSONResponse(err.body(), err.status, headers=err.headers)
+
+
 def _unavailable(failed: int) -> Response:
-    err = P.ProtocolError(f"no engine replica answered ({failed} failed)", 503, "unavailable_error")
-    return JSONResponse(err.body(), err.status, headers={"Retry-After": "1"})
+    return _error(P.ProtocolError(f"no engine replica answered ({failed} failed)", 503, "unavailable_error",
+                                  headers={"Retry-After": "1"}))
+
+
+def _relayed(answer: tuple[str, int, bytes]) -> Response:
+    """A replica's answer (replica id, status, JSON body) as the response."""
+    return Response(answer[2], answer[1], media_type="application/json")
 
 
 async def _broadcast(engine, method: str, *args) -> list:

@@ -58,16 +58,20 @@ def wload(typingctx, arr, row, col):
     return sig, codegen
 
 
+def _store(vt):
+    """The codegen of a store of vector type `vt` at [row, col] of a 2-D array (args: arr, row, col, v)."""
+
+    def codegen(context, builder, sig, args):
+        builder.store(args[3], ptr2d(context, builder, sig.args[0], args[0], args[1], args[2], vt), align=1)
+        return context.get_dummy_value()
+
+    return codegen
+
+
 @intrinsic
 def wsave(typingctx, arr, row, col, v):
     """Store an i8x64 as 64 bytes of a 2-D uint8 array at [row, col] (`wload`'s inverse)."""
-    sig = types.void(arr, types.intp, types.intp, i8x64)
-
-    def codegen(context, builder, sig, args):
-        builder.store(args[3], ptr2d(context, builder, sig.args[0], args[0], args[1], args[2], _V64I8), align=1)
-        return context.get_dummy_value()
-
-    return sig, codegen
+    return types.void(arr, types.intp, types.intp, i8x64), _store(_V64I8)
 
 
 @intrinsic
@@ -428,13 +432,7 @@ def fload16(typingctx, arr, row, col):
 @intrinsic
 def fstore16(typingctx, arr, row, col, v):
     """Store an f32x16 at [row, col] of a 2-D float32 array."""
-    sig = types.void(arr, types.intp, types.intp, f32x16)
-
-    def codegen(context, builder, sig, args):
-        builder.store(args[3], ptr2d(context, builder, sig.args[0], args[0], args[1], args[2], _V16F32), align=1)
-        return context.get_dummy_value()
-
-    return sig, codegen
+    return types.void(arr, types.intp, types.intp, f32x16), _store(_V16F32)
 
 
 @intrinsic
