@@ -74,10 +74,11 @@ class HParams:
     ssm_n_group: int = 0
     n_shortconv_l_cache: int = 0  # lfm2: the short convolution's kernel length
     recurrent_layers: tuple[bool, ...] = ()  # is_recr(il) for each layer; () = none
-    # mixture of experts (llama_hparams n_expert, n_expert_used, n_ff_exp); zero for dense models
+    # mixture of experts (llama_hparams n_expert, n_expert_used, n_ff_exp, n_ff_shexp); zero for dense models
     n_expert: int = 0
     n_expert_used: int = 0  # experts each token is routed to
     n_ff_exp: int = 0  # one expert's FFN width
+    n_ff_shexp: int = 0  # qwen2moe: the shared expert's FFN width
     # per-architecture scalars of llama_hparams (0 = not used)
     f_attn_logit_softcapping: float = 0.0  # gemma2: attention logits soft-capped (cap * tanh(kq / cap))
     f_logit_scale: float = 0.0  # granite: logits divided by it

@@ -1,8 +1,9 @@
 """The `llama` architecture (SmolLM2, Llama 2/3, Mistral and llama-style variants): src/models/llama.cpp, and the
 two Qwen variants that differ from it only in optional tensors: `qwen2` (q/k/v biases, src/models/qwen2.cpp) and
 `qwen3` (RMS-normed q and k per head before RoPE, src/models/qwen3.cpp); both rotate NEOX-style (hparams). A model
-with experts (`llama.expert_count`: Mixtral) and `qwen3moe` (qwen3 with experts, src/models/qwen3moe.cpp) replace
-the FFN by build_moe_ffn (models/moe.py)."""
+with experts (`llama.expert_count`: Mixtral), `qwen3moe` (qwen3 with experts, src/models/qwen3moe.cpp) and
+`qwen2moe` (qwen2 with experts and a shared expert, src/models/qwen2moe.cpp) replace the FFN by build_moe_ffn
+(models/moe.py)."""
 
 from __future__ import annotations
 
@@ -13,25 +14,30 @@ import numpy as np
 from llamactx.ggml.inputs import ROPE_TYPE_NEOX, ROPE_TYPE_NORM
 from llamactx.hparams import HParams, HParamsError, Meta
 from llamactx.models.graph_inputs import AttentionInput, ForwardResult, RopeConfig
-from llamactx.models.moe import build_moe_ffn, expert_tensor_shapes
+from llamactx.models.moe import build_moe_ffn, expert_tensor_shapes, shared_expert
 
 # the architecture names this module runs, with their RoPE type (llama_model_rope_type): llama rotates adjacent
 # pairs (NORM), the Qwens the two halves of each head (NEOX)
-ARCHS = {"llama": ROPE_TYPE_NORM, "qwen2": ROPE_TYPE_NEOX, "qwen3": ROPE_TYPE_NEOX, "qwen3moe": ROPE_TYPE_NEOX}
+ARCHS = {"llama": ROPE_TYPE_NORM, "qwen2": ROPE_TYPE_NEOX, "qwen3": ROPE_TYPE_NEOX, "qwen3moe": ROPE_TYPE_NEOX,
+         "qwen2moe": ROPE_TYPE_NEOX}
+MOE_ARCHS = ("qwen3moe", "qwen2moe")  # the architectures that must have experts
 MEMORY = "kv"  # llama_model::create_memory: llama_kv_cache
 
 
 def arch_hparams(m: Meta, hp: dict) -> dict:
     """load_arch_hparams: llama's graph rotates the whole head; an expert's FFN width is `n_ff` for llama
-    (Mixtral) and qwen3moe's `expert_feed_forward_length` (default n_ff / n_expert_used), which must have
-    experts."""
-    if m.arch in ("llama", "qwen3moe") and hp["n_rot"] != hp["n_embd_head_k"]:
+    (Mixtral) and qwen3moe's / qwen2moe's `expert_feed_forward_length` (default n_ff / n_expert_used), which must
+    have experts; qwen2moe's shared expert is `expert_shared_feed_forward_length` wide (default n_ff)."""
+    if m.arch in ("llama", "qwen3moe", "qwen2moe") and hp["n_rot"] != hp["n_embd_head_k"]:
         raise HParamsError(f"'{m.arch}.rope.dimension_count' = {hp['n_rot']}: expected an even number equal to "
                            f"the head size {hp['n_embd_head_k']}")
-    if m.arch == "qwen3moe":
+    if m.arch in MOE_ARCHS:
         if not hp["n_expert"]:
-            raise HParamsError("'qwen3moe.expert_count' is missing or 0: qwen3moe needs experts")
-        return {"n_ff_exp": m.count("expert_feed_forward_length", hp["n_ff"] // hp["n_expert_used"])}
+            raise HParamsError(f"'{m.arch}.expert_count' is missing or 0: {m.arch} needs experts")
+        fields = {"n_ff_exp": m.count("expert_feed_forward_length", hp["n_ff"] // hp["n_expert_used"])}
+        if m.arch == "qwen2moe":
+            fields["n_ff_shexp"] = m.count("expert_shared_feed_forward_length", hp["n_ff"])
+        return fields
     return {"n_ff_exp": hp["n_ff"] if hp["n_expert"] else 0}
 
 
@@ -63,12 +69,19 @@ def tensor_shapes(hp: HParams) -> dict[str, tuple[tuple[int, ...], bool]]:
             b + "ffn_norm.weight": ((hp.n_embd,), True),
         })
         if hp.n_expert:  # Mixtral's gate may be absent (llama_model_llama: TENSOR_NOT_REQUIRED)
-            shapes.update(expert_tensor_shapes(hp, b, gate_required=hp.arch == "qwen3moe"))
+            shapes.update(expert_tensor_shapes(hp, b, gate_required=hp.arch in MOE_ARCHS))
         else:
             shapes.update({
                 b + "ffn_gate.weight": ((hp.n_embd, hp.n_ff), True),
                 b + "ffn_up.weight": ((hp.n_embd, hp.n_ff), True),
                 b + "ffn_down.weight": ((hp.n_ff, hp.n_embd), True),
+            })
+        if hp.n_ff_shexp:  # qwen2moe's shared expert, its gate a vector: one logit per token
+            shapes.update({
+                b + "ffn_gate_inp_shexp.weight": ((hp.n_embd,), True),
+                b + "ffn_gate_shexp.weight": ((hp.n_embd, hp.n_ff_shexp), True),
+                b + "ffn_up_shexp.weight": ((hp.n_embd, hp.n_ff_shexp), True),
+                b + "ffn_down_shexp.weight": ((hp.n_ff_shexp, hp.n_embd), True),
             })
     return shapes
 
@@ -124,7 +137,9 @@ def build(model, ops, token: np.ndarray | None, embd: np.ndarray | None, pos: np
             cur, x = cur[out_ids], x[out_ids]
         x = cur + x
         cur = ops.rms_norm(x, model.tensors[b + "ffn_norm.weight"], hp.f_norm_rms_eps)
-        if hp.n_expert:
+        if hp.n_ff_shexp:  # qwen2moe: the routed experts' weights are not normalized
+            x = build_moe_ffn(model, ops, cur, b, norm_w=False) + shared_expert(model, ops, cur, b) + x
+        elif hp.n_expert:
             x = build_moe_ffn(model, ops, cur, b) + x  # (n, n_embd)
         else:
             gate, up = ops.matmuls(cur, [w(b + "ffn_gate.weight"), w(b + "ffn_up.weight")])  # (n, n_ff) each

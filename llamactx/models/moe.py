@@ -1,6 +1,7 @@
 """The mixture-of-experts FFN block: llm_graph_context::build_moe_ffn (src/llama-graph.cpp), for the architectures
-whose layers route each token to n_expert_used of n_expert SwiGLU experts (qwen3moe; llama with experts, Mixtral;
-gpt-oss, whose router and experts have biases and whose experts gate with swiglu_oai).
+whose layers route each token to n_expert_used of n_expert SwiGLU experts (qwen3moe; qwen2moe, with a shared
+expert; llama with experts, Mixtral; gpt-oss, whose router and experts have biases and whose experts gate with
+swiglu_oai).
 
 The graph, as llama.cpp builds it: router logits = ffn_gate_inp x; probabilities (softmax); the top
 n_expert_used (ggml_argsort_top_k); their probabilities as weights, normalized to sum 1; gate and up of each
@@ -11,6 +12,8 @@ bits.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
@@ -64,3 +67,15 @@ def build_moe_ffn(model, ops, cur: np.ndarray, b: str, norm_w: bool = True, w_sc
         cur = ops.swiglu(gate, up) if has_gate else ops.silu(up)
     experts = experts_of(cur, "down")  # (n, k, n_embd)
     return ops.moe_sum(experts, weights)  # (n, n_embd)
+
+
+def shared_expert(model, ops, cur: np.ndarray, b: str) -> np.ndarray:
+    """qwen2moe's shared expert (src/models/qwen2moe.cpp, "FFN shared expert"): a SwiGLU FFN every token goes
+    through, times a per-token gate sigmoid(ffn_gate_inp_shexp . cur), computed as ggml does: ggml_silu(g) / g.
+    cur (n, n_embd) -> (n, n_embd)"""
+    w = model.weight
+    vec = w(b + "ffn_gate_inp_shexp.weight")  # (n_embd,): ggml_mul_mat of a 1-D tensor, one output column
+    g = ops.matmul(cur, dataclasses.replace(vec, shape=(vec.shape[0], 1), data=vec.data.reshape(1, -1)))  # (n, 1)
+    gate = ops.silu(g) / g  # (n, 1)
+    gate_x, up = ops.matmuls(cur, [w(b + "ffn_gate_shexp.weight"), w(b + "ffn_up_shexp.weight")])
+    return ops.matmul(ops.swiglu(gate_x, up), w(b + "ffn_down_shexp.weight")) * gate  # (n, n_embd)

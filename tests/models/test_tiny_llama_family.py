@@ -13,7 +13,7 @@ from llamactx.backend.reference import ReferenceOps
 from tests.gguf.tiny_model import finish
 from tests.models.tiny import TINY, decode_all, load_tiny, new_ctx, sequences_batch
 
-NAMES = ["qwen2", "qwen3", "llama3", "yarn", "qwen3moe", "mixtral", "llama-q4_0", "qwen3moe-q4_0"]
+NAMES = ["qwen2", "qwen3", "llama3", "yarn", "qwen3moe", "mixtral", "llama-q4_0", "qwen3moe-q4_0", "qwen2moe"]
 
 
 @pytest.fixture(scope="module", params=NAMES)

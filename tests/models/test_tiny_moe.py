@@ -128,9 +128,11 @@ def test_each_expert_is_read_once_per_ubatch(monkeypatch):
         assert (np.diff(starts) > 0).sum() >= 2  # the tokens went to several experts, each run once
 
 
-def test_engine_serves_moe_greedy():
-    """Two requests at once through the engine: each gets llama.cpp's greedy continuation."""
-    name, model, ref, _ = load_tiny("qwen3moe")
+@pytest.mark.parametrize("name", ["qwen3moe", "qwen2moe"])
+def test_engine_serves_moe_greedy(name):
+    """Two requests at once through the engine: each gets llama.cpp's greedy continuation (qwen2moe: with its
+    shared expert)."""
+    name, model, ref, _ = load_tiny(name)
     engine = Engine(model, n_slots=2, n_ctx=512, n_batch=64, n_threads=2, flash_attn="disabled")
     prompt = ref["prompts"][0]["tokens"]
     chain = lambda: SamplerChain.default(SamplingParams(temperature=0.0), model.hparams.n_vocab, model.vocab,  # noqa: E731
@@ -169,6 +171,16 @@ def test_moe_without_router_or_experts_is_refused(tmp_path):
         Model.load(_rewrite(tmp_path, "qwen3moe", drop="blk.1.ffn_gate_inp.weight"))
     with pytest.raises(ModelLoadError, match="blk.0.ffn_gate_exps.weight' is missing"):
         Model.load(_rewrite(tmp_path, "qwen3moe", drop="blk.0.ffn_gate_exps.weight"))
+
+
+def test_qwen2moe_shared_expert_must_agree(tmp_path):
+    """qwen2moe's shared expert is required, and its width is expert_shared_feed_forward_length."""
+    with pytest.raises(ModelLoadError, match="blk.1.ffn_gate_inp_shexp.weight' is missing"):
+        Model.load(_rewrite(tmp_path, "qwen2moe", drop="blk.1.ffn_gate_inp_shexp.weight"))
+    with pytest.raises(ModelLoadError, match=r"ffn_gate_shexp.weight' has shape \[64, 64\], expected \[64, 96\]"):
+        Model.load(_rewrite(tmp_path, "qwen2moe", {"qwen2moe.expert_shared_feed_forward_length": 96}))
+    with pytest.raises(HParamsError, match="qwen2moe.expert_count"):
+        Model.load(_rewrite(tmp_path, "qwen2moe", {"qwen2moe.expert_count": 0, "qwen2moe.expert_used_count": 0}))
 
 
 def test_qwen3moe_without_experts_is_refused(tmp_path):

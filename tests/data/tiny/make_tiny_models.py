@@ -2,10 +2,10 @@
 
 One model per architecture or memory variant that no installable package ships small: qwen2 (attention biases),
 qwen3 (q/k RMSNorm), llama with Llama 3's RoPE frequency factors (rope_freqs.weight), llama with YaRN RoPE
-scaling, mamba2 (recurrent memory), lfm2 (hybrid: short-convolution and attention layers) and gpt-oss (sinks,
-iSWA, biased experts; Q8_0 or MXFP4 experts). Each has 2-4
-layers, n_embd 64, and a 1024-token vocabulary cut from SmolLM2's BPE tokenizer (the first 1024 tokens and the
-merges among them). Matrices are F32, F16 or Q8_0, norms F32.
+scaling, qwen3moe / qwen2moe / mixtral (experts; qwen2moe's shared expert), mamba2 (recurrent memory), lfm2
+(hybrid: short-convolution and attention layers) and gpt-oss (sinks, iSWA, biased experts; Q8_0 or MXFP4
+experts). Each has 2-4 layers, n_embd 64, and a 1024-token vocabulary cut from SmolLM2's BPE tokenizer (the
+first 1024 tokens and the merges among them). Matrices are F32, F16 or Q8_0, norms F32.
 
 Usage (from the repository root, in the project's venv): python tests/data/tiny/make_tiny_models.py
 Then make their reference outputs with llama.cpp: see make_tiny_reference.py and tests/data/REFERENCE.md.
@@ -143,9 +143,12 @@ def transformer(name: str, arch: str, seed: int, kind: T, bias: bool = False, qk
     return finish(w)
 
 
-def moe(name: str, arch: str, seed: int, kind: T, n_expert: int, n_expert_used: int, n_ff_exp: int) -> Path:
-    """A transformer whose FFNs are mixtures of experts (build_moe_ffn): qwen3moe (qwen3 with experts) or llama
-    with experts (Mixtral). The router's logits are scaled up so that the top experts are clearly chosen."""
+def moe(name: str, arch: str, seed: int, kind: T, n_expert: int, n_expert_used: int, n_ff_exp: int,
+        n_ff_shexp: int = 0) -> Path:
+    """A transformer whose FFNs are mixtures of experts (build_moe_ffn): qwen3moe (qwen3 with experts), llama
+    with experts (Mixtral) or qwen2moe (qwen2's attention biases, and a shared expert of width n_ff_shexp beside
+    the routed ones, gated per token by a sigmoid). The router's logits are scaled up so that the top experts are
+    clearly chosen."""
     v = smollm2_vocab()
     path = OUT / f"tiny-{name}.gguf"
     w = gguf.GGUFWriter(str(path), arch)
@@ -162,17 +165,25 @@ def moe(name: str, arch: str, seed: int, kind: T, n_expert: int, n_expert_used: 
     if arch == "qwen3moe":
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
+    if arch in ("qwen3moe", "qwen2moe"):
         w.add_expert_feed_forward_length(n_ff_exp)
+    if n_ff_shexp:
+        w.add_expert_shared_feed_forward_length(n_ff_shexp)
     wt.vec("output_norm.weight", (N_EMBD,), 1.0)
     wt.mat("output.weight", N_EMBD, N_VOCAB)
     for il in range(n_layer):
         b = f"blk.{il}."
-        attention_block(wt, b, n_head, n_head_kv, head_dim, qk_norm=arch == "qwen3moe")
+        attention_block(wt, b, n_head, n_head_kv, head_dim, bias=arch == "qwen2moe", qk_norm=arch == "qwen3moe")
         wt.vec(b + "ffn_norm.weight", (N_EMBD,), 1.0)
         wt.mat(b + "ffn_gate_inp.weight", N_EMBD, n_expert, scale=4.0 / np.sqrt(N_EMBD), kind=T.F32)
         for part, ne0, ne1 in (("gate", N_EMBD, n_ff_exp), ("up", N_EMBD, n_ff_exp), ("down", n_ff_exp, N_EMBD)):
             data = wt.rng.standard_normal((n_expert, ne1, ne0)) / np.sqrt(ne0)  # ggml (ne0, ne1, n_expert)
             wt.put(f"{b}ffn_{part}_exps.weight", data.astype(np.float32), kind)
+        if n_ff_shexp:  # the shared expert's gate is a vector: one logit per token
+            wt.vec(b + "ffn_gate_inp_shexp.weight", (N_EMBD,), 0.0, 2.0 / np.sqrt(N_EMBD))
+            wt.mat(b + "ffn_gate_shexp.weight", N_EMBD, n_ff_shexp)
+            wt.mat(b + "ffn_up_shexp.weight", N_EMBD, n_ff_shexp)
+            wt.mat(b + "ffn_down_shexp.weight", n_ff_shexp, N_EMBD)
     return finish(w)
 
 
@@ -348,6 +359,8 @@ MODELS = {
     "mixtral": lambda: moe("mixtral", "llama", 9, T.F16, n_expert=4, n_expert_used=2, n_ff_exp=64),
     "llama-q4_0": lambda: transformer("llama-q4_0", "llama", 11, T.Q4_0),  # repacked 8x8 by llama.cpp
     "qwen3moe-q4_0": lambda: moe("qwen3moe-q4_0", "qwen3moe", 12, T.Q4_0, n_expert=8, n_expert_used=2, n_ff_exp=32),
+    "qwen2moe": lambda: moe("qwen2moe", "qwen2moe", 16, T.Q8_0, n_expert=8, n_expert_used=2, n_ff_exp=32,
+                            n_ff_shexp=64),
     "phi3": lambda: dense_family("phi3", "phi3", 10, T.Q8_0, 2),
     "gemma2": lambda: dense_family("gemma2", "gemma2", 11, T.F16, 4),
     "smollm3": lambda: dense_family("smollm3", "smollm3", 12, T.F32, 4),
