@@ -18,6 +18,7 @@ from llamactx.backend.reference import ReferenceOps
 from llamactx.ggml.attention import sink_values
 from llamactx.ggml.cpu import active_path, check_target, set_threads
 from llamactx.ggml.graph import Graph, GraphAttention, GraphUnsupported
+from llamactx.ggml.kernels import bf16
 from llamactx.ggml.kernels.attention import attend
 from llamactx.ggml.kernels.compute import WeightTable, plan_graph
 from llamactx.ggml.kernels.flash import flash_attend
@@ -114,13 +115,13 @@ class FastOps(ReferenceOps):
 
     def matmul(self, x: np.ndarray, weight) -> np.ndarray:
         # The kernels reproduce ggml's vec_dot, and for the K-quants llama.cpp repacks or tiles (vecdot_k) its
-        # order too (Q3_K/Q5_K/IQ4_XS, repacked Q2_K/IQ4_NL/MXFP4: kxquants); the other weights (F32/F16/BF16, and
-        # Q2_K/IQ4_NL/MXFP4/Q4_K with ne1 % 8 != 0) stay on the reference, which follows llama.cpp for them
-        # (vecdot_kx, vecdot_nl, vecdot_bf16).
+        # order too (Q3_K/Q5_K/IQ4_XS, repacked Q2_K/IQ4_NL/MXFP4: kxquants), and BF16 in tinyBLAS's (kernels.bf16,
+        # read in place); the other weights (F32/F16, BF16 off tinyBLAS's shapes, and Q2_K/IQ4_NL/MXFP4/Q4_K with
+        # ne1 % 8 != 0) stay on the reference, which follows llama.cpp for them (vecdot_kx, vecdot_nl, vecdot_bf16).
         if isinstance(weight, AdaptedWeight):  # LoRA: the base product on the kernels, then the adapters'
             return lora_matmuls(self, x, [weight])[0]
         order = self._kernel_order(weight)
-        if x.shape[0] == 0 or order is None:
+        if x.shape[0] == 0 or order is None or self._vec_dot_bf16(x, [weight]):
             return super().matmul(x, weight)
         return matmul(x, self._packed(weight), self.threads, llama_order=order)
 
@@ -131,7 +132,7 @@ class FastOps(ReferenceOps):
             return lora_matmuls(self, x, weights)
         kinds = {self._kernel_order(w) for w in weights}
         types = {(w.ggml_type, w.shape[0]) for w in weights}
-        if x.shape[0] == 0 or len(types) != 1 or len(kinds) != 1 or None in kinds:
+        if x.shape[0] == 0 or len(types) != 1 or len(kinds) != 1 or None in kinds or self._vec_dot_bf16(x, weights):
             return super().matmuls(x, weights)
         y = matmul(x, self._packed_stack(weights), self.threads, llama_order=kinds.pop())  # (n, sum of ne1)
         return [y[:, a:b] for a, b in _column_ranges(weights)]
@@ -156,6 +157,11 @@ class FastOps(ReferenceOps):
         names = tuple(w.name for w in weights)
         return self.model.derived(("packed", names), lambda: pack_weights(weights), replaces=names)
 
+    def _vec_dot_bf16(self, x: np.ndarray, weights) -> bool:
+        """One row by a BF16 weight under ggml_single_row: ggml_vec_dot_bf16's order (the reference), not
+        tinyBLAS's."""
+        return self.ggml_single_row and x.shape[0] == 1 and any(w.ggml_type == T.BF16 for w in weights)
+
     @staticmethod
     def _kernel_order(weight) -> bool | None:
         """llama_order for the kernels' matmul of this weight, None where the reference computes it."""
@@ -167,6 +173,8 @@ class FastOps(ReferenceOps):
             return True if is_repacked_kx(weight) else None
         if weight.ggml_type in NL_TYPES:  # the kernels have llama.cpp's repacked order only (ne1 % 8 == 0)
             return True if is_repacked_nl(weight) else None
+        if weight.ggml_type == T.BF16:  # tinyBLAS's order, where llama.cpp takes tinyBLAS (any n, AVX-512)
+            return True if bf16.supports(weight) else None
         return True if can_pack(weight.ggml_type) and is_exact_k(weight) else None
 
     def attention_kv(self, q, kv, il, mask, vis, kq_scale, flash, n_threads=1, softcap=0.0, sinks=None):

@@ -224,10 +224,14 @@ def fake_quant(x: np.ndarray, vec_dot_type: int) -> np.ndarray:
     raise ValueError(f"fake_quant: vec_dot_type {t} is not one of F32, F16, BF16, Q8_0, Q8_1, Q8_K")
 
 
-def _round_bf16(x: np.ndarray) -> np.ndarray:
-    """ggml-impl.h `ggml_compute_fp32_to_bf16` (RNE, NaN forced quiet) and back to float32."""
+def bf16_bits(x: np.ndarray) -> np.ndarray:
+    """ggml-impl.h `ggml_compute_fp32_to_bf16`: round to nearest even, NaN forced quiet. float32 -> uint16 bits"""
     u = x.view(np.uint32)  # (...,)
     nan = (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
     rounded = (u.astype(np.uint64) + (0x7FFF + ((u >> 16) & 1))) >> 16
-    h = np.where(nan, (u >> 16) | np.uint32(64), rounded).astype(np.uint32)  # (...,) bf16 bits
-    return (h << 16).view(np.float32)
+    return np.where(nan, (u >> 16) | np.uint32(64), rounded).astype(np.uint16)
+
+
+def _round_bf16(x: np.ndarray) -> np.ndarray:
+    """`bf16_bits` and back to float32."""
+    return (bf16_bits(x).astype(np.uint32) << 16).view(np.float32)

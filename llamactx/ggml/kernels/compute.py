@@ -24,9 +24,11 @@ from llamactx.ggml.graph import Graph, GraphUnsupported, Tensor
 from llamactx.ggml.inputs import ROPE_TYPE_NEOX
 from llamactx.ggml.intrinsics import f16_bits
 from llamactx.ggml.kernels.attention import attend
+from llamactx.ggml.kernels.bf16 import gemm as gemm_bf16
 from llamactx.ggml.kernels.flash import flash_attend
-from llamactx.ggml.kernels.get_rows import rows_q8_0_x4
+from llamactx.ggml.kernels.get_rows import rows_bf16, rows_q8_0_x4
 from llamactx.ggml.kernels.matmul import (
+    BF16,
     F32,
     Q8_0,
     expert_order,
@@ -253,7 +255,7 @@ def _encode(row, frow, t: Tensor, place, vec_offsets, weight_index, kernel_order
     p = t.params
     if t.op == "get_rows":
         w = p[0]
-        if w.ggml_type != Q8_0:
+        if w.ggml_type not in (Q8_0, BF16):
             raise GraphUnsupported(f"get_rows of a {w.type_name} table")
         row[P0] = weight_index((w,))
     elif t.op == "rms_norm":
@@ -466,6 +468,8 @@ def _run(path, prog, fprm, arena, out_logits, out_embd, in_embd, tokens, pos, ou
             if w_kind[i] == F32:  # vecdot.matmul_float's row-invariant order: tinyBLAS where the shape allows
                 wf = qs.view(np.float32)  # (rows, k)
                 matmul_float_rows(wf, x, al % F32_EPR == 0 and cols % 4 == 0, False, out)
+            elif w_kind[i] == BF16:  # tinyBLAS's order on the stored rows (kernels/bf16.py)
+                gemm_bf16(qs.view(np.uint16), x, n_threads, out)
             else:
                 _matmul(path, n_threads, w_kind[i], prog[s, P1] != 0, x, qs, qh, sc, mn, d, m, out)
         elif op == ATTN:
@@ -539,7 +543,10 @@ def _run(path, prog, fprm, arena, out_logits, out_embd, in_embd, tokens, pos, ou
         elif op == GET_ROWS:
             i = prog[s, P0]
             qs, _, sc, _, _, _ = _weight(w_meta, i)
-            rows_q8_0_x4(qs, sc, tokens, y[yo : yo + n * cols].reshape((n, cols)))
+            if w_kind[i] == BF16:
+                rows_bf16(qs, tokens, y[yo : yo + n * cols].reshape((n, cols)))
+            else:
+                rows_q8_0_x4(qs, sc, tokens, y[yo : yo + n * cols].reshape((n, cols)))
 
 
 # One entry point per path, the path a global constant (a Tag argument would cost the dispatcher a Python typeof).

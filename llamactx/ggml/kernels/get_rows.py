@@ -122,6 +122,16 @@ def rows_q8_0_x4(qs, sc, ids, out) -> None:
                 out[i, b * 32 + 16 + e] = np.float32(np.int32(qs[g, b * 128 + 64 + j * 16 + e]) - 128) * d
 
 
+@njit(cache=True)
+def rows_bf16(qs, ids, out) -> None:
+    """out[i] = row ids[i] of a BF16 matrix's stored bytes qs (rows, 2 k), widened exactly to float32."""
+    w = qs.view(np.uint16)  # (rows, k)
+    bits = out.view(np.uint32)  # (n, k)
+    for i in range(ids.shape[0]):
+        for j in range(out.shape[1]):
+            bits[i, j] = np.uint32(w[ids[i], j]) << np.uint32(16)
+
+
 def get_rows_q8_0_packed(pw, ids: np.ndarray) -> np.ndarray:
     """The rows `ids` of a Q8_0 matrix from its packed copy, so that the file pages of a table shared with the
     output matrix stay released. q * d is exact in float32: the same bits as dequantizing. -> (len(ids), k)"""

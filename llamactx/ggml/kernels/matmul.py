@@ -22,6 +22,7 @@ from numba import njit, prange
 
 from llamactx.ggml.cpu import PATH_PORTABLE, PATH_VNNI, active_path, cpu_features, set_threads
 from llamactx.ggml.intrinsics import round_f16
+from llamactx.ggml.kernels.bf16 import gemm as gemm_bf16
 from llamactx.ggml.kernels.kquants import DEC_Q4K, DEC_Q5K, k45_rows, q4k_x8_rows, q6k_rows, q6k_tiled_rows
 from llamactx.ggml.kernels.ktile import TILE_MIN_ROWS, q4k_tile_rows, q6k_tile_rows
 from llamactx.ggml.kernels.kxquants import (
@@ -61,7 +62,7 @@ from llamactx.ggml.kernels.simd import (
 
 _F0 = np.float32(0.0)
 
-F32, F16 = int(T.F32), int(T.F16)
+F32, F16, BF16 = int(T.F32), int(T.F16), int(T.BF16)
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = int(T.Q4_0), int(T.Q4_1), int(T.Q5_0), int(T.Q5_1), int(T.Q8_0)
 Q4_K, Q5_K, Q6_K = int(T.Q4_K), int(T.Q5_K), int(T.Q6_K)
 Q2_K, Q3_K, IQ4_XS, IQ4_NL, MXFP4 = int(T.Q2_K), int(T.Q3_K), int(T.IQ4_XS), int(T.IQ4_NL), int(T.MXFP4)
@@ -344,6 +345,9 @@ def matmul(
     elif out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous or not out.flags.writeable:
         raise ValueError(f"matmul {pw.name!r}: out must be a writeable C-contiguous float32 array of shape {shape}")
     set_threads(n_threads)
+    if pw.ggml_type == BF16:  # llamafile's tinyBLAS order, on the weight's stored rows (bf16.py)
+        gemm_bf16(pw.qs.view(np.uint16), x, n_threads, out)
+        return out
     kernel(n_threads, pw.ggml_type, llama_order, x, pw.qs, pw.qh, pw.sc, pw.mn, pw.d, pw.m, out)
     return out
 

@@ -18,6 +18,7 @@ for the 32-element types; nb = blocks per row; a slot a type does not use is an 
     type  qs (u8)               qh (u8)            sc (u8)               mn (u8)      d (f32)   m (f32)
     F32   the f32 row bytes     -                  -                     -            -         -
     F16   the f16 row bytes     -                  -                     -            -         -
+    BF16  the bf16 row bytes    -                  -                     -            -         -
     Q4_0  nibbles (nb*64)       -                  f16 d x4 (nb*8)       -            -         -
     Q4_1  nibbles (nb*64)       -                  f16 d, m x4 (nb*16)   -            -         -
     Q5_0  nibbles (nb*64)       2 u64 masks (nb*16) f16 d x4 (nb*8)      -            -         -
@@ -35,8 +36,9 @@ for the 32-element types; nb = blocks per row; a slot a type does not use is an 
 (Q2_K, Q3_K, IQ4_XS, IQ4_NL and MXFP4 run in kxquants.py; IQ4_XS's per-32 scales are stored once per 16 elements, as
 Q3_K's, so both share one kernel.)
 
-F32/F16 rows are views of the stored tensor. The 32-element types take exactly their stored bytes; the K-quants
-widen their f16 scales to f32 (Q4_K: 1.03x); nothing holds a float32 copy of a quantized matrix.
+F32/F16/BF16 rows are views of the stored tensor (BF16 runs in bf16.py). The 32-element types take exactly their
+stored bytes; the K-quants widen their f16 scales to f32 (Q4_K: 1.03x); nothing holds a float32 copy of a
+quantized matrix.
 """
 
 from __future__ import annotations
@@ -224,7 +226,7 @@ _PACKERS: dict[int, Callable[[np.ndarray], dict[str, np.ndarray]]] = {
     T.MXFP4: _pack_mxfp4,
 }
 
-PACKABLE_TYPES: tuple[int, ...] = (T.F32, T.F16, *_PACKERS)
+PACKABLE_TYPES: tuple[int, ...] = (T.F32, T.F16, T.BF16, *_PACKERS)
 GROUPED_TYPES = frozenset(int(t) for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0))  # rows in groups of 4
 
 # Rows repacked per step: keeps numpy's temporaries to a few MiB even for a 262144-row output matrix.
@@ -245,8 +247,8 @@ def pack_weight(weight) -> PackedWeight:
     t, k, n_rows = _check(weight)
     fmt = block_format(t)
     n_units = units(t, n_rows)
-    if t in (T.F32, T.F16):
-        parts = {"qs": _read_only_view(np.ascontiguousarray(weight.data).view(np.uint8))}  # (n_rows, k * 4 or 2)
+    if t in (T.F32, T.F16, T.BF16):  # (n_rows, k * 4 or 2)
+        parts = {"qs": _read_only_view(np.ascontiguousarray(weight.data).view(np.uint8).reshape(n_rows, -1))}
     else:
         blocks = weight.data.reshape(n_rows, k // fmt.block_size, fmt.type_size)  # (n_rows, nb, type_size)
         if t in GROUPED_TYPES and n_rows % ROWS_PER_GROUP:  # a last, partial group: zero rows (d = 0) fill it
