@@ -8,7 +8,8 @@ depends on the build (ggml-cpu.c `ggml_compute_forward_mul_mat`, llamafile/sgemm
   __m512bh>`, KN = 32) each of 16 lanes takes `_mm512_dpbf16_ps` of elements 2i and 2i+1 of every 32: the odd
   product is added first, then the even one, each add rounded (Intel SDM VDPBF16PS); then
   `_mm512_reduce_add_ps`. Without it (`tinyBLAS<16, __m512>` / `<8, __m256>`, KN = F32_EPR) the bf16 values are
-  widened and summed as F32 weights are (llamactx.ggml.vec `dot_tinyblas`).
+  widened and summed as F32 weights are (llamactx.ggml.vec `dot_tinyblas`). `vdpbf16ps` reads denormal inputs as
+  zero and flushes denormal results to zero (the widened FMAs do not).
 - otherwise `ggml_vec_dot_bf16`: with AVX512_BF16 two `dpbf16` accumulators over 64 elements at a time (c1 the
   first 32, c2 the next); AVX-512 alone two 16-lane FMA accumulators over 32 at a time; AVX2 four 8-lane ones,
   then (c1+c3) + (c2+c4) and the `hsum_float_8` tree. Each accumulator's reduction is added in double, then the
@@ -30,12 +31,23 @@ from llamactx.ggml.vec import dot_tinyblas, hsum8, reduce_add16
 _F32 = np.float32
 
 
+_FLT_MIN = np.float32(1.17549435e-38)
+
+
+@numba.njit(cache=True)
+def _ftz(v):  # pragma: no cover - compiled
+    """A denormal float32 as a zero of its sign (vdpbf16ps's implied DAZ and FTZ)."""
+    return _F32(np.copysign(_F32(0.0), v)) if abs(v) < _FLT_MIN else v
+
+
 @numba.njit(cache=True)
 def _dpbf16(a, b, off, acc, lo):  # pragma: no cover - compiled
-    """`_mm512_dpbf16_ps` over a[off:off+32] * b[off:off+32] into acc[lo:lo+16]: odd product, then even."""
+    """`_mm512_dpbf16_ps` over a[off:off+32] * b[off:off+32] into acc[lo:lo+16]: odd product, then even, each
+    add rounded; denormal inputs are read as zero and denormal products and sums flushed to zero (the
+    instruction implies DAZ and FTZ whatever MXCSR says; measured on Zen 4)."""
     for i in range(16):
-        acc[lo + i] = acc[lo + i] + a[off + 2 * i + 1] * b[off + 2 * i + 1]
-        acc[lo + i] = acc[lo + i] + a[off + 2 * i] * b[off + 2 * i]
+        for j in (2 * i + 1, 2 * i):
+            acc[lo + i] = _ftz(acc[lo + i] + _ftz(_ftz(a[off + j]) * _ftz(b[off + j])))
 
 
 @numba.njit(cache=True)

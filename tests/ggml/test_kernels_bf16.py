@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType as T
 from llamactx.backend.fast import FastOps
 from llamactx.backend.reference import ReferenceOps
 from llamactx.ggml import kernels
-from llamactx.ggml.cpu import F32_EPR
+from llamactx.ggml.cpu import F32_EPR, arithmetic
 from llamactx.ggml.kernels import bf16
 from llamactx.ggml.quants_cpu import bf16_bits
 from llamactx.model import Weight
@@ -47,6 +47,21 @@ def test_kernel_matches_reference_bit_for_bit(k):
             for threads in (1, 2):
                 got = kernels.matmul(x, kernels.pack_weight(w), threads)  # (n, rows)
                 assert_bits(got, ref.matmul(x, w), (rows, n, threads))
+
+
+def test_denormals_as_the_instruction_treats_them():
+    """With AVX512_BF16, vdpbf16ps reads denormal inputs as zero and flushes denormal products and sums (its
+    implied DAZ / FTZ): the reference models it, and the kernel is the instruction. Without it (widened FMAs) both
+    keep IEEE denormals. Weights or activations of 1e-39 (denormal), products and sums below 2^-126."""
+    rng = np.random.default_rng(11)
+    ref = ReferenceOps()
+    for sw, sx in ((1e-20, 1e-19), (1e-39, 1e10), (1e10, 1e-39), (1e-30, 1e-9)):
+        w = bf16_weight(64, 8, rng, sw)
+        x = (rng.standard_normal((5, 64)) * sx).astype(np.float32)
+        got = kernels.matmul(x, kernels.pack_weight(w), 2)
+        assert_bits(got, ref.matmul(x, w), (sw, sx))
+        if arithmetic()["bf16_dot"] and sw * sx < 1e-36:
+            assert not got.any()  # every product is flushed
 
 
 def test_fast_ops_take_the_kernel_only_where_it_is_llama_cpps_order(monkeypatch):
