@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType as T
 
-from llamactx import Batch, Context, ContextParams
+from llamactx import Batch, Context, ContextParams, Model
 from llamactx.backend.reference import ReferenceOps
 from llamactx.ggml.attention import attention_f16_cells
+from llamactx.ggml.cpu import F32_EPR
 from llamactx.ggml.flash_attn import flash_attn_f16_cells
 from llamactx.ggml.graph import Graph, GraphUnsupported
 from llamactx.ggml.inputs import VisibleCells
 from llamactx.ggml.kernels.attention import attend
 from llamactx.ggml.kernels.flash import flash_attend
+from tests.gguf.tiny_model import tensor_table, tiny_hparams, write_tiny_llama
 
 
 def _seq_batch(parts, outputs="last") -> Batch:
@@ -171,3 +174,31 @@ def test_fast_flash_attention_matches_the_reference_kernel(n, n_head, n_head_kv,
         flash_attend(q.reshape(n, -1), k.view(np.uint16), v.view(np.uint16), n_head, n_head_kv, vis.cells,
                      vis.n_cells, vis.mask_add, np.float32(0.125), got, n_threads)
         assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist()
+
+
+@pytest.mark.parametrize("t", [T.BF16, T.IQ4_NL, T.MXFP4], ids=lambda t: T(t).name)
+def test_model_of_a_hub_type_runs_as_a_compiled_graph(tmp_path, t):
+    """A model whose layers' matrices and embedding table are BF16 / IQ4_NL / MXFP4 (its output matrix F32: the
+    tiny vocabulary's 263 rows fit neither tinyBLAS nor the repacked kernels): FastOps plans every ubatch as one
+    compiled program (mul_mat and get_rows nodes of that type) and gives ReferenceOps' logits bit for bit, prompt
+    and decode steps."""
+    if t == T.BF16 and F32_EPR != 16:
+        pytest.skip("an AVX2 target computes BF16 on the reference kernels")
+    table = tensor_table(tiny_hparams())
+    types = {name: t for name, shape in table.items() if len(shape) == 2}
+    model = Model.load(write_tiny_llama(tmp_path / "hub.gguf", types=types,
+                                        shapes={"output.weight": table["token_embd.weight"]}))
+    toks = np.random.default_rng(5).integers(0, model.hparams.n_vocab, 12).tolist()
+    logits, ctxs = [], []
+    for ops in (None, ReferenceOps()):
+        ctx = Context(model, ContextParams(n_ctx=64, n_threads=2), ops=ops)
+        assert ctx.decode(Batch.get_one(toks[:9])) == 0
+        rows = [np.array(ctx.get_logits_ith(-1))]
+        for i, tok in enumerate(toks[9:]):
+            assert ctx.decode(_seq_batch([(0, [tok], 9 + i)])) == 0
+            rows.append(np.array(ctx.get_logits_ith(-1)))
+        logits.append(np.stack(rows))
+        ctxs.append(ctx)
+    assert logits[0].view(np.uint32).tolist() == logits[1].view(np.uint32).tolist()
+    plans = ctxs[0].ops._plans
+    assert plans and all(entry is not None for entry in plans.values())

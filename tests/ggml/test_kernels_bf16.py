@@ -99,32 +99,3 @@ def test_activations_round_as_ggml():
     bf16._to_bf16(x, kernel)
     np.testing.assert_array_equal(kernel, bf16_bits(x))
 
-
-def test_bf16_model_runs_as_a_compiled_graph_with_the_reference_bits(tmp_path):
-    """A model whose layers' matrices and embedding table are BF16 (its output matrix F32: the tiny vocabulary's 263
-    rows are no multiple of 4): FastOps plans every ubatch as one compiled program (BF16 mul_mat and get_rows
-    nodes) and gives ReferenceOps' logits bit for bit, prompt and decode steps."""
-    from llamactx import Batch, Context, ContextParams, Model
-    from tests.gguf.tiny_model import tensor_table, tiny_hparams, write_tiny_llama
-
-    table = tensor_table(tiny_hparams())
-    types = {name: T.BF16 for name, shape in table.items() if len(shape) == 2}
-    output = {"output.weight": table["token_embd.weight"]}
-    model = Model.load(write_tiny_llama(tmp_path / "bf16.gguf", types=types, shapes=output))
-    n_vocab = model.hparams.n_vocab
-    toks = np.random.default_rng(5).integers(0, n_vocab, 12).tolist()
-    logits, ctxs = [], []
-    for ops in (None, ReferenceOps()):
-        ctx = Context(model, ContextParams(n_ctx=64, n_threads=2), ops=ops)
-        assert ctx.decode(Batch.get_one(toks[:9])) == 0
-        rows = [np.array(ctx.get_logits_ith(-1))]
-        for i, t in enumerate(toks[9:]):
-            batch = Batch(1)
-            batch.add(t, 9 + i, [0], True)
-            assert ctx.decode(batch) == 0
-            rows.append(np.array(ctx.get_logits_ith(-1)))
-        logits.append(np.stack(rows))
-        ctxs.append(ctx)
-    assert_bits(logits[0], logits[1], "fast vs reference")
-    plans = ctxs[0].ops._plans
-    assert plans and all(entry is not None for entry in plans.values())

@@ -26,10 +26,12 @@ from llamactx.ggml.intrinsics import f16_bits
 from llamactx.ggml.kernels.attention import attend
 from llamactx.ggml.kernels.bf16 import gemm as gemm_bf16
 from llamactx.ggml.kernels.flash import flash_attend
-from llamactx.ggml.kernels.get_rows import rows_bf16, rows_q8_0_x4
+from llamactx.ggml.kernels.get_rows import rows_bf16, rows_nl, rows_q8_0_x4
 from llamactx.ggml.kernels.matmul import (
     BF16,
     F32,
+    IQ4_NL,
+    MXFP4,
     Q8_0,
     expert_order,
     matmul_id_portable,
@@ -41,6 +43,7 @@ from llamactx.ggml.kernels.repack import units
 from llamactx.ggml.kernels.simd import PORTABLE, VNNI, TagType
 from llamactx.ggml.moe import route_row
 from llamactx.ggml.vecdot import matmul_float_rows
+from llamactx.gguf.quants_iq import KVALUES_IQ4NL, KVALUES_MXFP4
 
 # ops
 (GET_ROWS, RMS_NORM, MUL_MAT, ADD, ADD_ROW, SCALE, ROPE, SWIGLU, GEGLU, ATTN, SELECT, MOE_ROUTE, MUL_MAT_ID,
@@ -255,7 +258,7 @@ def _encode(row, frow, t: Tensor, place, vec_offsets, weight_index, kernel_order
     p = t.params
     if t.op == "get_rows":
         w = p[0]
-        if w.ggml_type not in (Q8_0, BF16):
+        if w.ggml_type not in (Q8_0, BF16, IQ4_NL, MXFP4):
             raise GraphUnsupported(f"get_rows of a {w.type_name} table")
         row[P0] = weight_index((w,))
     elif t.op == "rms_norm":
@@ -545,6 +548,10 @@ def _run(path, prog, fprm, arena, out_logits, out_embd, in_embd, tokens, pos, ou
             qs, _, sc, _, _, _ = _weight(w_meta, i)
             if w_kind[i] == BF16:
                 rows_bf16(qs, tokens, y[yo : yo + n * cols].reshape((n, cols)))
+            elif w_kind[i] == IQ4_NL or w_kind[i] == MXFP4:
+                _, _, _, _, dw, _ = _weight(w_meta, i)
+                rows_nl(qs, dw, KVALUES_IQ4NL if w_kind[i] == IQ4_NL else KVALUES_MXFP4, tokens,
+                        y[yo : yo + n * cols].reshape((n, cols)))
             else:
                 rows_q8_0_x4(qs, sc, tokens, y[yo : yo + n * cols].reshape((n, cols)))
 

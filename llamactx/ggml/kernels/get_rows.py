@@ -132,6 +132,21 @@ def rows_bf16(qs, ids, out) -> None:
             bits[i, j] = np.uint32(w[ids[i], j]) << np.uint32(16)
 
 
+@njit(cache=True)
+def rows_nl(qs, d, table, ids, out) -> None:
+    """out[i] = row ids[i] of a packed IQ4_NL / MXFP4 matrix (repack.py: each block's 16 bytes of nibbles, low
+    ones elements 0-15; its f32 scale, MXFP4's E8M0 halved) with its codebook `table` (int8 (16,)): code * d, one
+    rounding, as ggml's dequantize_row_iq4_nl / _mxfp4."""
+    for i in range(ids.shape[0]):
+        r = ids[i]
+        for b in range(out.shape[1] // 32):
+            s = d[r, b]
+            for e in range(16):
+                q = qs[r, b * 16 + e]
+                out[i, b * 32 + e] = np.float32(table[q & 15]) * s
+                out[i, b * 32 + 16 + e] = np.float32(table[q >> 4]) * s
+
+
 def get_rows_q8_0_packed(pw, ids: np.ndarray) -> np.ndarray:
     """The rows `ids` of a Q8_0 matrix from its packed copy, so that the file pages of a table shared with the
     output matrix stay released. q * d is exact in float32: the same bits as dequantizing. -> (len(ids), k)"""
