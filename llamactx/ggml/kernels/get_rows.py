@@ -134,17 +134,19 @@ def rows_bf16(qs, ids, out) -> None:
 
 @njit(cache=True)
 def rows_nl(qs, d, table, ids, out) -> None:
-    """out[i] = row ids[i] of a packed IQ4_NL / MXFP4 matrix (repack.py: each block's 16 bytes of nibbles, low
-    ones elements 0-15; its f32 scale, MXFP4's E8M0 halved) with its codebook `table` (int8 (16,)): code * d, one
-    rounding, as ggml's dequantize_row_iq4_nl / _mxfp4."""
+    """out[i] = row ids[i] of a packed IQ4_NL / MXFP4 matrix (repack.py `_interleave_nl`: rows in groups of eight,
+    row 8g + j's bytes 4c..4c+3 of block b at qs[g, 128 b + 32 c + 4 j], low nibbles elements 4c.., high ones
+    16+4c..; its f32 scale, MXFP4's E8M0 halved, at d[g, 8 b + j]) with its codebook `table` (int8 (16,)):
+    code * d, one rounding, as ggml's dequantize_row_iq4_nl / _mxfp4."""
     for i in range(ids.shape[0]):
-        r = ids[i]
+        g, j = ids[i] // 8, ids[i] % 8
         for b in range(out.shape[1] // 32):
-            s = d[r, b]
-            for e in range(16):
-                q = qs[r, b * 16 + e]
-                out[i, b * 32 + e] = np.float32(table[q & 15]) * s
-                out[i, b * 32 + 16 + e] = np.float32(table[q >> 4]) * s
+            s = d[g, 8 * b + j]
+            for c in range(4):
+                for e in range(4):
+                    q = qs[g, 128 * b + 32 * c + 4 * j + e]
+                    out[i, b * 32 + 4 * c + e] = np.float32(table[q & 15]) * s
+                    out[i, b * 32 + 16 + 4 * c + e] = np.float32(table[q >> 4]) * s
 
 
 def get_rows_q8_0_packed(pw, ids: np.ndarray) -> np.ndarray:

@@ -11,7 +11,10 @@ kernel per type and n):
 - Q5_K with n >= 8: the tiled kernel, result = float(s1) * d_w, fnmadd(dmin_w, float(s2), result), then
   out = fma(result, d_x, out) (n < 8 runs kquants.k45_rows, ggml_vec_dot_q5_K_q8_K's order).
 - IQ4_NL and MXFP4 with ne1 % 8 == 0 (repacked to block_*x8, repack.cpp; Q8_0 activations): one FMA per block,
-  acc = fma(float(dot), d_w * d_x, acc), for every n (`gemm_q4_b32_8x8_q8_0_lut_avx` and its gemv).
+  acc = fma(float(dot), d_w * d_x, acc), for every n (`gemm_q4_b32_8x8_q8_0_lut_avx` and its gemv). Their packed
+  rows are interleaved in groups of eight (repack.py `_interleave_nl`) so that, as in llama.cpp's gemv, the eight
+  rows sit in the lanes of one register: each `vpdpbusd` of four bytes of every row against four broadcast
+  activation quants adds to its row's lane, no horizontal sum (`nl_rows`).
 
 Signed codes go through `vdot_s8`: ggml's own sign trick (`mul_add_epi8`: |w| as the unsigned operand, x with w's
 sign), exact because |w| <= 127 and a Q8 quant is within +-127.
@@ -33,14 +36,16 @@ from llamactx.ggml.kernels.legacy import prefetch_ahead, prefetch_distance
 from llamactx.ggml.kernels.simd import (
     Tag,
     TagType,
+    f32x8,
     fmadd_i,
     fsum,
     fzero,
     i8x32,
     i32x8,
-    lane_index,
     ptr2d,
+    splat,
     vload,
+    vload_f32,
     vload_i32,
     vstore,
 )
@@ -135,17 +140,23 @@ def vlut16(typingctx, table, arr, row, col):
         lo = builder.and_(v16, ir.Constant(v16.type, [0x0F] * 16))
         hi = builder.lshr(v16, ir.Constant(v16.type, [4] * 16))
         idx = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(ir.IntType(32), 32), list(range(32))))
-        if cpu_features()["avx2"]:
-            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V32I8, [_V32I8, _V32I8]),
-                                                "llvm.x86.avx2.pshuf.b")
-            return builder.call(fn, [ir.Constant(_V32I8, [v & 0xFF for v in values] * 2), idx])
-        out = ir.Constant(_V32I8, None)
-        for e, v in enumerate(values):
-            hit = builder.icmp_unsigned("==", idx, ir.Constant(_V32I8, [e] * 32))
-            out = builder.select(hit, ir.Constant(_V32I8, [v & 0xFF] * 32), out)
-        return out
+        return _lookup(builder, values, idx)
 
     return sig, codegen
+
+
+def _lookup(builder, values, idx):
+    """Codebook entry values[idx] of every byte of idx (0..15): `pshufb` with AVX2, else a select per entry."""
+    values = [int(v) for v in values]
+    if cpu_features()["avx2"]:
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V32I8, [_V32I8, _V32I8]),
+                                            "llvm.x86.avx2.pshuf.b")
+        return builder.call(fn, [ir.Constant(_V32I8, [v & 0xFF for v in values] * 2), idx])
+    out = ir.Constant(_V32I8, None)
+    for e, v in enumerate(values):
+        hit = builder.icmp_unsigned("==", idx, ir.Constant(_V32I8, [e] * 32))
+        out = builder.select(hit, ir.Constant(_V32I8, [v & 0xFF] * 32), out)
+    return out
 
 
 @intrinsic
@@ -401,63 +412,96 @@ def q2k_rows(path, repacked, W, a, r0, r1, out):
 # --- IQ4_NL / MXFP4, repacked: one FMA per 32-element block ----------------------------------------------------
 
 
-@intrinsic
-def ihsum8(typingctx, v0, v1, v2, v3, v4, v5, v6, v7):
-    """Lane j = the sum of v_j's 8 lanes (exact): a tree of pairwise adds, 7 shuffle pairs for 8 block dots
-    instead of 8 horizontal sums."""
-    sig = i32x8(*([i32x8] * 8))
+def _nibbles(high: bool):
+    """The codegen of a load of 32 bytes of IQ4_NL / MXFP4 nibbles at arr[row, col], low or high ones, each
+    looked up in the table (`vlut16`'s lookup) -> i8x32 codebook values."""
 
     def codegen(context, builder, sig, args):
-        def fold(a, b):  # lanes (a0+a1, a2+a3, .., b0+b1, ..): each input's pairs, a's first
-            even = builder.shuffle_vector(a, b, lane_index([2 * k for k in range(8)]))
-            odd = builder.shuffle_vector(a, b, lane_index([2 * k + 1 for k in range(8)]))
-            return builder.add(even, odd)
+        v = builder.load(ptr2d(context, builder, sig.args[1], args[1], args[2], args[3], _V32I8), align=1)
+        nib = ir.Constant(_V32I8, [4 if high else 15] * 32)
+        idx = builder.lshr(v, nib) if high else builder.and_(v, nib)
+        return _lookup(builder, _TABLES[sig.args[0].tag_name], idx)
 
-        quads = [fold(args[2 * j], args[2 * j + 1]) for j in range(4)]  # 4 pair sums of each of 2 inputs
-        halves = [fold(quads[0], quads[1]), fold(quads[2], quads[3])]  # 2 quad sums of each of 4 inputs
-        return fold(halves[0], halves[1])  # v_j's sum at lane j
+    return codegen
+
+
+@intrinsic
+def vnib_lo(typingctx, table, arr, row, col):
+    """Low nibbles of 32 bytes at arr[row, col] as codebook values (a LUT_* tag) -> i8x32."""
+    if isinstance(table, TagType) and table.tag_name in _TABLES:
+        return i8x32(table, arr, types.intp, types.intp), _nibbles(False)
+
+
+@intrinsic
+def vnib_hi(typingctx, table, arr, row, col):
+    """High nibbles of 32 bytes at arr[row, col] as codebook values (a LUT_* tag) -> i8x32."""
+    if isinstance(table, TagType) and table.tag_name in _TABLES:
+        return i8x32(table, arr, types.intp, types.intp), _nibbles(True)
+
+
+@intrinsic
+def vbcast4(typingctx, arr, row, col):
+    """4 bytes of a 2-D int8 array from [row, col], repeated 8 times -> i8x32 (four activation quants for the
+    eight rows of an interleaved group)."""
+    sig = i8x32(arr, types.intp, types.intp)
+
+    def codegen(context, builder, sig, args):
+        word = builder.load(ptr2d(context, builder, sig.args[0], *args, ir.IntType(32)), align=1)
+        return builder.bitcast(splat(builder, word, 8), _V32I8)
+
+    return sig, codegen
+
+
+@intrinsic
+def fmadd_iv(typingctx, acc, v, dw, s):
+    """Lane j: acc + float(v_j) * (dw_j * s): eight rows' block sums, each scaled by its own d_w times the
+    activation's d_x (that product rounded to float32 first, as ggml's), one fused rounding per lane."""
+    sig = f32x8(f32x8, i32x8, f32x8, types.float32)
+
+    def codegen(context, builder, sig, args):
+        acc, v, dw, x = args
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(dw.type, [dw.type] * 3),
+                                            "llvm.fma.v8f32")
+        return builder.call(fn, [builder.sitofp(v, dw.type), builder.fmul(dw, splat(builder, x, 8)), acc])
 
     return sig, codegen
 
 
 @njit(cache=True, inline="always")
-def _nl_dot(path, qs, lut, r, xq, i, b):
-    """Block b of row r . x[i] as i32x8 lanes (signed codes)."""
-    return vdot_s8(path, izero(), vlut16(lut, qs, r, b * 16), vload(xq, i, b * 32))
+def _nl_group_dot(path, lut, qs, g, xq, i, b):
+    """Block b of the eight rows of group g . x[i]: lane j = row 8g + j's exact dot (repack.py `_interleave_nl`:
+    run c's low nibbles are elements 4c..4c+3 of every row, its high nibbles 16+4c..)."""
+    dot = izero()
+    for c in range(4):
+        col = b * 128 + 32 * c
+        dot = vdot_s8(path, dot, vnib_lo(lut, qs, g, col), vbcast4(xq, i, b * 32 + 4 * c))
+        dot = vdot_s8(path, dot, vnib_hi(lut, qs, g, col), vbcast4(xq, i, b * 32 + 16 + 4 * c))
+    return dot
 
 
 @njit(cache=True)
-def _nl_row(path, lut, qs, d, xq, xd, r, i, dots):
-    """One output in the repacked order: acc = fma(float(dot_b), d_w * d_x, acc) block after block. Eight blocks'
-    dots are reduced at once (`ihsum8`) into `dots` (1, 8) int32 scratch."""
-    nb = d.shape[1]
-    acc = _F0
-    for b in range(0, nb - nb % 8, 8):
-        vstore(dots, 0, 0, ihsum8(_nl_dot(path, qs, lut, r, xq, i, b), _nl_dot(path, qs, lut, r, xq, i, b + 1),
-                                  _nl_dot(path, qs, lut, r, xq, i, b + 2), _nl_dot(path, qs, lut, r, xq, i, b + 3),
-                                  _nl_dot(path, qs, lut, r, xq, i, b + 4), _nl_dot(path, qs, lut, r, xq, i, b + 5),
-                                  _nl_dot(path, qs, lut, r, xq, i, b + 6), _nl_dot(path, qs, lut, r, xq, i, b + 7)))
-        for j in range(8):
-            acc = fma32(np.float32(dots[0, j]), d[r, b + j] * xd[i, b + j], acc)
-    for b in range(nb - nb % 8, nb):
-        acc = fma32(np.float32(ihsum(_nl_dot(path, qs, lut, r, xq, i, b))), d[r, b] * xd[i, b], acc)
-    return acc
-
-
-@njit(cache=True)
-def nl_rows(path, lut, W, a, r0, r1, out):
-    """IQ4_NL / MXFP4 rows r0..r1-1 as llama.cpp's repacked gemm/gemv (the same order for every n; prompts of
-    `ktile.TILE_MIN_ROWS` rows or more take kxtile.nl_tile_rows)."""
+def nl_rows(path, lut, W, a, g0, g1, out):
+    """IQ4_NL / MXFP4 row groups g0..g1-1 (eight rows each) as llama.cpp's repacked gemm/gemv (the same order for
+    every n; prompts of `ktile.TILE_MIN_ROWS` rows or more take kxtile.nl_tile_rows): the eight rows in the lanes
+    of one accumulator, acc = fma(float(dot_b), d_w * d_x, acc) block after block."""
     qs, _, _, _, d, _ = W
     xq, xd, _, _ = a
-    n = xq.shape[0]
-    dots = np.empty((1, 8), np.int32)
+    n, nb = xq.shape[0], xd.shape[1]
+    buf = np.empty((1, 8), np.float32)
     ahead = prefetch_distance(qs, W[1], W[2]) if n < 4 else 0
-    for r in range(r0, r1):
+    for g in range(g0, g1):
         if ahead:
-            prefetch_ahead(qs, W[1], W[2], r, r0, r1, ahead, 1)
+            prefetch_ahead(qs, W[1], W[2], g, g0, g1, ahead, 1)
         for i in range(n):
-            out[i, r] = _nl_row(path, lut, qs, d, xq, xd, r, i, dots)
+            acc = fzero()
+            for b in range(nb):
+                acc = fmadd_iv(acc, _nl_group_dot(path, lut, qs, g, xq, i, b), vload_f32(d, g, 8 * b), xd[i, b])
+            if 8 * g + 8 <= out.shape[1]:
+                vstore(out, i, 8 * g, acc)
+            else:  # a last, partial group (a matrix of ne1 % 8 != 0 called directly)
+                vstore(buf, 0, 0, acc)
+                for j in range(out.shape[1] - 8 * g):
+                    out[i, 8 * g + j] = buf[0, j]
 
 
 KX_KERNEL_TYPES = (int(T.Q2_K), int(T.Q3_K), int(T.IQ4_XS), int(T.IQ4_NL), int(T.MXFP4))

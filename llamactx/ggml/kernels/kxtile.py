@@ -267,15 +267,19 @@ def ibcast16(typingctx, v):
 @njit(cache=True)
 def _nl_tile(qs, d, lut, r0, r1, wq, td):
     """Rows r0..r0+15 of IQ4_NL / MXFP4 (past r1 - 1 repeating it): wq (nb*8, 64) u8, register 8 b + q =
-    elements 4q..4q+3 of block b for the 16 rows as codebook entry + 128; td (nb, 16) the block scales."""
+    elements 4q..4q+3 of block b for the 16 rows as codebook entry + 128; td (nb, 16) the block scales. The
+    packed rows are in groups of eight (repack.py `_interleave_nl`: row 8g + j's bytes 4c..4c+3 of block b at
+    qs[g, 128 b + 32 c + 4 j], its scale at d[g, 8 b + j])."""
+    nb = td.shape[0]
     for lane in range(TILE):
         r = min(r0 + lane, r1 - 1)
-        for b in range(d.shape[1]):
-            td[b, lane] = d[r, b]
+        g, j = r // 8, r % 8
+        for b in range(nb):
+            td[b, lane] = d[g, 8 * b + j]
             for q in range(8):
                 shift = 4 * (q // 4)  # elements 0-15: low nibbles of the block's 16 bytes, 16-31: high
                 for e in range(4):
-                    byte = qs[r, b * 16 + 4 * (q % 4) + e]
+                    byte = qs[g, 128 * b + 32 * (q % 4) + 4 * j + e]
                     wq[b * 8 + q, 4 * lane + e] = lut[(byte >> shift) & 15]
 
 
@@ -294,7 +298,7 @@ def nl_tile_rows(path, mxfp4, W, a, r0, r1, out):
     """out[:, r0:r1] for IQ4_NL (or `mxfp4`) weights in llama.cpp's repacked order, 16 rows per tile."""
     qs, _, _, _, d, _ = W
     xq, xd, _, _ = a
-    n, nb = xq.shape[0], d.shape[1]
+    n, nb = xq.shape[0], xd.shape[1]
     xoff = np.empty((n, nb), np.int32)  # -128 * the sum of each activation block's quants
     for i in range(n):
         for b in range(nb):

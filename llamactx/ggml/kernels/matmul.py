@@ -47,7 +47,7 @@ from llamactx.ggml.kernels.legacy import (
     x4_rows_repacked,
 )
 from llamactx.ggml.kernels.q8 import quantize_q8_0, quantize_q8_1, quantize_q8_K
-from llamactx.ggml.kernels.repack import PackedWeight, units
+from llamactx.ggml.kernels.repack import NL_GROUP, PackedWeight, units
 from llamactx.ggml.kernels.simd import (
     PORTABLE,
     VNNI,
@@ -175,8 +175,8 @@ def _rows_of_type(path, kind, llama_order, W, a, u0, u1, out):
         kx_rows(path, DEC_Q3K, llama_order and a[0].shape[0] >= TILED_MIN_ROWS, W, a, u0, u1, out)
     elif kind == IQ4_XS:
         kx_rows(path, DEC_IQ4XS, llama_order and a[0].shape[0] >= TILED_MIN_ROWS, W, a, u0, u1, out)
-    elif (kind == IQ4_NL or kind == MXFP4) and a[0].shape[0] >= TILE_MIN_ROWS:
-        nl_tile_rows(path, kind == MXFP4, W, a, u0, u1, out)
+    elif (kind == IQ4_NL or kind == MXFP4) and a[0].shape[0] >= TILE_MIN_ROWS:  # units of eight rows
+        nl_tile_rows(path, kind == MXFP4, W, a, u0 * NL_GROUP, min(u1 * NL_GROUP, out.shape[1]), out)
     elif kind == IQ4_NL:
         nl_rows(path, LUT_IQ4NL, W, a, u0, u1, out)
     elif kind == MXFP4:
@@ -193,9 +193,11 @@ def _rows_of_type(path, kind, llama_order, W, a, u0, u1, out):
 
 @njit(cache=True)
 def _n_units(kind, n_rows):
-    """Rows, or groups of four rows for the 32-element block types (repack.units)."""
+    """Rows, or groups of four rows for the 32-element block types, of eight for IQ4_NL / MXFP4 (repack.units)."""
     if kind == Q4_0 or kind == Q4_1 or kind == Q5_0 or kind == Q5_1 or kind == Q8_0:
         return (n_rows + ROWS_PER_GROUP - 1) // ROWS_PER_GROUP
+    if kind == IQ4_NL or kind == MXFP4:
+        return (n_rows + NL_GROUP - 1) // NL_GROUP
     return n_rows
 
 

@@ -10,10 +10,12 @@ bytes and one u8 x s8 dot product serves all.
 The 32-element block types interleave their rows in groups of four, as ggml-cpu's repack.cpp does
 (`block_q4_0x4`): per block, the four rows' 16 bytes of nibbles side by side (Q8_0: elements 0-15 of the four
 rows, then 16-31), their f16 scales side by side (then their mins), and Q5's fifth bits rearranged into one
-64-bit mask per 64-byte register (legacy.py, wide.py). A last partial group is filled with zero rows.
+64-bit mask per 64-byte register (legacy.py, wide.py). IQ4_NL and MXFP4 interleave groups of eight rows four
+bytes at a time (`_interleave_nl`, kxquants.nl_rows). A last partial group is filled with zero rows.
 
 Every `PackedWeight` has the same six slots, so one kernel signature serves all types (n = n_rows, or n/4 groups
-for the 32-element types; nb = blocks per row; a slot a type does not use is an empty (n, 0) array):
+for the 32-element types, n/8 for IQ4_NL / MXFP4; nb = blocks per row; a slot a type does not use is an empty
+(n, 0) array):
 
     type  qs (u8)               qh (u8)            sc (u8)               mn (u8)      d (f32)   m (f32)
     F32   the f32 row bytes     -                  -                     -            -         -
@@ -30,8 +32,8 @@ for the 32-element types; nb = blocks per row; a slot a type does not use is an 
     Q2_K  2-bit (nb*64)         -                  4-bit sc (nb*16)      4-bit m (nb*16) d      dmin
     Q3_K  2-bit (nb*64)         hmask (nb*32)      int8 sc-32 (nb*16)    -            d         -
     IQ4_XS nibbles (nb*128)     -                  int8 ls-32 x2 (nb*16) -            d         -
-    IQ4_NL nibbles (nb*16)      -                  -                     -            d         -
-    MXFP4 nibbles (nb*16)       -                  -                     -            E8M0/2    -
+    IQ4_NL nibbles x8 (nb*128)  -                  -                     -            d x8 (nb*8) -
+    MXFP4 nibbles x8 (nb*128)   -                  -                     -            E8M0/2 x8 -
 
 (Q2_K, Q3_K, IQ4_XS, IQ4_NL and MXFP4 run in kxquants.py; IQ4_XS's per-32 scales are stored once per 16 elements, as
 Q3_K's, so both share one kernel.)
@@ -202,12 +204,28 @@ def _pack_iq4_xs(b: np.ndarray) -> dict[str, np.ndarray]:
     return {"qs": _bytes(b, 8, 136), "sc": sc.reshape(n, nb * 16), "d": _half(b, 0)}
 
 
+NL_GROUP = 8  # IQ4_NL / MXFP4: rows per interleaved group
+
+
+def _interleave_nl(nibbles: np.ndarray, d: np.ndarray) -> dict[str, np.ndarray]:
+    """IQ4_NL / MXFP4 in groups of eight rows (llama.cpp's block_iq4_nlx8 idea, kxquants.nl_rows): per block b of
+    a group, 4 runs of 32 bytes, run c holding bytes 4c..4c+3 of the eight rows' blocks side by side (row j at
+    4j), so that one 32-byte load's low nibbles are elements 4c..4c+3 of every row and its high nibbles elements
+    16+4c..; the eight rows' scales side by side. nibbles (n, nb, 16) u8, d (n, nb) f32 -> qs (n/8, nb*128),
+    d (n/8, nb*8)"""
+    n, nb, _ = nibbles.shape
+    g = nibbles.reshape(n // NL_GROUP, NL_GROUP, nb, 4, 4)  # (group, row j, block, run c, byte e)
+    qs = np.ascontiguousarray(g.transpose(0, 2, 3, 1, 4)).reshape(n // NL_GROUP, nb * 128)  # (group, b, c, j, e)
+    dg = np.ascontiguousarray(d.reshape(n // NL_GROUP, NL_GROUP, nb).transpose(0, 2, 1)).reshape(n // NL_GROUP, -1)
+    return {"qs": qs, "d": dg}
+
+
 def _pack_iq4_nl(b: np.ndarray) -> dict[str, np.ndarray]:
-    return {"qs": _bytes(b, 2, 18), "d": _half(b, 0)}
+    return _interleave_nl(b[:, :, 2:18], _half(b, 0))
 
 
 def _pack_mxfp4(b: np.ndarray) -> dict[str, np.ndarray]:
-    return {"qs": _bytes(b, 1, 17), "d": e8m0_to_fp32_half(np.ascontiguousarray(b[:, :, 0]))}
+    return _interleave_nl(b[:, :, 1:17], e8m0_to_fp32_half(np.ascontiguousarray(b[:, :, 0])))
 
 
 _PACKERS: dict[int, Callable[[np.ndarray], dict[str, np.ndarray]]] = {
@@ -251,8 +269,9 @@ def pack_weight(weight) -> PackedWeight:
         parts = {"qs": _read_only_view(np.ascontiguousarray(weight.data).view(np.uint8).reshape(n_rows, -1))}
     else:
         blocks = weight.data.reshape(n_rows, k // fmt.block_size, fmt.type_size)  # (n_rows, nb, type_size)
-        if t in GROUPED_TYPES and n_rows % ROWS_PER_GROUP:  # a last, partial group: zero rows (d = 0) fill it
-            pad = np.zeros((n_units * ROWS_PER_GROUP - n_rows, *blocks.shape[1:]), np.uint8)
+        per = _rows_per_unit(t)
+        if n_rows % per:  # a last, partial group: zero rows (d = 0) fill it
+            pad = np.zeros((n_units * per - n_rows, *blocks.shape[1:]), np.uint8)
             blocks = np.concatenate([blocks, pad])
         parts = _pack_rows(blocks, _PACKERS[t])
     empty = {np.uint8: np.empty((n_units, 0), np.uint8), np.float32: np.empty((n_units, 0), np.float32)}
@@ -283,9 +302,15 @@ def pack_weights(weights, name: str | None = None) -> PackedWeight:
     return pack_weight(dataclasses.replace(first, name=name, shape=(first.shape[0], n_rows), data=data))
 
 
+def _rows_per_unit(ggml_type: int) -> int:
+    t = int(ggml_type)
+    return ROWS_PER_GROUP if t in GROUPED_TYPES else NL_GROUP if t in (T.IQ4_NL, T.MXFP4) else 1
+
+
 def units(ggml_type: int, n_rows: int) -> int:
-    """The first dimension of a packed matrix's slots: groups of four rows for the 32-element block types."""
-    return -(-n_rows // ROWS_PER_GROUP) if int(ggml_type) in GROUPED_TYPES else n_rows
+    """The first dimension of a packed matrix's slots: groups of four rows for the 32-element block types, of
+    eight for IQ4_NL / MXFP4, else rows."""
+    return -(-n_rows // _rows_per_unit(ggml_type))
 
 
 def _check(weight) -> tuple[int, int, int]:
@@ -311,7 +336,7 @@ def _check(weight) -> tuple[int, int, int]:
 
 def _pack_rows(blocks: np.ndarray, packer) -> dict[str, np.ndarray]:
     """Run `packer` over row chunks of (n, nb, type_size) blocks into preallocated, then read-only, arrays (one
-    row of theirs per weight row, or per group of four)."""
+    row of theirs per weight row, or per group of four or eight)."""
     n = blocks.shape[0]
     first = packer(blocks[: min(n, _ROWS_PER_STEP)])
     per = min(n, _ROWS_PER_STEP) // next(iter(first.values())).shape[0]  # weight rows per packed row
