@@ -4,8 +4,9 @@ In llama.cpp the model code (`llm_build_llama`) calls ggml_mul_mat, ggml_rms_nor
 record `ggml_tensor` nodes; ggml-alloc places them in one buffer and ggml-cpu's `ggml_graph_compute` runs them on one
 thread pool, and an unchanged ubatch shape reuses the graph (`llm_graph_result::can_reuse`). `Graph` plays ggml.c's
 part: it has the ops interface the forward passes call (the same as `ReferenceOps`), and its `Tensor`s support the
-few numpy operations they use (+, * scalar, reshape, rows by index), so `models/*.py` build a graph with the code
-that computes eagerly on other ops. llamactx.ggml.kernels.compute plans and runs it.
+few numpy operations they use (+, * by a scalar or a per-row factor, / of the same shape, reshape, rows by index),
+so `models/*.py` build a graph with the code that computes eagerly on other ops. llamactx.ggml.kernels.compute
+plans and runs it.
 """
 
 from __future__ import annotations
@@ -77,11 +78,18 @@ class Tensor:
     __radd__ = __add__
 
     def __mul__(self, other) -> Tensor:
+        if isinstance(other, Tensor) and other.shape == (self.rows, 1):  # each row by its own factor (ggml_mul)
+            return self.graph.node("mul_col", (self, other), self.shape)
         if not np.isscalar(other):
             raise GraphUnsupported("multiplication by a non-scalar")
         return self.graph.node("scale", (self,), self.shape, (np.float32(other),))
 
     __rmul__ = __mul__
+
+    def __truediv__(self, other) -> Tensor:
+        if not isinstance(other, Tensor):
+            raise GraphUnsupported("division by an array")
+        return self.graph.binary("div", self, other)
 
     def __getitem__(self, ids) -> Tensor:
         if isinstance(ids, tuple) and len(ids) == 2 and ids[0] == slice(None) and isinstance(ids[1], slice):
@@ -199,7 +207,7 @@ class Graph:
         raise GraphUnsupported("final logit soft-capping")
 
     def silu(self, x: Tensor) -> Tensor:
-        raise GraphUnsupported("silu without a gate")
+        return self.node("silu", (x,), x.shape)
 
     def swiglu_oai(self, gate: Tensor, up: Tensor, alpha: float, limit: float) -> Tensor:
         raise GraphUnsupported("swiglu_oai")

@@ -114,7 +114,7 @@ def ssm_scan(state: np.ndarray, x: np.ndarray, dt: np.ndarray, a: np.ndarray, b:
 
 
 @numba.njit(parallel=True, cache=True)
-def _silu_rows(x, out):  # pragma: no cover - compiled
+def silu_rows(x, out):  # pragma: no cover - compiled
     n, k = x.shape
     k16 = k - k % F32_EPR
     for r in numba.prange(n):
@@ -130,5 +130,5 @@ def silu(x: np.ndarray) -> np.ndarray:
     """ggml_silu over rows of the last axis (ggml_vec_silu_f32). (..., k) float32 -> (..., k) float32"""
     xr = np.ascontiguousarray(x, np.float32).reshape(-1, x.shape[-1])
     out = np.empty_like(xr)
-    _silu_rows(xr, out)
+    silu_rows(xr, out)
     return out.reshape(x.shape)

@@ -24,7 +24,7 @@ from llamactx.model import ModelLoadError, Weight
 from llamactx.sampling import SamplerChain, SamplingParams
 from tests.ggml.test_kernels import random_weight
 from tests.gguf.tiny_model import rewrite_gguf
-from tests.models.tiny import TINY, load_tiny
+from tests.models.tiny import TINY, decode_all, load_tiny, new_ctx
 
 STD_SORT = r"""
 #include <algorithm>
@@ -171,6 +171,19 @@ def test_moe_without_router_or_experts_is_refused(tmp_path):
         Model.load(_rewrite(tmp_path, "qwen3moe", drop="blk.1.ffn_gate_inp.weight"))
     with pytest.raises(ModelLoadError, match="blk.0.ffn_gate_exps.weight' is missing"):
         Model.load(_rewrite(tmp_path, "qwen3moe", drop="blk.0.ffn_gate_exps.weight"))
+
+
+def test_qwen2moe_runs_as_a_compiled_graph():
+    """The shared expert's gate (a 1-row F32 matmul, silu, a division, a per-row product) has executor nodes: the
+    prompt and the decode steps are planned whole, with llama.cpp's logits."""
+    name, model, ref, arrays = load_tiny("qwen2moe")
+    ctx = new_ctx(model)
+    toks = ref["prompts"][0]["tokens"]
+    np.testing.assert_array_equal(decode_all(ctx, toks), arrays["prompt_0"])
+    for step, tok in enumerate(ref["greedy"][:4]):
+        row = decode_all(ctx, [tok], pos0=len(toks) + step)[-1]
+        np.testing.assert_allclose(row, arrays["greedy"][step + 1], rtol=0, atol=1e-2)  # ggml_single_row: exact
+    assert ctx.ops._plans and all(entry is not None for entry in ctx.ops._plans.values())
 
 
 def test_qwen2moe_shared_expert_must_agree(tmp_path):

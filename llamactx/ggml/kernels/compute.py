@@ -42,15 +42,17 @@ from llamactx.ggml.kernels.matmul import (
 from llamactx.ggml.kernels.repack import units
 from llamactx.ggml.kernels.simd import PORTABLE, VNNI, TagType
 from llamactx.ggml.moe import route_row
+from llamactx.ggml.ssm import silu_rows
 from llamactx.ggml.vecdot import matmul_float_rows
 from llamactx.gguf.quants_iq import KVALUES_IQ4NL, KVALUES_MXFP4
 
 # ops
 (GET_ROWS, RMS_NORM, MUL_MAT, ADD, ADD_ROW, SCALE, ROPE, SWIGLU, GEGLU, ATTN, SELECT, MOE_ROUTE, MUL_MAT_ID,
- MOE_SUM) = range(1, 15)
+ MOE_SUM, SILU, DIV, MUL_COL) = range(1, 18)
 _OPS = {"get_rows": GET_ROWS, "rms_norm": RMS_NORM, "mul_mat": MUL_MAT, "add": ADD, "add_row": ADD_ROW,
         "scale": SCALE, "rope": ROPE, "swiglu": SWIGLU, "geglu": GEGLU, "attn": ATTN, "select": SELECT,
-        "moe_route": MOE_ROUTE, "mul_mat_id": MUL_MAT_ID, "moe_sum": MOE_SUM}
+        "moe_route": MOE_ROUTE, "mul_mat_id": MUL_MAT_ID, "moe_sum": MOE_SUM, "silu": SILU, "div": DIV,
+        "mul_col": MUL_COL}
 # buffers
 ARENA, OUT_LOGITS, OUT_EMBD, IN_EMBD = range(4)
 # program columns: op, destination (buffer, offset, row stride), rows, cols, sources a, b, c, params
@@ -279,6 +281,10 @@ def _encode(row, frow, t: Tensor, place, vec_offsets, weight_index, kernel_order
         row[P0], row[P1], row[P2], frow[0] = p[0], p[1], t.src[0].cols, p[2]
     elif t.op == "moe_sum":
         row[P0] = p[0]
+    elif t.op == "silu":  # over rows of the last dimension
+        if t.src[0].col0 or row[AL] != t.cols:
+            raise GraphUnsupported("silu of a strided view")
+        row[P0] = t.shape[-1]
     elif t.op == "add_row":
         row[P0] = vec_offsets[p[0]]
     elif t.op == "scale":
@@ -531,6 +537,17 @@ def _run(path, prog, fprm, arena, out_logits, out_embd, in_embd, tokens, pos, ou
             for r in range(n):
                 for j in range(cols):
                     y[yo + r * yl + j] = a[ao + r * al + j] * fprm[s, 0]
+        elif op == DIV:
+            for r in range(n):
+                for j in range(cols):
+                    y[yo + r * yl + j] = a[ao + r * al + j] / b[bo + r * bl + j]
+        elif op == MUL_COL:
+            for r in range(n):
+                for j in range(cols):
+                    y[yo + r * yl + j] = a[ao + r * al + j] * b[bo + r * bl]
+        elif op == SILU:  # ggml_vec_silu_f32 per row of the last dimension, P0 long (llamactx.ggml.ssm.silu)
+            m = n * cols // prog[s, P0]
+            silu_rows(a[ao : ao + n * cols].reshape((m, prog[s, P0])), y[yo : yo + n * cols].reshape((m, prog[s, P0])))
         elif op == SELECT:
             for r in range(n):
                 for j in range(cols):
