@@ -254,7 +254,9 @@ class Model:
         if hp.n_swa:
             lines.append(f"sliding window: {hp.n_swa} ({sum(hp.swa_layers)} of {hp.n_layer} layers)")
         if hp.n_expert:
-            lines.append(f"experts:        {hp.n_expert}, {hp.n_expert_used} used per token, n_ff_exp {hp.n_ff_exp}")
+            shared = f", a shared expert of n_ff {hp.n_ff_shexp}" if hp.n_ff_shexp else ""
+            lines.append(f"experts:        {hp.n_expert}, {hp.n_expert_used} used per token, n_ff_exp {hp.n_ff_exp}"
+                         f"{shared}")
         if hp.ssm_d_inner:
             lines.append(f"ssm:            d_inner {hp.ssm_d_inner}, d_state {hp.ssm_d_state}, "
                          f"n_head {hp.ssm_dt_rank}, n_group {hp.ssm_n_group}, d_conv {hp.ssm_d_conv}")

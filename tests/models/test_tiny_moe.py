@@ -187,7 +187,9 @@ def test_qwen2moe_runs_as_a_compiled_graph():
 
 
 def test_qwen2moe_shared_expert_must_agree(tmp_path):
-    """qwen2moe's shared expert is required, and its width is expert_shared_feed_forward_length."""
+    """qwen2moe's shared expert is required, and its width is expert_shared_feed_forward_length (`llamactx info`
+    says it)."""
+    assert "a shared expert of n_ff 64" in load_tiny("qwen2moe")[1].card()
     with pytest.raises(ModelLoadError, match="blk.1.ffn_gate_inp_shexp.weight' is missing"):
         Model.load(_rewrite(tmp_path, "qwen2moe", drop="blk.1.ffn_gate_inp_shexp.weight"))
     with pytest.raises(ModelLoadError, match=r"ffn_gate_shexp.weight' has shape \[64, 64\], expected \[64, 96\]"):
