@@ -173,7 +173,7 @@ class FastOps(ReferenceOps):
             return True if is_repacked_kx(weight) else None
         if weight.ggml_type in NL_TYPES:  # the kernels have llama.cpp's repacked order only (ne1 % 8 == 0)
             return True if is_repacked_nl(weight) else None
-        if weight.ggml_type == T.BF16:  # tinyBLAS's order, where llama.cpp takes tinyBLAS (any n, AVX-512)
+        if weight.ggml_type == T.BF16:  # tinyBLAS's order (llama.cpp's from 2 rows; one row like several, as F32)
             return True if bf16.supports(weight) else None
         return True if can_pack(weight.ggml_type) and is_exact_k(weight) else None
 

@@ -169,6 +169,7 @@ def gemm(w, x, n_tasks, out):  # pragma: no cover - compiled
 
 def supports(weight) -> bool:
     """Whether the kernel computes this weight's products in llama.cpp's order: tinyBLAS's shapes (k % 32,
-    rows % 4), which llama.cpp takes for every row count, on an AVX-512 target. (Under ggml_single_row one row
-    is ggml_vec_dot_bf16's: ReferenceOps.)"""
+    rows % 4) on an AVX-512 target. llama.cpp takes tinyBLAS from 2 activation rows and ggml_vec_dot_bf16 for one;
+    llamactx computes one row like several (as for F32 / F16 weights, docs/numerics.md), and under
+    ggml_single_row leaves it to ReferenceOps (FastOps._vec_dot_bf16)."""
     return F32_EPR == 16 and int(weight.shape[0]) % STEP == 0 and weight.n_rows % TILE == 0

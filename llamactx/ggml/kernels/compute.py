@@ -562,11 +562,10 @@ def _run(path, prog, fprm, arena, out_logits, out_embd, in_embd, tokens, pos, ou
             _moe_sum_node(a, ao, al, b, bo, bl, n, prog[s, P0], cols, y, yo, yl)
         elif op == GET_ROWS:
             i = prog[s, P0]
-            qs, _, sc, _, _, _ = _weight(w_meta, i)
+            qs, _, sc, _, dw, _ = _weight(w_meta, i)
             if w_kind[i] == BF16:
                 rows_bf16(qs, tokens, y[yo : yo + n * cols].reshape((n, cols)))
             elif w_kind[i] == IQ4_NL or w_kind[i] == MXFP4:
-                _, _, _, _, dw, _ = _weight(w_meta, i)
                 rows_nl(qs, dw, KVALUES_IQ4NL if w_kind[i] == IQ4_NL else KVALUES_MXFP4, tokens,
                         y[yo : yo + n * cols].reshape((n, cols)))
             else:
