@@ -20,13 +20,26 @@ $(STAMP): pyproject.toml
 	$(VPY) -m llamactx.embedded --assemble
 	touch $(STAMP)
 
+# llama.cpp 0c1e570's own test data (tokenizer vocabularies with their .inp/.out, chat templates, test-chat cases)
+# and llama-cpp-python 0.3.36's tests come from its sdist on PyPI, unpacked once into the venv's share/ (tests read
+# them through tests/conftest.py's LLAMACPP_SDIST); a source archive, no weights and nothing compiled
+SDIST_NAME := llama_cpp_python-0.3.36
+SDIST_DIR := $(VENV)/share/llamactx/$(SDIST_NAME)
+SDIST_STAMP := $(SDIST_DIR)/.unpacked
+$(SDIST_STAMP): | $(STAMP)
+	mkdir -p $(VENV)/share/llamactx/sdist
+	test -f $(VENV)/share/llamactx/sdist/$(SDIST_NAME).tar.gz || $(VPY) -m pip download -q --no-deps \
+	  --no-binary :all: -d $(VENV)/share/llamactx/sdist llama-cpp-python==0.3.36
+	tar xzf $(VENV)/share/llamactx/sdist/$(SDIST_NAME).tar.gz -C $(VENV)/share/llamactx
+	touch $@
+
 run: $(STAMP)
 	$(VENV)/bin/llamactx serve $(ARGS)
 
 chat: $(STAMP)
 	$(VENV)/bin/llamactx chat
 
-test: $(STAMP) chromium
+test: $(STAMP) $(SDIST_STAMP) chromium
 	$(VPY) -m pytest
 
 # the exactness tests (both models, flash attention, every tiny architecture and quant type) once more, compiled

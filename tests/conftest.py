@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,20 @@ def reference_path(base: Path, name: str) -> Path:
     if TAIL_DIR is not None and (base / TAIL_DIR / name).exists():
         return base / TAIL_DIR / name
     return base / VARIANT_DIR / name
+# llama.cpp 0c1e570's sources (tokenizer vocabularies, chat templates, test-chat cases) and llama-cpp-python 0.3.36's
+# tests, unpacked from its PyPI sdist into the venv by `make test` (the Makefile's SDIST_STAMP)
+LLAMACPP_SDIST = Path(sys.prefix) / "share" / "llamactx" / "llama_cpp_python-0.3.36"
+LLAMACPP_SRC = LLAMACPP_SDIST / "vendor" / "llama.cpp"
+
+
+@pytest.fixture(scope="session")
+def llamacpp_src() -> Path:
+    """llama.cpp 0c1e570's source tree; a failure (never a skip) when `make test` did not unpack it."""
+    if not LLAMACPP_SRC.is_dir():
+        pytest.fail(f"{LLAMACPP_SRC} is missing: `make test` unpacks llama-cpp-python 0.3.36's sdist there")
+    return LLAMACPP_SRC
+
+
 REFERENCE_DIRS = {"smollm2": DATA / "smollm2-135m-instruct-q4_1" / VARIANT_DIR,
                   "gemma3": DATA / "gemma3-270m-q4_k_m" / VARIANT_DIR}
 
