@@ -7,38 +7,26 @@ Hermes `<tool_call>` format and the generic JSON format).
 - `call_schema(tools, tool_choice)`: when a call is required ("required", or a named function), the JSON
   schema the output must follow: {"name": one of the tools, "arguments": its parameters}. Sampled under that
   schema (the grammar sampler), the output always parses as a call.
-- `parse(text)`: (content, calls) from the model's text: `<tool_call>{json}</tool_call>` blocks (Hermes,
-  Qwen 2.5, SmolLM2's tool tuning), or a whole JSON object with `tool_calls` / `tool_call` / `name` +
-  `arguments` (generic), or {"response": "..."} (the generic format's plain answer). Anything else is
-  content.
+- `parse(text)`: (content, calls) from the model's text in llamactx's generic format: `<tool_call>{json}
+  </tool_call>` blocks (Hermes, Qwen 2.5, SmolLM2's tool tuning), or a whole JSON object with `tool_calls` /
+  `tool_call` / `name` + `arguments`, or {"response": "..."} (the generic format's plain answer). Anything else
+  is content. The parsing itself is llamactx.chat_parse's (every family's); this is its template-free form.
 """
 
 from __future__ import annotations
 
 import json
-import re
-import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from llamactx.chat_parse.hermes import generic_calls
+from llamactx.chat_parse.message import ToolCall, new_call_id
 from llamactx.errors import LlamactxError
 
-_HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
-
+__all__ = ["ToolCall", "ToolCallError", "call_schema", "functions", "parse", "prepare", "required_function"]
 
 class ToolCallError(LlamactxError, ValueError):
     """Malformed `tools` / `tool_choice` in a request (names the field)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCall:
-    name: str
-    arguments: str  # JSON text, as OpenAI returns it
-    id: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
 
 
 def functions(tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]]:
@@ -106,40 +94,11 @@ def prepare(template_source: str, messages: list[dict[str, Any]], fns: list[dict
 
 
 def parse(text: str) -> tuple[str | None, list[ToolCall]]:
-    """(content, calls) of a model's answer; content None when the answer is only calls."""
-    blocks = _HERMES.findall(text)
-    calls = [c for b in blocks for c in _calls_of(_json(b))]
+    """(content, calls) of a model's answer in llamactx's generic format (chat_parse.hermes.generic_calls);
+    content None when the answer is only calls, and every call has an id."""
+    content, calls = generic_calls(text)
+    for call in calls:
+        call.id = call.id or new_call_id()
     if calls:
-        rest = _HERMES.sub("", text).strip()
-        return rest or None, calls
-    obj = _json(text.strip())
-    if isinstance(obj, Mapping):
-        if isinstance(obj.get("response"), str) and len(obj) == 1:
-            return obj["response"], []
-        calls = _calls_of(obj)
-        if calls:
-            return None, calls
-    return text, []
-
-
-def _calls_of(obj: Any) -> list[ToolCall]:
-    if not isinstance(obj, Mapping):
-        return []
-    if isinstance(obj.get("tool_calls"), list):
-        return [c for item in obj["tool_calls"] for c in _calls_of(item)]
-    if isinstance(obj.get("tool_call"), Mapping):
-        return _calls_of(obj["tool_call"])
-    if isinstance(obj.get("function"), Mapping):  # OpenAI's own shape
-        return _calls_of(obj["function"])
-    name, args = obj.get("name"), obj.get("arguments", obj.get("parameters", {}))
-    if not isinstance(name, str) or not name:
-        return []
-    arguments = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
-    return [ToolCall(name, arguments, obj.get("id") or f"call_{uuid.uuid4().hex[:24]}")]
-
-
-def _json(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except (json.JSONDecodeError, RecursionError):
-        return None
+        return content.strip() or None, calls
+    return content, calls

@@ -120,7 +120,8 @@ class ChatRenderer(Renderer):
         content, calls = tool_calls.parse(c.text)
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if calls:
-            message["tool_calls"] = [call.to_json() for call in calls]
+            message["tool_calls"] = [{"id": call.id, "type": "function",
+                                      "function": {"name": call.name, "arguments": call.arguments}} for call in calls]
             finish = "tool_calls"
         return message, finish
 

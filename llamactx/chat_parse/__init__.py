@@ -1,0 +1,93 @@
+"""Parsing what a chat model wrote into an OpenAI assistant message: content, reasoning_content and tool_calls
+(llama.cpp counterpart: common/chat.cpp common_chat_parse, with the per-family parsers of common/parsers/ and the
+formats its autoparser derives; tools/server sends the result as `reasoning_content` / `tool_calls`).
+
+Modules:
+    base        ChatParams (the parse side of common_chat_params), reasoning formats, reasoning blocks, JSON scans
+    message     ChatMsg / ToolCall, the OpenAI message, and the diffs a stream sends (common_chat_msg_diff)
+    detect      which format a template's model writes (common_chat_try_specialized_template's markers)
+    hermes      content, <think> reasoning, Hermes <tool_call> JSON, and llamactx's generic format
+    xml_calls   Qwen3-Coder / Qwen3.5 / Nemotron 3 XML calls (<function=...><parameter=...>)
+    harmony     gpt-oss's channels (analysis / commentary / final, to=functions.x)
+    mistral     [TOOL_CALLS] (Nemo, Small 3.2, Devstral, Ministral 3) and [THINK]
+    deepseek    DeepSeek R1 / V3.1 tool calls
+    json_calls  JSON calls between markers: Llama 3.x, Functionary, FireFunction, Command R7B / R+, Granite,
+                Nemotron Nano 2, Apriel, Apertus
+
+`parse(params, text)` never raises for what a model wrote: output that does not follow its format (malformed
+tool JSON, a call to an unknown recipient) comes back as content.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from llamactx.chat_parse import deepseek, harmony, hermes, json_calls, mistral, xml_calls
+from llamactx.chat_parse.base import REASONING_FORMATS, ChatParams, ChatParseError, check_reasoning_format
+from llamactx.chat_parse.detect import chat_params, detect_format
+from llamactx.chat_parse.message import ChatMsg, MsgDiff, ToolCall, diffs
+
+__all__ = ["REASONING_FORMATS", "ChatMsg", "ChatParams", "ChatParseError", "MsgDiff", "ToolCall",
+           "chat_params", "check_reasoning_format", "detect_format", "diffs", "generation_prompt", "parse",
+           "parse_output"]
+
+PARSERS: dict[str, Callable[[ChatParams, str], ChatMsg]] = {
+    "generic": hermes.parse_generic,
+    "hermes": hermes.parse_hermes,
+    "qwen3-coder": xml_calls.parse_qwen3_coder,
+    "gpt-oss": harmony.parse_gpt_oss,
+    "mistral": mistral.parse_mistral,
+    "deepseek": deepseek.parse_deepseek,
+    "llama3": json_calls.parse_llama3,
+    "functionary-v3.1": json_calls.parse_functionary_v3_1,
+    "functionary-v3.2": json_calls.parse_functionary_v3_2,
+    "command-r-plus": json_calls.parse_command_r_plus,
+    **{name: json_calls.parse_marked_list for name in json_calls.LIST_MARKERS},
+}
+
+
+def parse(params: ChatParams, text: str) -> ChatMsg:
+    """The message in `text` (what the model wrote after the prompt) under `params`."""
+    msg = PARSERS[params.format](params, text)
+    if params.tool_choice == "none" or not params.tools:
+        msg.tool_calls = []
+    return msg
+
+
+class RenderingTemplate(Protocol):
+    source: str
+
+    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = ...,
+               tools: Sequence[Mapping[str, Any]] | None = ..., extra: Mapping[str, Any] | None = ...) -> str: ...
+
+
+def generation_prompt(template: RenderingTemplate, messages: Sequence[Mapping[str, Any]],
+                      tools: Sequence[Mapping[str, Any]] | None = None,
+                      extra: Mapping[str, Any] | None = None) -> str:
+    """The suffix the template appends for the assistant's turn: the prompt with the generation prompt minus the
+    one without, from where they differ (common_chat_template_generation_prompt_impl)."""
+    with_gp = template.render(messages, True, tools, extra)
+    without = template.render(messages, False, tools, extra)
+    n = 0
+    for a, b in zip(with_gp, without, strict=False):
+        if a != b:
+            break
+        n += 1
+    return with_gp[n:]
+
+
+def parse_output(template: RenderingTemplate, text: str, *, messages: Sequence[Mapping[str, Any]],
+                 tools: Sequence[Mapping[str, Any]] | None = None, reasoning_format: str = "auto",
+                 enable_thinking: bool = True, parallel_tool_calls: bool = False, tool_choice: Any = "auto",
+                 extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The OpenAI assistant message for `text`, what the model generated after the prompt `template` renders
+    from `messages` / `tools` with the generation prompt (and `enable_thinking`, as llama-server passes it).
+    Raises ChatParseError for an unknown reasoning format; never for the model's own text."""
+    check_reasoning_format(reasoning_format)
+    variables = {"enable_thinking": enable_thinking, **(extra or {})}
+    gp = generation_prompt(template, messages, tools, variables)
+    params = chat_params(template.source, gp, tools=tools, reasoning_format=reasoning_format,
+                         enable_thinking=enable_thinking, parallel_tool_calls=parallel_tool_calls,
+                         tool_choice=tool_choice)
+    return parse(params, text).to_oai()

@@ -1,0 +1,86 @@
+"""Which output format a chat template's model writes, found from the template's text as llama.cpp finds it
+(llama.cpp counterpart: common/chat.cpp common_chat_try_specialized_template's markers, then, for the templates
+its differential autoparser reads, the markers that tell those families apart).
+
+`chat_params(...)` builds the `ChatParams` of one request: the format, its thinking tags and the generation
+prompt the caller rendered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from llamactx.chat_parse.base import TOOL_CHOICES, ChatParams, ChatParseError, check_reasoning_format
+
+# format -> (thinking start tag, thinking end tags)
+THINKING = {
+    "gpt-oss": ("<|channel|>analysis<|message|>", ("<|end|>",)),
+    "mistral": ("[THINK]", ("[/THINK]",)),
+    "command-r7b": ("<|START_THINKING|>", ("<|END_THINKING|>",)),
+    "qwen3-coder": ("<think>", ("</think>",)),
+    "apriel": ("Here are my reasoning steps:", ("[BEGIN FINAL RESPONSE]",)),
+}
+THINK_TAGS = ("<think>", ("</think>",))
+
+# (format, markers that must all be in the template): the first match wins, in llama.cpp's order
+_RULES: list[tuple[str, tuple[str, ...]]] = [
+    ("gpt-oss", ("<|channel|>",)),
+    ("functionary-v3.2", (">>>all",)),
+    ("qwen3-coder", ("<tool_call>", "<function=", "<parameter=")),
+    ("deepseek", ("<｜tool▁calls▁begin｜>",)),
+    ("command-r7b", ("<|START_ACTION|>", "<|START_THINKING|>")),
+    ("command-r-plus", ("Action:", "```json")),
+    ("mistral", ("[TOOL_CALLS]",)),
+    ("functionary-v3.1", ("<function=", "<|python_tag|>")),
+    ("firefunction", ("functools[",)),
+    ("nemotron-v2", ("<TOOLCALL>",)),
+    ("apriel", ("<tool_calls>",)),
+    ("apertus", ("<|tools_prefix|>",)),
+    ("granite", ("<|tool_call|>",)),
+    ("hermes", ("<tool_call>",)),
+    ("llama3", ("<|start_header_id|>", "\"parameters\"")),
+]
+
+
+def detect_format(source: str) -> str:
+    """The output format of `source`: one of the parsers' names, "hermes" for <tool_call> JSON, "generic" for a
+    template that knows no tool format (llamactx's own tool prompt)."""
+    for name, markers in _RULES:
+        if all(m in source for m in markers):
+            return name
+    return "generic"
+
+
+def thinking_tags(fmt: str, source: str) -> tuple[str, tuple[str, ...]]:
+    """The thinking block's tags for `fmt`: its own, <think> for a template that writes one, none otherwise."""
+    if fmt in THINKING:
+        start, ends = THINKING[fmt]
+        if fmt == "mistral" and "[THINK]" not in source:
+            return "", ()
+        if fmt == "qwen3-coder" and "<think>" not in source:
+            return "", ()
+        if fmt == "apriel" and "[BEGIN FINAL RESPONSE]" not in source:
+            return "", ()
+        return start, ends
+    if "<think>" in source or fmt == "generic":
+        return THINK_TAGS
+    return "", ()
+
+
+def chat_params(source: str, generation_prompt: str, *, tools: Sequence[Mapping[str, Any]] | None = None,
+                reasoning_format: str = "auto", enable_thinking: bool = True, parallel_tool_calls: bool = False,
+                tool_choice: Any = "auto") -> ChatParams:
+    """The ChatParams of one request on template `source`. A named function as tool_choice parses as
+    "required"; raises ChatParseError for an unknown reasoning format or tool choice."""
+    check_reasoning_format(reasoning_format)
+    if isinstance(tool_choice, Mapping):
+        tool_choice = "required"
+    if tool_choice is None:
+        tool_choice = "auto"
+    if tool_choice not in TOOL_CHOICES:
+        raise ChatParseError(f"tool_choice: {tool_choice!r} is not one of {', '.join(TOOL_CHOICES)} or a function")
+    fmt = detect_format(source)
+    start, ends = thinking_tags(fmt, source)
+    return ChatParams(fmt, generation_prompt, reasoning_format, enable_thinking, tuple(tools or ()), tool_choice,
+                      parallel_tool_calls, start, ends)

@@ -1,0 +1,103 @@
+"""Content, `<think>` reasoning and Hermes `<tool_call>{json}</tool_call>` calls: the formats of Hermes 2 Pro / 3,
+Qwen 2.5 / Qwen3 / QwQ, MiMo, DeepSeek R1 distills without calls, SmolLM3, and any template without a dedicated
+parser (llama.cpp counterpart: the differential autoparser of common/chat-diff-analyzer.cpp and
+chat-auto-parser-generator.cpp, which derives exactly these shapes from such templates, and the content-only
+parser of common_chat_peg_parse).
+
+`generic` is llamactx's own format for a template that never mentions tools: tool_calls.prepare tells the model to
+answer with a Hermes block, and a call forced by a grammar comes out as a bare JSON object ({"name", "arguments"},
+or {"tool_calls": [...]}, or {"response": "..."} for a plain answer), as common/chat's old generic format did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from llamactx.chat_parse.base import ChatParams, arguments_of, json_at, split_reasoning
+from llamactx.chat_parse.message import ChatMsg, ToolCall
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
+
+def parse_content(params: ChatParams, text: str) -> ChatMsg:
+    """Reasoning (when the family has a thinking tag) and the rest as content."""
+    reasoning, rest = split_reasoning(params, params.prefixed(text))
+    return ChatMsg(rest, reasoning)
+
+
+def parse_hermes(params: ChatParams, text: str) -> ChatMsg:
+    reasoning, rest = split_reasoning(params, params.prefixed(text))
+    if not params.has_tools:
+        return ChatMsg(rest, reasoning)
+    content, calls = hermes_calls(rest, params.parallel_tool_calls)
+    return ChatMsg(content, reasoning, calls)
+
+
+def parse_generic(params: ChatParams, text: str) -> ChatMsg:
+    reasoning, rest = split_reasoning(params, params.prefixed(text))
+    if not params.has_tools:
+        return ChatMsg(rest, reasoning)
+    content, calls = generic_calls(rest)
+    return ChatMsg(content, reasoning, calls if params.parallel_tool_calls else calls[:1])
+
+
+def generic_calls(text: str) -> tuple[str, list[ToolCall]]:
+    """(content, calls) of llamactx's generic format: Hermes blocks, else a reply that is one JSON object (a
+    call, a {"tool_calls": [...]} list, or {"response": "..."}); anything else is content."""
+    content, calls = hermes_calls(text, True)
+    if calls:
+        return content, calls
+    found = json_at(text)
+    if found is not None and not text[found[1]:].strip() and isinstance(found[0], Mapping):
+        obj = found[0]
+        if isinstance(obj.get("response"), str) and len(obj) == 1:
+            return obj["response"], []
+        calls = calls_of(obj)
+        if calls:
+            return "", calls
+    return text, []
+
+
+def hermes_calls(text: str, parallel: bool) -> tuple[str, list[ToolCall]]:
+    """(content, calls): the text before the first `<tool_call>` block and the calls of the blocks. A block
+    whose JSON is not a call leaves the whole text as content (the model's words are never lost)."""
+    first = text.find(OPEN)
+    if first < 0:
+        return text, []
+    calls, pos, tail = [], first, []
+    while pos >= 0:
+        found = json_at(text, pos + len(OPEN))
+        if found is None:
+            return text, []
+        block_calls = calls_of(found[0])
+        end = text.find(CLOSE, found[1])
+        if not block_calls or (end >= 0 and text[found[1]:end].strip()):
+            return text, []
+        calls += block_calls
+        after = end + len(CLOSE) if end >= 0 else found[1]
+        pos = text.find(OPEN, after)
+        tail.append(text[after:pos if pos >= 0 else len(text)])
+    if not parallel:
+        calls = calls[:1]
+    rest = "".join(tail).strip()
+    return text[:first] + (("\n" + rest) if rest else ""), calls
+
+
+def calls_of(obj: Any) -> list[ToolCall]:
+    """The calls in one JSON object: {"name", "arguments" | "parameters"}, OpenAI's {"function": {...}}, or a
+    {"tool_calls": [...]} / {"tool_call": {...}} wrapper."""
+    if not isinstance(obj, Mapping):
+        return []
+    if isinstance(obj.get("tool_calls"), list):
+        return [c for item in obj["tool_calls"] for c in calls_of(item)]
+    if isinstance(obj.get("tool_call"), Mapping):
+        return calls_of(obj["tool_call"])
+    if isinstance(obj.get("function"), Mapping):
+        inner = calls_of(obj["function"])
+        return [ToolCall(c.name, c.arguments, str(obj.get("id") or c.id)) for c in inner]
+    name = obj.get("name")
+    args = arguments_of(obj.get("arguments", obj.get("parameters", {})))
+    if not isinstance(name, str) or not name or args is None:
+        return []
+    return [ToolCall(name, args, str(obj.get("id") or ""))]
