@@ -13,6 +13,7 @@ Modules:
     deepseek    DeepSeek R1 / V3.1 tool calls
     json_calls  JSON calls between markers: Llama 3.x, Functionary, FireFunction, Command R7B / R+, Granite,
                 Nemotron Nano 2, Apriel, Apertus
+    stream      parse_partial: the message of an unfinished reply, which only grows (for streamed deltas)
 
 `parse(params, text)` never raises for what a model wrote: output that does not follow its format (malformed
 tool JSON, a call to an unknown recipient) comes back as content.
@@ -23,14 +24,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from llamactx.chat_parse import deepseek, harmony, hermes, json_calls, mistral, xml_calls
+from llamactx.chat_parse import deepseek, harmony, hermes, json_calls, mistral, stream, xml_calls
 from llamactx.chat_parse.base import REASONING_FORMATS, ChatParams, ChatParseError, check_reasoning_format
 from llamactx.chat_parse.detect import chat_params, detect_format
 from llamactx.chat_parse.message import ChatMsg, MsgDiff, ToolCall, diffs
 
 __all__ = ["REASONING_FORMATS", "ChatMsg", "ChatParams", "ChatParseError", "MsgDiff", "ToolCall",
            "chat_params", "check_reasoning_format", "detect_format", "diffs", "generation_prompt", "parse",
-           "parse_output"]
+           "parse_output", "parse_partial"]
 
 PARSERS: dict[str, Callable[[ChatParams, str], ChatMsg]] = {
     "generic": hermes.parse_generic,
@@ -52,7 +53,15 @@ def parse(params: ChatParams, text: str) -> ChatMsg:
     msg = PARSERS[params.format](params, text)
     if params.tool_choice == "none" or not params.tools:
         msg.tool_calls = []
+    if params.reasoning_format == "deepseek-legacy" and msg.reasoning_content and params.thinking_end:
+        # the thinking stays in the content, tags and all, and is also returned apart
+        msg.content = f"{params.thinking_start}{msg.reasoning_content}{params.thinking_end[0]}{msg.content}"
     return msg
+
+
+def parse_partial(params: ChatParams, text: str) -> ChatMsg:
+    """The message of a reply still being generated: it only grows as text is added (stream.parse_partial)."""
+    return stream.parse_partial(params, text, parse)
 
 
 class RenderingTemplate(Protocol):

@@ -47,6 +47,7 @@ class ChatParams:
     parallel_tool_calls: bool = False
     thinking_start: str = ""  # "" when the family has no thinking block
     thinking_end: tuple[str, ...] = field(default=())
+    partial: bool = False  # the reply is still being generated (stream.parse_partial)
 
     @property
     def extract_reasoning(self) -> bool:

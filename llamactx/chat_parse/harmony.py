@@ -63,6 +63,7 @@ def _call(params: ChatParams, msg: ChatMsg, recipient: str, body: str) -> None:
     name = recipient[len("functions."):]
     found = json_text(body)
     if found is None or body[found[1]:].strip():
-        msg.content += body  # malformed arguments: the text stays with the user
+        if not params.partial:  # malformed arguments: the text stays with the user (unfinished ones wait)
+            msg.content += body
         return
     msg.tool_calls.append(ToolCall(name, found[0]))
