@@ -1,18 +1,21 @@
-"""Chat templates: turn a list of messages into a prompt with the model's own jinja template.
+"""Chat templates: turn a list of messages into a prompt with the model's own jinja template, or a named one.
 
 The template is a GGUF's `tokenizer.chat_template`, rendered as HF transformers renders it
 (apply_chat_template): jinja2's ImmutableSandboxedEnvironment with trim_blocks / lstrip_blocks, the
 loopcontrols extension, a no-op `{% generation %}` tag, the `raise_exception` and `strftime_now` globals and a
 `tojson` filter that does not HTML-escape. Variables follow llama-server (common/chat.cpp
 common_chat_template_direct_apply_impl): `messages`, `bos_token`, `eos_token`, `add_generation_prompt`, and
-`tools` only when tools are given. A model without a template gets the built-in template its vocabulary points
-to, as llama.cpp's built-in templates do (src/llama-chat.cpp): Gemma's `<start_of_turn>` turns, Llama 3's header
-tokens, or chatml (common_chat_templates_init, CHATML_TEMPLATE_SRC); `message` says which, once, for the caller to
-show.
+`tools` only when tools are given. A template may instead be a name (a text with no "{{" or "{%"): one of
+llama.cpp's built-in templates (src/llama-chat.cpp, chat_builtin.py: "llama2", "mistral-v7", "phi3", "zephyr"...)
+or of llama-cpp-python's chat formats (chat_format.py: "llama-2", "alpaca"...); an unknown name is an error that
+lists the known ones. A model without a template gets the built-in template its vocabulary points to: Gemma's
+`<start_of_turn>` turns, Llama 3's header tokens, Command R's, or chatml (common_chat_templates_init,
+CHATML_TEMPLATE_SRC); `message` says which, once, for the caller to show.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import sys
 import threading
@@ -26,6 +29,9 @@ from jinja2 import nodes
 from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from llamactx.chat_builtin import LLM_CHAT_TEMPLATES, apply_builtin
+from llamactx.chat_detect import detect_builtin
+from llamactx.chat_format import CHAT_FORMATS, format_chat
 from llamactx.errors import LlamactxError
 
 # common/chat.cpp CHATML_TEMPLATE_SRC
@@ -38,48 +44,13 @@ CHATML_TEMPLATE = (
     "{%- endif -%}"
 )
 
-# llama-chat.cpp LLM_CHAT_TEMPLATE_GEMMA: no system role (merged into the first user turn), "assistant" is "model"
-GEMMA_TEMPLATE = (
-    "{{- bos_token -}}\n"
-    "{%- set ns = namespace(system='') -%}\n"
-    "{%- for message in messages -%}\n"
-    "  {%- if message.role == 'system' -%}\n"
-    "    {%- set ns.system = ns.system + message.content | trim -%}\n"
-    "  {%- else -%}\n"
-    "    {%- set role = 'model' if message.role == 'assistant' else message.role -%}\n"
-    "    {{- '<start_of_turn>' + role + '\\n' -}}\n"
-    "    {%- if ns.system and role != 'model' -%}{{- ns.system + '\\n\\n' -}}{%- set ns.system = '' -%}{%- endif -%}\n"
-    "    {{- message.content | trim + '<end_of_turn>\\n' -}}\n"
-    "  {%- endif -%}\n"
-    "{%- endfor -%}\n"
-    "{%- if add_generation_prompt -%}{{- '<start_of_turn>model\\n' -}}{%- endif -%}"
-)
-
-# llama-chat.cpp LLM_CHAT_TEMPLATE_LLAMA_3
-LLAMA3_TEMPLATE = (
-    "{{- bos_token -}}\n"
-    "{%- for message in messages -%}\n"
-    "  {{- '<|start_header_id|>' + message.role + '<|end_header_id|>\\n\\n' + message.content | trim + "
-    "'<|eot_id|>' -}}\n"
-    "{%- endfor -%}\n"
-    "{%- if add_generation_prompt -%}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}{%- endif -%}"
-)
-
-# llama-chat.cpp LLM_CHAT_TEMPLATE_COMMAND_R: no BOS, contents trimmed
-COMMAND_R_TEMPLATE = (
-    "{%- for message in messages -%}\n"
-    "  {%- set token = {'system': '<|SYSTEM_TOKEN|>', 'user': '<|USER_TOKEN|>'}.get(message.role, "
-    "'<|CHATBOT_TOKEN|>') -%}\n"
-    "  {{- '<|START_OF_TURN_TOKEN|>' + token + message.content | trim + '<|END_OF_TURN_TOKEN|>' -}}\n"
-    "{%- endfor -%}\n"
-    "{%- if add_generation_prompt -%}{{- '<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>' -}}{%- endif -%}"
-)
-
-# name -> (source, the tokens that must be in the vocabulary for it to be chosen for a model without a template)
+# name -> (source, the tokens that must be in the vocabulary for it to be chosen for a model without a template);
+# a name's source is the name itself (rendered by chat_builtin, as llama_chat_apply_template does), but chatml's
+# is common/chat.cpp's Jinja (common_chat_templates_init renders the name "chatml" with CHATML_TEMPLATE_SRC)
 BUILTIN_TEMPLATES = {
-    "command-r": (COMMAND_R_TEMPLATE, ("<|START_OF_TURN_TOKEN|>", "<|END_OF_TURN_TOKEN|>")),
-    "gemma": (GEMMA_TEMPLATE, ("<start_of_turn>", "<end_of_turn>")),
-    "llama3": (LLAMA3_TEMPLATE, ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")),
+    "command-r": ("command-r", ("<|START_OF_TURN_TOKEN|>", "<|END_OF_TURN_TOKEN|>")),
+    "gemma": ("gemma", ("<start_of_turn>", "<end_of_turn>")),
+    "llama3": ("llama3", ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")),
     "chatml": (CHATML_TEMPLATE, ("<|im_start|>", "<|im_end|>")),
 }
 
@@ -210,20 +181,36 @@ def _environment() -> ImmutableSandboxedEnvironment:
 
 
 def detect_template_name(source: str) -> str:
-    """The llama.cpp family name of a template, by its markers (a subset of llama-chat.cpp
-    llm_chat_detect_template); "jinja" when none matches. Informational only: rendering always runs the jinja.
-    """
-    if "<|im_start|>" in source:
-        return "phi4" if "<|im_sep|>" in source else "chatml"
-    if source.startswith("mistral") or "[INST]" in source:
-        return "mistral-v7" if "[SYSTEM_PROMPT]" in source else "llama2"
-    if "<|assistant|>" in source and "<|end|>" in source:
-        return "phi3"
-    if "<start_of_turn>" in source:
-        return "gemma"
-    if "<|start_header_id|>" in source and "<|end_header_id|>" in source:
-        return "llama3"
-    return "jinja"
+    """The llama.cpp built-in style a template's markers point to (llama-chat.cpp llm_chat_detect_template, in
+    chat_builtin.detect_builtin); "jinja" when none matches. Informational only: a Jinja template is always rendered
+    as Jinja."""
+    return detect_builtin(source) or "jinja"
+
+
+def is_template_name(source: str) -> bool:
+    """Whether `source` is a template name rather than Jinja source: it has no "{{" and no "{%" (a Jinja text
+    without either could only render itself; llama.cpp's llm_chat_detect_template likewise takes such a string as a
+    name first)."""
+    return "{{" not in source and "{%" not in source
+
+
+def known_template_names() -> tuple[str, ...]:
+    """Every name ChatTemplate accepts: llama.cpp's built-in names, then llama-cpp-python's other chat_format
+    names."""
+    return LLM_CHAT_TEMPLATES + tuple(n for n in CHAT_FORMATS if n not in LLM_CHAT_TEMPLATES)
+
+
+def unknown_name_error(name: str, what: str = "chat template") -> ChatTemplateError:
+    """The error for a name that is no known template: it names the known ones (and the closest, if any)."""
+    shown = name if len(name) <= 60 else name[:57] + "..."
+    close = difflib.get_close_matches(name, known_template_names(), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    lcp = [n for n in CHAT_FORMATS if n not in LLM_CHAT_TEMPLATES]
+    return ChatTemplateError(
+        f"{what} {shown!r} is not a known template name{hint} and not a Jinja template (no '{{{{' or '{{%'); "
+        f"llama.cpp's built-in names: {', '.join(LLM_CHAT_TEMPLATES)}; llama-cpp-python's chat_format names: "
+        f"{', '.join(lcp)}"
+    )
 
 
 def _content_text(i: int, parts: Sequence[Any]) -> str:
@@ -290,16 +277,23 @@ def builtin_for_vocab(vocab: ChatVocab) -> str:
 class ChatTemplate:
     """A compiled chat template plus the special tokens it may use.
 
-    `source` None or empty selects the chatml fallback, and a built-in name ("chatml", "gemma", "llama3") that
-    template: `is_fallback` is True and `message` says which was chosen and why (the caller shows it once; nothing
-    is printed or warned here). `add_bos` / `add_eos` mirror the vocabulary's flags: when
-    the tokenizer adds BOS itself, a rendered prompt that starts with `bos_token` loses it (and likewise for a
-    trailing EOS), as llama-server does, so the prompt is not double-prefixed. Raises ChatTemplateError (a
-    ValueError) if the template does not compile.
+    `source` is Jinja text, or a name (see is_template_name): one of llama.cpp's built-in names (llama-chat.cpp
+    LLM_CHAT_TEMPLATES: "llama2", "mistral-v7", "phi3", "zephyr", "deepseek3"...), rendered by chat_builtin exactly
+    as llama_chat_apply_template renders it, or one of llama-cpp-python's other chat_format names ("llama-2",
+    "alpaca", "mistral-instruct"...), rendered as llama-cpp-python renders it (chat_format); `chat_format=True` looks
+    a name up among llama-cpp-python's names first (its own "chatml", "gemma", "zephyr", "vicuna", "openchat" and
+    "chatglm3" differ from llama.cpp's). None or empty selects chatml (common/chat.cpp's CHATML_TEMPLATE_SRC, as is
+    the name "chatml"). With a name, `is_fallback` is True and `message` says which template is used (the caller
+    shows it once; nothing is printed or warned here); `stop` is the stop string of a llama-cpp-python format (None
+    otherwise). `add_bos` / `add_eos` mirror the vocabulary's flags: when the tokenizer adds BOS itself, a rendered
+    Jinja prompt that starts with `bos_token` loses it (and likewise for a trailing EOS), as llama-server does, so
+    the prompt is not double-prefixed; a built-in's prompt is kept as it is, as llama.cpp keeps it. Raises
+    ChatTemplateError (a ValueError) if the template does not compile, or for a name that is no known template
+    (the error lists the known names).
     """
 
-    __slots__ = ("source", "name", "bos_token", "eos_token", "add_bos", "add_eos", "is_fallback", "message",
-                 "_template")  # fmt: skip
+    __slots__ = ("source", "name", "bos_token", "eos_token", "add_bos", "add_eos", "is_fallback", "message", "stop",
+                 "_template", "_builtin", "_chat_format")  # fmt: skip
 
     def __init__(
         self,
@@ -310,17 +304,40 @@ class ChatTemplate:
         *,
         add_bos: bool = False,
         add_eos: bool = False,
+        chat_format: bool = False,
     ) -> None:
-        builtin = "chatml" if not source else source if source in BUILTIN_TEMPLATES else None
-        self.is_fallback = builtin is not None
-        self.source = BUILTIN_TEMPLATES[builtin][0] if builtin else str(source)
-        self.name = builtin or name or detect_template_name(self.source)
-        self.message = ""
-        if builtin:
-            whose = f"{name} has" if name else "the model has"
-            self.message = f"{whose} no chat template; using the built-in {builtin} template"
         self.bos_token, self.eos_token = bos_token, eos_token
         self.add_bos, self.add_eos = add_bos, add_eos
+        self._template: jinja2.Template | None = None
+        self._builtin: str | None = None  # a chat_builtin style
+        self._chat_format: str | None = None  # a chat_format name
+        self.stop: str | None = None
+        key = str(source) if source else "chatml"
+        self.is_fallback = is_template_name(key)
+        self.source, self.message = key, ""
+        if not self.is_fallback:
+            self.name = name or detect_template_name(key)
+            self._compile()
+            return
+        if chat_format and key in CHAT_FORMATS:
+            self._chat_format = key
+        elif key == "chatml":
+            self.source = CHATML_TEMPLATE
+            self._compile()
+        elif key in LLM_CHAT_TEMPLATES:
+            self._builtin = key
+        elif key in CHAT_FORMATS:
+            self._chat_format = key
+        else:
+            raise unknown_name_error(key)
+        if self._chat_format:
+            self.stop = format_chat(key, ()).stop
+        self.name = key
+        whose = f"{name} has" if name else "the model has"
+        self.message = (f"{whose} no chat template; using the built-in chatml template" if not source
+                        else f"using the built-in {key} template")
+
+    def _compile(self) -> None:
         try:
             self._template = _environment().from_string(self.source)
         except jinja2.TemplateSyntaxError as e:
@@ -329,6 +346,12 @@ class ChatTemplate:
             ) from e
         except (RecursionError, MemoryError) as e:  # jinja2's parser recurses once per nesting level
             raise ChatTemplateError(f"chat template {self.name!r}: nested too deeply to compile") from e
+
+    @classmethod
+    def from_chat_format(cls, chat_format: str, bos_token: str = "", eos_token: str = "") -> ChatTemplate:
+        """llama-cpp-python's `Llama(chat_format=...)`: its name first (`chat_format=True`), then any name or
+        Jinja text ChatTemplate takes."""
+        return cls(chat_format, bos_token, eos_token, chat_format=True)
 
     @classmethod
     def from_model(cls, model: ChatModel, name: str | None = None, source: str | None = None) -> ChatTemplate:
@@ -341,7 +364,8 @@ class ChatTemplate:
         def text(token: int | None) -> str:
             return "" if token is None or token == TOKEN_NULL else vocab.token_get_text(token)
 
-        return cls(
+        fallback = not source and not model.chat_template
+        template = cls(
             source or model.chat_template or builtin_for_vocab(vocab),
             text(vocab.bos),
             text(vocab.eos),
@@ -349,6 +373,10 @@ class ChatTemplate:
             add_bos=bool(getattr(vocab, "add_bos", False)),
             add_eos=bool(getattr(vocab, "add_eos", False)),
         )
+        if fallback:
+            whose = f"{name} has" if name else "the model has"
+            template.message = f"{whose} no chat template; using the built-in {template.name} template"
+        return template
 
     def __repr__(self) -> str:
         return f"ChatTemplate(name={self.name!r}, fallback={self.is_fallback})"
@@ -356,6 +384,7 @@ class ChatTemplate:
     def _render_bounded(self, variables: dict[str, Any]) -> str:
         text_size = sum(len(str(m.get("content") or "")) for m in variables["messages"])
         max_chars = MIN_OUTPUT_CHARS + 4 * text_size
+        assert self._template is not None
         env = self._template.environment
         env.max_chars = max_chars  # type: ignore[attr-defined]
         budget = _Budget(self.name)
@@ -372,6 +401,12 @@ class ChatTemplate:
         finally:
             sys.settrace(previous)
 
+    def _render_named(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+        if self._chat_format is not None:
+            return format_chat(self._chat_format, messages).prompt
+        assert self._builtin is not None  # __init__ sets one of _template, _builtin, _chat_format
+        return apply_builtin(self._builtin, [(m["role"], m["content"]) for m in messages], add_generation_prompt)
+
     def render(
         self,
         messages: Sequence[Mapping[str, Any]],
@@ -380,7 +415,10 @@ class ChatTemplate:
         extra: Mapping[str, Any] | None = None,
     ) -> str:
         """The prompt for `messages`; `tools` (OpenAI function specs) are passed only when given, `extra`
-        becomes further template variables (llama-server's chat_template_kwargs, e.g. enable_thinking).
+        becomes further template variables (llama-server's chat_template_kwargs, e.g. enable_thinking). A built-in
+        (a name) sees only each message's role and content, as llama_chat_apply_template does: it ignores `tools`
+        and `extra`; llama-cpp-python's formats also ignore `add_generation_prompt` (they always open the
+        assistant's turn, as llama-cpp-python's do).
 
         Raises ValueError for malformed messages (naming index and field) and ChatTemplateError (a ValueError)
         carrying the template's own message when it calls raise_exception or fails to render, or when it runs
@@ -398,6 +436,8 @@ class ChatTemplate:
             "eos_token": self.eos_token,
             "add_generation_prompt": add_generation_prompt,
         }
+        if self._template is None:
+            return self._render_named(variables["messages"], add_generation_prompt)
         if tools:
             variables["tools"] = list(tools)
         try:

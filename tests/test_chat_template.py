@@ -12,7 +12,6 @@ import pytest
 
 from llamactx.chat_template import (
     CHATML_TEMPLATE,
-    GEMMA_TEMPLATE,
     ChatTemplate,
     ChatTemplateError,
     builtin_for_vocab,
@@ -80,7 +79,7 @@ def test_gemma_without_template_gets_the_builtin_its_tokens_point_to():
         template = ChatTemplate.from_model(gemma, name="gemma3")
     assert template.is_fallback and template.name == "gemma" and template.message == (
         "gemma3 has no chat template; using the built-in gemma template")
-    assert template.source == GEMMA_TEMPLATE and template.bos_token == "<bos>"
+    assert template.source == "gemma" and template.bos_token == "<bos>"  # the built-in name, as /props shows
     messages = [{"role": "system", "content": "Be brief."}, *USER, {"role": "assistant", "content": " Hi! "}]
     # llama-chat.cpp's gemma output; <bos> is left to the tokenizer (add_bos)
     assert template.render(messages) == (
@@ -94,9 +93,13 @@ def test_gemma_without_template_gets_the_builtin_its_tokens_point_to():
 
 def test_builtin_templates_by_name_and_chatml_by_default():
     assert ChatTemplate(None).name == "chatml" and ChatTemplate("chatml").source == CHATML_TEMPLATE
+    assert ChatTemplate(None, name="m").message == "m has no chat template; using the built-in chatml template"
+    # llama-chat.cpp's llama3 writes no BOS (the tokenizer adds it) and trims the content
     llama3 = ChatTemplate("llama3", "<|begin_of_text|>")
-    assert llama3.render(USER) == ("<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>"
-                                   "<|start_header_id|>assistant<|end_header_id|>\n\n")
+    assert llama3.message == "using the built-in llama3 template"
+    assert llama3.render([{"role": "user", "content": " Hi there\n"}]) == (
+        "<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n")
 
 
 def test_gemma3_turn_end_token_stops_a_chat(gemma):
