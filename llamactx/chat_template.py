@@ -354,9 +354,11 @@ class ChatTemplate:
         return cls(chat_format, bos_token, eos_token, chat_format=True)
 
     @classmethod
-    def from_model(cls, model: ChatModel, name: str | None = None, source: str | None = None) -> ChatTemplate:
+    def from_model(cls, model: ChatModel, name: str | None = None, source: str | None = None, *,
+                   chat_format: bool = False) -> ChatTemplate:
         """The template of a loaded model (`model.chat_template`, `model.vocab`), or `source` instead (a built-in
-        name or Jinja text: llama-server's --chat-template), with its BOS/EOS texts and add_bos / add_eos flags
+        name or Jinja text: llama-server's --chat-template; with `chat_format`, a name is llama-cpp-python's first,
+        as Llama(chat_format=...) means it), with its BOS/EOS texts and add_bos / add_eos flags
         (common_chat_templates_init). A missing BOS/EOS token gives an empty string.
         """
         vocab = model.vocab
@@ -372,6 +374,7 @@ class ChatTemplate:
             name,
             add_bos=bool(getattr(vocab, "add_bos", False)),
             add_eos=bool(getattr(vocab, "add_eos", False)),
+            chat_format=chat_format,
         )
         if fallback:
             whose = f"{name} has" if name else "the model has"

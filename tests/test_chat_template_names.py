@@ -187,6 +187,11 @@ def test_the_runtime_resolves_a_chat_format_name():
     case = next(c for c in FORMATS["cases"] if c["name"] == "llama-2" and c["conversation"] == "default")
     assert runtime.template.render(_messages("default")) == case["prompt"]
     assert runtime.template.message == "using the built-in llama-2 template"
+    # Llama(chat_format="zephyr") means llama-cpp-python's zephyr: from_model(..., chat_format=True)
+    zephyr = ChatTemplate.from_model(runtime.model, source="zephyr", chat_format=True)
+    case = next(c for c in FORMATS["cases"] if c["name"] == "zephyr" and c["conversation"] == "default")
+    assert zephyr.render(_messages("default")) == case["prompt"] and zephyr.stop == "</s>"
+    assert ChatTemplate.from_model(runtime.model, source="zephyr").render(_messages("default")) != case["prompt"]
     with pytest.raises(ChatTemplateError, match="'llama-22' is not a known template name"):
         Runtime(RuntimeParams(model="smollm2", vocab_only=True, chat_template="llama-22")).template  # noqa: B018
 
