@@ -203,7 +203,7 @@ def known_template_names() -> tuple[str, ...]:
 def unknown_name_error(name: str, what: str = "chat template") -> ChatTemplateError:
     """The error for a name that is no known template: it names the known ones (and the closest, if any)."""
     shown = name if len(name) <= 60 else name[:57] + "..."
-    close = difflib.get_close_matches(name, known_template_names(), n=1)
+    close = difflib.get_close_matches(name, known_template_names(), n=1) if len(name) <= 100 else []
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     lcp = [n for n in CHAT_FORMATS if n not in LLM_CHAT_TEMPLATES]
     return ChatTemplateError(
