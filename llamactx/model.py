@@ -20,6 +20,7 @@ from gguf import GGMLQuantizationType, LlamaFileType
 from llamactx.ggml.quants_cpu import vec_dot_type
 from llamactx.gguf.quants import block_format, is_supported
 from llamactx.gguf.reader import GGUFFile, TensorInfo
+from llamactx.gguf.split import GGUFSplit, open_model_file
 from llamactx.hparams import HParams, ModelLoadError
 from llamactx.memory.base import Memory
 from llamactx.models import (
@@ -84,7 +85,8 @@ VECTOR_TYPES = frozenset({int(GGMLQuantizationType.F32), int(GGMLQuantizationTyp
 class Model:
     """A loaded GGUF model. Build with `Model.load(path)`; see `hparams`, `tensors`, `vocab`, `desc`."""
 
-    def __init__(self, path: Path, gguf: GGUFFile, hparams: HParams, vocab: Vocab, buffer: np.ndarray | None):
+    def __init__(self, path: Path, gguf: GGUFFile | GGUFSplit, hparams: HParams, vocab: Vocab,
+                 buffer: list[np.ndarray] | None):
         self.path = path
         self.gguf = gguf
         self.meta = gguf.meta
@@ -92,7 +94,7 @@ class Model:
         self.arch = hparams.arch
         self.vocab = vocab
         self.tensor_infos: dict[str, TensorInfo] = dict(gguf.tensors)
-        self._buffer = buffer  # the read-only in-memory copy when use_mmap=False
+        self._buffer = buffer  # the read-only in-memory copy of each file when use_mmap=False
         self.tensors: dict[str, np.ndarray] = {
             name: _tensor_array(self._raw(info), info) for name, info in self.tensor_infos.items()
         }
@@ -110,7 +112,7 @@ class Model:
         missing, impossible or out-of-range hyperparameter, or a tensor that is missing, mis-shaped or of a type
         llamactx cannot compute for its role."""
         path = Path(path)
-        gguf = GGUFFile(path)
+        gguf = open_model_file(path)  # a split model is given by its first file
         try:
             n_params = sum(info.n_elements for info in gguf.tensors.values())
             hparams = load_hparams(gguf.meta, n_params)
@@ -123,8 +125,7 @@ class Model:
                 _check_tensors(gguf.tensors, hparams)
             buffer = None
             if not use_mmap and not vocab_only:
-                buffer = np.fromfile(path, dtype=np.uint8)
-                buffer.flags.writeable = False
+                buffer = gguf.read_copy()
             return cls(path, gguf, hparams, vocab, buffer)
         except Exception:
             gguf.close()
@@ -132,7 +133,7 @@ class Model:
 
     def _raw(self, info: TensorInfo) -> np.ndarray:
         if self._buffer is not None:
-            return self._buffer[info.offset : info.offset + info.nbytes]
+            return self._buffer[info.split][info.offset : info.offset + info.nbytes]
         return self.gguf.tensor_data(info.name)
 
     def _fingerprint(self) -> str:

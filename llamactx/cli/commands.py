@@ -6,6 +6,7 @@
     llamactx perplexity -f FILE -c 512                llama-perplexity
     llamactx embedding -p TEXT [--embd-output-format json]   llama-embedding (mean pooling)
     llamactx quantize IN.gguf OUT.gguf Q4_0           llama-quantize (F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1)
+    llamactx gguf-split [--merge] IN OUT               llama-gguf-split (byte-identical files)
     llamactx serve [-np 4] [-c 4096] [--port 8080]    llama-server: OpenAI-compatible API and chat page
     llamactx tokenize -p TEXT | info | --version
 
@@ -241,6 +242,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_pooling(emb)
     emb.set_defaults(func=cmd_embedding)
     add_quantize(sub).set_defaults(func=cmd_quantize)
+    from llamactx.cli.gguf_split import add_parser as add_gguf_split
+
+    add_gguf_split(sub)
 
     from llamactx.cli.serve import add_parser as add_serve
 

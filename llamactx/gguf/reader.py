@@ -55,6 +55,7 @@ class TensorInfo:
     shape: tuple[int, ...]
     offset: int
     nbytes: int
+    split: int = 0  # which file of a split model holds it (llamactx.gguf.split); 0 for a single file
 
     @property
     def n_elements(self) -> int:
@@ -98,6 +99,7 @@ class GGUFFile:
         self.alignment = GGUF_DEFAULT_ALIGNMENT
         self.version = self.data_offset = 0
         self._kv_pos: dict[str, int] = {}  # key -> byte offset of its value type, for error messages
+        self._kv_span: dict[str, tuple[int, int]] = {}  # key -> [start, end) of the whole KV entry
         with open(self.path, "rb") as f:
             self.file_size = os.fstat(f.fileno()).st_size
             if self.file_size == 0:
@@ -172,6 +174,7 @@ class GGUFFile:
         self._kv_pos[key] = cur.pos
         vtype = cur.u32(f"{field} value type")
         value, etype = read_value(cur, vtype, field)
+        self._kv_span[key] = (start, cur.pos)
         self.meta[key] = value
         self.meta_types[key] = vtype
         if etype is not None:
@@ -253,6 +256,14 @@ class GGUFFile:
             if r.nbytes:
                 prev = r
 
+    def kv_bytes(self, key: str) -> bytes:
+        """The KV entry `key` exactly as the file stores it (key, value type, value): what gguf.cpp's writer
+        writes for the same pair, so tools that copy metadata (gguf-split) copy these bytes."""
+        if self._mm is None:
+            raise ValueError(f"GGUFFile {self.path.name} is closed")
+        start, end = self._kv_span[key]
+        return self._mm[start:end]
+
     def tensor_data(self, name: str) -> np.ndarray:
         """The bytes of tensor `name`: a 1-D uint8 non-writeable view into the file map (no copy).
 
@@ -266,6 +277,12 @@ class GGUFFile:
         data = np.frombuffer(self._mm, np.uint8, count=info.nbytes, offset=info.offset)  # (nbytes,)
         data.flags.writeable = False
         return data
+
+    def read_copy(self) -> list[np.ndarray]:
+        """The file read into memory, read-only (use_mmap=False): one buffer, indexed by TensorInfo.split."""
+        data = np.fromfile(self.path, dtype=np.uint8)
+        data.flags.writeable = False
+        return [data]
 
     def release_pages(self, name: str) -> None:
         """Tell the OS that tensor `name`'s file pages are not needed now (MADV_DONTNEED on the whole pages inside
