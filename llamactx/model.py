@@ -31,6 +31,7 @@ from llamactx.models import (
     memory_type,
     refused_tensors,
 )
+from llamactx.models.llm_arch import load_vocab_only_hparams
 from llamactx.vocab import Vocab
 
 
@@ -115,7 +116,8 @@ class Model:
         gguf = open_model_file(path)  # a split model is given by its first file
         try:
             n_params = sum(info.n_elements for info in gguf.tensors.values())
-            hparams = load_hparams(gguf.meta, n_params)
+            # vocab_only: llama.cpp reads no hyperparameters, so any architecture it names loads its vocabulary
+            hparams = (load_vocab_only_hparams if vocab_only else load_hparams)(gguf.meta, n_params)
             vocab = Vocab.from_gguf_meta(gguf.meta)
             if vocab.n_tokens != hparams.n_vocab:
                 raise ModelLoadError(

@@ -6,7 +6,8 @@ Each architecture is declared once, by its module:
 - `arch_hparams(meta, fields)`: its own metadata keys and checks (load_arch_hparams);
 - `tensor_shapes(hp)`: its tensors (load_arch_tensors);
 - `forward` / `build`: its graph.
-Adding an architecture is one module and one entry in MODULES.
+Adding an architecture is one module and one entry in MODULES. `llm_arch` names every architecture llama.cpp
+knows: those load with `vocab_only` whether or not a module here runs them.
 """
 
 from __future__ import annotations

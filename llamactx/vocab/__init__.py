@@ -1,9 +1,11 @@
 """The vocabulary: tokenize / detokenize / token_to_piece (src/llama-vocab.*).
 
     vocab.py        Vocab: the model's tokens, scores, types and special tokens; the public face
-    pretok.py       pre-tokenizer regexes per tokenizer.ggml.pre (llama-vocab.cpp, unicode.cpp)
+    pretok.py       unicode_regex_split: the pre-tokenizer regexes run over text (unicode.cpp)
+    pre_types.py    tokenizer.ggml.pre -> regexes and settings of each pre-tokenizer type (llama-vocab.cpp)
     special.py      special tokens, attributes and the partition of text around them
     tokenizers.py   the SPM and BPE tokenizer sessions
+    wpm.py          the WPM (BERT WordPiece) tokenizer session
 """
 
 from llamactx.vocab.vocab import TOKEN_NULL, Vocab, VocabError

@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from bisect import bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -133,41 +134,54 @@ _CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
 _LLAMA3_TAIL = r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 LLAMA3 = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}" + _LLAMA3_TAIL
 QWEN2 = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}" + _LLAMA3_TAIL
+QWEN35 = (
+    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 NEWLINES = r"[^\n]+|[\n]+"
+KIMI_K2 = r"\p{Han}+"  # the trigger of unicode_regex_split_custom_kimi_k2 (it runs every K2 pattern)
+AFMOE_DIGITS = r"\p{AFMoE_digits}"
+TINY_AYA_DIGITS = r"\d{1,3}(?=(?:\d{3})*\b)"  # llama.cpp runs it as unicode_regex_split_custom_afmoe
+
+_M, _H = r"\xd4", r"\xd6"  # ACCENT_MARK; a Han character (the K2 splitter's collapsed text only)
+_CONTRACTION_SUFFIX = r"(?:'(?:[sStTmMdD]|[rR][eE]|[vV][eE]|[lL][lL]))?"
 _CUSTOM = {
     GPT2: _CUSTOM_GPT2,
     LLAMA3: _custom_llama3("{1,3}"),
     QWEN2: _custom_llama3(""),
+    # unicode_regex_split_custom_qwen35: qwen2's, with marks (\p{M}) in the letter runs and out of the symbols
+    QWEN35: (
+        rf"'(?:[sStTmMdD]|[rR][eE]|[vV][eE]|[lL][lL])|[^\r\n{_L}{_N}]?[{_L}{_M}]+|[{_N}]"
+        rf"| ?[^{_W}{_L}{_M}{_N}]+[\r\n]*|[{_W}]*[\r\n]+" + _WS_RUNS
+    ),
     NEWLINES: r"[^\n]+|\n+",
-}
-
-_BLOOM = " ?[^(\\s|.,!?…。，、।۔،)]+"
-_GPT4O_WORD = r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
-_GPT4O_WORD2 = r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*"
-_GPT4O_TAIL = r"| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-REGEX_EXPRS: dict[str, tuple[str, ...]] = {
-    "default": (r"[\p{P}\$\+<=>\^~\|]+", GPT2, r"\p{N}+", "[0-9][0-9][0-9]"),
-    "llama3": (LLAMA3,),
-    "gpt2": (GPT2,),
-    "starcoder": (r"\p{N}", GPT2),
-    "qwen2": (QWEN2,),
-    "falcon": (r"[\p{P}\$\+<=>\^~\|`]+", GPT2, "[0-9][0-9][0-9]"),
-    "bloom": (_BLOOM,),
-    "viking": (_BLOOM, r"\p{N}"),
-    "deepseek-coder": ("[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", "[一-龥ࠀ-一가-퟿]+", r"\p{N}"),
-    "deepseek3": (
-        r"\p{N}{1,3}",
-        "[一-龥぀-ゟ゠-ヿ]+",
-        "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
-        "| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
+    # unicode_regex_split_custom_kimi_k2: Han runs, non-Han letter runs with one optional leading non-letter and
+    # a trailing contraction, numbers in threes, then llama3's symbol and whitespace rules (Han counts as a letter)
+    KIMI_K2: (
+        rf"[{_H}]+|[^\r\n{_L}{_N}{_H}]?[{_L}]+{_CONTRACTION_SUFFIX}|[{_N}]{{1,3}}"
+        rf"| ?[^{_W}{_L}{_H}{_N}]+[\r\n]*|[{_W}]*[\r\n]+" + _WS_RUNS
     ),
-    "tekken": (_GPT4O_WORD + "|" + _GPT4O_WORD2 + r"|\p{N}" + _GPT4O_TAIL,),
-    "gpt4o": (
-        _GPT4O_WORD + _CONTRACTIONS + "?|" + _GPT4O_WORD2 + _CONTRACTIONS + r"?|\p{N}{1,3}" + _GPT4O_TAIL,
-    ),
-    "laguna": (NEWLINES, QWEN2),
 }
+_DIGIT_RUN = re.compile(rf"[{_N}]+")
+_HAN = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F), (0x2B740, 0x2B81F),
+        (0x2B820, 0x2CEAF), (0x2CEB0, 0x2EBEF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))  # unicode_cpt_is_han
 
+
+def _split_digit_groups(src: str, start: int, end: int) -> list[int]:
+    """unicode_regex_split_custom_afmoe: each run of numbers as its leading len % 3 digits, then threes; what
+    precedes a run joins its first group, what follows the last run is one piece."""
+    out: list[int] = []
+    prev = start
+    for m in _DIGIT_RUN.finditer(src, start, end):
+        lead = m.start() + (m.end() - m.start()) % 3
+        for cut in ([lead] if lead > m.start() else []) + list(range(lead + 3, m.end() + 1, 3)):
+            out.append(cut - prev)
+            prev = cut
+    if prev < end:
+        out.append(end - prev)
+    return out
+
+
+_SPLITTERS = {AFMOE_DIGITS: _split_digit_groups, TINY_AYA_DIGITS: _split_digit_groups}
 
 def _translate(expr: str) -> tuple[str, bool]:
     """A llama.cpp regex as a Python pattern, and whether it runs on the collapsed text (names categories)."""
@@ -197,16 +211,19 @@ def _translate(expr: str) -> tuple[str, bool]:
 
 @dataclass(frozen=True, slots=True)
 class _Stage:
-    pattern: re.Pattern[str]
+    pattern: re.Pattern[str] | None
+    splitter: Callable[[str, int, int], list[int]] | None  # a hand-written splitter that is not one pattern
     custom: bool  # a hand-written splitter: covers every character, no groups, no look-behind
-    collapsed: bool  # runs on the collapsed text (else on the codepoints with non-ASCII whitespace -> 0x0B)
+    text: str  # "collapsed" (categories), "han" (collapsed, Han apart) or "wide" (non-ASCII whitespace -> 0x0B)
 
 
 def _compile_stage(expr: str) -> _Stage:
+    if expr in _SPLITTERS:
+        return _Stage(None, _SPLITTERS[expr], custom=True, text="collapsed")
     if expr in _CUSTOM:
-        return _Stage(re.compile(_CUSTOM[expr]), custom=True, collapsed=True)
+        return _Stage(re.compile(_CUSTOM[expr]), None, custom=True, text="han" if expr == KIMI_K2 else "collapsed")
     pattern, collapsed = _translate(expr)
-    return _Stage(re.compile(pattern, re.ASCII), custom=False, collapsed=collapsed)
+    return _Stage(re.compile(pattern, re.ASCII), None, custom=False, text="collapsed" if collapsed else "wide")
 
 
 class PreTokenizer:
@@ -216,27 +233,40 @@ class PreTokenizer:
         self.regex_exprs = regex_exprs
         self._stages = [_compile_stage(e) for e in regex_exprs]
         self._collapse_table: dict[int, str] = {}
+        self._han_table: dict[int, str] = {}
         self._wide_table = {c: _WHITESPACE_BYTE for c in _NON_ASCII_WHITESPACE}
 
-    def _collapse(self, text: str) -> str:
-        table = self._collapse_table
+    def _collapse(self, text: str, table: dict[int, str], han: bool) -> str:
         for ch in set(text):
             if ord(ch) >= 0x80 and ord(ch) not in table:
-                table[ord(ch)] = collapse_char(ch)
+                is_han = han and any(lo <= ord(ch) <= hi for lo, hi in _HAN)
+                table[ord(ch)] = "\xd6" if is_han else collapse_char(ch)
         return text.translate(table)
+
+    def _source(self, text: str, kind: str) -> str:
+        if kind == "collapsed":
+            return self._collapse(text, self._collapse_table, False)
+        if kind == "han":
+            return self._collapse(text, self._han_table, True)
+        return text.translate(self._wide_table)
 
     def split(self, text: str) -> list[str]:
         """Split `text` into pre-tokenizer words; concatenated they give `text` back."""
         if not text:
             return []
-        ascii_only = text.isascii()
-        collapsed = text if ascii_only else self._collapse(text)
-        wide = text if ascii_only else None
         lengths = [len(text)]
-        for stage in self._stages:
-            if not stage.collapsed and wide is None:
-                wide = text.translate(self._wide_table)
-            lengths = self._run_stage(stage, collapsed if stage.collapsed else wide, lengths)
+        if text.isascii():  # every kind of source text is the text itself
+            for stage in self._stages:
+                lengths = self._run_stage(stage, text, lengths)
+        else:
+            sources: dict[str, str] = {}
+            for stage in self._stages:
+                src = sources.get(stage.text)
+                if src is None:
+                    src = sources[stage.text] = self._source(text, stage.text)
+                lengths = self._run_stage(stage, src, lengths)
+        if 0 in lengths:  # a zero-length match is an empty word, which llama.cpp tokenizes to nothing
+            lengths = [n for n in lengths if n]
         ends = list(accumulate(lengths))
         return [text[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
 
@@ -245,13 +275,19 @@ class PreTokenizer:
         # unicode_regex_split: each regex splits every piece of the previous one, never across pieces
         out: list[int] = []
         start = 0
-        for n in lengths:
-            end = start + n
-            if stage.custom:
-                out.extend(map(len, stage.pattern.findall(src, start, end)))
-            else:
-                _split_stl(stage.pattern, src[start:end], out)
-            start = end
+        if stage.splitter is not None:
+            for n in lengths:
+                out += stage.splitter(src, start, start + n)
+                start += n
+        elif stage.custom:
+            findall = stage.pattern.findall
+            for n in lengths:
+                out.extend(map(len, findall(src, start, start + n)))
+                start += n
+        else:
+            for n in lengths:
+                _split_stl(stage.pattern, src[start : start + n], out)
+                start += n
         return out
 
 
@@ -267,74 +303,3 @@ def _split_stl(pattern: re.Pattern[str], piece: str, out: list[int]) -> None:
         prev = m.end()
     if prev < len(piece):
         out.append(len(piece) - prev)
-
-
-def _pre_types() -> dict[str, tuple[str, str, bool, bool, bool]]:
-    # llama_vocab::impl::load: tokenizer.ggml.pre -> (pre_type, regex family, clean_spaces, ignore_merges,
-    # add_bos)
-    groups = (
-        ("default", "default", True, False, False, "default"),
-        (
-            "llama3",
-            "llama3",
-            True,
-            True,
-            True,
-            "llama3 llama-v3 llama-bpe falcon3 falcon-h1 pixtral midm-2.0 lfm2 jina-v5-nano",
-        ),
-        ("dbrx", "llama3", True, False, False, "dbrx"),
-        ("smaug", "llama3", True, False, False, "smaug-bpe"),
-        ("chatglm4", "llama3", True, False, False, "chatglm-bpe"),
-        ("chatglm4", "llama3", True, True, False, "glm4 glm5"),
-        ("deepseek_coder", "deepseek-coder", False, False, False, "deepseek-coder"),
-        ("deepseek3_llm", "deepseek3", False, False, False, "deepseek-v3"),
-        ("hunyuan_dense", "deepseek3", False, False, False, "hunyuan-dense"),
-        ("hy_v4", "deepseek3", False, False, False, "hy_v4"),
-        ("joyai_llm", "deepseek3", False, False, False, "joyai-llm"),
-        ("falcon", "falcon", True, False, False, "falcon"),
-        ("mpt", "gpt2", True, False, False, "mpt"),
-        ("starcoder", "starcoder", True, False, False, "starcoder"),
-        (
-            "gpt2",
-            "gpt2",
-            True,
-            False,
-            False,
-            "gpt-2 phi-2 jina-es jina-de gigachat jina-v2-es jina-v2-de a.x-4.0 mellum modern-bert "
-            "jina-v1-en "
-            "jina-v2-code roberta-bpe exaone4",
-        ),
-        ("refact", "starcoder", True, False, False, "refact"),
-        ("command_r", "starcoder", False, False, False, "command-r"),
-        ("qwen2", "qwen2", False, False, False, "qwen2 deepseek-r1-qwen kormo f2llmv2"),
-        ("qwen2", "qwen2", True, False, False, "megrez"),
-        ("stablelm2", "qwen2", True, False, False, "stablelm2"),
-        ("olmo", "gpt2", True, False, False, "olmo"),
-        ("poro", "bloom", False, False, False, "poro-chat"),
-        ("bloom", "bloom", True, False, False, "bloom"),
-        ("gpt3_finnish", "bloom", True, False, False, "gpt3-finnish"),
-        ("viking", "viking", False, False, False, "viking"),
-        ("jais", "gpt2", True, False, False, "jais"),
-        ("tekken", "tekken", False, True, True, "tekken"),
-        ("smollm", "starcoder", False, False, False, "smollm"),
-        ("codeshell", "starcoder", True, False, False, "codeshell"),
-        ("exaone", "starcoder", True, False, False, "exaone"),
-        ("minerva", "starcoder", True, False, False, "minerva-7b"),
-        ("mellum2", "starcoder", True, False, False, "mellum2"),
-        ("gpt4o", "gpt4o", False, False, False, "gpt-4o llama4 kanana2 talkie"),
-        ("minimax_m2", "gpt4o", False, False, False, "minimax-m2"),
-        ("trillion", "gpt2", False, False, False, "trillion"),
-        ("granite_docling", "gpt2", False, False, False, "granite-docling"),
-        ("hunyuan", "qwen2", False, False, False, "hunyuan"),
-        ("solar_open", "qwen2", False, False, False, "solar-open"),
-        ("grok_2", "qwen2", False, False, False, "grok-2"),
-        ("laguna", "laguna", False, False, False, "laguna"),
-    )
-    return {
-        name: (pre, family, clean, ignore, bos)
-        for pre, family, clean, ignore, bos, names in groups
-        for name in names.split()
-    }
-
-
-PRE_TYPES = _pre_types()

@@ -179,15 +179,27 @@ class BpeTokenizer:
     exactly as llm_bigram_bpe's queue does, and `ignore_merges` is the same shortcut as llama.cpp's. Words are
     cached here, so HF sees each distinct word once. Merges whose parts or result are not in the vocab are
     left out (HF rejects them; llama.cpp would merge and then drop the unknown symbol's bytes).
+
+    `byte_encode` False is SPM-style BPE (gemma4): the words stay raw UTF-8 and a symbol that is no token goes
+    out as '<0xXX>' byte tokens (HF's byte_fallback). `newline_words`: a word of newlines only that is a token
+    is that token, unmerged (llama.cpp's gemma4 fix, llm_tokenizer_bpe_session::tokenize).
     """
 
     def __init__(
-        self, token_to_id: Mapping[str, int], merges: Sequence[str], ignore_merges: bool, pre: PreTokenizer
+        self,
+        token_to_id: Mapping[str, int],
+        merges: Sequence[str],
+        ignore_merges: bool,
+        pre: PreTokenizer,
+        byte_encode: bool = True,
+        newline_words: bool = False,
     ) -> None:
         self.pre = pre
         self._token_to_id = token_to_id
         self._merges = merges
         self._ignore_merges = ignore_merges
+        self._byte_encode = byte_encode
+        self._newline_words = newline_words
         self._hf: Any = None  # tokenizers.Tokenizer, built on the first unseen word
         self._cache = Memo()
 
@@ -206,6 +218,8 @@ class BpeTokenizer:
             if pair not in seen and pair[0] in vocab and pair[1] in vocab and pair[0] + pair[1] in vocab:
                 seen.add(pair)  # bpe_ranks.emplace keeps the first rank of a repeated merge
                 pairs.append(pair)
+        if not self._byte_encode:
+            return Tokenizer(models.BPE(vocab, pairs, ignore_merges=self._ignore_merges, byte_fallback=True))
         hf = Tokenizer(models.BPE(vocab, pairs, ignore_merges=self._ignore_merges))
         hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
         return hf
@@ -216,6 +230,8 @@ class BpeTokenizer:
         cache = self._cache
         distinct = set(words)
         found = {w: ids for w in distinct if (ids := cache.get(w)) is not None}
+        if self._newline_words:
+            found.update((w, [self._token_to_id[w]]) for w in distinct if w in self._token_to_id and not w.strip("\n"))
         missing = [w for w in distinct if w not in found]
         if missing:
             for w, ids in zip(missing, self._encode(missing), strict=True):

@@ -4,8 +4,9 @@ Loading (`Vocab.from_gguf_meta`) follows llama_vocab::impl::load: tokenizer mode
 token attributes from token types, special token ids (defaults, GGUF keys, then detection by text), the
 end-of-generation set and the special-token cache. Tokenizing follows llama_vocab::impl::tokenize: special
 tokens are split out of the text first (tokenizer_st_partition, in special.py), then each raw fragment
-goes to the SPM or BPE tokenizer (tokenizers.py). Supported tokenizer models: 'llama' (SPM) and 'gpt2'
-(byte-level BPE).
+goes to the SPM, BPE or WPM tokenizer (tokenizers.py, wpm.py). Supported tokenizer models: 'llama' (SPM),
+'gpt2' (byte-level BPE, every pre-tokenizer of pre_types.py), 'gemma4' (SPM-style BPE on raw UTF-8), 'bert'
+(WPM) and 't5' (UGM, ugm.py).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from llamactx.vocab.pretok import PRE_TYPES, REGEX_EXPRS, PreTokenizer
+from llamactx.vocab.pre_types import PRE_TYPES, REGEX_EXPRS, PreType
+from llamactx.vocab.pretok import PreTokenizer
 from llamactx.vocab.special import (
     ATTR_BYTE,
     ATTR_CONTROL,
@@ -28,12 +30,15 @@ from llamactx.vocab.special import (
     partition,
 )
 from llamactx.vocab.tokenizers import SPM_SPACE, BpeTokenizer, SpmTokenizer
+from llamactx.vocab.ugm import UgmTokenizer
 from llamactx.vocab.wpm import WpmTokenizer
 
 __all__ = ["TOKEN_NULL", "Vocab", "VocabError"]
 
 
 _KEY = "tokenizer.ggml."
+# tokenizer.ggml.model -> llama_vocab_type (llama_vocab::impl::load)
+VOCAB_TYPES = {"llama": "spm", "gpt2": "bpe", "gemma4": "bpe", "bert": "wpm", "t5": "ugm"}
 
 
 def _byte_decoder() -> dict[str, int]:
@@ -60,9 +65,10 @@ class Vocab:
         special: SpecialTokens,
         flags: Mapping[str, bool],
         merges: Sequence[str],
-        regex_exprs: tuple[str, ...],
+        pre: PreType,
     ) -> None:
         self.model_type, self.pre_type = model_type, pre_type
+        self.vocab_type = VOCAB_TYPES[model_type]  # "spm", "bpe", "wpm" or "ugm" (llama_vocab_type)
         self.n_tokens = len(texts)
         self._texts, self._token_to_id, self._scores, self._attrs = texts, token_to_id, scores, attrs
         self.bos, self.eos, self.eot, self.eom = special.bos, special.eos, special.eot, special.eom
@@ -76,8 +82,11 @@ class Vocab:
         self.add_space_prefix, self.clean_spaces = flags["add_space_prefix"], flags["clean_spaces"]
         self.ignore_merges = flags["ignore_merges"]
         self.lowercase, self.strip_accents = flags.get("lowercase", False), flags.get("strip_accents", False)
-        self._merges, self._regex_exprs = merges, regex_exprs
-        self._model: SpmTokenizer | BpeTokenizer | WpmTokenizer | None = None
+        self.remove_extra_whitespaces = flags.get("remove_extra_whitespaces", False)
+        self._charsmap = flags.get("charsmap")  # UGM's precompiled_charsmap
+        self.escape_whitespaces = pre.escape_whitespaces  # SPM-style BPE: ' ' is '▁' in the token texts
+        self._merges, self._pre = merges, pre
+        self._model: SpmTokenizer | BpeTokenizer | WpmTokenizer | UgmTokenizer | None = None
         self._pieces: list[bytes | None] = [None] * self.n_tokens
         self._matchers: dict = {}  # partition's special-token matcher per parse_special
         self._nl: int | None = None
@@ -90,14 +99,14 @@ class Vocab:
         """Build from GGUF metadata (every key/value, arrays as numpy arrays or lists of str).
 
         Raises ValueError naming the key for missing or malformed tokenizer metadata and for unsupported
-        tokenizer models ('llama' and 'gpt2' are supported) or pre-tokenizer types.
+        tokenizer models (see VOCAB_TYPES) or pre-tokenizer types.
         """
         model_type = meta.get(_KEY + "model")
         if not isinstance(model_type, str):
             raise VocabError(f"'{_KEY}model' is missing or not a string: {model_type!r}")
-        if model_type not in ("llama", "gpt2", "bert"):
-            raise VocabError(f"'{_KEY}model' = {model_type!r} is not supported (supported: 'llama', 'gpt2', "
-                             f"'bert')")
+        if model_type not in VOCAB_TYPES:
+            raise VocabError(f"'{_KEY}model' = {model_type!r} is not supported (supported: "
+                             f"{', '.join(map(repr, VOCAB_TYPES))})")
         texts = _string_list(meta, _KEY + "tokens")
         n = len(texts)
         for i, t in enumerate(texts):
@@ -119,51 +128,54 @@ class Vocab:
             "ignore_merges": False,
         }
         merges: Sequence[str] = ()
-        pre_type, family = "default", "default"
-        if model_type == "gpt2":
+        pre = PRE_TYPES["default"]
+        if VOCAB_TYPES[model_type] == "bpe":
             merges = _merges(meta, _KEY + "merges")
-            pre = meta.get(_KEY + "pre", "") or "default"
-            if pre not in PRE_TYPES:
-                raise VocabError(f"'{_KEY}pre' = {pre!r} is not a supported pre-tokenizer type")
-            pre_type, family, clean, ignore, add_bos = PRE_TYPES[pre]
-            flags.update(add_space_prefix=False, clean_spaces=clean, ignore_merges=ignore, add_bos=add_bos)
+            # the gemma4 tokenizer model is BPE with the gemma4 pre-tokenizer, whatever tokenizer.ggml.pre says
+            name = "gemma4" if model_type == "gemma4" else (meta.get(_KEY + "pre", "") or "default")
+            if name not in PRE_TYPES:
+                raise VocabError(f"'{_KEY}pre' = {name!r} is not a supported pre-tokenizer type")
+            pre = PRE_TYPES[name]
+            flags.update(add_space_prefix=False, clean_spaces=pre.clean_spaces, ignore_merges=pre.ignore_merges,
+                         add_bos=pre.add_bos)
         if model_type == "bert":  # WPM (llama_vocab::impl::load): no space prefix, clean_spaces, [SEP] appended
             flags.update(add_space_prefix=False, clean_spaces=True)
             # BertNormalizer's options: lower case (default true), strip accents (default: as lowercase)
             flags["lowercase"] = _bool(meta, _KEY + "normalizer.lowercase", True)
             flags["strip_accents"] = _bool(meta, _KEY + "normalizer.strip_accents", flags["lowercase"])
+        if model_type == "t5":  # UGM: no BOS, EOS appended, no space prefix unless the file asks
+            flags.update(add_space_prefix=False, add_bos=False, add_eos=True)
         flags["add_space_prefix"] = _bool(meta, _KEY + "add_space_prefix", flags["add_space_prefix"])
+        flags["remove_extra_whitespaces"] = _bool(meta, _KEY + "remove_extra_whitespaces", False)
+        charsmap = meta.get(_KEY + "precompiled_charsmap")
+        if charsmap is not None and not (isinstance(charsmap, np.ndarray) and charsmap.dtype in (np.uint8, np.int8)):
+            raise VocabError(f"'{_KEY}precompiled_charsmap' is not an array of 8-bit integers")
+        flags["charsmap"] = charsmap
         attrs = attrs_from_types(types, n)
-        special = SpecialTokens.detect(meta, texts, token_to_id, attrs, model_type, pre_type)
+        special = SpecialTokens.detect(meta, texts, token_to_id, attrs, model_type, pre.name)
         flags["add_bos"] = _bool(meta, _KEY + "add_bos_token", flags["add_bos"])
         flags["add_eos"] = _bool(meta, _KEY + "add_eos_token", flags["add_eos"])
         # false for SPM and BPE vocabularies unless the file says otherwise (llama-vocab.cpp sets it for WPM and
-        # the jina / roberta BPE pre-tokenizers, none of which llamactx reads)
-        flags["add_sep"] = _bool(meta, _KEY + "add_sep_token", model_type == "bert")
+        # the jina / roberta BPE pre-tokenizers)
+        flags["add_sep"] = _bool(meta, _KEY + "add_sep_token", model_type == "bert" or pre.add_sep)
         score_list = [0.0] * n if scores is None else np.asarray(scores[:n], dtype=np.float64).tolist()
-        return cls(
-            model_type,
-            pre_type,
-            texts,
-            token_to_id,
-            score_list,
-            attrs,
-            special,
-            flags,
-            merges,
-            REGEX_EXPRS[family],
-        )
+        return cls(model_type, pre.name, texts, token_to_id, score_list, attrs, special, flags, merges, pre)
 
-    def _tokenizer(self) -> SpmTokenizer | BpeTokenizer | WpmTokenizer:
+    def _tokenizer(self) -> SpmTokenizer | BpeTokenizer | WpmTokenizer | UgmTokenizer:
         # built on first use: BPE merges and SPM segment tables cost a little, detokenizing needs neither
         if self._model is None:
-            if self.model_type == "bert":
+            if self.vocab_type == "wpm":
                 self._model = WpmTokenizer(self._token_to_id, self.unk, self.lowercase, self.strip_accents)
-            elif self.model_type == "llama":
+            elif self.vocab_type == "spm":
                 self._model = SpmTokenizer(self._token_to_id, self._texts, self._scores)
+            elif self.vocab_type == "ugm":
+                self._model = UgmTokenizer(self._texts, self._scores, self._attrs, self.unk, self._charsmap,
+                                           self.add_space_prefix, self.remove_extra_whitespaces)
             else:
-                pre = PreTokenizer(self._regex_exprs)
-                self._model = BpeTokenizer(self._token_to_id, self._merges, self.ignore_merges, pre)
+                splitter = PreTokenizer(REGEX_EXPRS[self._pre.family])
+                self._model = BpeTokenizer(self._token_to_id, self._merges, self.ignore_merges, splitter,
+                                           byte_encode=self._pre.byte_encode,
+                                           newline_words=self._pre.name == "gemma4")
         return self._model
 
     # ---- tokens --------------------------------------------------------------------------------------------
@@ -198,8 +210,10 @@ class Vocab:
     def nl(self) -> int:
         """The newline token (llama_vocab_nl): SPM '<0x0A>', BPE the first token of "\\n"."""
         if self._nl is None:
-            if self.model_type == "llama":
+            if self.vocab_type == "spm":
                 self._nl = self._token_to_id.get("<0x0A>", self._token_to_id.get("\n", self.pad))
+            elif self.vocab_type == "wpm":
+                self._nl = self.pad
             else:
                 ids = self._tokenizer().tokenize("\n")
                 self._nl = ids[0] if ids else self.pad
@@ -253,8 +267,8 @@ class Vocab:
             for frag in fragments:
                 if isinstance(frag, int):
                     out.append(frag)
-                else:
-                    out += model.tokenize(frag)
+                else:  # llama_escape_whitespace for SPM-style BPE (gemma4)
+                    out += model.tokenize(frag.replace(" ", SPM_SPACE) if self.escape_whitespaces else frag)
         if add_special and self.add_eos:
             if self.eos == TOKEN_NULL:
                 raise VocabError("the model asks for EOS (add_eos_token) but has no EOS token")
@@ -290,7 +304,7 @@ class Vocab:
         if attr & (ATTR_UNKNOWN | ATTR_CONTROL | ATTR_USER_DEFINED):
             return text.encode("utf-8", "surrogateescape")
         if attr & ATTR_NORMAL:
-            if self.model_type in ("llama", "bert"):  # SPM and WPM: '▁' back to a space
+            if self.vocab_type != "bpe" or self.escape_whitespaces:  # SPM, WPM, SPM-style BPE: '▁' back to ' '
                 return text.replace(SPM_SPACE, " ").encode("utf-8", "surrogateescape")
             return _decode_byte_level(text)
         if attr & ATTR_BYTE:
