@@ -84,6 +84,7 @@ class HParams:
     f_logit_scale: float = 0.0  # granite: logits divided by it
     f_residual_scale: float = 0.0  # granite: attention and FFN outputs scaled before the residual adds
     rope_layers: tuple[bool, ...] = ()  # has_rope(il) per layer (llama_hparams::rope_pattern); () = every layer
+    rope_sections: tuple[int, ...] = ()  # qwen35: IMRoPE's sections (t, h, w, e) (rope.dimension_sections)
     # encoders (bert): LayerNorm epsilon, attention over the whole sequence, the model's own pooling
     f_norm_eps: float = 0.0  # attention.layer_norm_epsilon (LLM_KV_ATTENTION_LAYERNORM_EPS)
     causal_attn: bool = True  # attention.causal (LLM_KV_ATTENTION_CAUSAL)

@@ -26,6 +26,7 @@ from llamactx.memory.base import Memory
 from llamactx.models import (
     create_memory,
     expected_tensors,
+    layer_kinds,
     load_hparams,
     memory_description,
     memory_type,
@@ -263,6 +264,8 @@ class Model:
         if hp.ssm_d_inner:
             lines.append(f"ssm:            d_inner {hp.ssm_d_inner}, d_state {hp.ssm_d_state}, "
                          f"n_head {hp.ssm_dt_rank}, n_group {hp.ssm_n_group}, d_conv {hp.ssm_d_conv}")
+        if memory_type(hp.arch) == "hybrid":
+            lines.append(f"layer kinds:    {layer_kinds(hp)}")
         return "\n".join(lines)
 
     def close(self) -> None:

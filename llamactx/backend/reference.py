@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
+from llamactx.ggml import delta_net as ggml_delta_net
 from llamactx.ggml import ssm as ggml_ssm
 from llamactx.ggml import vec as ggml_vec
 from llamactx.ggml.attention import attention_f16, attention_f16_cells
@@ -21,6 +22,7 @@ from llamactx.ggml.inputs import ROPE_TYPE_NEOX, RopeParams, VisibleCells
 from llamactx.ggml.moe import add_id as moe_add_id
 from llamactx.ggml.moe import argsort_desc, expert, group_by_expert, norm_weights, sigmoid_rows, soft_max_rows
 from llamactx.ggml.moe import swiglu_oai as moe_swiglu_oai
+from llamactx.ggml.mrope import imrope_text_cache
 from llamactx.ggml.quants_cpu import fake_quant, vec_dot_type
 from llamactx.ggml.vecdot import EXACT_TYPES, FLOAT_TYPES, matmul_exact, matmul_float
 from llamactx.ggml.vecdot_bf16 import matmul_bf16
@@ -56,6 +58,12 @@ class ReferenceOps:
         """Run a forward pass's `build(model, ops, ...)` (models/*.py). Here every op computes as it is called;
         a backend may instead record the graph once and rerun it (FastOps)."""
         return build(model, self, token, embd, pos, attn, rope, out_ids, want_logits)
+
+    @staticmethod
+    def pos_input(pos: np.ndarray, cols: int, set_input) -> np.ndarray:
+        """A graph input computed from the ubatch's positions (an llm_graph_input_i's set_input: mistral3's
+        attention temperature): set_input(pos) -> (n, cols) float32. A recording backend computes it per run."""
+        return set_input(pos)
 
     # -- weights ------------------------------------------------------------------------------------------------
 
@@ -227,6 +235,28 @@ class ReferenceOps:
         """ggml_ssm_scan (Mamba-2) of one sequence: -> y (n_t, n_head, head_dim), the final state"""
         return ggml_ssm.ssm_scan(state, x, dt, a, b, c)
 
+    # -- gated delta net (llamactx.ggml.delta_net: qwen35) --------------------------------------------------------
+
+    @staticmethod
+    def gated_delta_net(q, k, v, g, beta, state) -> tuple[np.ndarray, np.ndarray]:
+        """ggml_gated_delta_net of one sequence: -> output (n_t, H_v, S), the final state (H_v, S, S)"""
+        return ggml_delta_net.gated_delta_net(q, k, v, g, beta, state)
+
+    @staticmethod
+    def softplus(x: np.ndarray) -> np.ndarray:
+        """ggml_softplus (libm expf / logf). (...) -> (...)"""
+        return ggml_delta_net.softplus(x)
+
+    @staticmethod
+    def sigmoid(x: np.ndarray) -> np.ndarray:
+        """ggml_sigmoid: 1 / (1 + expf(-x)), libm. (...) -> (...)"""
+        return sigmoid_rows(x)
+
+    @staticmethod
+    def l2_norm(x: np.ndarray, eps: float) -> np.ndarray:
+        """build_gdn_l2_norm: ggml_rms_norm(x, eps / n) scaled by 1 / sqrtf(n). (..., n) -> (..., n)"""
+        return ggml_delta_net.l2_norm(x, eps)
+
     # -- rope ---------------------------------------------------------------------------------------------------
 
     @staticmethod
@@ -240,6 +270,14 @@ class ReferenceOps:
         rotates (x[i], x[i + n_rot/2]). Dimensions past n_rot pass through."""
         cos, sin = self.rope_cache(pos, rp)  # (n, n_rot/2)
         return ggml_vec.rope_rotate(x, cos, sin, rp.n_rot, rp.mode == ROPE_TYPE_NEOX)
+
+    def rope_imrope(self, x: np.ndarray, pos: np.ndarray, rp: RopeParams, sections: tuple[int, ...]) -> np.ndarray:
+        """ggml_rope_multi (GGML_ROPE_TYPE_IMROPE) of text tokens, whose t / h / w positions are `pos` and e is 0
+        (llamactx.ggml.mrope); NEOX pairs. (n, n_head, head_dim) -> (n, n_head, head_dim)"""
+        cos, sin = self.rope_cache(pos, rp)  # (n, n_rot/2)
+        cos0, sin0 = self.rope_cache(np.zeros(1, np.int64), rp)  # (1, n_rot/2): the fourth section's angle 0
+        cos, sin = imrope_text_cache(cos, sin, cos0, sin0, rp.n_rot, sections)
+        return ggml_vec.rope_rotate(x, cos, sin, rp.n_rot, True)
 
     # -- attention ----------------------------------------------------------------------------------------------
 

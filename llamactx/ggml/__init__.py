@@ -6,6 +6,8 @@
     attention.py    non-flash attention over an f16 cache (mul_mat + soft_max + mul_mat)
     flash_attn.py   flash attention over an f16 cache (flash_attn_ext: tiled, one chunk, split KV)
     ssm.py          ssm_conv / ssm_scan (Mamba-2, and the short convolutions of lfm2), ggml_silu
+    delta_net.py    gated_delta_net (Qwen3.5's delta rule), softplus, the L2 norm of its q / k
+    mrope.py        IMRoPE's sections for text tokens (ggml_rope_multi, Qwen3.5)
     quants_cpu.py   the activation / KV-cache quantizers (`from_float`) as built for x86
     inputs.py       RopeParams, VisibleCells: the plain-data inputs the graph builds (numpy only)
     cpu.py          the target CPU numba compiles for (NUMBA_CPU_NAME), its features, kernel path and arithmetic

@@ -21,9 +21,9 @@ from llamactx.memory.hybrid import HybridMemory
 from llamactx.memory.kv_cache import KVCache
 from llamactx.memory.kv_cache_iswa import KVCacheISWA
 from llamactx.memory.recurrent import RecurrentMemory
-from llamactx.models import bert, gemma2, gemma3, gpt_oss, granite, lfm2, llama, mamba2, phi3, smollm3
+from llamactx.models import bert, gemma2, gemma3, gpt_oss, granite, lfm2, llama, mamba2, phi3, qwen35, smollm3
 
-MODULES = (llama, gemma3, mamba2, lfm2, phi3, gemma2, smollm3, granite, bert, gpt_oss)
+MODULES = (llama, gemma3, mamba2, lfm2, phi3, gemma2, smollm3, granite, bert, gpt_oss, qwen35)
 ARCHITECTURES: dict[str, ModuleType] = {name: module for module in MODULES for name in module.ARCHS}
 
 
@@ -98,3 +98,24 @@ def memory_description(hp: HParams, swa_full: bool = False) -> str:
             return f"llama_kv_cache ({split}; swa_full: every layer keeps the whole context)"
         return f"llama_kv_cache_iswa ({split}; swa_full keeps a full-size SWA cache)"
     return f"llama_kv_cache ({hp.n_layer} layers)"
+
+
+def layer_kinds(hp: HParams) -> str:
+    """Each layer's kind, grouped (`llamactx info`): "gated delta net x3 (0-2); full attention x1 (3)". The names
+    are the architecture's LAYER_KINDS (recurrent, attention), else "recurrent" / "attention"."""
+    names = getattr(arch_module(hp.arch), "LAYER_KINDS", ("recurrent", "attention"))
+    groups: dict[str, list[int]] = {}
+    for il in range(hp.n_layer):
+        groups.setdefault(names[0] if hp.is_recr(il) else names[1], []).append(il)
+    return "; ".join(f"{kind} x{len(layers)} ({_ranges(layers)})" for kind, layers in groups.items())
+
+
+def _ranges(layers: list[int]) -> str:
+    """[0, 1, 2, 4] -> "0-2, 4"."""
+    runs: list[list[int]] = []
+    for il in layers:
+        if runs and il == runs[-1][-1] + 1:
+            runs[-1].append(il)
+        else:
+            runs.append([il])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else f"{r[0]}" for r in runs)

@@ -1,0 +1,119 @@
+"""Write tests/data/tiny/tiny-qwen35.gguf: a tiny synthetic Qwen3.5 (llama.cpp's LLM_ARCH_QWEN35, src/models/
+qwen35.cpp), laid out as convert_hf_to_gguf.py writes one, with random weights from a fixed seed.
+
+4 layers, n_embd 64, `qwen35.full_attention_interval` 2: layers 0 and 2 are Gated DeltaNet layers, 1 and 3 full
+attention. The attention layers: 4 heads of 32 (2 KV heads), attn_q twice as wide (each head's query, then its
+output gate), q/k RMS norms, IMRoPE over 16 of the 32 dimensions with sections [3, 3, 1, 0] (7 sectors over 8
+pairs: the eighth wraps to sector 0, and sector 5 falls to the unused fourth section, which a text token rotates
+by angle 0). The delta-net layers: 2 key heads and 4 value heads of 64 (`ssm.group_count` 2, `ssm.time_step_rank`
+4, `ssm.state_size` 64, `ssm.inner_size` 256), a conv kernel of 4 over the 512 q|k|v channels, decay rates
+`ssm_a` < 0 and dt biases, the gated output norm; every layer has a post-attention norm and a SwiGLU FFN of 128.
+`tiny-qwen35moe.gguf` (qwen35moe) is the same with a mixture of experts for each FFN: 8 experts of 32 (2 routed per
+token, the router scaled so that tokens clearly prefer some) and a shared expert of 64 gated by a sigmoid.
+Matrices are Q8_0, except `ssm_alpha` / `ssm_beta` (F32) and the conv kernel (F32); norms and vectors F32. The
+vocabulary is make_tiny_models.py's (SmolLM2's first 1024 tokens, its pre-tokenizer).
+
+Usage (from the repository root, in the project's venv): python tests/data/tiny/make_tiny_qwen35.py
+Then make llama.cpp's outputs for them with make_tiny_reference.py qwen35 qwen35moe (tests/data/REFERENCE.md).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+sys.path.insert(0, str(Path(__file__).parents[3]))
+from tests.data.tiny.make_tiny_models import N_EMBD, N_VOCAB, OUT, Weights, common, smollm2_vocab  # noqa: E402
+from tests.gguf.tiny_model import finish  # noqa: E402
+
+N_LAYER, INTERVAL, N_FF = 4, 2, 128
+N_HEAD, N_HEAD_KV, HEAD_DIM, N_ROT, SECTIONS = 4, 2, 32, 16, [3, 3, 1, 0]
+D_STATE, N_K_HEADS, N_V_HEADS, D_CONV = 64, 2, 4, 4
+N_EXPERT, N_EXPERT_USED, N_FF_EXP, N_FF_SHEXP = 8, 2, 32, 64
+
+
+def qwen35(name: str = "qwen35", seed: int = 21, path: Path | None = None, interval: int = INTERVAL,
+           meta_interval: int | None = None, drop: tuple[str, ...] = (), moe: bool = False) -> Path:
+    """The tiny model with a full-attention layer every `interval` layers. The malformed variants the load tests
+    refuse: `meta_interval` (the interval the metadata states, if not `interval`), `drop` (tensors left out)."""
+    v = smollm2_vocab()
+    path = path or OUT / f"tiny-{name}.gguf"
+    arch = "qwen35moe" if moe else "qwen35"
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(f"tiny {name}")
+    wt = Weights(w, seed, T.Q8_0)
+    common(w, wt, v, N_LAYER, N_FF)
+    w.add_head_count(N_HEAD)
+    w.add_head_count_kv(N_HEAD_KV)
+    w.add_key_length(HEAD_DIM)
+    w.add_value_length(HEAD_DIM)
+    w.add_rope_freq_base(10000.0)
+    w.add_rope_dimension_count(N_ROT)
+    w.add_rope_dimension_sections(SECTIONS)
+    w.add_uint32(f"{arch}.full_attention_interval", interval if meta_interval is None else meta_interval)
+    key_dim, d_inner = D_STATE * N_K_HEADS, D_STATE * N_V_HEADS
+    conv_dim = 2 * key_dim + d_inner
+    w.add_ssm_conv_kernel(D_CONV)
+    w.add_ssm_inner_size(d_inner)
+    w.add_ssm_state_size(D_STATE)
+    w.add_ssm_time_step_rank(N_V_HEADS)
+    w.add_ssm_group_count(N_K_HEADS)
+    if moe:
+        w.add_expert_count(N_EXPERT)
+        w.add_expert_used_count(N_EXPERT_USED)
+        w.add_expert_feed_forward_length(N_FF_EXP)
+        w.add_expert_shared_feed_forward_length(N_FF_SHEXP)
+    wt.vec("output_norm.weight", (N_EMBD,), 1.0)
+    wt.mat("output.weight", N_EMBD, N_VOCAB)
+    for il in range(N_LAYER):
+        b = f"blk.{il}."
+        wt.vec(b + "attn_norm.weight", (N_EMBD,), 1.0)
+        wt.vec(b + "post_attention_norm.weight", (N_EMBD,), 1.0)
+        if (il + 1) % interval == 0:
+            wt.mat(b + "attn_q.weight", N_EMBD, 2 * N_HEAD * HEAD_DIM)  # per head: its query, then its gate
+            wt.mat(b + "attn_k.weight", N_EMBD, N_HEAD_KV * HEAD_DIM)
+            wt.mat(b + "attn_v.weight", N_EMBD, N_HEAD_KV * HEAD_DIM)
+            wt.mat(b + "attn_output.weight", N_HEAD * HEAD_DIM, N_EMBD)
+            wt.vec(b + "attn_q_norm.weight", (HEAD_DIM,), 1.0)
+            wt.vec(b + "attn_k_norm.weight", (HEAD_DIM,), 1.0)
+        else:
+            wt.mat(b + "attn_qkv.weight", N_EMBD, conv_dim)
+            wt.mat(b + "attn_gate.weight", N_EMBD, d_inner)
+            wt.vec(b + "ssm_conv1d.weight", (D_CONV, conv_dim), 0.0, 0.5)
+            wt.vec(b + "ssm_dt.bias", (N_V_HEADS,), 1.0, 0.5)
+            # -exp(A_log), as the converter stores it: per-token decays exp(softplus(.) * a) spread over (0, 1)
+            wt.put(b + "ssm_a", -np.exp(wt.rng.uniform(-1.5, 0.5, N_V_HEADS)).astype(np.float32), T.F32)
+            wt.mat(b + "ssm_alpha.weight", N_EMBD, N_V_HEADS, kind=T.F32)
+            wt.mat(b + "ssm_beta.weight", N_EMBD, N_V_HEADS, scale=2.0 / np.sqrt(N_EMBD), kind=T.F32)
+            wt.vec(b + "ssm_norm.weight", (D_STATE,), 1.0)
+            wt.mat(b + "ssm_out.weight", d_inner, N_EMBD)
+        if moe:
+            experts(wt, b)
+        else:
+            wt.mat(b + "ffn_gate.weight", N_EMBD, N_FF)
+            wt.mat(b + "ffn_up.weight", N_EMBD, N_FF)
+            wt.mat(b + "ffn_down.weight", N_FF, N_EMBD)
+    if drop:
+        w.tensors[-1] = {k: t for k, t in w.tensors[-1].items() if k not in drop}
+    return finish(w)
+
+
+def experts(wt: Weights, b: str) -> None:
+    """A layer's router (F32, scaled up), its experts and the shared expert with its gate vector."""
+    wt.mat(b + "ffn_gate_inp.weight", N_EMBD, N_EXPERT, scale=4.0 / np.sqrt(N_EMBD), kind=T.F32)
+    for part, ne0, ne1 in (("gate", N_EMBD, N_FF_EXP), ("up", N_EMBD, N_FF_EXP), ("down", N_FF_EXP, N_EMBD)):
+        data = wt.rng.standard_normal((N_EXPERT, ne1, ne0)) / np.sqrt(ne0)  # ggml (ne0, ne1, n_expert)
+        wt.put(f"{b}ffn_{part}_exps.weight", data.astype(np.float32), T.Q8_0)
+    wt.vec(b + "ffn_gate_inp_shexp.weight", (N_EMBD,), 0.0, 2.0 / np.sqrt(N_EMBD))
+    wt.mat(b + "ffn_gate_shexp.weight", N_EMBD, N_FF_SHEXP)
+    wt.mat(b + "ffn_up_shexp.weight", N_EMBD, N_FF_SHEXP)
+    wt.mat(b + "ffn_down_shexp.weight", N_FF_SHEXP, N_EMBD)
+
+
+if __name__ == "__main__":
+    print(qwen35())
+    print(qwen35("qwen35moe", seed=22, moe=True))

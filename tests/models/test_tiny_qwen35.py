@@ -1,0 +1,171 @@
+"""qwen35 and qwen35moe (Qwen3.5: Gated DeltaNet + gated full attention, hybrid memory; the MoE variant's routed
+and shared experts) on the tiny synthetic models against llama.cpp's logits (tests/data/tiny/tiny-qwen35*.gguf,
+make_tiny_qwen35.py, REFERENCE.md): the prompts, greedy steps one token at a time, a prompt split over ubatches,
+two sequences in one batch, state save / restore, and the metadata and tensors a load refuses."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from llamactx import Batch, Model
+from llamactx.backend.reference import ReferenceOps
+from llamactx.ggml.mrope import imrope_fourth_section
+from llamactx.hparams import HParamsError, ModelLoadError
+from tests.conftest import VARIANT
+from tests.models.tiny import TINY, TINY_REF, decode_all, load_tiny, new_ctx
+
+
+@pytest.fixture(scope="module", params=["qwen35", "qwen35moe"])
+def tiny(request):
+    """load_tiny(name), skipped (saying so) on the AVX2 variant until avx2/<name>.* are made with llama.cpp's
+    AVX2 build."""
+    name = request.param
+    if VARIANT == "avx2" and not (TINY_REF / f"{name}.json").exists():
+        pytest.skip(f"no AVX2 reference for tiny {name} (tests/data/tiny/avx2/{name}.json: make_tiny_reference.py "
+                    f"{name} with llama.cpp's AVX2 build)")
+    return load_tiny(name)
+
+
+@pytest.mark.parametrize("ops", ["fast", "reference"])
+def test_prompt_logits_bit_identical(tiny, ops):
+    _, model, ref, arrays = tiny
+    for i, prompt in enumerate(ref["prompts"]):
+        ctx = new_ctx(model, ops=ReferenceOps() if ops == "reference" else None)
+        np.testing.assert_array_equal(decode_all(ctx, prompt["tokens"]), arrays[f"prompt_{i}"], err_msg=f"{i}")
+
+
+def test_prompt_in_small_ubatches_bit_identical(tiny):
+    """The conv and delta-rule states carry the sequence across ubatches of 4 tokens exactly."""
+    _, model, ref, arrays = tiny
+    got = decode_all(new_ctx(model, n_ubatch=4), ref["prompts"][0]["tokens"])
+    np.testing.assert_array_equal(got, arrays["prompt_0"])
+
+
+def test_teacher_forced_greedy_bit_identical(tiny):
+    """The first 24 of the 64 greedy steps after the first prompt, one token per decode as llama.cpp ran them (the
+    single-token delta rule and conv step), with ggml's single-row kernels (the F32 ssm_alpha / ssm_beta matmuls of
+    one row)."""
+    _, model, ref, arrays = tiny
+    ctx = new_ctx(model, ops=ReferenceOps(ggml_single_row=True))
+    toks = ref["prompts"][0]["tokens"]
+    row = decode_all(ctx, toks)[-1]
+    for step, tok in enumerate(ref["greedy"][:24]):
+        np.testing.assert_array_equal(row, arrays["greedy"][step], err_msg=f"step {step}")
+        assert int(np.argmax(row)) == tok
+        row = decode_all(ctx, [tok], pos0=len(toks) + step)[-1]
+
+
+def test_teacher_forced_greedy_row_invariant_close(tiny):
+    """By default one row is computed like several (docs/numerics.md): the first 8 steps within 1e-2 of
+    llama.cpp and the same greedy tokens."""
+    _, model, ref, arrays = tiny
+    ctx = new_ctx(model)
+    toks = ref["prompts"][0]["tokens"]
+    row = decode_all(ctx, toks)[-1]
+    for step, tok in enumerate(ref["greedy"][:8]):
+        np.testing.assert_allclose(row, arrays["greedy"][step], rtol=0, atol=1e-2, err_msg=f"step {step}")
+        assert int(np.argmax(row)) == tok
+        row = decode_all(ctx, [tok], pos0=len(toks) + step)[-1]
+
+
+def test_two_sequences_in_one_batch_equal_each_alone(tiny):
+    """Interleaved tokens of two sequences in one batch: each sequence's rows equal llama.cpp's for it alone."""
+    _, model, ref, arrays = tiny
+    a, b = ref["prompts"][0]["tokens"], ref["prompts"][1]["tokens"]
+    ctx = new_ctx(model, n_seq_max=2)
+    batch = Batch(len(a) + len(b))
+    order = sorted([(i, 0, t) for i, t in enumerate(a)] + [(i, 1, t) for i, t in enumerate(b)])
+    for i, seq, t in order:
+        batch.add(t, i, [seq], logits=True)
+    assert ctx.decode(batch) == 0
+    both = ctx.get_logits()
+    for s in (0, 1):
+        rows = [k for k, (_, seq, _) in enumerate(order) if seq == s]
+        np.testing.assert_array_equal(both[rows], arrays[f"prompt_{s}"])
+
+
+def test_state_round_trip(tiny):
+    """Whole-context and one-sequence states (KV cells, conv and delta-rule states) loaded into a fresh context:
+    the next token's logits are llama.cpp's."""
+    _, model, ref, arrays = tiny
+    toks = ref["prompts"][0]["tokens"]
+    ctx = new_ctx(model, n_seq_max=2)
+    decode_all(ctx, toks[:-1], seq=1)
+    for whole in (True, False):
+        other = new_ctx(model, n_seq_max=2)
+        if whole:
+            other.state_set_data(ctx.state_get_data())
+        else:
+            other.state_seq_set_data(ctx.state_seq_get_data(1), 0)
+        seq = 1 if whole else 0
+        assert other.memory.seq_pos_max(seq) == len(toks) - 2
+        got = decode_all(other, toks[-1:], seq=seq, pos0=len(toks) - 1)[-1]
+        np.testing.assert_array_equal(got, arrays["prompt_0"][-1])
+
+
+def test_seq_cp_then_diverging_continuations_equal_each_alone(tiny):
+    """A state copied to a second sequence, then two different continuations in one batch: each equals the same
+    continuation decoded alone after the prefix."""
+    _, model, ref, _ = tiny
+    prefix, (a, b) = ref["prompts"][1]["tokens"], ref["greedy"][:2]
+    ctx = new_ctx(model, n_seq_max=2)
+    decode_all(ctx, prefix)
+    ctx.memory.seq_cp(0, 1, -1, -1)
+    batch = Batch(4)
+    for seq, tok in ((0, a), (1, b)):
+        batch.add(tok, len(prefix), [seq], logits=True)
+        batch.add(tok, len(prefix) + 1, [seq], logits=True)
+    assert ctx.decode(batch) == 0
+    both = ctx.get_logits().copy()
+    for rows, tok in ((slice(0, 2), a), (slice(2, 4), b)):
+        alone = new_ctx(model)
+        decode_all(alone, prefix)
+        np.testing.assert_array_equal(both[rows], decode_all(alone, [tok, tok], pos0=len(prefix)))
+
+
+def test_imrope_fourth_section_pairs():
+    """ggml_mrope_cache_init's interleave: sections (3, 3, 1, 0) over 8 pairs give sectors 0..6, 0; sector 5
+    (5 % 3 == 2, not below 3 * 1) takes the fourth stream. Qwen3.5's (11, 11, 10, 0) over 32 pairs never does."""
+    assert imrope_fourth_section(16, (3, 3, 1, 0)).tolist() == [False] * 5 + [True] + [False] * 2
+    assert not imrope_fourth_section(64, (11, 11, 10, 0)).any()
+
+
+def test_layers_and_memory(tiny):
+    name, model, _, _ = tiny
+    hp = model.hparams
+    assert (hp.n_expert, hp.n_expert_used, hp.n_ff_exp, hp.n_ff_shexp) == ((8, 2, 32, 64) if name == "qwen35moe"
+                                                                          else (0, 0, 0, 0))
+    assert hp.recurrent_layers == (True, False, True, False)  # full_attention_interval 2
+    assert hp.n_embd_r == 3 * (2 * 2 * 64 + 4 * 64)  # (d_conv - 1) * conv channels
+    assert hp.n_embd_s == 64 * 64 * 4  # an S x S state per value head
+    ctx = new_ctx(model)
+    assert ctx.memory.attn_layers == (1, 3)
+
+
+@pytest.mark.parametrize("name", ["qwen35", "qwen35moe"])
+def test_info_names_each_layer_kind(capsys, name):
+    from llamactx.cli.commands import main
+
+    assert main(["info", "-m", str(TINY / f"tiny-{name}.gguf")]) == 0
+    out = capsys.readouterr().out
+    assert "layer kinds:    gated delta net x2 (0, 2); full attention x2 (1, 3)" in out
+    assert "memory:         KV cache + recurrent states (llama_memory_hybrid)" in out
+
+
+@pytest.mark.parametrize("variant, error, match", [
+    ({"meta_interval": 0}, HParamsError, r"'qwen35.full_attention_interval' = 0 is outside \[1,"),
+    ({"drop": ("blk.2.ssm_conv1d.weight",)}, ModelLoadError, r"tensor 'blk.2.ssm_conv1d.weight' is missing"),
+    ({"drop": ("blk.0.ssm_a",)}, ModelLoadError, r"tensor 'blk.0.ssm_a' is missing"),
+    ({"drop": ("blk.0.attn_qkv.weight",)}, ModelLoadError, r"tensor 'blk.0.attn_qkv.weight' is missing"),
+    ({"meta_interval": 4}, ModelLoadError, r"tensor 'blk.1.attn_qkv.weight' is missing"),
+], ids=["interval-0", "no-conv", "no-ssm_a", "no-qkv", "layer-pattern-vs-tensors"])
+def test_bad_model_refused_at_load(tmp_path, variant, error, match):
+    """full_attention_interval 0, a missing conv or delta-net tensor, and a layer pattern the tensors disagree
+    with (the metadata's interval 4 makes layer 1, an attention layer in the file, a delta-net layer): refused
+    naming the key or tensor."""
+    from tests.data.tiny.make_tiny_qwen35 import qwen35
+
+    path = qwen35(path=tmp_path / "bad.gguf", **variant)
+    with pytest.raises(error, match=match):
+        Model.load(path)
