@@ -125,8 +125,19 @@ def test_no_two_modules_share_a_name_unless_one_concept_at_two_levels():
         assert f"/{a}" in doc_b or dotted_a in doc_b, f"{b} does not name {a}"
 
 
-def test_top_level_imports_have_no_cycles():
-    """The module graph (imports at a module's top) is acyclic: every layer can be read from the bottom up."""
+def test_the_cluster_never_imports_the_command_line():
+    """cluster/ takes a built ServerConfig and ClusterOptions from cli/serve.py: no module of it imports cli/, at
+    its top or inside a function (the command line is the front end above it)."""
+    from pathlib import Path
+
+    root = Path(llamactx.__file__).parent
+    bad = [f"{path.relative_to(root)} -> {m}" for path in sorted((root / "cluster").rglob("*.py"))
+           for m in sorted(_imports(path)) if m.startswith("llamactx.cli")]
+    assert bad == []
+
+
+def _import_graph(top_level_only: bool) -> dict[str, set[str]]:
+    """Module -> the llamactx modules it imports: at its top only, or anywhere (inside functions too)."""
     import ast
     from pathlib import Path
 
@@ -135,14 +146,19 @@ def test_top_level_imports_have_no_cycles():
                for p in root.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
         targets = set()
-        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        for node in tree.body if top_level_only else ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("llamactx"):
                 targets |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
                             for a in node.names}
             elif isinstance(node, ast.Import):
                 targets |= {a.name for a in node.names if a.name in modules}
         graph[name] = {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[str]:
     state: dict[str, int] = {}
     cycles = []
 
@@ -158,4 +174,24 @@ def test_top_level_imports_have_no_cycles():
     for name in sorted(graph):
         if name not in state:
             visit(name, [])
-    assert cycles == []
+    return cycles
+
+
+def test_top_level_imports_have_no_cycles():
+    """The module graph (imports at a module's top) is acyclic: every layer can be read from the bottom up."""
+    assert _cycles(_import_graph(top_level_only=True)) == []
+
+
+# cycles through imports inside functions that are known and still to be broken (reported, owned elsewhere): the
+# list may only shrink; a new cycle fails the test
+KNOWN_FUNCTION_LEVEL_CYCLES = [
+    # llamactx/__init__.py imports llama_cpp_python lazily; api/responses.py imports the package for __version__
+    "llamactx -> llamactx.llama_cpp_python -> llamactx.api.responses -> llamactx",
+    "llamactx.llama_cpp_python -> llamactx.llama_cpp_options -> llamactx.llama_cpp_python",
+]
+
+
+def test_imports_inside_functions_make_no_cycle_either():
+    """Deferred imports (inside functions, for start-up time or optional extras) still run one way: the graph of
+    every import, wherever it is written, is acyclic too (but for the known cycles being broken)."""
+    assert _cycles(_import_graph(top_level_only=False)) == KNOWN_FUNCTION_LEVEL_CYCLES

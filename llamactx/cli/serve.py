@@ -7,12 +7,14 @@ import argparse
 import json
 import logging
 import os
+import shlex
 import socket
 import sys
 from pathlib import Path
 
 from llamactx.cli.agent import add_agent_flags, agent_config_from_args
 from llamactx.cli.args import (
+    ArgumentParser,
     CommandError,
     add_common,
     add_context,
@@ -25,6 +27,7 @@ from llamactx.cli.args import (
     runtime_params,
     sampling_options,
 )
+from llamactx.cluster.options import DEFAULT_ROUTING, ROUTINGS, ClusterOptions
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -117,21 +120,51 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--target-ongoing", type=int, default=None, metavar="R",
                    help="with --max-replicas: the requests (running + queued) per replica that autoscaling aims "
                         "at (Ray Serve's target_ongoing_requests; default -np)")
-    g.add_argument("--routing", choices=("affinity", "round-robin"), default="affinity",
-                   help="with --replicas: which replica gets a request: the one last sent the longest prefix of "
-                        "its rendered prompt, the least loaded on a tie, another when it is full (affinity, the "
-                        "default), or each in turn (round-robin)")
+    g.add_argument("--routing", choices=ROUTINGS, default=DEFAULT_ROUTING,
+                   help="with --replicas: which replica gets a request: a conversation's next turn the one that "
+                        "holds its history, a new one the replica holding the fewest, another when it is full "
+                        "(affinity, the default), or each in turn (round-robin)")
+
+
+def cluster_options(args):
+    """The ClusterOptions of --replicas, --max-replicas, --target-ongoing and --routing (cluster/options.py), None
+    without --replicas; ClusterError names a flag out of its bounds."""
+    if args.replicas is None:
+        return None
+    return ClusterOptions(replicas=args.replicas, max_replicas=args.max_replicas,
+                          target_ongoing=args.target_ongoing, routing=args.routing)
+
+
+def parse_flags(flags: str | list[str]):
+    """`llamactx serve` flags (a shell-quoted string or a list) as (ServerConfig, ClusterOptions): one replica
+    without --replicas."""
+    parser = ArgumentParser(prog="llamactx")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    argv = shlex.split(flags) if isinstance(flags, str) else list(flags)
+    args = parser.parse_args(["serve", *argv])
+    if args.replicas is None:
+        args.replicas = 1
+    options = cluster_options(args)
+    return config_from_args(args), options
+
+
+def app_builder(builder_args: dict):
+    """Ray's application builder for an existing cluster:
+    `RAY_ADDRESS=... serve run llamactx.cli.serve:app_builder flags="-m MODEL --replicas 4 ..."`."""
+    from llamactx.cluster.launch import build_app
+
+    return build_app(*parse_flags(builder_args.get("flags", "")))
 
 
 def config_from_args(args):
-    from llamactx.server.config import ServerConfig
+    from llamactx.server.config import N_SLOTS_DEFAULT, ServerConfig
 
     keys = list(args.api_key)
     if args.api_key_file:
         keys += [line.strip() for line in Path(args.api_key_file).read_text(encoding="utf-8").splitlines()
                  if line.strip()]
     origins = [o.strip() for arg in args.cors_origin for o in arg.split(",") if o.strip()]
-    n_slots = 4 if args.parallel is None else args.parallel
+    n_slots = N_SLOTS_DEFAULT if args.parallel is None else args.parallel
     kv_unified = args.parallel is None if args.kv_unified is None else args.kv_unified  # llama-server's rule
     for name, value, lo in (("--parallel", n_slots, 1), ("--ctx-size", args.ctx_size, 256),
                             ("--max-queue", args.max_queue, 0), ("--port", args.port, 0),
@@ -203,14 +236,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from llamactx.server.app import create_app
     from llamactx.server.http import uvicorn_config
 
+    options = cluster_options(args)
     config = config_from_args(args)
     hosts = [h.strip() for h in args.host.split(",") if h.strip()]  # llama-server binds each of a comma list
     if not hosts:
         raise CommandError("--host names no address")
-    if args.replicas is not None:  # only then is Ray imported
+    if options is not None:  # only then is Ray imported
         from llamactx.cluster.launch import serve_replicas
 
-        return serve_replicas(args)
+        return serve_replicas(config, options, hosts[0], args.port, args.verbose)
     first = f"[{hosts[0]}]" if ":" in hosts[0] else hosts[0]
     config.url = f"http://{first}:{args.port}/"
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="llamactx: %(message)s")

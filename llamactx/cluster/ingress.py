@@ -36,9 +36,9 @@ from starlette.routing import Route
 
 from llamactx.api import anthropic, oai_responses
 from llamactx.api import protocol as P
-from llamactx.cluster.affinity import prefix_keys
+from llamactx.cluster.affinity import history_bytes, prefix_keys
 from llamactx.cluster.forward import ForwardedRequest
-from llamactx.cluster.launch import keep_replica_grpc_on_loopback
+from llamactx.cluster.loopback import keep_replica_grpc_on_loopback
 from llamactx.errors import LlamactxError
 from llamactx.server.metrics import CONTENT_TYPE as METRICS_TYPE
 from llamactx.server.metrics import sample
@@ -58,14 +58,15 @@ ALL_METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"]
 
 class PromptRenderer:
     """A request body's prompt as the engine will see it, before tokenizing: the chat template applied to its
-    messages (server/prompts.render_chat), or a completion's prompt text (token ids as their bytes). Needs only the
-    vocabulary and template (a vocab-only model: no weights)."""
+    messages (server/prompts.render_chat), or a completion's prompt text (token ids as the text they stand for:
+    affinity.history_bytes). Needs only the vocabulary and template (a vocab-only model: no weights)."""
 
     def __init__(self, config):
         from llamactx.runtime import Runtime
 
         self.config = config
-        self.template = Runtime(replace(config.runtime, vocab_only=True)).template
+        runtime = Runtime(replace(config.runtime, vocab_only=True))
+        self.template, self.vocab = runtime.template, runtime.model.vocab
 
     def render(self, path: str, body: bytes) -> bytes | None:
         """The prompt's bytes, or None for a route without one or a body the replica will refuse (it answers)."""
@@ -79,20 +80,19 @@ class PromptRenderer:
                                  {**self.config.request_defaults, **(to_chat(data) if to_chat else data)})
                 return render_chat(self, req)[0].encode("utf-8")
             if path in COMPLETION_ROUTES:
-                return _prompt_bytes(data.get("prompt"))
+                return self._prompt_bytes(data.get("prompt"))
         except Exception:  # noqa: BLE001 - the replica gives the request its answer (a 400)
             return None
         return None
 
-
-def _prompt_bytes(prompt) -> bytes | None:
-    if isinstance(prompt, str):
-        return prompt.encode("utf-8")
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-        return b"".join(int(t).to_bytes(4, "little", signed=True) for t in prompt)
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
-        return prompt[0].encode("utf-8")  # several prompts: the first decides
-    return None
+    def _prompt_bytes(self, prompt) -> bytes | None:
+        if isinstance(prompt, str):
+            return prompt.encode("utf-8")
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            return history_bytes(self.vocab, prompt)
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+            return prompt[0].encode("utf-8")  # several prompts: the first decides
+        return None
 
 
 class Forwarder:
@@ -292,14 +292,13 @@ def render_metrics(answers: list[tuple[str, list[tuple[str, str, str, float]]]])
 
 @serve.ingress()
 class Ingress:
-    """The ingress deployment: `engine` is the engine deployment's handle, `args` the `llamactx serve` flags."""
+    """The ingress deployment: `engine` is the engine deployment's handle, `config` the ServerConfig the replicas
+    run (its chat template and request defaults render prompts here)."""
 
-    def __init__(self, engine, args):
-        from llamactx.cli.serve import config_from_args
-
+    def __init__(self, engine, config):
         keep_replica_grpc_on_loopback()
         self.engine = engine
-        self.renderer = PromptRenderer(config_from_args(args))
+        self.renderer = PromptRenderer(config)
 
     def __serve_build_asgi_app__(self):
         return ingress_app(self.engine, self.renderer)

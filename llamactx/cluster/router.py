@@ -2,21 +2,25 @@
 anchor: ray.serve.llm's PrefixCacheAffinityRouter), run by every DeploymentHandle to the engine, i.e. inside the
 ingress replica (ingress.py).
 
-- `PrefixAffinityRouter` (--routing affinity, the default): the replicas that were last sent the longest prefix of
-  the request's rendered prompt (affinity.py), the least loaded of them; a saturated holder (its
-  `max_ongoing_requests`, = -np by default, all taken) spills over to the least loaded other replica. A prefix
-  that prompts branched from (a shared system prompt) goes to the least loaded replica, holders first on a tie.
+- `PrefixAffinityRouter` (--routing affinity, the default): the next turn of a conversation goes to the replicas
+  that were sent its previous turn and still hold it (affinity.py), the least loaded of them; a saturated holder
+  (its `max_ongoing_requests`, = -np, all taken) spills over to the others. A new conversation (no match, or only
+  a shared prefix such as a system prompt) goes to the replica holding the fewest histories, so that
+  conversations spread even when requests come one at a time. What each replica still holds comes from its
+  routing stats (replica.py's `record_routing_stats`, every ROUTING_STATS_PERIOD_S via Ray's controller):
+  `AffinityTable.reconcile` drops what it evicted.
 - `RoundRobinRouter` (--routing round-robin): each request to the next replica in turn (the same spill-over);
   the baseline bench/cluster_bench.py compares affinity with.
 
 A request's routing key travels in its `ForwardedRequest` (forward.py): `prefix_keys`, computed by the ingress from
-the rendered prompt, or () for requests without a prompt (those go to the least loaded replica).
+the rendered prompt, or () for requests without a prompt (those go where the fewest histories are).
 """
 
 from __future__ import annotations
 
 import itertools
 import random
+import time
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
@@ -37,18 +41,26 @@ class PrefixAffinityRouter(RequestRouter):
 
     def initialize_state(self, max_keys: int = MAX_KEYS) -> None:
         self.table = AffinityTable(max_keys)
+        self._reported: dict[str, float] = {}  # replica id -> the time of its last report applied
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
-        ids = list(by_id)
-        random.shuffle(ids)  # no match, or no load yet: no replica is everyone's first
-        return [[by_id[i] for i in _few(rank)] for rank in self.table.rank(_keys(pending_request), ids)]
+        for rid, replica in by_id.items():
+            self._apply_report(rid, replica.routing_stats)
+        return [[by_id[i] for i in _few(rank)] for rank in self.table.rank(_keys(pending_request), list(by_id))]
+
+    def _apply_report(self, rid: str, stats: dict | None) -> None:
+        """A replica's routing stats ({"held": keys, "at": time}), once each: what it no longer holds is dropped."""
+        at = (stats or {}).get("at")
+        if at is not None and at > self._reported.get(rid, 0.0):
+            self._reported[rid] = at
+            self.table.reconcile(rid, frozenset(stats.get("held", ())), at)
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result) -> None:
         keys = _keys(pending_request)
         if keys:
-            self.table.record(keys, replica_id.unique_id)
+            self.table.record(keys, replica_id.unique_id, time.time())
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
@@ -59,6 +71,7 @@ class PrefixAffinityRouter(RequestRouter):
         super().update_replicas(replicas)
         for replica_id in gone:
             self.table.forget(replica_id.unique_id)
+            self._reported.pop(replica_id.unique_id, None)
 
 
 def _few(rank: list[str]) -> list[str]:

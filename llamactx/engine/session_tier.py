@@ -135,6 +135,11 @@ class SessionTier:
             return True
         return self.disk.write(n, key, encode_entry(entry.context, bytes.fromhex(key), entry.tokens, entry.state))
 
+    def held(self) -> list[tuple[int, ...]]:
+        """The token histories whose states the RAM level holds, least recently used first (what a replica tells
+        its router it can restore without the disk level, which replicas may share: cluster/replica.py)."""
+        return [entry.tokens for _, entry in self.ram.items()] if self.ram is not None else []
+
     def find(self, prompt: Seq[int], limit: int) -> int:
         """The longest stored prefix of `prompt` of at most `limit` tokens (0 without one); nothing is loaded."""
         found = self._candidates(prompt, limit, 0)

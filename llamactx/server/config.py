@@ -25,6 +25,8 @@ from llamactx.server.worker import EngineWorker
 
 log = logging.getLogger("llamactx.server")
 
+N_SLOTS_DEFAULT = 4  # -np's default: llama-server's n_parallel when left to it (the one place it is written)
+
 
 @dataclass
 class ServerConfig:
@@ -32,7 +34,7 @@ class ServerConfig:
     HTTP server's own settings (llama-server's flag names in comments)."""
 
     # -m, --lora, -c, -np, -kvu, -b, -ub, -t, -ctk, -ctv, -fa, --swa-full, --chat-template, --pooling
-    runtime: RuntimeParams = field(default_factory=lambda: RuntimeParams(n_slots=4))
+    runtime: RuntimeParams = field(default_factory=lambda: RuntimeParams(n_slots=N_SLOTS_DEFAULT))
     alias: str | None = None  # -a
     tags: list[str] = field(default_factory=list)  # --tags: shown by /v1/models
     request_defaults: dict[str, Any] = field(default_factory=dict)  # --temp, --seed, -n ...: request fields' defaults
@@ -72,9 +74,9 @@ class ServerConfig:
 
     @classmethod
     def of(cls, **fields: Any) -> ServerConfig:
-        """A config from flat keywords: RuntimeParams' names go to `runtime` (n_slots defaults to 4 here)."""
+        """A config from flat keywords: RuntimeParams' names go to `runtime` (n_slots defaults to N_SLOTS_DEFAULT)."""
         runtime = {k: fields.pop(k) for k in list(fields) if k in RuntimeParams.__dataclass_fields__}
-        return cls(runtime=RuntimeParams(**{"n_slots": 4, **runtime}), **fields)
+        return cls(runtime=RuntimeParams(**{"n_slots": N_SLOTS_DEFAULT, **runtime}), **fields)
 
 
 class ServerState:

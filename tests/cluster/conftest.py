@@ -24,8 +24,8 @@ needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
 
 
 class Cluster:
-    def __init__(self, url: str, args):
-        self.url, self.args = url, args
+    def __init__(self, url: str, config, options):
+        self.url, self.config, self.options = url, config, options
 
     def client(self, **kw) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=120, **kw)
@@ -37,25 +37,27 @@ class Cluster:
 @contextmanager
 def running_cluster(*flags: str) -> Iterator[Cluster]:
     """`llamactx serve --replicas ... <flags>` on 127.0.0.1 and a free port, ready (every replica loaded)."""
-    from llamactx.cluster.launch import APP_NAME, build_app, parse_flags, start_local_ray
+    from llamactx.cli.serve import parse_flags
+    from llamactx.cluster.launch import APP_NAME, build_app
+    from llamactx.cluster.loopback import start_local_ray
 
     port = free_port()
-    args = parse_flags([*flags, "--host", "127.0.0.1", "--port", str(port)])
-    _warm_kernels(args)
+    config, options = parse_flags([*flags, "--host", "127.0.0.1", "--port", str(port)])
+    _warm_kernels(config)
     ours = set(psutil.Process().children(recursive=True))
-    start_local_ray(num_cpus=max(2, args.replicas * args.threads))
+    start_local_ray(num_cpus=max(2, options.n_max * config.runtime.n_threads))
     import ray
     from ray import serve
 
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config={"log_level": "WARNING"})
-        deploy = threading.Thread(target=serve.run, args=(build_app(args),),
+        deploy = threading.Thread(target=serve.run, args=(build_app(config, options),),
                                   kwargs={"name": APP_NAME, "route_prefix": "/"}, daemon=True)
         deploy.start()
         deploy.join(START_TIMEOUT_S)
         if deploy.is_alive():
             raise RuntimeError(f"the replicas did not start within {START_TIMEOUT_S} s")
-        yield Cluster(f"http://127.0.0.1:{port}", args)
+        yield Cluster(f"http://127.0.0.1:{port}", config, options)
     finally:
         ray_procs = [p for p in psutil.Process().children(recursive=True) if p not in ours]
         try:
@@ -65,13 +67,12 @@ def running_cluster(*flags: str) -> Iterator[Cluster]:
             _gone(ray_procs)
 
 
-def _warm_kernels(args) -> None:
+def _warm_kernels(config) -> None:
     """Compile (or load) the numba kernels a replica's start-up runs, here, once: replicas that each compiled a
     cold cache at the same time would take minutes on two cores."""
-    from llamactx.cli.serve import config_from_args
     from llamactx.runtime import Runtime
 
-    rt = Runtime(config_from_args(args).runtime)
+    rt = Runtime(config.runtime)
     rt.engine.warmup()
     rt.embedder.embed([[0]])
 
