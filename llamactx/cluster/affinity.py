@@ -87,6 +87,7 @@ class AffinityTable:
             raise ValueError(f"max_keys = {max_keys} must be >= 1")
         self.max_keys = max_keys
         self._holders: OrderedDict[int, dict[str, float]] = OrderedDict()
+        self._sent: dict[str, dict[int, float]] = {}  # the same, by replica: key -> when (reports scan only theirs)
         self._histories: dict[str, set[int]] = {}
         self._random = random.Random(seed)
 
@@ -129,6 +130,7 @@ class AffinityTable:
         used), and the prompt is one of its histories in place of any history it extends."""
         if not keys:
             return
+        sent = self._sent.setdefault(replica, {})
         for key in keys:
             holders = self._holders.get(key)
             if holders is None:
@@ -136,27 +138,30 @@ class AffinityTable:
             else:
                 holders[replica] = at
                 self._holders.move_to_end(key)
+            sent[key] = at
         histories = self._histories.setdefault(replica, set())
         histories.difference_update(keys[:-1])
         histories.add(keys[-1])
         while len(self._holders) > self.max_keys:
             key, holders = self._holders.popitem(last=False)
             for r in holders:
-                self._histories.get(r, set()).discard(key)
+                self._sent[r].pop(key, None)
+                self._histories[r].discard(key)
 
     def reconcile(self, replica: str, held: Collection[int], at: float) -> int:
         """`replica` reported at time `at` that it holds the prefixes `held` (keys): it no longer holds any key it
         was sent before at - GRACE_S that is not among them. Returns how many keys it was dropped from."""
         cutoff = at - GRACE_S
-        gone = [k for k, holders in self._holders.items() if holders.get(replica, cutoff) < cutoff and k not in held]
+        gone = [k for k, sent in self._sent.get(replica, {}).items() if sent < cutoff and k not in held]
         for key in gone:
             self._drop(key, replica)
         return len(gone)
 
     def forget(self, replica: str) -> None:
         """`replica` is gone (died, scaled down): it holds nothing any more."""
-        for key in [k for k, holders in self._holders.items() if replica in holders]:
+        for key in list(self._sent.get(replica, ())):
             self._drop(key, replica)
+        self._sent.pop(replica, None)
         self._histories.pop(replica, None)
 
     def _drop(self, key: int, replica: str) -> None:
@@ -164,4 +169,5 @@ class AffinityTable:
         del holders[replica]
         if not holders:
             del self._holders[key]
-        self._histories.get(replica, set()).discard(key)
+        del self._sent[replica][key]
+        self._histories[replica].discard(key)
