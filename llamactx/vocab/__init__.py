@@ -6,6 +6,8 @@
     special.py      special tokens, attributes and the partition of text around them
     tokenizers.py   the SPM and BPE tokenizer sessions
     wpm.py          the WPM (BERT WordPiece) tokenizer session
+    ugm.py          the UGM (T5 unigram) tokenizer session and its precompiled charsmap
+    rwkv.py         the RWKV "world" tokenizer session and its token text escapes
 """
 
 from llamactx.vocab.vocab import TOKEN_NULL, Vocab, VocabError

@@ -6,7 +6,7 @@ end-of-generation set and the special-token cache. Tokenizing follows llama_voca
 tokens are split out of the text first (tokenizer_st_partition, in special.py), then each raw fragment
 goes to the SPM, BPE or WPM tokenizer (tokenizers.py, wpm.py). Supported tokenizer models: 'llama' (SPM),
 'gpt2' (byte-level BPE, every pre-tokenizer of pre_types.py), 'gemma4' (SPM-style BPE on raw UTF-8), 'bert'
-(WPM) and 't5' (UGM, ugm.py).
+(WPM), 't5' (UGM, ugm.py) and 'rwkv' (rwkv.py).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import numpy as np
 
 from llamactx.vocab.pre_types import PRE_TYPES, REGEX_EXPRS, PreType
 from llamactx.vocab.pretok import PreTokenizer
+from llamactx.vocab.rwkv import RwkvTokenizer, unescape_rwkv_token
 from llamactx.vocab.special import (
     ATTR_BYTE,
     ATTR_CONTROL,
@@ -38,7 +39,7 @@ __all__ = ["TOKEN_NULL", "Vocab", "VocabError"]
 
 _KEY = "tokenizer.ggml."
 # tokenizer.ggml.model -> llama_vocab_type (llama_vocab::impl::load)
-VOCAB_TYPES = {"llama": "spm", "gpt2": "bpe", "gemma4": "bpe", "bert": "wpm", "t5": "ugm"}
+VOCAB_TYPES = {"llama": "spm", "gpt2": "bpe", "gemma4": "bpe", "bert": "wpm", "t5": "ugm", "rwkv": "rwkv"}
 
 
 def _byte_decoder() -> dict[str, int]:
@@ -68,7 +69,7 @@ class Vocab:
         pre: PreType,
     ) -> None:
         self.model_type, self.pre_type = model_type, pre_type
-        self.vocab_type = VOCAB_TYPES[model_type]  # "spm", "bpe", "wpm" or "ugm" (llama_vocab_type)
+        self.vocab_type = VOCAB_TYPES[model_type]  # "spm", "bpe", "wpm", "ugm" or "rwkv" (llama_vocab_type)
         self.n_tokens = len(texts)
         self._texts, self._token_to_id, self._scores, self._attrs = texts, token_to_id, scores, attrs
         self.bos, self.eos, self.eot, self.eom = special.bos, special.eos, special.eot, special.eom
@@ -86,7 +87,7 @@ class Vocab:
         self._charsmap = flags.get("charsmap")  # UGM's precompiled_charsmap
         self.escape_whitespaces = pre.escape_whitespaces  # SPM-style BPE: ' ' is '▁' in the token texts
         self._merges, self._pre = merges, pre
-        self._model: SpmTokenizer | BpeTokenizer | WpmTokenizer | UgmTokenizer | None = None
+        self._model: SpmTokenizer | BpeTokenizer | WpmTokenizer | UgmTokenizer | RwkvTokenizer | None = None
         self._pieces: list[bytes | None] = [None] * self.n_tokens
         self._matchers: dict = {}  # partition's special-token matcher per parse_special
         self._nl: int | None = None
@@ -145,6 +146,8 @@ class Vocab:
             flags["strip_accents"] = _bool(meta, _KEY + "normalizer.strip_accents", flags["lowercase"])
         if model_type == "t5":  # UGM: no BOS, EOS appended, no space prefix unless the file asks
             flags.update(add_space_prefix=False, add_bos=False, add_eos=True)
+        if model_type == "rwkv":
+            flags.update(add_space_prefix=False, add_bos=False)
         flags["add_space_prefix"] = _bool(meta, _KEY + "add_space_prefix", flags["add_space_prefix"])
         flags["remove_extra_whitespaces"] = _bool(meta, _KEY + "remove_extra_whitespaces", False)
         charsmap = meta.get(_KEY + "precompiled_charsmap")
@@ -161,13 +164,15 @@ class Vocab:
         score_list = [0.0] * n if scores is None else np.asarray(scores[:n], dtype=np.float64).tolist()
         return cls(model_type, pre.name, texts, token_to_id, score_list, attrs, special, flags, merges, pre)
 
-    def _tokenizer(self) -> SpmTokenizer | BpeTokenizer | WpmTokenizer | UgmTokenizer:
+    def _tokenizer(self) -> SpmTokenizer | BpeTokenizer | WpmTokenizer | UgmTokenizer | RwkvTokenizer:
         # built on first use: BPE merges and SPM segment tables cost a little, detokenizing needs neither
         if self._model is None:
             if self.vocab_type == "wpm":
                 self._model = WpmTokenizer(self._token_to_id, self.unk, self.lowercase, self.strip_accents)
             elif self.vocab_type == "spm":
                 self._model = SpmTokenizer(self._token_to_id, self._texts, self._scores)
+            elif self.vocab_type == "rwkv":
+                self._model = RwkvTokenizer(self._texts, self.unk)
             elif self.vocab_type == "ugm":
                 self._model = UgmTokenizer(self._texts, self._scores, self._attrs, self.unk, self._charsmap,
                                            self.add_space_prefix, self.remove_extra_whitespaces)
@@ -249,6 +254,8 @@ class Vocab:
         out: list[int] = []
         if isinstance(model, WpmTokenizer):  # llama_vocab::impl::tokenize, WPM: [CLS] ... [SEP] when add_special
             return self._tokenize_wpm(model, fragments, add_special)
+        if isinstance(model, RwkvTokenizer):  # llama_vocab::impl::tokenize, RWKV: never BOS / EOS
+            add_special = False
         if add_special and self.add_bos:
             if self.bos == TOKEN_NULL:
                 raise VocabError("the model asks for BOS (add_bos_token) but has no BOS token")
@@ -300,6 +307,8 @@ class Vocab:
     def _piece(self, token: int) -> bytes:
         # llama_vocab::impl::token_to_piece with special = true (what cache_token_to_piece holds)
         attr, text = self._attrs[token], self._texts[token]
+        if self.vocab_type == "rwkv":  # every token, whatever its attributes
+            return unescape_rwkv_token(text)
         # token texts are the file's bytes: undecodable ones were kept as surrogates, and go back out as those bytes
         if attr & (ATTR_UNKNOWN | ATTR_CONTROL | ATTR_USER_DEFINED):
             return text.encode("utf-8", "surrogateescape")

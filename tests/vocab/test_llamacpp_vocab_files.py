@@ -4,8 +4,9 @@ tests/test-tokenizer-0.cpp loads each vocabulary with vocab_only, cuts its .inp 
 "\\n__ggml_vocab_test__\\n", reads one line of ids per text from its .out file, tokenizes each text with
 add_special false and parse_special false and requires exactly those ids; it prints common_detokenize of them
 (llama_detokenize with unparse_special). tests/data/vocab/llamacpp_vocab_reference.json holds what llama.cpp
-0c1e570 gives for that detokenization, for add_special / parse_special true and for the four vocabularies that
-ship no .inp / .out (on ggml-vocab-llama-bpe.gguf.inp's texts); make_llamacpp_vocab_reference.py made it.
+0c1e570 gives for that detokenization, for add_special / parse_special true, and for the four vocabularies that
+ship no .inp / .out and the tiny ones of tests/data/vocab (tokenizer models llama.cpp ships no file of, written by
+make_tiny_vocabs.py) on ggml-vocab-llama-bpe.gguf.inp's texts; make_llamacpp_vocab_reference.py made it.
 """
 
 from __future__ import annotations
@@ -19,16 +20,19 @@ import pytest
 
 from llamactx import Model
 from llamactx.hparams import HParamsError
+from llamactx.models import ARCHITECTURES
 from llamactx.models.llm_arch import vocab_only_hparams
 from llamactx.vocab import Vocab
 from llamactx.vocab.pre_types import PRE_TYPES, REGEX_EXPRS
 
-REFERENCE = json.loads((Path(__file__).parents[1] / "data" / "vocab" / "llamacpp_vocab_reference.json").read_text())
+DATA = Path(__file__).parents[1] / "data" / "vocab"
+REFERENCE = json.loads((DATA / "llamacpp_vocab_reference.json").read_text())
 WITH_TESTS = (
     "bert-bge command-r deepseek-coder deepseek-llm falcon gemma-4 gpt-2 llama-bpe llama-spm mpt phi-3 qwen2 qwen35 "
     "refact starcoder"
 ).split()
 WITHOUT_TESTS = "aquila baichuan gpt-neox nomic-bert-moe".split()
+TINY = ["tiny-rwkv"]  # tests/data/vocab/<name>.gguf
 SEP = "\n__ggml_vocab_test__\n"
 
 
@@ -50,10 +54,10 @@ def read_tests(inp: Path, out: Path) -> list[tuple[str, list[int]]]:
 
 
 def vocab_path(src: Path, name: str) -> Path:
-    return src / "models" / f"ggml-vocab-{name}.gguf"
+    return DATA / f"{name}.gguf" if name in TINY else src / "models" / f"ggml-vocab-{name}.gguf"
 
 
-@pytest.fixture(scope="module", params=WITH_TESTS + WITHOUT_TESTS)
+@pytest.fixture(scope="module", params=WITH_TESTS + WITHOUT_TESTS + TINY)
 def loaded(request, llamacpp_src) -> Iterator[tuple[str, Model, dict]]:
     """One vocabulary at a time (module scope groups the tests by it), loaded the way a user loads one."""
     path = vocab_path(llamacpp_src, request.param)
@@ -76,7 +80,7 @@ def test_the_vocabularies_are_those_llamacpp_ships(llamacpp_src):
     with_tests = {n for n in names if Path(f"{models}/ggml-vocab-{n}.gguf.inp").exists()}
     assert sorted(with_tests) == sorted(WITH_TESTS)
     assert sorted(names - with_tests) == sorted(WITHOUT_TESTS)
-    assert sorted(REFERENCE) == sorted(f"ggml-vocab-{n}.gguf" for n in names)
+    assert sorted(REFERENCE) == sorted([f"ggml-vocab-{n}.gguf" for n in names] + [f"{n}.gguf" for n in TINY])
 
 
 def test_ids_as_test_tokenizer_0(loaded, llamacpp_src):
@@ -111,7 +115,7 @@ def test_vocab_only_loads_any_architecture_llamacpp_names(loaded, llamacpp_src):
     path = vocab_path(llamacpp_src, name)
     assert model.arch == model.meta["general.architecture"]
     assert model.hparams.n_vocab == model.vocab.n_tokens == len(model.meta["tokenizer.ggml.tokens"])
-    if model.arch in ("gpt2", "falcon", "command-r", "gemma4", "mpt", "refact", "starcoder2", "baichuan"):
+    if model.arch not in ARCHITECTURES:  # gpt2, falcon, command-r, gemma4, mpt, refact, starcoder2, ...
         with pytest.raises(HParamsError, match=f"architecture '{model.arch}' is not supported"):
             Model.load(path)  # the graph is what llamactx lacks, and a full load says so
 

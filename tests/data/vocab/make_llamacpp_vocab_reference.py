@@ -5,7 +5,8 @@ Usage: PYTHONPATH=<llama-cpp-python 0.3.36 sources> LLAMA_CPP_LIB_PATH=<libllama
        python tests/data/vocab/make_llamacpp_vocab_reference.py <llama.cpp>/models
 (the low-level bindings only: llama_model_load_from_file with vocab_only, llama_tokenize, llama_detokenize.)
 
-Per vocabulary, on the texts of its .inp file as test-tokenizer-0 splits them (the vocabularies without one take
+Per vocabulary, on the texts of its .inp file as test-tokenizer-0 splits them (the vocabularies without one, and
+the tiny ones of this folder that make_tiny_vocabs.py writes for tokenizer models llama.cpp ships no file of, take
 ggml-vocab-llama-bpe.gguf.inp's texts):
 - `ids` (only for vocabularies without .out; the others' are their .out lines): add_special false, parse_special
   false, test-tokenizer-0's call;
@@ -67,7 +68,7 @@ def main(models: Path) -> None:
     lc.llama_backend_init()
     fallback = models / "ggml-vocab-llama-bpe.gguf.inp"
     out = {}
-    for path in sorted(models.glob("ggml-vocab-*.gguf")):
+    for path in sorted(models.glob("ggml-vocab-*.gguf")) + sorted(Path(__file__).parent.glob("tiny-*.gguf")):
         params = lc.llama_model_default_params()
         params.vocab_only = True
         model = lc.llama_model_load_from_file(str(path).encode(), params)
