@@ -9,7 +9,7 @@ first i + 1 blocks are equal. Only the first MAX_BLOCKS blocks count: a prompt's
     keys = prefix_keys(prompt_bytes)                 # (n_blocks,) chained 64-bit hashes
     keys = prefix_keys(history_bytes(vocab, tokens)) # the same keys for a replica's history (token ids)
     ranks = table.rank(keys, candidates)             # [[holders], [spread...]] or [[spread...]]
-    table.record(keys, replica)                      # after the request was sent there
+    table.record(keys, replica, at)                  # after the request was sent there (time.time())
     table.reconcile(replica, held_keys, at)          # what the replica reported it still holds at time `at`
 
 `rank` finds the longest prefix of `keys` that a running replica holds. When that prefix is a whole prompt sent
