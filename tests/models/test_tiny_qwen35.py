@@ -5,6 +5,8 @@ two sequences in one batch, state save / restore, and the metadata and tensors a
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -13,7 +15,7 @@ from llamactx.backend.reference import ReferenceOps
 from llamactx.ggml.mrope import imrope_fourth_section
 from llamactx.hparams import HParamsError, ModelLoadError
 from tests.conftest import VARIANT
-from tests.models.tiny import TINY, TINY_REF, decode_all, load_tiny, new_ctx
+from tests.models.tiny import TINY, TINY_REF, assert_flash_single_row, decode_all, load_tiny, new_ctx
 
 
 @pytest.fixture(scope="module", params=["qwen35", "qwen35moe"])
@@ -122,6 +124,35 @@ def test_seq_cp_then_diverging_continuations_equal_each_alone(tiny):
         alone = new_ctx(model)
         decode_all(alone, prefix)
         np.testing.assert_array_equal(both[rows], decode_all(alone, [tok, tok], pos0=len(prefix)))
+
+
+def test_flash_attention_bit_identical():
+    """With flash attention (qwen35-fa: llama.cpp's run with it on, and a 90-token prompt for its tiled kernel):
+    under ggml_single_row every prompt and 64 greedy steps are llama.cpp's bits (the one-chunk kernel's f16
+    accumulation below 64 tokens); by default the tiled kernel's prompt is too."""
+    if VARIANT == "avx2" and not (TINY_REF / "qwen35-fa.json").exists():
+        pytest.skip("no AVX2 reference for tiny qwen35-fa (tests/data/tiny/avx2/qwen35-fa.json)")
+    ref = json.loads((TINY_REF / "qwen35-fa.json").read_text())
+    with np.load(TINY_REF / "qwen35-fa.npz") as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    model = Model.load(TINY / ref["model"])
+    assert_flash_single_row(model, ref, arrays)
+    got = decode_all(new_ctx(model, flash_attn="enabled"), ref["prompts"][3]["tokens"])
+    np.testing.assert_array_equal(got, arrays["prompt_3"])
+
+
+def test_checkpoint_restore_then_continue(tiny):
+    """A context checkpoint (the recurrent half; the KV cells stay) taken after 8 tokens, 4 more decoded, then the
+    checkpoint loaded back at 8: the rest of the prompt gives llama.cpp's logits."""
+    _, model, ref, arrays = tiny
+    toks = ref["prompts"][0]["tokens"]
+    ctx = new_ctx(model)
+    decode_all(ctx, toks[:8])
+    blob = ctx.memory.checkpoint_write(0)
+    decode_all(ctx, toks[8:12], pos0=8)
+    ctx.memory.checkpoint_load(0, blob, 8)
+    assert ctx.memory.seq_pos_max(0) == 7
+    np.testing.assert_array_equal(decode_all(ctx, toks[8:], pos0=8), arrays["prompt_0"][8:])
 
 
 def test_imrope_fourth_section_pairs():
