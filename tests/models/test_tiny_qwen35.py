@@ -184,13 +184,31 @@ def test_info_names_each_layer_kind(capsys, name):
     assert "memory:         KV cache + recurrent states (llama_memory_hybrid)" in out
 
 
+def test_recurrent_layer_flags_take_precedence(tmp_path, tiny):
+    """attention.recurrent_layers (convert_hf_to_gguf.py's flags from layer_types) decides the layer kinds over
+    full_attention_interval, as llama_model_qwen35::load_arch_hparams reads them: a file whose interval says 4 but
+    whose flags say every other layer loads and gives llama.cpp's logits."""
+    from tests.data.tiny.make_tiny_qwen35 import qwen35
+
+    name, _, ref, arrays = tiny
+    if name != "qwen35":
+        pytest.skip("one architecture is enough: the flags are read by the same code")
+    path = qwen35(path=tmp_path / "flags.gguf", meta_interval=4, recurrent_layers=[True, False, True, False])
+    model = Model.load(path)
+    assert model.hparams.recurrent_layers == (True, False, True, False)
+    np.testing.assert_array_equal(decode_all(new_ctx(model), ref["prompts"][1]["tokens"]), arrays["prompt_1"])
+
+
 @pytest.mark.parametrize("variant, error, match", [
     ({"meta_interval": 0}, HParamsError, r"'qwen35.full_attention_interval' = 0 is outside \[1,"),
     ({"drop": ("blk.2.ssm_conv1d.weight",)}, ModelLoadError, r"tensor 'blk.2.ssm_conv1d.weight' is missing"),
     ({"drop": ("blk.0.ssm_a",)}, ModelLoadError, r"tensor 'blk.0.ssm_a' is missing"),
     ({"drop": ("blk.0.attn_qkv.weight",)}, ModelLoadError, r"tensor 'blk.0.attn_qkv.weight' is missing"),
     ({"meta_interval": 4}, ModelLoadError, r"tensor 'blk.1.attn_qkv.weight' is missing"),
-], ids=["interval-0", "no-conv", "no-ssm_a", "no-qkv", "layer-pattern-vs-tensors"])
+    ({"recurrent_layers": [True, True, True, False]}, ModelLoadError, r"tensor 'blk.1.attn_qkv.weight' is missing"),
+    ({"recurrent_layers": [True, False]}, HParamsError, r"'qwen35.attention.recurrent_layers': expected 4"),
+], ids=["interval-0", "no-conv", "no-ssm_a", "no-qkv", "layer-pattern-vs-tensors", "flags-vs-tensors",
+        "flags-count"])
 def test_bad_model_refused_at_load(tmp_path, variant, error, match):
     """full_attention_interval 0, a missing conv or delta-net tensor, and a layer pattern the tensors disagree
     with (the metadata's interval 4 makes layer 1, an attention layer in the file, a delta-net layer): refused

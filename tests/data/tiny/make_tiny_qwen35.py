@@ -37,9 +37,11 @@ N_EXPERT, N_EXPERT_USED, N_FF_EXP, N_FF_SHEXP = 8, 2, 32, 64
 
 
 def qwen35(name: str = "qwen35", seed: int = 21, path: Path | None = None, interval: int = INTERVAL,
-           meta_interval: int | None = None, drop: tuple[str, ...] = (), moe: bool = False) -> Path:
+           meta_interval: int | None = None, drop: tuple[str, ...] = (), moe: bool = False,
+           recurrent_layers: list[bool] | None = None) -> Path:
     """The tiny model with a full-attention layer every `interval` layers. The malformed variants the load tests
-    refuse: `meta_interval` (the interval the metadata states, if not `interval`), `drop` (tensors left out)."""
+    refuse: `meta_interval` (the interval the metadata states, if not `interval`), `drop` (tensors left out);
+    `recurrent_layers`: the per-layer flags convert_hf_to_gguf.py writes from a config's layer_types."""
     v = smollm2_vocab()
     path = path or OUT / f"tiny-{name}.gguf"
     arch = "qwen35moe" if moe else "qwen35"
@@ -55,6 +57,8 @@ def qwen35(name: str = "qwen35", seed: int = 21, path: Path | None = None, inter
     w.add_rope_dimension_count(N_ROT)
     w.add_rope_dimension_sections(SECTIONS)
     w.add_uint32(f"{arch}.full_attention_interval", interval if meta_interval is None else meta_interval)
+    if recurrent_layers is not None:
+        w.add_array(f"{arch}.attention.recurrent_layers", recurrent_layers)
     key_dim, d_inner = D_STATE * N_K_HEADS, D_STATE * N_V_HEADS
     conv_dim = 2 * key_dim + d_inner
     w.add_ssm_conv_kernel(D_CONV)
