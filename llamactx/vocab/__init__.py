@@ -8,6 +8,7 @@
     wpm.py          the WPM (BERT WordPiece) tokenizer session
     ugm.py          the UGM (T5 unigram) tokenizer session and its precompiled charsmap
     rwkv.py         the RWKV "world" tokenizer session and its token text escapes
+    plamo2.py       the PLaMo-2 tokenizer session
 """
 
 from llamactx.vocab.vocab import TOKEN_NULL, Vocab, VocabError

@@ -129,6 +129,8 @@ class SpecialTokens:
             sp = cls()
         elif model_type == "t5":  # UGM: '</s>' 1, '<unk>' 2, '<pad>' 0
             sp = cls(eos=1, unk=2, pad=0)
+        elif model_type == "plamo2":  # <|plamo:unk|> 0, <|plamo:bos|> 1, <|plamo:eos|> 2, <|plamo:pad|> 3
+            sp = cls(bos=1, eos=2, unk=0, pad=3)
         if pre_type == "chatglm4":
             sp.bos = TOKEN_NULL
         for field, key in _ID_KEYS:

@@ -6,7 +6,7 @@ end-of-generation set and the special-token cache. Tokenizing follows llama_voca
 tokens are split out of the text first (tokenizer_st_partition, in special.py), then each raw fragment
 goes to the SPM, BPE or WPM tokenizer (tokenizers.py, wpm.py). Supported tokenizer models: 'llama' (SPM),
 'gpt2' (byte-level BPE, every pre-tokenizer of pre_types.py), 'gemma4' (SPM-style BPE on raw UTF-8), 'bert'
-(WPM), 't5' (UGM, ugm.py) and 'rwkv' (rwkv.py).
+(WPM), 't5' (UGM, ugm.py), 'rwkv' (rwkv.py) and 'plamo2' (plamo2.py).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from llamactx.vocab.plamo2 import Plamo2Tokenizer, byte_tokens
 from llamactx.vocab.pre_types import PRE_TYPES, REGEX_EXPRS, PreType
 from llamactx.vocab.pretok import PreTokenizer
 from llamactx.vocab.rwkv import RwkvTokenizer, unescape_rwkv_token
@@ -36,10 +37,16 @@ from llamactx.vocab.wpm import WpmTokenizer
 
 __all__ = ["TOKEN_NULL", "Vocab", "VocabError"]
 
+# one tokenizer session per llama_vocab_type
+Session = SpmTokenizer | BpeTokenizer | WpmTokenizer | UgmTokenizer | RwkvTokenizer | Plamo2Tokenizer
+
 
 _KEY = "tokenizer.ggml."
+_HEX = frozenset("0123456789abcdefABCDEF")  # std::isxdigit
 # tokenizer.ggml.model -> llama_vocab_type (llama_vocab::impl::load)
-VOCAB_TYPES = {"llama": "spm", "gpt2": "bpe", "gemma4": "bpe", "bert": "wpm", "t5": "ugm", "rwkv": "rwkv"}
+VOCAB_TYPES = {
+    "llama": "spm", "gpt2": "bpe", "gemma4": "bpe", "bert": "wpm", "t5": "ugm", "rwkv": "rwkv", "plamo2": "plamo2",
+}
 
 
 def _byte_decoder() -> dict[str, int]:
@@ -69,7 +76,7 @@ class Vocab:
         pre: PreType,
     ) -> None:
         self.model_type, self.pre_type = model_type, pre_type
-        self.vocab_type = VOCAB_TYPES[model_type]  # "spm", "bpe", "wpm", "ugm" or "rwkv" (llama_vocab_type)
+        self.vocab_type = VOCAB_TYPES[model_type]  # spm, bpe, wpm, ugm, rwkv or plamo2 (llama_vocab_type)
         self.n_tokens = len(texts)
         self._texts, self._token_to_id, self._scores, self._attrs = texts, token_to_id, scores, attrs
         self.bos, self.eos, self.eot, self.eom = special.bos, special.eos, special.eot, special.eom
@@ -87,7 +94,7 @@ class Vocab:
         self._charsmap = flags.get("charsmap")  # UGM's precompiled_charsmap
         self.escape_whitespaces = pre.escape_whitespaces  # SPM-style BPE: ' ' is '▁' in the token texts
         self._merges, self._pre = merges, pre
-        self._model: SpmTokenizer | BpeTokenizer | WpmTokenizer | UgmTokenizer | RwkvTokenizer | None = None
+        self._model: Session | None = None
         self._pieces: list[bytes | None] = [None] * self.n_tokens
         self._matchers: dict = {}  # partition's special-token matcher per parse_special
         self._nl: int | None = None
@@ -146,7 +153,7 @@ class Vocab:
             flags["strip_accents"] = _bool(meta, _KEY + "normalizer.strip_accents", flags["lowercase"])
         if model_type == "t5":  # UGM: no BOS, EOS appended, no space prefix unless the file asks
             flags.update(add_space_prefix=False, add_bos=False, add_eos=True)
-        if model_type == "rwkv":
+        if model_type in ("rwkv", "plamo2"):
             flags.update(add_space_prefix=False, add_bos=False)
         flags["add_space_prefix"] = _bool(meta, _KEY + "add_space_prefix", flags["add_space_prefix"])
         flags["remove_extra_whitespaces"] = _bool(meta, _KEY + "remove_extra_whitespaces", False)
@@ -156,6 +163,8 @@ class Vocab:
         flags["charsmap"] = charsmap
         attrs = attrs_from_types(types, n)
         special = SpecialTokens.detect(meta, texts, token_to_id, attrs, model_type, pre.name)
+        if model_type == "plamo2":
+            byte_tokens(texts, attrs)  # llm_tokenizer_plamo2::build refuses a vocabulary without all 256
         flags["add_bos"] = _bool(meta, _KEY + "add_bos_token", flags["add_bos"])
         flags["add_eos"] = _bool(meta, _KEY + "add_eos_token", flags["add_eos"])
         # false for SPM and BPE vocabularies unless the file says otherwise (llama-vocab.cpp sets it for WPM and
@@ -164,7 +173,7 @@ class Vocab:
         score_list = [0.0] * n if scores is None else np.asarray(scores[:n], dtype=np.float64).tolist()
         return cls(model_type, pre.name, texts, token_to_id, score_list, attrs, special, flags, merges, pre)
 
-    def _tokenizer(self) -> SpmTokenizer | BpeTokenizer | WpmTokenizer | UgmTokenizer | RwkvTokenizer:
+    def _tokenizer(self) -> Session:
         # built on first use: BPE merges and SPM segment tables cost a little, detokenizing needs neither
         if self._model is None:
             if self.vocab_type == "wpm":
@@ -173,6 +182,8 @@ class Vocab:
                 self._model = SpmTokenizer(self._token_to_id, self._texts, self._scores)
             elif self.vocab_type == "rwkv":
                 self._model = RwkvTokenizer(self._texts, self.unk)
+            elif self.vocab_type == "plamo2":
+                self._model = Plamo2Tokenizer(self._texts, self._scores, self._attrs)
             elif self.vocab_type == "ugm":
                 self._model = UgmTokenizer(self._texts, self._scores, self._attrs, self.unk, self._charsmap,
                                            self.add_space_prefix, self.remove_extra_whitespaces)
@@ -254,7 +265,7 @@ class Vocab:
         out: list[int] = []
         if isinstance(model, WpmTokenizer):  # llama_vocab::impl::tokenize, WPM: [CLS] ... [SEP] when add_special
             return self._tokenize_wpm(model, fragments, add_special)
-        if isinstance(model, RwkvTokenizer):  # llama_vocab::impl::tokenize, RWKV: never BOS / EOS
+        if isinstance(model, (RwkvTokenizer, Plamo2Tokenizer)):  # llama_vocab::impl::tokenize: never BOS / EOS
             add_special = False
         if add_special and self.add_bos:
             if self.bos == TOKEN_NULL:
@@ -309,6 +320,11 @@ class Vocab:
         attr, text = self._attrs[token], self._texts[token]
         if self.vocab_type == "rwkv":  # every token, whatever its attributes
             return unescape_rwkv_token(text)
+        if self.vocab_type == "plamo2":  # '<0xXX>' byte tokens as their byte, every other token as its text
+            hex_ok = len(text) == 6 and text[:3] == "<0x" and text[5] == ">" and all(c in _HEX for c in text[3:5])
+            if attr & ATTR_BYTE and hex_ok:
+                return bytes([int(text[3:5], 16)])
+            return text.encode("utf-8", "surrogateescape")
         # token texts are the file's bytes: undecodable ones were kept as surrogates, and go back out as those bytes
         if attr & (ATTR_UNKNOWN | ATTR_CONTROL | ATTR_USER_DEFINED):
             return text.encode("utf-8", "surrogateescape")
