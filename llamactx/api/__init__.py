@@ -4,4 +4,7 @@ the HTTP server (llamactx.server) and llama-cpp-python's `Llama` class (llamactx
     protocol.py     requests (pydantic, validated: ProtocolError names the field), GenerationRequest (a request
                     as the engine takes it: sampler chain and limits), usage / timings / logprobs JSON
     responses.py    Renderers: a generation's JSON, whole or streamed (text completion, chat, /completion)
+    ollama.py       Ollama's requests (/api/chat, /api/generate, options, keep_alive, format, think) as chat /
+                    completion bodies
+    ollama_responses.py  Ollama's answers (whole or NDJSON pieces, thinking, tool calls) and its model card
 """

@@ -1,3 +1,4 @@
 """llama-server's job over the engine (tools/server): the HTTP app (app.py), completions and SSE (completions.py),
-the engine thread (worker.py), slots and their files (slots.py), Prometheus metrics (metrics.py) and the chat
-page (static/). The request and response shapes it speaks are llamactx.api's, shared with `Llama`."""
+the engine thread (worker.py), slots and their files (slots.py), Prometheus metrics (metrics.py), Ollama's API
+(ollama_routes.py) and the chat page (static/). The request and response shapes it speaks are llamactx.api's,
+shared with `Llama`."""

@@ -33,7 +33,7 @@ from llamactx.api import rerank as rerank_api
 from llamactx.api.responses import ChatRenderer, NativeRenderer, Renderer
 from llamactx.errors import LlamactxError
 from llamactx.server import slots
-from llamactx.server.completions import DISCONNECT_POLL_S, serve
+from llamactx.server.completions import DISCONNECT_POLL_S, chat_parse_params, serve, with_reasoning
 from llamactx.server.config import ServerConfig, ServerState
 from llamactx.server.gcp import predict_route
 from llamactx.server.http import return_large_buffers
@@ -41,6 +41,8 @@ from llamactx.server.lifecycle import HoldModel
 from llamactx.server.metrics import CONTENT_TYPE as METRICS_TYPE
 from llamactx.server.metrics import Snapshot
 from llamactx.server.middleware import CanonicalHeaders, Cors, Guard
+from llamactx.server.ollama_routes import FREE as OLLAMA_FREE
+from llamactx.server.ollama_routes import ollama_routes
 from llamactx.server.prompts import (
     completion_prompts,
     content_text,
@@ -93,7 +95,7 @@ def _free_routes(config: ServerConfig) -> tuple[str, ...]:
     model: the web page, the agent tools, the resumable streams' buffers)."""
     free = ("/health", "/v1/health", "/props", "/models", "/v1/models", "/metrics", "/", "/static/", "/tools",
             "/cors-proxy", "/v1/stream", "/v1/streams/lookup")
-    return free + ((config.gcp_health_route,) if config.gcp_health_route else ())
+    return free + OLLAMA_FREE + ((config.gcp_health_route,) if config.gcp_health_route else ())
 
 
 # -- errors ------------------------------------------------------------------------------------------------------
@@ -247,8 +249,9 @@ def _routes(state: ServerState) -> list:
 
     async def _chat(request, body: dict, renderer_cls):
         state.check_request_lora(body)
-        req = P.validate(P.ChatCompletionRequest, {**cfg.request_defaults, **body})
+        req = with_reasoning(state, P.validate(P.ChatCompletionRequest, {**cfg.request_defaults, **body}))
         prompt_text, fns = await asyncio.to_thread(render_chat, state, req)
+        parse = await asyncio.to_thread(chat_parse_params, state, req, fns)
         tokens = await asyncio.to_thread(prompt_tokens, state, prompt_text, True)
         tokens = fit_prompt(state, tokens, req.n_keep)
         n_probs = (req.top_logprobs or 0) if req.logprobs else -1
@@ -261,8 +264,21 @@ def _routes(state: ServerState) -> list:
             gen.grammar = ("json_schema", tool_calls.call_schema(required))
         extra = {"n_prompt": len(tokens)} if renderer_cls in (anthropic.MessagesRenderer,
                                                                oai_responses.ResponsesRenderer) else {}
-        renderer = renderer_cls(state.alias, state.model.vocab, prompt_text, gen, tools=bool(fns), **extra)
+        renderer = renderer_cls(state.alias, state.model.vocab, prompt_text, gen, tools=bool(fns), parse=parse,
+                                **extra)
         return await serve(state, request, [tokens], gen, renderer)
+
+    async def embed(request, inputs: list) -> tuple[list, int] | None:
+        """The vectors of `inputs` (texts or token lists) from the embedder on the engine thread, and their
+        number of tokens; None if the client went away first."""
+        if len(inputs) > cfg.embd_max_inputs:
+            raise P.ProtocolError(f"input holds {len(inputs)} inputs, more than --embd-max-inputs = "
+                                  f"{cfg.embd_max_inputs}")
+        token_lists = await asyncio.to_thread(embedding_tokens, state, inputs)
+        state.embedder.check(token_lists)
+        job = state.worker.run(Job(lambda _engine: state.embedder.steps(token_lists)))
+        vecs = await _wait_job(request, job)
+        return None if vecs is None else (vecs, sum(len(t) for t in token_lists))
 
     async def embeddings(request):
         state.check_ready()
@@ -274,16 +290,10 @@ def _routes(state: ServerState) -> list:
         if inputs and isinstance(inputs[0], int):
             inputs = [inputs]
         inputs = [content_text(x, f"input[{i}]") if isinstance(x, dict) else x for i, x in enumerate(inputs)]
-        if len(inputs) > cfg.embd_max_inputs:
-            raise P.ProtocolError(f"input holds {len(inputs)} inputs, more than --embd-max-inputs = "
-                                  f"{cfg.embd_max_inputs}")
-        token_lists = await asyncio.to_thread(embedding_tokens, state, inputs)
-        state.embedder.check(token_lists)
-        job = state.worker.run(Job(lambda _engine: state.embedder.steps(token_lists)))
-        vecs = await _wait_job(request, job)
-        if vecs is None:
+        embedded = await embed(request, inputs)
+        if embedded is None:
             return Response(status_code=499)
-        n_tokens = sum(len(t) for t in token_lists)
+        vecs, n_tokens = embedded
         return JSONResponse({"object": "list", "model": state.alias,
                              "data": [P.embedding_item(i, v, req.encoding_format) for i, v in enumerate(vecs)],
                              "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}})
@@ -411,7 +421,7 @@ def _routes(state: ServerState) -> list:
         Route("/lora-adapters", lora_adapters_get),
         Route("/lora-adapters", lora_adapters_post, methods=["POST"]),
         Route("/metrics", metrics), Route("/", index), *agent_routes(state.toolbox),
-        *stream_routes(state.streams),
+        *stream_routes(state.streams), *ollama_routes(state, _chat, _completion, embed),
     ]
     if cfg.webui:
         routes.append(Mount("/static", StaticFiles(directory=STATIC), name="static"))

@@ -12,6 +12,10 @@ included): holding wakes a sleeping server first, and a held model never goes to
 wake it. The idle clock restarts whenever a hold ends, and while the engine still works with nobody holding (a
 resumable stream whose client left). Transitions run under one lock, so a wake-up and a fall into sleep never
 interleave; the sleep callbacks run before the unload and, in reverse order, after the reload, as llama-server's.
+
+Ollama's `keep_alive` (server/ollama_routes.py) sets the idle time per request: the request's release says how long
+the model stays loaded after it (0: unload now, < 0: never), until a later request says otherwise; a request
+without one goes back to --sleep-idle-seconds. So every request holds the model, sleeping on or not.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ class Lifecycle:
                  idle_s: float = -1):
         self._load, self._unload, self._busy = load, unload, busy
         self.idle_s = idle_s
+        self._sleep_after = idle_s  # idle seconds before sleeping (< 0: never): idle_s, or the last keep_alive
         self.phase = Phase.LOADING
         self._lock = threading.Lock()
         self._n_held = 0
@@ -71,8 +76,11 @@ class Lifecycle:
             self.phase = Phase.READY if ok else Phase.FAILED
             self._t_idle = time.monotonic()
         if ok and self.can_sleep:
-            self._watch = threading.Thread(target=self._watch_idle, name="llamactx-sleep", daemon=True)
-            self._watch.start()
+            self._start_watch()
+
+    def _start_watch(self) -> None:
+        self._watch = threading.Thread(target=self._watch_idle, name="llamactx-sleep", daemon=True)
+        self._watch.start()
 
     def stop(self) -> None:
         self._stop.set()
@@ -99,10 +107,25 @@ class Lifecycle:
         finally:
             self._lock.release()
 
-    def release(self) -> None:
+    def release(self, keep_alive: float | None = None) -> None:
+        """End a hold. `keep_alive` (Ollama's, in seconds; 0: unload now, < 0: never) is how long the model stays
+        loaded once idle, until a later release says otherwise; None: --sleep-idle-seconds."""
         with self._lock:
             self._n_held -= 1
             self._t_idle = time.monotonic()
+            self._sleep_after = self.idle_s if keep_alive is None else keep_alive
+            start = self._sleep_after >= 0 and self._watch is None and not self._stop.is_set()
+        if start:
+            self._start_watch()
+
+    def expires_in(self) -> float | None:
+        """Seconds until the model sleeps if no request comes (counted from now while requests hold it); None:
+        never."""
+        with self._lock:
+            if self._sleep_after < 0:
+                return None
+            idle = 0.0 if self._n_held else time.monotonic() - self._t_idle
+            return max(self._sleep_after - idle, 0.0)
 
     # -- the transitions (under the lock) -------------------------------------------------------------------------
 
@@ -113,7 +136,7 @@ class Lifecycle:
                     continue
                 if self._busy():
                     self._t_idle = time.monotonic()
-                elif time.monotonic() - self._t_idle >= self.idle_s:
+                elif self._sleep_after >= 0 and time.monotonic() - self._t_idle >= self._sleep_after:
                     self._sleep()
 
     def _sleep(self) -> None:
@@ -137,21 +160,24 @@ class Lifecycle:
 class HoldModel:
     """ASGI middleware: a request to any route but `free` ones (exact paths, or prefixes ending in "/" other than
     the root) holds the model for as long as its response takes (llama-server's create_response without
-    bypass_sleep)."""
+    bypass_sleep). A handler may leave a keep_alive for the release in scope["llamactx.keep_alive"]; the time
+    spent waiting for the model to load is left in scope["llamactx.load_s"]."""
 
     def __init__(self, app, lifecycle: Lifecycle, free: tuple[str, ...]):
         self.app, self.lifecycle, self.free = app, lifecycle, free
 
     async def __call__(self, scope, receive, send):
         lc = self.lifecycle
-        if scope["type"] != "http" or not lc.can_sleep or self._is_free(scope["path"]):
+        if scope["type"] != "http" or self._is_free(scope["path"]):
             return await self.app(scope, receive, send)
         if not lc.try_hold():
+            t0 = time.monotonic()
             await asyncio.to_thread(lc.hold)  # a reload takes seconds: off the event loop
+            scope["llamactx.load_s"] = time.monotonic() - t0
         try:
             await self.app(scope, receive, send)
         finally:
-            lc.release()
+            lc.release(scope.get("llamactx.keep_alive"))
 
     def _is_free(self, path: str) -> bool:
         return any(path == f or (len(f) > 1 and f.endswith("/") and path.startswith(f)) for f in self.free)
