@@ -1,24 +1,26 @@
-"""`Llama`: llama-cpp-python's high-level class on llamactx, same names, arguments and return shapes
-(llama_cpp/llama.py), so that `from llamactx import Llama` replaces `from llama_cpp import Llama`. (The `llama`
-architecture is llamactx.models.llama.)
+"""`Llama`: llama-cpp-python 0.3.36's high-level class (llama_cpp/llama.py) on llamactx, same names, arguments,
+semantics and return shapes, so that code written for llama-cpp-python runs unchanged (the `llama_cpp` package
+re-exports it; `from llamactx import Llama` works too). (The `llama` architecture is llamactx.models.llama.)
 
     llm = Llama(model_path="model.gguf", n_ctx=2048, seed=1337)
     out = llm("Q: Name the planets. A:", max_tokens=32, stop=["Q:"])        # OpenAI text_completion dict
     llm.create_chat_completion(messages=[{"role": "user", "content": "Hi"}])  # chat.completion dict
-    for chunk in llm.create_completion("Once", stream=True): ...              # stream chunks
-    llm.create_embedding("text")["data"][0]["embedding"]
+    for token in llm.generate(llm.tokenize(b"Once"), temp=0.0): ...         # the token-level API
+    llm.embed("text")                                                         # with embedding=True
 
-It is a one-slot user of the engine (the decode loop the server runs), and its dicts come from the renderers
-the server uses too (api/responses.py): one implementation of the OpenAI shapes. Options are validated as the
-server validates a request (api/protocol.py): a bad value raises a ProtocolError (a ValueError) naming it.
+Two levels share one context, as in llama-cpp-python: the token-level API (`eval`, `sample`, `generate`,
+`input_ids`, `n_tokens`, `scores`) decodes sequence 0 of the engine's context itself; the completions run as a
+one-slot request of the engine (the decode loop the server runs) and their dicts come from the renderers the
+server uses too (api/responses.py). Slot 0 of the engine and `input_ids[:n_tokens]` always name the same tokens,
+so either level reuses what the other left in memory (llama-cpp-python's prefix match). Options are validated as
+the server validates a request (api/protocol.py): a bad value raises a ValueError naming it.
 """
 
 from __future__ import annotations
 
-import os
 import random
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -26,81 +28,50 @@ import numpy as np
 from llamactx import tool_calls
 from llamactx.api import protocol as P
 from llamactx.api.responses import ChatRenderer, Choice, Renderer
+from llamactx.batch import Batch
+from llamactx.context import Context, DecodeStatus
+from llamactx.cparams import ContextParams
+from llamactx.embedded import resolve_model_path
+from llamactx.embedding import default_pooling, embd_normalize
 from llamactx.engine import GenerationError
-from llamactx.engine.speculative import NgramParams, SpecParams
-from llamactx.runtime import Runtime, RuntimeParams
+from llamactx.llama_cpp_options import (
+    LlamaGrammar,
+    LlamaPromptLookupDecoding,
+    LlamaState,
+    LlamaTokenizer,
+    LogitsProcessorList,
+    StoppingCriteriaList,
+    runtime_params,
+)
+from llamactx.model import Model
+from llamactx.models import memory_type
+from llamactx.runtime import Runtime
+from llamactx.sampling import (
+    DistSampler,
+    GreedySampler,
+    MinPSampler,
+    MirostatSampler,
+    MirostatV2Sampler,
+    PenaltiesSampler,
+    SamplerChain,
+    TempSampler,
+    TopKSampler,
+    TopPSampler,
+    TypicalSampler,
+)
 from llamactx.sampling.rng import LLAMA_DEFAULT_SEED
 from llamactx.sampling.samplers import SamplerBase
 
-LogitsProcessor = Callable[[np.ndarray, np.ndarray], np.ndarray]
-StoppingCriteria = Callable[[np.ndarray, np.ndarray], bool]
-
-
-class LogitsProcessorList(list):
-    """Callables (input_ids, scores) -> scores applied to the logits before sampling, in order."""
-
-    def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
-        for processor in self:
-            scores = processor(input_ids, scores)
-        return scores
-
-
-class StoppingCriteriaList(list):
-    """Callables (input_ids, logits) -> bool; generation stops ("stop") when any says True."""
-
-    def __call__(self, input_ids: np.ndarray, logits: np.ndarray) -> bool:
-        return any(criterion(input_ids, logits) for criterion in self)
-
-
-class LlamaGrammar:
-    """A grammar for `grammar=`: GBNF text (`from_string`, `from_file`) or a JSON schema (`from_json_schema`)."""
-
-    def __init__(self, kind: str, source: str):
-        self.kind, self.source = kind, source
-
-    @classmethod
-    def from_string(cls, grammar: str, verbose: bool = True) -> LlamaGrammar:
-        return cls("gbnf", grammar)
-
-    @classmethod
-    def from_file(cls, file: str | os.PathLike, verbose: bool = True) -> LlamaGrammar:
-        with open(file, encoding="utf-8") as f:
-            return cls("gbnf", f.read())
-
-    @classmethod
-    def from_json_schema(cls, json_schema: str, verbose: bool = True) -> LlamaGrammar:
-        return cls("json_schema", json_schema)
-
-
-class LlamaPromptLookupDecoding:
-    """llama-cpp-python's prompt lookup decoding (llama_cpp/llama_speculative.py), for `Llama(draft_model=...)`:
-    drafts of `num_pred_tokens` tokens found after an earlier occurrence of the last `max_ngram_size` tokens. Runs
-    as the engine's ngram-simple drafter (llamactx.engine.speculative): outputs are those without it."""
-
-    def __init__(self, max_ngram_size: int = 2, num_pred_tokens: int = 10):
-        self.max_ngram_size, self.num_pred_tokens = max_ngram_size, num_pred_tokens
-
-    def spec_params(self) -> SpecParams:
-        return SpecParams(types=("ngram-simple",), ngram_simple=NgramParams(size_n=self.max_ngram_size,
-                                                                            size_m=self.num_pred_tokens))
-
-
-@dataclass
-class LlamaState:
-    """What `save_state` keeps: the context's state blob, the tokens it holds and the seed."""
-
-    input_ids: np.ndarray
-    llama_state: bytes
-    llama_state_size: int
-    seed: int
+__all__ = ["Llama", "LlamaGrammar", "LlamaPromptLookupDecoding", "LlamaState", "LlamaTokenizer",
+           "LogitsProcessorList", "StoppingCriteriaList"]
 
 
 class _ProcessorSampler(SamplerBase):
-    """The first sampler of a chain with logits processors: the whole row of logits goes through them, with the
-    tokens so far (prompt + accepted) as input_ids."""
+    """The first sampler of a chain with logits processors: the whole row of logits, in token-id order, goes
+    through them with `input_ids()` (the tokens so far) as their first argument."""
 
-    def __init__(self, processors: LogitsProcessorList, prompt: Sequence[int]):
-        self.processors, self.prompt, self.history = processors, list(prompt), list(prompt)
+    def __init__(self, processors: LogitsProcessorList, input_ids: Callable[[], np.ndarray]):
+        self.processors, self.input_ids = processors, input_ids
 
     @property
     def name(self) -> str:
@@ -108,57 +79,117 @@ class _ProcessorSampler(SamplerBase):
 
     def apply(self, cur) -> None:
         order = np.argsort(cur.ids)  # (n,) the candidates by token id: processors index scores by token
-        scores = np.array(cur.logits[order], np.float32)
-        out = np.asarray(self.processors(np.asarray(self.history, np.intc), scores), np.float32)
-        cur.logits[order] = out
+        scores = np.array(cur.logits[order], np.float32)  # (n,)
+        cur.logits[order] = np.asarray(self.processors(self.input_ids(), scores), np.float32)
 
-    def accept(self, token: int) -> None:
-        self.history.append(int(token))
 
-    def reset(self) -> None:
-        self.history = list(self.prompt)
+class _History:
+    """prompt + accepted tokens, for the processors of an engine request."""
+
+    def __init__(self, prompt: Sequence[int]):
+        self.tokens = list(prompt)
+
+    def __call__(self) -> np.ndarray:
+        return np.asarray(self.tokens, np.intc)
+
+
+class _ContextHandle:
+    """`Llama._ctx`: llama-cpp-python's LlamaContext as far as its users reach (`.ctx`, `n_ctx()`,
+    `kv_cache_seq_rm`); `ctx` is the llamactx Context, None once closed."""
+
+    def __init__(self, ctx: Context | None):
+        self.ctx = ctx
+
+    def n_ctx(self) -> int:
+        ctx = self.ctx
+        return 0 if ctx is None else ctx.n_ctx if isinstance(ctx, _VocabOnlyContext) else ctx.params.n_ctx
+
+    def kv_cache_seq_rm(self, seq_id: int, p0: int, p1: int) -> bool:
+        mem = self.ctx.memory if self.ctx is not None else None
+        return True if mem is None else mem.seq_rm(seq_id, p0, p1)
+
+
+class _VocabOnlyContext:
+    """The context of a vocab_only model (llama.cpp makes one too): no memory, and anything that needs weights
+    raises a RuntimeError saying so."""
+
+    memory = None
+
+    def __init__(self, n_ctx: int):
+        self.n_ctx = n_ctx
+
+    def _refuse(self, *args: Any, **kwargs: Any):
+        raise RuntimeError("the model was loaded with vocab_only=True: it has no weights to decode with")
+
+    decode = encode = get_logits = get_logits_ith = get_embeddings = state_get_data = state_set_data = _refuse
+
+    def close(self) -> None:
+        pass
 
 
 class Llama:
-    """A model and a one-slot engine, with llama-cpp-python's API. `model_path` may also be an embedded model
-    name ("smollm2", "gemma3"). `lora_path` / `lora_scale`: a LoRA adapter in llama.cpp's GGUF format
-    (llamactx.lora); `lora_base` is accepted and ignored (the adapter applies to this model's own weights, as
-    llama-cpp-python does since its GGUF adapters). `draft_model`: a LlamaPromptLookupDecoding (speculative decoding
-    from the prompt; outputs unchanged). GPU and memory-mapping options have no effect here."""
+    """A model, its context and a one-slot engine, with llama-cpp-python's constructor and methods. `model_path`
+    may also be an embedded model name ("smollm2", "gemma3"). Every keyword of llama-cpp-python 0.3.36 is
+    accepted with its default; one that asks for what llamactx cannot do (mlock, kv_overrides, a GPU split,
+    another draft model) raises a ValueError naming it (llama_cpp_options.runtime_params); an unknown one a
+    TypeError. GPU placement options keep their CPU meaning: every layer runs here, as on a CPU-only build."""
 
-    def __init__(self, model_path: str, *, seed: int = LLAMA_DEFAULT_SEED, n_ctx: int = 512, n_batch: int = 512,
-                 n_ubatch: int = 512, n_threads: int | None = None, n_threads_batch: int | None = None,
-                 embedding: bool = False, flash_attn: bool = False, chat_format: str | None = None,
-                 type_k: str | None = None, type_v: str | None = None, vocab_only: bool = False,
-                 lora_path: str | None = None, lora_scale: float = 1.0, swa_full: bool = True, verbose: bool = True,
-                 draft_model: LlamaPromptLookupDecoding | None = None, **ignored: Any):
+    def __init__(self, model_path: str, **kwargs: Any):
+        self._init_args = {"model_path": model_path, **kwargs}
+        opts, params = runtime_params(model_path, kwargs)
         self.model_path = str(model_path)
-        self.verbose = verbose
-        self.lora_path, self.lora_scale = lora_path, lora_scale
-        # swa_full: llama-cpp-python leaves llama_context_default_params' full-size SWA cache on
-        params = RuntimeParams(model=model_path, vocab_only=vocab_only, n_ctx=n_ctx, n_batch=n_batch,
-                               n_ubatch=n_ubatch, flash_attn=flash_attn, swa_full=swa_full, n_threads=n_threads or 2,
-                               n_threads_batch=n_threads_batch or n_threads or 2, type_k=type_k or "f16",
-                               type_v=type_v or "f16", lora=((lora_path, lora_scale),) if lora_path else (),
-                               chat_template=chat_format, embd_n_ctx=max(n_ctx, 512),
-                               spec=draft_model.spec_params() if draft_model is not None else None)
-        self._runtime = Runtime(params)
+        self.verbose = opts["verbose"]
+        self.n_batch = opts["n_batch"]
+        self.last_n_tokens_size = opts["last_n_tokens_size"]
+        self.lora_path, self.lora_scale, self.lora_base = opts["lora_path"], opts["lora_scale"], None
+        self.chat_format, self.chat_handler = opts["chat_format"], opts["chat_handler"]
+        self.draft_model = opts["draft_model"]
+        self.cache = None
+        self._logits_all = bool(opts["logits_all"]) or self.draft_model is not None  # drafts need every row
+        self._embedding = opts["embedding"]
+        self._pooling = opts["pooling"]
+        model = Model.load(resolve_model_path(params.model), use_mmap=opts["use_mmap"], vocab_only=params.vocab_only)
+        self._runtime = Runtime(params, model=model)
         self._model, self._engine = self._runtime.model, self._runtime.engine
+        self._ctx = _ContextHandle(self._engine.ctx if self._engine else _VocabOnlyContext(params.n_ctx))
+        self._n_ctx = self._engine.ctx.params.n_ctx if self._engine else params.n_ctx
+        self._n_vocab = self._model.hparams.n_vocab
         self.metadata = {k: str(v) for k, v in self._model.meta.items() if isinstance(v, (str, int, float, bool))}
-        self._template = self._runtime.template
-        if embedding:
-            self._runtime.embedder  # noqa: B018 -- built now, as llama-cpp-python's embedding=True context is
-        self.set_seed(seed)
+        kind = memory_type(self._model.arch) if not opts["vocab_only"] else "kv"
+        self._is_recurrent, self._is_hybrid = kind == "recurrent", kind == "hybrid"
+        self.tokenizer_ = opts["tokenizer"] or LlamaTokenizer(self)
+        self.n_tokens = 0
+        self.input_ids = np.ndarray((self._n_ctx,), dtype=np.intc)  # (n_ctx,) the tokens in memory
+        self.scores = np.zeros((self._n_ctx if self._logits_all else self.n_batch, self._n_vocab),
+                               dtype=np.single)  # (rows, n_vocab): filled by eval with logits_all
+        self._requires_eval = True  # the context's last logits are not those of input_ids[n_tokens - 1]
+        self._sampler: SamplerChain | None = None
+        self._embd_ctx: Context | None = None
+        self._seed = opts["seed"]
+        self.set_seed(opts["seed"])
 
-    # -- vocabulary -------------------------------------------------------------------------------------------
+    # -- model and vocabulary ---------------------------------------------------------------------------------
+
+    @property
+    def ctx(self) -> Context | None:
+        return self._ctx.ctx
+
+    @property
+    def model(self):
+        return self._model
 
     def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
-        return self._model.vocab.tokenize(text.decode("utf-8", "replace"), add_special=add_bos,
-                                          parse_special=special)
+        """Token ids of utf-8 `text` (llama_tokenize); `add_bos` adds the model's BOS (if it has one), `special`
+        parses special-token text."""
+        return self.tokenizer_.tokenize(text, add_bos, special)
 
     def detokenize(self, tokens: Sequence[int], prev_tokens: Sequence[int] | None = None,
                    special: bool = False) -> bytes:
-        return b"".join(self._model.vocab.token_to_piece(int(t), special=special) for t in tokens)
+        """The bytes of `tokens`; a leading space after a BOS is dropped, as llama-cpp-python does."""
+        return self.tokenizer_.detokenize(tokens, prev_tokens=prev_tokens, special=special)
+
+    def tokenizer(self) -> LlamaTokenizer:
+        return LlamaTokenizer(self)
 
     def token_bos(self) -> int:
         return self._model.vocab.bos
@@ -166,35 +197,241 @@ class Llama:
     def token_eos(self) -> int:
         return self._model.vocab.eos
 
+    def token_nl(self) -> int:
+        return self._model.vocab.nl
+
     def n_vocab(self) -> int:
-        return self._model.hparams.n_vocab
+        return self._n_vocab
 
     def n_embd(self) -> int:
         return self._model.hparams.n_embd
 
     def n_ctx(self) -> int:
-        return self._engine.ctx.params.n_ctx if self._engine else 0
+        return self._n_ctx
+
+    def pooling_type(self) -> str:
+        return self._pooling or default_pooling(self._model)
+
+    @staticmethod
+    def longest_token_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+        n = 0
+        for x, y in zip(a, b, strict=False):
+            if x != y:
+                break
+            n += 1
+        return n
+
+    @staticmethod
+    def logits_to_logprobs(logits, axis: int = -1) -> np.ndarray:
+        """log_softmax over `axis`, in float32 as llama-cpp-python computes it."""
+        x = np.asarray(logits, np.single)
+        m = np.max(x, axis=axis, keepdims=True)
+        out = x - m
+        return out - np.log(np.sum(np.exp(out), axis=axis, keepdims=True))
+
+    # -- token level: eval / sample / generate ----------------------------------------------------------------
+
+    @property
+    def _input_ids(self) -> np.ndarray:
+        return self.input_ids[: self.n_tokens]
+
+    @property
+    def _scores(self) -> np.ndarray:
+        return self.scores[: self.n_tokens, :]
+
+    @property
+    def eval_tokens(self):
+        from collections import deque
+
+        return deque(self._input_ids.tolist(), maxlen=self._n_ctx)
+
+    def _context(self) -> Context:
+        ctx = self._ctx.ctx
+        if ctx is None:
+            raise RuntimeError("Llama: closed (close() was called): it cannot decode")
+        if isinstance(ctx, _VocabOnlyContext):
+            ctx.decode()
+        return ctx
+
+    def reset(self) -> None:
+        """Forget the evaluated tokens (llama-cpp-python's reset: n_tokens = 0; a recurrent or hybrid memory is
+        cleared, a KV cache is trimmed by the next eval)."""
+        self.n_tokens = 0
+        self._requires_eval = True
+        if (self._is_recurrent or self._is_hybrid) and self._engine is not None:
+            self._context().memory.clear(data=True)
+            self._engine.set_slot_tokens(0, [])
+
+    def eval(self, tokens: Sequence[int]) -> None:
+        """Decode `tokens` after the first `n_tokens` (what memory holds past them is removed first), n_batch at a
+        time, as sequence 0. With logits_all every row's logits go to `scores`. Raises ValueError for a token
+        outside the vocab or past n_ctx, RuntimeError when the context cannot decode."""
+        ctx = self._context()
+        tokens = P.check_tokens([int(t) for t in tokens], self._n_vocab, "tokens")
+        if self.n_tokens + len(tokens) > self._n_ctx:
+            raise ValueError(f"eval: {self.n_tokens} + {len(tokens)} tokens exceed n_ctx = {self._n_ctx}")
+        self._ctx.kv_cache_seq_rm(-1, self.n_tokens, -1)
+        try:
+            for i in range(0, len(tokens), self.n_batch):
+                chunk = tokens[i: i + self.n_batch]
+                n_past, n = self.n_tokens, len(chunk)
+                batch = Batch(n)
+                for j, t in enumerate(chunk):
+                    batch.add(t, n_past + j, (0,), self._logits_all or j == n - 1)
+                status = ctx.decode(batch)
+                if status != DecodeStatus.OK:
+                    raise RuntimeError(f"llama_decode returned {int(status)}")
+                self.input_ids[n_past: n_past + n] = chunk
+                if self._logits_all:
+                    self.scores[n_past: n_past + n, :] = ctx.get_logits()  # (n, n_vocab)
+                self.n_tokens += n
+                self._requires_eval = False
+        finally:
+            self._engine.set_slot_tokens(0, self._input_ids.tolist())
+
+    def _init_sampler(self, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, typical_p: float = 1.0,
+                      temp: float = 0.80, repeat_penalty: float = 1.0, frequency_penalty: float = 0.0,
+                      presence_penalty: float = 0.0, tfs_z: float = 1.0, mirostat_mode: int = 0,
+                      mirostat_eta: float = 0.1, mirostat_tau: float = 5.0, penalize_nl: bool = True,
+                      logits_processor: LogitsProcessorList | None = None,
+                      grammar: LlamaGrammar | None = None) -> SamplerChain:
+        """llama-cpp-python's chain (Llama._init_sampler): [processors], penalties, [grammar], then greedy
+        (temp 0), dist alone (temp < 0), mirostat, or top-k, typical, top-p, min-p, temp, dist."""
+        n_vocab, seed = self._n_vocab, self._seed
+        chain: list = []
+        if logits_processor:
+            chain.append(_ProcessorSampler(LogitsProcessorList(logits_processor), lambda: self._input_ids))
+        chain.append(PenaltiesSampler(n_vocab, self.last_n_tokens_size, repeat_penalty, frequency_penalty,
+                                      presence_penalty))
+        if temp < 0.0:
+            chain.append(DistSampler(seed))
+        elif temp == 0.0:
+            chain.append(GreedySampler())
+        elif mirostat_mode == 1:
+            chain.append(MirostatSampler(n_vocab, seed, mirostat_tau, mirostat_eta, 100))
+        elif mirostat_mode == 2:
+            chain.append(MirostatV2Sampler(seed, mirostat_tau, mirostat_eta))
+        else:
+            chain += [TopKSampler(top_k), TypicalSampler(typical_p, 1), TopPSampler(top_p, 1),
+                      MinPSampler(min_p, 1), TempSampler(temp), DistSampler(seed)]
+        g = self._runtime.grammar(**grammar.grammar_args()) if grammar is not None else None
+        return SamplerChain(chain, grammar=g)
+
+    def sample(self, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, typical_p: float = 1.0,
+               temp: float = 0.80, repeat_penalty: float = 1.0, frequency_penalty: float = 0.0,
+               presence_penalty: float = 0.0, tfs_z: float = 1.0, mirostat_mode: int = 0, mirostat_eta: float = 0.1,
+               mirostat_tau: float = 5.0, penalize_nl: bool = True,
+               logits_processor: LogitsProcessorList | None = None, grammar: LlamaGrammar | None = None,
+               idx: int | None = None) -> int:
+        """A token from the logits of position `idx` (default: the last evaluated), with the chain `generate`
+        set up or a one-off chain of these arguments."""
+        if self.n_tokens <= 0:
+            raise RuntimeError("sample: nothing has been evaluated (n_tokens = 0)")
+        sampler = self._sampler or self._init_sampler(top_k, top_p, min_p, typical_p, temp, repeat_penalty,
+                                                      frequency_penalty, presence_penalty, tfs_z, mirostat_mode,
+                                                      mirostat_eta, mirostat_tau, penalize_nl, logits_processor,
+                                                      grammar)
+        ridx = idx - self.n_tokens if idx is not None else -1
+        return sampler.sample(self._context(), ridx)
+
+    def generate(self, tokens: Sequence[int], top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
+                 typical_p: float = 1.0, temp: float = 0.80, repeat_penalty: float = 1.0, reset: bool = True,
+                 frequency_penalty: float = 0.0, presence_penalty: float = 0.0, tfs_z: float = 1.0,
+                 mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
+                 penalize_nl: bool = True, logits_processor: LogitsProcessorList | None = None,
+                 stopping_criteria: StoppingCriteriaList | None = None,
+                 grammar: LlamaGrammar | None = None) -> Iterator[int]:
+        """Tokens sampled after `tokens`, one per iteration; `send(more)` appends tokens to evaluate. With
+        `reset`, the longest prefix of `tokens` already evaluated is kept (llama-cpp-python's prefix match): an
+        exact, live match samples at once; otherwise memory is cut after the prefix (a recurrent memory, which
+        cannot be cut, starts again) and the rest, at least one token, is evaluated."""
+        self._sampler = self._init_sampler(top_k, top_p, min_p, typical_p, temp, repeat_penalty, frequency_penalty,
+                                           presence_penalty, tfs_z, mirostat_mode, mirostat_eta, mirostat_tau,
+                                           penalize_nl, logits_processor, grammar)
+        tokens = [int(t) for t in tokens]
+        if reset and self.n_tokens > 0:
+            reset, tokens = self._reuse_prefix(tokens)
+        if reset:
+            self.reset()
+        sample_idx = self.n_tokens + len(tokens) - 1
+        while True:
+            self.eval(tokens)
+            while sample_idx < self.n_tokens:
+                token = self.sample(idx=sample_idx)
+                sample_idx += 1
+                if stopping_criteria is not None and stopping_criteria(
+                        self._input_ids[:sample_idx], self._scores[sample_idx - self.n_tokens, :]):
+                    return
+                more = yield token
+                tokens = [token, *(more or [])]
+                if sample_idx < self.n_tokens and token != self.input_ids[sample_idx]:
+                    self.n_tokens = sample_idx  # a drafted token was wrong: drop it and what follows
+                    self._ctx.kv_cache_seq_rm(-1, self.n_tokens, -1)
+                    self._requires_eval = True
+                    break
+            if self.draft_model is not None:
+                self.input_ids[self.n_tokens: self.n_tokens + len(tokens)] = tokens
+                drafts = self.draft_model(self.input_ids[: self.n_tokens + len(tokens)])
+                tokens.extend(drafts.astype(int)[: self._n_ctx - self.n_tokens - len(tokens)].tolist())
+
+    def _reuse_prefix(self, tokens: list[int]) -> tuple[bool, list[int]]:
+        """(whether to reset, the tokens left to evaluate) for a prompt against what is evaluated."""
+        prefix = self.longest_token_prefix(self._input_ids.tolist(), tokens)
+        consumed = prefix == len(tokens)
+        if consumed and self.n_tokens == len(tokens) and not self._requires_eval:
+            self._log("Llama.generate: full prompt already cached, skipping reset")
+            return False, []
+        keep = prefix - 1 if consumed else prefix  # leave one token to evaluate: its logits are sampled
+        if keep > 0 and self._ctx.kv_cache_seq_rm(-1, keep, -1):
+            self.n_tokens = keep
+            self._requires_eval = True
+            self._log(f"Llama.generate: {keep} prefix-match hit, remaining {len(tokens) - keep} prompt tokens to eval")
+            return False, tokens[keep:]
+        return True, tokens
+
+    def _log(self, message: str) -> None:
+        if self.verbose:
+            print(message, file=sys.stderr)
 
     # -- state ------------------------------------------------------------------------------------------------
+
+    def set_cache(self, cache) -> None:
+        """A LlamaRAMCache / LlamaDiskCache (or None): completions load the state of the longest cached prefix
+        of their prompt and store their own after."""
+        self.cache = cache
 
     def set_seed(self, seed: int) -> None:
         """The seed of the next completion that gives none (each such completion then draws the next seed)."""
         self._seed = random.randrange(2**32 - 1) if seed in (-1, LLAMA_DEFAULT_SEED) else int(seed)
 
-    def reset(self) -> None:
-        """Forget the cached prompt."""
-        self._engine.clear_slot(0)
-
     def save_state(self) -> LlamaState:
-        tokens = np.array(self._engine.slot_tokens(0), np.intc)
-        blob = self._engine.ctx.state_get_data()
-        return LlamaState(tokens, blob, len(blob), self._seed)
+        blob = self._context().state_get_data()
+        return LlamaState(input_ids=self.input_ids.copy(), scores=self._scores.copy(), n_tokens=self.n_tokens,
+                          llama_state=blob, llama_state_size=len(blob), seed=self._seed)
 
     def load_state(self, state: LlamaState) -> None:
         """Restore a `save_state`; StateError (nothing changed) if it does not fit this context."""
-        self._engine.ctx.state_set_data(state.llama_state)
-        self._engine.set_slot_tokens(0, [int(t) for t in state.input_ids])
-        self._seed = state.seed
+        self._context().state_set_data(state.llama_state)
+        n = state.n_tokens
+        self.input_ids = np.array(state.input_ids, np.intc)
+        self.scores[:n, :] = state.scores[:n]
+        self.n_tokens, self._requires_eval, self._seed = n, True, state.seed
+        self._engine.set_slot_tokens(0, self._input_ids.tolist())
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self._init_args, "seed": self._seed}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        self.__init__(state.pop("model_path"), **state)
+
+    def close(self) -> None:
+        """Free the context and the model; the object can no longer decode."""
+        for ctx in (self._ctx.ctx, self._embd_ctx):  # (the engine's context is _ctx.ctx)
+            if ctx is not None:
+                ctx.close()
+        self._ctx.ctx = self._embd_ctx = None
+        self._sampler = None
 
     # -- completion -------------------------------------------------------------------------------------------
 
@@ -222,7 +459,7 @@ class Llama:
         req = P.validate(P.CompletionRequest, {**body, "prompt": prompt if isinstance(prompt, str) else list(prompt),
                                                "echo": echo, "logprobs": logprobs})
         tokens = self.tokenize(prompt.encode("utf-8"), add_bos=True, special=True) if isinstance(prompt, str) \
-            else P.check_tokens(list(prompt), self.n_vocab(), "prompt")
+            else P.check_tokens([int(t) for t in prompt], self.n_vocab(), "prompt")
         gen = P.GenerationRequest.from_fields(req, self._model.vocab, logprobs if logprobs is not None else -1)
         text = prompt if isinstance(prompt, str) else self._model.vocab.detokenize(tokens)
         renderer = Renderer(model or self.model_path, self._model.vocab, text, gen, echo=echo)
@@ -242,7 +479,12 @@ class Llama:
                                logit_bias: Mapping[int, float] | None = None, logprobs: bool | None = None,
                                top_logprobs: int | None = None) -> dict | Iterator[dict]:
         """A `chat.completion` dict (message with `tool_calls` when the model calls a tool), or with `stream` an
-        iterator of `chat.completion.chunk`s."""
+        iterator of `chat.completion.chunk`s. With a `chat_handler`, that handler answers (llama-cpp-python's
+        LlamaChatCompletionHandler protocol: called with llama=self and these keywords)."""
+        if self.chat_handler is not None:
+            args = dict(locals())
+            del args["self"]
+            return self.chat_handler(llama=self, **args)
         if functions and not tools:  # the legacy form of tools
             tools = [{"type": "function", "function": f} for f in functions]
             tool_choice = {"type": "function", "function": function_call} if isinstance(function_call, dict) \
@@ -255,8 +497,9 @@ class Llama:
                                                    "tool_choice": tool_choice, "response_format": fmt,
                                                    "logprobs": bool(logprobs), "top_logprobs": top_logprobs})
         fns = tool_calls.functions(req.tools) if req.tool_choice != "none" else []
-        msgs, pass_tools = tool_calls.prepare(self._template.source, req.messages, fns)
-        prompt = self._template.render(msgs, True, req.tools if pass_tools else None)
+        template = self._runtime.template
+        msgs, pass_tools = tool_calls.prepare(template.source, req.messages, fns)
+        prompt = template.render(msgs, True, req.tools if pass_tools else None)
         tokens = self.tokenize(prompt.encode("utf-8"), add_bos=True, special=True)
         gen = P.GenerationRequest.from_fields(req, self._model.vocab, (top_logprobs or 0) if logprobs else -1)
         required = tool_calls.required_function(req.tool_choice, fns)
@@ -265,6 +508,16 @@ class Llama:
         renderer = ChatRenderer(model or self.model_path, self._model.vocab, prompt, gen, tools=bool(fns))
         run = self._run(tokens, gen, renderer, logits_processor, None)
         return _chunks(run) if stream else _last(run)
+
+    def create_chat_completion_openai_v1(self, *args: Any, **kwargs: Any):
+        """create_chat_completion's answer as the `openai` package's ChatCompletion (or a generator of
+        ChatCompletionChunk with stream=True). Needs `openai` installed."""
+        from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+        out = self.create_chat_completion(*args, **kwargs)
+        if kwargs.get("stream"):
+            return (ChatCompletionChunk(**chunk) for chunk in out)
+        return ChatCompletion(**out)
 
     def _body(self, max_tokens, temperature, top_p, min_p, typical_p, frequency_penalty, presence_penalty,
               repeat_penalty, top_k, stop, seed, mirostat_mode, mirostat_tau, mirostat_eta, grammar,
@@ -277,39 +530,77 @@ class Llama:
             "top_p": top_p, "min_p": min_p, "typical_p": typical_p, "frequency_penalty": frequency_penalty,
             "presence_penalty": presence_penalty, "repeat_penalty": repeat_penalty, "top_k": top_k, "stop": stop,
             "seed": seed, "mirostat": mirostat_mode, "mirostat_tau": mirostat_tau, "mirostat_eta": mirostat_eta,
+            "repeat_last_n": self.last_n_tokens_size,
             "logit_bias": {str(k): v for k, v in logit_bias.items()} if logit_bias else None,
         }
         if isinstance(grammar, LlamaGrammar):
-            body["grammar" if grammar.kind == "gbnf" else "json_schema"] = grammar.source if grammar.kind == "gbnf" \
-                else _json_object(grammar.source)
+            body.update(grammar.request_fields())
         elif isinstance(grammar, str):
             body["grammar"] = grammar
         return body
 
     def _run(self, tokens: list[int], gen: P.GenerationRequest, renderer: Renderer,
              processors: LogitsProcessorList | None, criteria: StoppingCriteriaList | None) -> Iterator[dict]:
-        """Generate on the engine; yields stream chunks, and the whole response last (marked by `_last`)."""
+        """Generate on the engine's slot 0, after the longest cached state (set_cache); yields stream chunks, and
+        the whole response last (marked by `_Final`)."""
+        self._load_cached(tokens)
+        self._hand_to_engine()
         chain = self._runtime.sampler(gen.sampling_for(), self._runtime.grammar(**gen.grammar_args()))
+        history = _History(tokens)
         if processors:
-            chain.samplers.insert(0, _ProcessorSampler(LogitsProcessorList(processors), tokens))
-        seq = self._engine.add_request(tokens, chain, gen.limits, n_probs=gen.n_probs)
+            chain.samplers.insert(0, _ProcessorSampler(LogitsProcessorList(processors), history))
+        seq = self._engine.add_request(tokens, chain, gen.limits, n_probs=gen.n_probs, id_slot=0)
         choice = Choice(0, seq)
         yield from renderer.first(choice)
         try:
-            for chunks in self._steps(seq, criteria):
+            for chunks in self._steps(seq, criteria, history):
                 choice.add(chunks, seq.is_finished)
                 yield from renderer.delta(choice, chunks)
         finally:
             self._engine.abort(seq)
+            self._take_from_engine()
         if seq.finish_reason == "error":
             raise GenerationError(seq.error or "generation failed")
+        if self.cache is not None:
+            self._log("Llama._create_completion: cache save")
+            self.cache[list(seq.tokens)] = self.save_state()
         choice.done = True
         yield from renderer.last(choice)
         yield _Final(renderer.response([choice]))
 
-    def _steps(self, seq, criteria: StoppingCriteriaList | None) -> Iterator[list]:
+    def _load_cached(self, tokens: list[int]) -> None:
+        """Load the cache's state for the longest prefix of `tokens` when it is longer than what is evaluated."""
+        if self.cache is None:
+            return
+        try:
+            item = self.cache[tokens]
+        except KeyError:
+            self._log("Llama._create_completion: cache miss")
+            return
+        have = self.longest_token_prefix(self._input_ids.tolist(), tokens)
+        if self.longest_token_prefix(item.input_ids[: item.n_tokens].tolist(), tokens) > have:
+            self.load_state(item)
+            self._log("Llama._create_completion: cache hit")
+
+    def _hand_to_engine(self) -> None:
+        """Slot 0 holds exactly input_ids[:n_tokens]: trim what memory holds past them (a memory that cannot be
+        trimmed starts empty)."""
+        ctx = self._context()
+        if not self._ctx.kv_cache_seq_rm(0, self.n_tokens, -1):
+            ctx.memory.clear(data=True)
+            self.n_tokens = 0
+        self._engine.set_slot_tokens(0, self._input_ids.tolist())
+
+    def _take_from_engine(self) -> None:
+        held = self._engine.slot_tokens(0)  # (what the request decoded: its last sampled token is not)
+        self.input_ids[: len(held)] = held
+        self.n_tokens, self._requires_eval = len(held), True
+
+    def _steps(self, seq, criteria: StoppingCriteriaList | None, history: _History) -> Iterator[list]:
         """The sequence's chunks after each engine step; a stopping criterion that says True ends it ("stop")."""
         for chunk in self._engine.generate(seq):
+            if chunk.token is not None:
+                history.tokens.append(int(chunk.token))
             if criteria and chunk.token is not None and not seq.is_finished and criteria(
                     np.asarray(seq.tokens, np.intc), np.array(self._engine.ctx.get_logits_ith(-1))):
                 yield [chunk, *seq.finish("stop")]
@@ -318,25 +609,84 @@ class Llama:
 
     # -- embeddings ----------------------------------------------------------------------------------------------
 
-    def embed(self, input: str | list[str], normalize: bool = True, truncate: bool = True,
+    def embed(self, input: str | list[str], normalize: bool = False, truncate: bool = True,
               return_count: bool = False):
-        """Mean-pooled, normalised embeddings: one list of floats for a string, a list of them for a list."""
+        """Pooled embeddings (the model's pooling type, mean for a decoder; with pooling "none" one vector per
+        token): one list of floats for a string, a list of them for a list. `normalize`: L2-normalised
+        (common_embd_normalize). Needs embedding=True, as llama-cpp-python does."""
+        if not self._embedding:
+            raise RuntimeError("Llama model must be created with embedding=True to call this method")
         texts = [input] if isinstance(input, str) else list(input)
-        tokens = [self._model.vocab.tokenize(t, add_special=True, parse_special=False) for t in texts]
-        embedder = self._runtime.embedder
+        tokens = [self.tokenize(t.encode("utf-8"), add_bos=True, special=False) for t in texts]
+        n_max = self._embedding_context().params.n_batch
         if truncate:
-            tokens = [t[: embedder.n_ctx] for t in tokens]
-        vecs = embedder.embed(tokens)
-        out = [v.tolist() for v in vecs]
+            tokens = [t[:n_max] for t in tokens]
+        out = []
+        for i, toks in enumerate(tokens):
+            if len(toks) > n_max:
+                raise ValueError(f"input[{i}]: {len(toks)} tokens exceed n_batch = {n_max} (truncate=False)")
+            vecs = self._embed_tokens(toks)  # (n_embd,) or (len(toks), n_embd) with pooling "none"
+            if normalize:
+                vecs = embd_normalize(vecs) if vecs.ndim == 1 else np.stack([embd_normalize(v) for v in vecs])
+            out.append(vecs.tolist())
         out = out[0] if isinstance(input, str) else out
         return (out, sum(len(t) for t in tokens)) if return_count else out
 
+    def _embedding_context(self) -> Context:
+        if self._embd_ctx is None:
+            self._context()  # raises when closed or vocab-only
+            p = self._engine.ctx.params
+            n = min(self._n_ctx, self._model.hparams.n_ctx_train) if self._model.is_embedding_only else self._n_ctx
+            self._embd_ctx = Context(self._model, ContextParams(
+                n_ctx=n, n_batch=n, n_ubatch=n, embeddings=True, pooling_type=self._pooling or "unspecified",
+                n_threads=p.n_threads, n_threads_batch=p.n_threads_batch, flash_attn=p.flash_attn))
+        return self._embd_ctx
+
+    def _embed_tokens(self, tokens: list[int]) -> np.ndarray:
+        ctx = self._embedding_context()
+        if ctx.memory is not None:
+            ctx.memory.clear(data=False)
+        batch = Batch(max(1, len(tokens)))
+        for p, t in enumerate(tokens):
+            batch.add(int(t), p, (0,), True)
+        if ctx.decode(batch) != DecodeStatus.OK:
+            raise RuntimeError("llama_decode failed for an embedding input")
+        if ctx.params.pooling_type == "none":
+            return np.array(ctx.get_embeddings()[: len(tokens)], np.float32)  # (n_tokens, n_embd)
+        return np.array(ctx.get_embeddings_seq(0), np.float32)  # (n_embd,)
+
     def create_embedding(self, input: str | list[str], model: str | None = None) -> dict[str, Any]:
-        vecs, n = self.embed(input, return_count=True)
+        """An OpenAI embedding list; the vectors are normalised, as llama-cpp-python's create_embedding does."""
+        vecs, n = self.embed(input, normalize=True, return_count=True)
         vecs = [vecs] if isinstance(input, str) else vecs
         return {"object": "list", "model": model or self.model_path,
                 "data": [{"object": "embedding", "embedding": v, "index": i} for i, v in enumerate(vecs)],
                 "usage": {"prompt_tokens": n, "total_tokens": n}}
+
+    # -- the Hub ----------------------------------------------------------------------------------------------
+
+    @classmethod
+    def from_pretrained(cls, repo_id: str, filename: str | None, additional_files: list | None = None,
+                        local_dir: str | None = None, local_dir_use_symlinks: bool | str = "auto",
+                        cache_dir: str | None = None, **kwargs: Any) -> Llama:
+        """A Llama on a GGUF file of a Hugging Face repository (`filename` may be a glob), downloaded by
+        huggingface_hub.hf_hub_download (installed separately). ValueError when no or several files match."""
+        import fnmatch
+
+        import huggingface_hub
+
+        if filename is None or any(c in filename for c in "*?["):
+            files = [f for f in huggingface_hub.list_repo_files(repo_id) if f.endswith(".gguf")]
+            matches = [f for f in files if fnmatch.fnmatch(f, filename or "*.gguf")]
+            if len(matches) != 1:
+                raise ValueError(f"filename {filename!r}: {len(matches)} files of {repo_id} match ({matches[:8]})")
+            filename = matches[0]
+        path = huggingface_hub.hf_hub_download(repo_id=repo_id, filename=filename, local_dir=local_dir,
+                                               cache_dir=cache_dir)
+        for extra in additional_files or []:
+            huggingface_hub.hf_hub_download(repo_id=repo_id, filename=extra, local_dir=local_dir,
+                                            cache_dir=cache_dir)
+        return cls(model_path=path, **kwargs)
 
 
 class _Final(dict):
@@ -355,9 +705,3 @@ def _last(run: Iterator[dict]) -> dict:
         if isinstance(item, _Final):
             final = dict(item)
     return final  # type: ignore[return-value]
-
-
-def _json_object(source: str | Mapping) -> Any:
-    import json
-
-    return json.loads(source) if isinstance(source, str) else source

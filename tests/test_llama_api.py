@@ -1,6 +1,7 @@
-"""llama-cpp-python's own high-level tests and README examples, ported: only the import changes
-(`import llamactx as llama_cpp`) and the model (the embedded SmolLM2 instead of their downloads), so expected
-texts are SmolLM2's. The OpenAI shapes are checked against the `openai` package's types."""
+"""llama-cpp-python's own high-level tests and README examples, ported to this repository's `llama_cpp`
+package (llama_cpp/ on llamactx) with the embedded SmolLM2 instead of their downloads, so expected texts are
+SmolLM2's (tests/llama_cpp_compat runs the upstream files themselves). The OpenAI shapes are checked against
+the `openai` package's types."""
 
 from __future__ import annotations
 
@@ -8,12 +9,11 @@ import json
 import multiprocessing
 
 import jsonschema
+import llama_cpp
 import numpy as np
 import openai.types as oai
 import openai.types.chat as oai_chat
 import pytest
-
-import llamactx as llama_cpp
 
 MODEL = "smollm2"
 
@@ -166,9 +166,17 @@ def test_chat_stream_and_logprobs_validate(model):
 
 
 def test_real_llama_embeddings():  # tests/test_llama.py, on SmolLM2's hidden states
-    model = llama_cpp.Llama(MODEL, n_ctx=32, n_batch=32, n_ubatch=32, embedding=True, verbose=False)
+    # a decoder's pooling is "none" unless asked (llama.cpp's default): one vector per token, not normalised
+    tokens = llama_cpp.Llama(MODEL, n_ctx=32, n_batch=32, n_ubatch=32, embedding=True, verbose=False)
+    per_token = tokens.embed("Hello World")
+    assert len(per_token) == 2 and all(len(v) == 576 for v in per_token)
+    model = llama_cpp.Llama(MODEL, n_ctx=32, n_batch=32, n_ubatch=32, embedding=True, verbose=False,
+                            pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN)
     embedding = model.embed("Hello World")
     assert len(embedding) == 576
+    np.testing.assert_allclose(embedding, np.mean(per_token, axis=0), rtol=1e-5, atol=1e-5)
+    assert abs(np.linalg.norm(embedding) - 1.0) > 1e-3  # not normalised unless asked
+    assert np.linalg.norm(model.embed("Hello World", normalize=True)) == pytest.approx(1.0, abs=1e-5)
     prompts = ["Hello World", "A different prompt"]
     individual = [model.embed(p) for p in prompts]
     batched = model.embed(prompts)
@@ -177,7 +185,7 @@ def test_real_llama_embeddings():  # tests/test_llama.py, on SmolLM2's hidden st
         np.testing.assert_allclose(many, one, rtol=1e-4, atol=1e-4)
     created = model.create_embedding(prompts)
     oai.CreateEmbeddingResponse.model_validate(created)
-    assert created["data"][1]["embedding"] == batched[1]
+    assert created["data"][1]["embedding"] == model.embed(prompts[1], normalize=True)
 
 
 def test_bad_options_raise_value_errors_naming_them(model):
