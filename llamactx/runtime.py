@@ -47,6 +47,10 @@ class RuntimeParams:
     flash_attn: str | bool = "auto"  # -fa on|off|auto
     swa_full: bool = False  # --swa-full
     chat_template: str | None = None  # --chat-template NAME|JINJA: instead of the model's
+    # --reasoning-format, -rea on|off|auto (None: auto, the template's default), --reasoning-budget (0: no thinking)
+    reasoning_format: str = "auto"
+    enable_thinking: bool | None = None
+    reasoning_budget: int = -1
     pooling: str | None = None  # --pooling: the embedder's (None: the model's pooling_type, else mean)
     embd_n_ctx: int | None = None  # the embedder's context (None: n_ctx)
     sampling: Mapping[str, Any] = field(default_factory=dict)  # --temp, --seed ...: SamplingParams defaults

@@ -191,6 +191,8 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_format: str | None = None  # llama-server's: none, auto, deepseek, deepseek-legacy (None: the server's)
+    parallel_tool_calls: bool = False
     add_generation_prompt: bool | None = None  # None: true, unless the last message is continued
     continue_final_message: bool = False
 

@@ -12,8 +12,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from llamactx import __version__, tool_calls
+from llamactx import __version__, chat_parse
 from llamactx.api import protocol as P
+from llamactx.chat_parse.message import new_call_id
 from llamactx.engine import Chunk
 from llamactx.engine import Sequence as EngineSequence
 
@@ -97,33 +98,39 @@ class Renderer:
 
 
 class ChatRenderer(Renderer):
-    """OpenAI chat. With `tools`, the answer is parsed for tool calls (llamactx.tool_calls) once it is complete:
-    a stream then sends the text and the calls in one delta at the end, so that no half of a call is shown as
-    content."""
+    """OpenAI chat. With `parse` (llamactx.chat_parse's ChatParams) the reply is parsed as llama-server parses
+    it: thinking into `reasoning_content`, tool calls into `tool_calls`; a stream sends what each token adds to
+    the parsed message (reasoning, content, then each call's name and id, then its arguments), as llama-server's
+    common_chat_msg_diff deltas; a call is sent once complete). Without it the text is the content, as is."""
 
     object_name = "chat.completion.chunk"
 
-    def __init__(self, *args, tools: bool = False, **kw):
+    def __init__(self, *args, tools: bool = False, parse: chat_parse.ChatParams | None = None, **kw):
         super().__init__(*args, **kw)
         self.tools = tools
+        self.parse = parse
+        self._sent: dict[int, chat_parse.ChatMsg] = {}  # per choice: the message streamed so far
+        self._ids: dict[int, list[str]] = {}  # per choice: its calls' ids, kept from the first delta
 
     def response(self, choices: list[Choice]) -> dict[str, Any]:
         out = super().response(choices)
         out["object"] = "chat.completion"
         return out
 
+    def _parsed(self, c: Choice) -> chat_parse.ChatMsg:
+        if self.parse is None:
+            return chat_parse.ChatMsg(c.text)
+        return chat_parse.parse(self.parse, c.text)
+
     def _message(self, c: Choice) -> tuple[dict[str, Any], str]:
         """The assistant message and the finish reason ("tool_calls" when the model called tools)."""
-        finish = P.finish_reason(c.seq)
-        if not self.tools:
-            return {"role": "assistant", "content": c.text}, finish
-        content, calls = tool_calls.parse(c.text)
-        message: dict[str, Any] = {"role": "assistant", "content": content}
-        if calls:
-            message["tool_calls"] = [{"id": call.id, "type": "function",
-                                      "function": {"name": call.name, "arguments": call.arguments}} for call in calls]
-            finish = "tool_calls"
-        return message, finish
+        msg = self._parsed(c)
+        ids = self._ids.setdefault(c.index, [])
+        ids += [call.id or new_call_id() for call in msg.tool_calls[len(ids):]]
+        message = msg.to_oai(ids)
+        if not msg.tool_calls and message["content"] is None:
+            message["content"] = ""
+        return message, "tool_calls" if msg.tool_calls else P.finish_reason(c.seq)
 
     def choice(self, c: Choice) -> dict[str, Any]:
         message, finish = self._message(c)
@@ -135,13 +142,38 @@ class ChatRenderer(Renderer):
         return [self._chat(c, {"role": "assistant", "content": None}, None, [])]  # llama-server: null
 
     def delta(self, c: Choice, chunks: list[Chunk]) -> list[dict[str, Any]]:
-        text = "".join(ch.text for ch in chunks)
-        if self.tools or not text:
-            return []
-        out = self._chat(c, {"content": text}, None, chunks)
-        if self.gen.timings_per_token and c.seq is not None:
-            out["timings"] = P.timings(c.seq)
-        return [out]
+        if self.parse is None:
+            text = "".join(ch.text for ch in chunks)
+            deltas = [{"content": text}] if text else []
+        else:
+            deltas = self._deltas(c, chat_parse.parse_partial(self.parse, c.text))
+        out = [self._chat(c, d, None, chunks if i == 0 else []) for i, d in enumerate(deltas)]
+        if out and self.gen.timings_per_token and c.seq is not None:
+            out[-1]["timings"] = P.timings(c.seq)
+        return out
+
+    def _deltas(self, c: Choice, cur: chat_parse.ChatMsg) -> list[dict[str, Any]]:
+        """The stream deltas from what choice `c` sent so far to `cur` (server_chat_msg_diff_to_json_oaicompat);
+        a new call sends its id and name with its arguments so far, later deltas the arguments added."""
+        prev = self._sent.get(c.index, chat_parse.ChatMsg())
+        self._sent[c.index] = cur
+        ids = self._ids.setdefault(c.index, [])
+        out: list[dict[str, Any]] = []
+        for d in chat_parse.diffs(prev, cur):
+            if d.reasoning_content_delta:
+                out.append({"reasoning_content": d.reasoning_content_delta})
+            if d.content_delta:
+                out.append({"content": d.content_delta})
+            if d.tool_index < 0:
+                continue
+            call: dict[str, Any] = {"index": d.tool_index}
+            if d.tool_index >= len(ids):  # a new call: its id, name and arguments so far (llama-server's diff)
+                ids.append(d.id or new_call_id())
+                out.append({"tool_calls": [{**call, "id": ids[-1], "type": "function",
+                                            "function": {"name": d.name, "arguments": d.arguments_delta}}]})
+            elif d.arguments_delta:
+                out.append({"tool_calls": [{**call, "function": {"arguments": d.arguments_delta}}]})
+        return out
 
     def _chat(self, c: Choice, delta: dict, finish: str | None, chunks: list[Chunk]) -> dict[str, Any]:
         lp = P.chat_logprobs(self.vocab, chunks) if self.gen.n_probs >= 0 and chunks else None
@@ -150,14 +182,9 @@ class ChatRenderer(Renderer):
 
     def last(self, c: Choice) -> list[dict[str, Any]]:
         out = []
-        finish = P.finish_reason(c.seq)
-        if self.tools:
-            message, finish = self._message(c)
-            delta = {k: v for k, v in message.items() if k != "role" and v is not None}
-            if "tool_calls" in delta:
-                delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(delta["tool_calls"])]
-            if delta:
-                out.append(self._chat(c, delta, None, c.chunks))
+        if self.parse is not None:
+            out = [self._chat(c, d, None, []) for d in self._deltas(c, self._parsed(c))]
+        _, finish = self._message(c)
         end = self._chat(c, {}, finish, [])
         end["timings"] = P.timings(c.seq)
         return [*out, end]

@@ -3,7 +3,7 @@
 formats its autoparser derives; tools/server sends the result as `reasoning_content` / `tool_calls`).
 
 Modules:
-    base        ChatParams (the parse side of common_chat_params), reasoning formats, reasoning blocks, JSON scans
+    parse_params ChatParams (the parse side of common_chat_params), reasoning formats, reasoning blocks, JSON scans
     message     ChatMsg / ToolCall, the OpenAI message, and the diffs a stream sends (common_chat_msg_diff)
     detect      which format a template's model writes (common_chat_try_specialized_template's markers)
     hermes      content, <think> reasoning, Hermes <tool_call> JSON, and llamactx's generic format
@@ -25,9 +25,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from llamactx.chat_parse import deepseek, harmony, hermes, json_calls, mistral, stream, xml_calls
-from llamactx.chat_parse.base import REASONING_FORMATS, ChatParams, ChatParseError, check_reasoning_format
 from llamactx.chat_parse.detect import chat_params, detect_format
 from llamactx.chat_parse.message import ChatMsg, MsgDiff, ToolCall, diffs
+from llamactx.chat_parse.parse_params import REASONING_FORMATS, ChatParams, ChatParseError, check_reasoning_format
 
 __all__ = ["REASONING_FORMATS", "ChatMsg", "ChatParams", "ChatParseError", "MsgDiff", "ToolCall",
            "chat_params", "check_reasoning_format", "detect_format", "diffs", "generation_prompt", "parse",

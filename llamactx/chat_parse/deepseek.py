@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import re
 
-from llamactx.chat_parse.base import ChatParams, json_text, split_reasoning
 from llamactx.chat_parse.message import ChatMsg, ToolCall
+from llamactx.chat_parse.parse_params import ChatParams, json_text, split_reasoning
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from llamactx.chat_parse.base import TOOL_CHOICES, ChatParams, ChatParseError, check_reasoning_format
+from llamactx.chat_parse.parse_params import TOOL_CHOICES, ChatParams, ChatParseError, check_reasoning_format
 
 # format -> (thinking start tag, thinking end tags)
 THINKING = {

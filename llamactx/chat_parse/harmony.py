@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import re
 
-from llamactx.chat_parse.base import ChatParams, json_text
 from llamactx.chat_parse.message import ChatMsg, ToolCall
+from llamactx.chat_parse.parse_params import ChatParams, json_text
 
 START, END = "<|start|>assistant", "<|end|>"
 _HEADER = re.compile(

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from llamactx.chat_parse.base import ChatParams, arguments_of, json_at, split_reasoning
 from llamactx.chat_parse.message import ChatMsg, ToolCall
+from llamactx.chat_parse.parse_params import ChatParams, arguments_of, json_at, split_reasoning
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 

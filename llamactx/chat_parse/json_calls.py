@@ -21,9 +21,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from llamactx.chat_parse.base import ChatParams, arguments_of, json_at, json_text, split_reasoning
 from llamactx.chat_parse.hermes import calls_of
 from llamactx.chat_parse.message import ChatMsg, ToolCall
+from llamactx.chat_parse.parse_params import ChatParams, arguments_of, json_at, json_text, split_reasoning
 
 # format -> (opening marker, closing marker) of a JSON list of calls
 LIST_MARKERS = {

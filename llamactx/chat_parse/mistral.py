@@ -10,9 +10,9 @@ Small 3.2 and Devstral, whose shapes test-chat.cpp pins down):
 
 from __future__ import annotations
 
-from llamactx.chat_parse.base import ChatParams, json_at, json_text, split_reasoning
 from llamactx.chat_parse.hermes import calls_of
 from llamactx.chat_parse.message import ChatMsg, ToolCall
+from llamactx.chat_parse.parse_params import ChatParams, json_at, json_text, split_reasoning
 
 TOOL_CALLS, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
 

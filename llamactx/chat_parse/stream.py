@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from llamactx.chat_parse.base import ChatParams
 from llamactx.chat_parse.message import ChatMsg
+from llamactx.chat_parse.parse_params import ChatParams
 
 # format -> the markers that open its tool calls
 CALL_MARKERS: dict[str, tuple[str, ...]] = {

@@ -21,8 +21,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from llamactx.chat_parse.base import ChatParams, dumps, split_reasoning
 from llamactx.chat_parse.message import ChatMsg, ToolCall
+from llamactx.chat_parse.parse_params import ChatParams, dumps, split_reasoning
 
 _FUNCTION = re.compile(r"<function=([^>\n]+)>\n?")
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?")

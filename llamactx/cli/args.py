@@ -90,6 +90,7 @@ def add_context(p: argparse.ArgumentParser, n_ctx: int = 4096, engine: bool = Fa
     p.add_argument("--swa-full", action="store_true",
                    help="full-size cache for sliding-window layers (default: llama_kv_cache_iswa's small one)")
     if engine:
+        add_reasoning(p)
         p.add_argument("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints", dest="ctx_checkpoints",
                        type=non_negative_int, default=8, metavar="N",
                        help="context checkpoints per slot, so that a recurrent, hybrid or sliding-window model "
@@ -170,6 +171,18 @@ def sampling_options(args: argparse.Namespace) -> dict:
     return out
 
 
+def add_reasoning(p: argparse.ArgumentParser) -> None:
+    """llama-server's thinking flags (common/arg.cpp); what they do is llamactx.chat_parse's."""
+    from llamactx.chat_parse.parse_params import REASONING_FORMATS
+    p.add_argument("--reasoning-format", default="auto", choices=REASONING_FORMATS,
+                   help="none: thinking stays in the content; deepseek / auto: in reasoning_content; "
+                        "deepseek-legacy: in both (default auto)")
+    p.add_argument("-rea", "--reasoning", default="auto", choices=("on", "off", "auto"),
+                   help="thinking on, off, or the template's default (auto)")
+    p.add_argument("--reasoning-budget", type=_budget, default=-1, metavar="N",
+                   help="-1: unrestricted, 0: no thinking (other budgets are not enforced yet)")
+
+
 def runtime_params(args: argparse.Namespace, **fields):
     """The model, LoRA and context flags (add_common, add_context, add_llama_cpp_flags, add_lora) as the
     RuntimeParams every front end builds from; `fields`: the command's own (n_slots, chat_template...)."""
@@ -179,8 +192,22 @@ def runtime_params(args: argparse.Namespace, **fields):
                  n_threads_batch=args.threads_batch or args.threads, type_k=args.cache_type_k,
                  type_v=args.cache_type_v, flash_attn=args.flash_attn, swa_full=args.swa_full,
                  n_ctx_checkpoints=args.ctx_checkpoints, checkpoint_min_step=args.checkpoint_min_step,
-                 session=session_params(args))
+                 session=session_params(args), **_reasoning_fields(args))
     return RuntimeParams(**{**flags, **fields})
+
+
+def _budget(value: str) -> int:
+    n = int(value)
+    if n < -1:
+        raise argparse.ArgumentTypeError(f"{n} is below -1 (-1: unrestricted, 0: no thinking)")
+    return n
+
+
+def _reasoning_fields(args: argparse.Namespace) -> dict:
+    if not hasattr(args, "reasoning_format"):
+        return {}
+    return dict(reasoning_format=args.reasoning_format, reasoning_budget=args.reasoning_budget,
+                enable_thinking={"on": True, "off": False}.get(args.reasoning))
 
 
 def session_params(args: argparse.Namespace):

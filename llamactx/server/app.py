@@ -33,7 +33,7 @@ from llamactx.api import rerank as rerank_api
 from llamactx.api.responses import ChatRenderer, NativeRenderer, Renderer
 from llamactx.errors import LlamactxError
 from llamactx.server import slots
-from llamactx.server.completions import DISCONNECT_POLL_S, serve
+from llamactx.server.completions import DISCONNECT_POLL_S, chat_parse_params, serve, with_reasoning
 from llamactx.server.config import ServerConfig, ServerState
 from llamactx.server.gcp import predict_route
 from llamactx.server.http import return_large_buffers
@@ -249,8 +249,9 @@ def _routes(state: ServerState) -> list:
 
     async def _chat(request, body: dict, renderer_cls):
         state.check_request_lora(body)
-        req = P.validate(P.ChatCompletionRequest, {**cfg.request_defaults, **body})
+        req = with_reasoning(state, P.validate(P.ChatCompletionRequest, {**cfg.request_defaults, **body}))
         prompt_text, fns = await asyncio.to_thread(render_chat, state, req)
+        parse = await asyncio.to_thread(chat_parse_params, state, req, fns)
         tokens = await asyncio.to_thread(prompt_tokens, state, prompt_text, True)
         tokens = fit_prompt(state, tokens, req.n_keep)
         n_probs = (req.top_logprobs or 0) if req.logprobs else -1
@@ -263,7 +264,8 @@ def _routes(state: ServerState) -> list:
             gen.grammar = ("json_schema", tool_calls.call_schema(required))
         extra = {"n_prompt": len(tokens)} if renderer_cls in (anthropic.MessagesRenderer,
                                                                oai_responses.ResponsesRenderer) else {}
-        renderer = renderer_cls(state.alias, state.model.vocab, prompt_text, gen, tools=bool(fns), **extra)
+        renderer = renderer_cls(state.alias, state.model.vocab, prompt_text, gen, tools=bool(fns), parse=parse,
+                                **extra)
         return await serve(state, request, [tokens], gen, renderer)
 
     async def embed(request, inputs: list) -> tuple[list, int] | None:

@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from llamactx import chat_parse, tool_calls
 from llamactx.api import protocol as P
 from llamactx.api.responses import Choice, Renderer
 from llamactx.engine import Chunk
@@ -33,6 +34,44 @@ class LiveChoice(Choice):
     """A choice whose sequence runs on the engine thread, reached through its worker `Request`."""
 
     request: Request | None = None
+
+
+def with_reasoning(state, req: P.ChatCompletionRequest) -> P.ChatCompletionRequest:
+    """The request with the server's thinking default in its chat_template_kwargs (-rea on|off, or
+    --reasoning-budget 0: enable_thinking false), unless it sets enable_thinking itself (a boolean, as
+    llama-server requires); an unknown reasoning_format is a 400 naming the known ones."""
+    rt = state.config.runtime
+    if req.reasoning_format is not None:
+        try:
+            chat_parse.check_reasoning_format(req.reasoning_format)
+        except chat_parse.ChatParseError as e:
+            raise P.ProtocolError(str(e)) from None
+    kwargs = dict(req.chat_template_kwargs or {})
+    if "enable_thinking" in kwargs and not isinstance(kwargs["enable_thinking"], bool):
+        raise P.ProtocolError(f"chat_template_kwargs.enable_thinking: expected a boolean, got "
+                              f"{kwargs['enable_thinking']!r}")
+    default = False if rt.reasoning_budget == 0 else rt.enable_thinking
+    if "enable_thinking" not in kwargs and default is not None:
+        kwargs["enable_thinking"] = default
+    return req.model_copy(update={"chat_template_kwargs": kwargs or None})
+
+
+def chat_parse_params(state, req: P.ChatCompletionRequest, fns: list[dict]) -> chat_parse.ChatParams:
+    """How to parse this chat's replies (common_chat_templates_apply's parser params): the template's format,
+    the generation prompt it renders for these messages, the request's (or the server's) reasoning format."""
+    kwargs = req.chat_template_kwargs or {}
+    messages, pass_tools = tool_calls.prepare(state.template.source, req.messages, fns)
+    tools = req.tools if pass_tools else None
+    continued = messages[-1].get("role") == "assistant" and not messages[-1].get("tool_calls")
+    gp = "" if continued else chat_parse.generation_prompt(state.template, messages, tools, kwargs)
+    params = chat_parse.chat_params(
+        state.template.source, gp, tools=[{"type": "function", "function": f} for f in fns],
+        reasoning_format=req.reasoning_format or state.config.runtime.reasoning_format,
+        enable_thinking=kwargs.get("enable_thinking", True), parallel_tool_calls=req.parallel_tool_calls,
+        tool_choice=req.tool_choice if fns else "none")
+    if tool_calls.required_function(req.tool_choice, fns):  # the call schema's grammar writes a bare JSON call
+        params = replace(params, format="generic")
+    return params
 
 
 async def serve(state, http: HttpRequest, prompts: list[list[int]], gen: P.GenerationRequest,
