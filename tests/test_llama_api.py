@@ -195,3 +195,72 @@ def test_bad_options_raise_value_errors_naming_them(model):
         model("x", suffix="y")
     with pytest.raises(ValueError, match="outside the vocab"):
         model([1, 10**9])
+
+
+def test_real_model_low_level_on_smollm2():  # tests/test_llama.py test_real_model, SmolLM2's token ids
+    import llama_cpp._internals as internals
+
+    from llamactx.embedded import smollm2_path
+
+    params = llama_cpp.llama_model_default_params()
+    assert not llama_cpp.llama_supports_mlock() and llama_cpp.llama_supports_mmap()
+    params.load_mode = llama_cpp.LLAMA_LOAD_MODE_MMAP
+    model = internals.LlamaModel(path_model=str(smollm2_path()), params=params)
+    cparams = llama_cpp.llama_context_default_params()
+    cparams.n_ctx = cparams.n_batch = cparams.n_ubatch = 32
+    cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    context = internals.LlamaContext(model=model, params=cparams)
+    assert model.tokenize(b"Hello, world!", add_bos=True, special=True) == [19556, 28, 905, 17]
+    tokens = model.tokenize(b"The quick brown fox jumps over the lazy dog. The quick brown fox", True, True)
+    batch = internals.LlamaBatch(n_tokens=len(tokens), embd=0, n_seq_max=1)
+    sampler = internals.LlamaSampler()
+    sampler.add_greedy()
+    result, n_eval, step = [], 0, tokens
+    for _ in range(6):
+        batch.set_batch(step, n_past=n_eval, logits_all=False)
+        context.decode(batch)
+        n_eval += len(step)
+        step = [sampler.sample(context, -1)]
+        result += step
+    assert model.detokenize(result) == b" is a classic example of a"  # = Llama.create_completion's, temp 0
+    with pytest.raises(ValueError, match="load_mode"):
+        params.load_mode = llama_cpp.LLAMA_LOAD_MODE_MLOCK
+        llama_cpp.llama_model_load_from_file(str(smollm2_path()), params)
+    with pytest.raises(AttributeError, match="llama_cpp.llama_model_get_tensor"):
+        llama_cpp.llama_cpp.llama_model_get_tensor  # noqa: B018 -- a llama.h name llamactx lacks
+    model.close()
+    assert context.ctx is None
+
+
+def test_token_level_generate_matches_completion_and_reuses_prefix(model):
+    tokens = model.tokenize(b"The quick brown fox jumps over the lazy dog. The quick brown fox")
+    out = []
+    for token in model.generate(tokens, temp=0.0):
+        out.append(token)
+        if len(out) == 6:
+            break
+    assert model.detokenize(out) == b" is a classic example of a"
+    assert model.n_tokens == len(tokens) + 5 and model.input_ids[: len(tokens)].tolist() == tokens
+    model.eval(out[-1:])  # the last sampled token, then a completion of the same text reuses all of it
+    text = model.create_completion(tokens + out, max_tokens=1, temperature=0.0)
+    assert text["usage"]["prompt_tokens_details"]["cached_tokens"] == len(tokens) + 5
+
+
+def test_constructor_options_are_honoured_or_refused_by_name():
+    with pytest.raises(ValueError, match="use_mlock"):
+        llama_cpp.Llama(MODEL, use_mlock=True, verbose=False)
+    with pytest.raises(ValueError, match="kv_overrides"):
+        llama_cpp.Llama(MODEL, kv_overrides={"x": 1}, verbose=False)
+    with pytest.raises(ValueError, match="pooling_type"):
+        llama_cpp.Llama(MODEL, pooling_type=9, verbose=False)
+    with pytest.raises(TypeError, match="n_ctxx"):
+        llama_cpp.Llama(MODEL, n_ctxx=64, verbose=False)
+    llm = llama_cpp.Llama(MODEL, verbose=False)
+    assert llm.n_ctx() == 512 and llm._ctx.ctx.params.flash_attn is False  # llama-cpp-python's defaults
+    import pickle
+
+    again = pickle.loads(pickle.dumps(llm))
+    assert again.n_ctx() == 512 and again.model_path == llm.model_path
+    llm.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        llm.eval([1])
