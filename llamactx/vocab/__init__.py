@@ -4,6 +4,7 @@
     pretok.py       unicode_regex_split: the pre-tokenizer regexes run over text (unicode.cpp)
     pre_types.py    tokenizer.ggml.pre -> regexes and settings of each pre-tokenizer type (llama-vocab.cpp)
     special.py      special tokens, attributes and the partition of text around them
+    detokenize.py   byte-level BPE pieces back to bytes, and detokenize's clean_spaces passes
     tokenizers.py   the SPM and BPE tokenizer sessions
     wpm.py          the WPM (BERT WordPiece) tokenizer session
     ugm.py          the UGM (T5 unigram) tokenizer session and its precompiled charsmap

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from llamactx.vocab.detokenize import clean_spaces, decode_byte_level
 from llamactx.vocab.plamo2 import Plamo2Tokenizer, byte_tokens
 from llamactx.vocab.pre_types import PRE_TYPES, REGEX_EXPRS, PreType
 from llamactx.vocab.pretok import PreTokenizer
@@ -47,13 +48,6 @@ _HEX = frozenset("0123456789abcdefABCDEF")  # std::isxdigit
 VOCAB_TYPES = {
     "llama": "spm", "gpt2": "bpe", "gemma4": "bpe", "bert": "wpm", "t5": "ugm", "rwkv": "rwkv", "plamo2": "plamo2",
 }
-
-
-def _byte_decoder() -> dict[str, int]:
-    # unicode_utf8_to_byte_map: GPT-2's printable stand-ins for the 256 bytes
-    keep = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    extra = [b for b in range(256) if b not in keep]
-    return {**{chr(b): b for b in keep}, **{chr(256 + n): b for n, b in enumerate(extra)}}
 
 
 class Vocab:
@@ -331,7 +325,7 @@ class Vocab:
         if attr & ATTR_NORMAL:
             if self.vocab_type != "bpe" or self.escape_whitespaces:  # SPM, WPM, SPM-style BPE: '▁' back to ' '
                 return text.replace(SPM_SPACE, " ").encode("utf-8", "surrogateescape")
-            return _decode_byte_level(text)
+            return decode_byte_level(text)
         if attr & ATTR_BYTE:
             try:
                 return bytes([int(text[3:5], 16)])
@@ -357,78 +351,8 @@ class Vocab:
             pieces[0] = pieces[0][1:]
         data = b"".join(pieces)
         if self.clean_spaces:
-            data = _clean_spaces(data)
+            data = clean_spaces(data)
         return data.decode("utf-8", errors="replace")
-
-
-def _decode_byte_level(text: str) -> bytes:
-    # llama_decode_text: each character back to its byte; characters outside the map become llama.cpp's marker
-    table = _BYTE_DECODER
-    out = bytearray()
-    for ch in text:
-        b = table.get(ch)
-        if b is None:
-            marker = f"[UNK_BYTE_0x{ch.encode('utf-8', 'surrogateescape').hex()}{text}]"
-            out += marker.encode("utf-8", "surrogateescape")
-        else:
-            out.append(b)
-    return bytes(out)
-
-
-_BYTE_DECODER = _byte_decoder()
-
-
-def _clean_spaces(text: bytes) -> bytes:
-    # llama_vocab::impl::detokenize, clean_spaces: the same three in-place passes over the bytes
-    buf = bytearray(text)
-    total = len(buf)
-    for rule in (_pass_punct, _pass_quote, _pass_contraction):
-        total = rule(buf, total)
-    return bytes(buf[:total])
-
-
-def _pass_punct(buf: bytearray, n: int) -> int:
-    # " ?", " !", " .", " ," lose the space
-    total = 1 if n else 0
-    for i in range(1, n):
-        x = buf[i]
-        if buf[i - 1] == 0x20 and x in b"?!.,":
-            total -= 1
-        buf[total] = x
-        total += 1
-    return total
-
-
-def _pass_quote(buf: bytearray, n: int) -> int:
-    # " ' " loses both spaces
-    total = 1 if n else 0
-    i = 1
-    while i < n:
-        x = buf[i]
-        if x == 0x27 and i + 1 < n and buf[i - 1] == 0x20 and buf[i + 1] == 0x20:
-            total -= 1
-            i += 1
-            buf[i] = 0
-        buf[total] = x
-        total += 1
-        i += 1
-    return total
-
-
-def _pass_contraction(buf: bytearray, n: int) -> int:
-    # " 's", " 'm", " 're", " 've" lose the space (" 't", " 'd", " 'll" keep it)
-    total = 1 if n else 0
-    for i in range(1, n):
-        x = buf[i]
-        if buf[i - 1] == 0x20 and x == 0x27 and i + 1 < n:
-            x1 = buf[i + 1]
-            if x1 in b"sm":
-                total -= 1
-            elif i + 2 < n and (x1, buf[i + 2]) in ((0x72, 0x65), (0x76, 0x65)):
-                total -= 1
-        buf[total] = x
-        total += 1
-    return total
 
 
 def _string_list(meta: Mapping[str, object], key: str) -> list[str]:
