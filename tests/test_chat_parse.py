@@ -133,43 +133,7 @@ def _params(case):
                        tool_choice=case.tool_choice)
 
 
-# partial parses that still take back what they sent (a multi-call reply between its calls, gpt-oss's channel
-# headers, Command R's response markers, Functionary 3.2's recipients): known gaps of stream.parse_partial
-STREAM_GAPS = {
-    "Qwen3.5-4B:2186",
-    "mistralai-Ministral-3-14B-Reasoning-2512:2634",
-    "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16:2740",
-    "CohereForAI-c4ai-command-r7b-12-2024-tool_use:2824",
-    "CohereForAI-c4ai-command-r7b-12-2024-tool_use:2837",
-    "CohereForAI-c4ai-command-r7b-12-2024-tool_use:2857",
-    "Qwen3-Coder:3597",
-    "Qwen3-Coder:3624",
-    "deepseek-ai-DeepSeek-V3.1:3965",
-    "CohereForAI-c4ai-command-r7b-12-2024-tool_use:5880",
-    "CohereForAI-c4ai-command-r-plus-tool_use:5893",
-    "meetkai-functionary-medium-v3.2:5951",
-    "meetkai-functionary-medium-v3.2:5952",
-    "Mistral-Small-3.2-24B-Instruct-2506:6260",
-    "openai-gpt-oss-120b:6428",
-    "openai-gpt-oss-120b:6431",
-    "openai-gpt-oss-120b:6434",
-    "openai-gpt-oss-120b:6442",
-    "openai-gpt-oss-120b:6457",
-    "openai-gpt-oss-120b:6464",
-    "openai-gpt-oss-120b:6471",
-    "openai-gpt-oss-120b:6478",
-    "openai-gpt-oss-120b:6485",
-    "openai-gpt-oss-120b:6494",
-    "openai-gpt-oss-120b:6547",
-    "openai-gpt-oss-120b:6556",
-    "openai-gpt-oss-120b:6567",
-    "openai-gpt-oss-120b:6575",
-}
-STREAM_CASES = [pytest.param(*p.values, id=p.id, marks=[pytest.mark.xfail(strict=True, reason="partial-parse gap")]
-                             if p.id in STREAM_GAPS else p.marks) for p in CASES]
-
-
-@pytest.mark.parametrize("case", STREAM_CASES)
+@pytest.mark.parametrize("case", CASES)
 def test_streamed_deltas_add_up_to_the_message(llamacpp_src, case):
     """As test_peg_parser does: every prefix of the input parsed as a partial reply, the diffs between
     consecutive parses accumulated, then the final parse's: the sum is the whole message (nothing sent twice,

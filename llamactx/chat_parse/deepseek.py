@@ -35,14 +35,18 @@ def parse_deepseek(params: ChatParams, text: str) -> ChatMsg:
             pos += 1
         if not rest.startswith(CALL_BEGIN, pos):
             break
-        call, pos = _call(rest, pos + len(CALL_BEGIN))
+        call, end = _call(rest, pos + len(CALL_BEGIN))
         if call is None:
+            if params.partial and calls:  # the next call is still being written
+                pos = len(rest)
+                break
             return ChatMsg(rest, reasoning)
+        pos = end
         calls.append(call)
     tail = rest[pos:].strip()
     if tail.startswith(CALLS_END):
         tail = tail[len(CALLS_END):].strip()
-    if not calls or tail:
+    if not calls or (tail and not params.partial):
         return ChatMsg(rest, reasoning)
     return ChatMsg(rest[:start], reasoning, calls if params.parallel_tool_calls else calls[:1])
 

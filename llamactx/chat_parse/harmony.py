@@ -36,7 +36,8 @@ def parse_gpt_oss(params: ChatParams, text: str) -> ChatMsg:
     for part in full.split(START)[1:]:
         m = _HEADER.match(part)
         if m is None:
-            msg.content += part  # not Harmony: the model's words as they are
+            if not params.partial:  # not Harmony: the model's words as they are (a header may be unfinished)
+                msg.content += part
             continue
         body = part[m.end():]
         closed = body.find(END)

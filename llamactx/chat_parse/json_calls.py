@@ -82,8 +82,8 @@ def parse_marked_list(params: ChatParams, text: str) -> ChatMsg:
 
 def _command_r7b(params: ChatParams, text: str) -> ChatMsg:
     reasoning = ""
-    m = re.match(r"\s*<\|START_THINKING\|>(.*?)<\|END_THINKING\|>", text, re.S)
-    if m and params.extract_reasoning:
+    m = re.match(r"\s*<\|START_THINKING\|>(.*?)(<\|END_THINKING\|>|\Z)", text, re.S)
+    if m and params.extract_reasoning and (m.group(2) or params.partial):
         reasoning, text = m.group(1).strip(), text[m.end():]
     r = re.search(r"<\|START_RESPONSE\|>(.*?)(?:<\|END_RESPONSE\|>|$)", text, re.S)
     if r:
@@ -157,7 +157,7 @@ def parse_functionary_v3_2(params: ChatParams, text: str) -> ChatMsg:
     starts its JSON arguments (common/parsers/functionary-v3-2.cpp)."""
     content, calls = "", []
     for part in text.split(">>>"):
-        if not part:
+        if not part or (params.partial and "\n" not in part):  # an unfinished recipient line
             continue
         recipient, _, body = part.partition("\n")
         if recipient == "all" or not params.has_tools or recipient not in params.tool_names():
@@ -165,7 +165,7 @@ def parse_functionary_v3_2(params: ChatParams, text: str) -> ChatMsg:
             continue
         found = json_text(body)
         if found is None:
-            content += part
+            content += "" if params.partial else part  # unfinished arguments wait; malformed ones are content
             continue
         calls.append(ToolCall(recipient, found[0]))
     return _finish(params, content, "", calls)

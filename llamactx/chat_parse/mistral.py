@@ -24,36 +24,37 @@ def parse_mistral(params: ChatParams, text: str) -> ChatMsg:
     first = rest.find(TOOL_CALLS)
     if first < 0:
         return ChatMsg(rest, reasoning)
-    calls = _calls(rest, first)
-    if calls is None:
+    calls = _calls(rest, first, params.partial)
+    if not calls:
         return ChatMsg(rest, reasoning)
     return ChatMsg(rest[:first], reasoning, calls if params.parallel_tool_calls else calls[:1])
 
 
-def _calls(text: str, pos: int) -> list[ToolCall] | None:
-    """The calls from `pos` (at a [TOOL_CALLS]) to the end, or None when any is malformed."""
+def _calls(text: str, pos: int, partial: bool) -> list[ToolCall] | None:
+    """The calls from `pos` (at a [TOOL_CALLS]) to the end, or None when any is malformed (when `partial`, the
+    complete ones before one still being written)."""
     calls: list[ToolCall] = []
     while pos < len(text):
         if not text.startswith(TOOL_CALLS, pos):
-            return None if text[pos:].strip() else calls
+            return calls if partial or not text[pos:].strip() else None
         pos += len(TOOL_CALLS)
         found = json_at(text, pos)
         if found is not None and isinstance(found[0], list):  # Nemo's JSON list
             listed = [c for item in found[0] for c in calls_of(item)]
             if len(listed) != len(found[0]) or not listed:
-                return None
+                return calls if partial else None
             calls += listed
             pos = found[1]
             continue
         args_at = text.find(ARGS, pos)
         if args_at < 0:
-            return None
+            return calls if partial else None
         name, call_id = text[pos:args_at], ""
         if CALL_ID in name:
             name, call_id = name.split(CALL_ID, 1)
         found_text = json_text(text, args_at + len(ARGS))
         if not name.strip() or found_text is None:
-            return None
+            return calls if partial else None
         calls.append(ToolCall(name.strip(), found_text[0], call_id.strip()))
         pos = found_text[1]
         while pos < len(text) and text[pos].isspace():

@@ -39,7 +39,8 @@ JSON_REPLY = ("generic", "llama3")
 # the markers that close a call or a section, and Harmony's and Command R7B's own: held back when cut as well
 OTHER_MARKERS = ("</tool_call>", "</function>", "</parameter>", "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>",
                  "</TOOLCALL>", "</tool_calls>", "<|tools_suffix|>", "<|END_ACTION|>", "<|START_RESPONSE|>",
-                 "<|END_RESPONSE|>", "<|start|>assistant", "<|channel|>", "<|message|>", "<|end|>")
+                 "<|END_RESPONSE|>", "<|START_THINKING|>", "<|END_THINKING|>", "<|CHATBOT_TOKEN|>",
+                 "<|END_OF_TURN_TOKEN|>", "<|start|>assistant", "<|channel|>", "<|message|>", "<|end|>")
 
 
 def _markers(params: ChatParams) -> tuple[str, ...]:

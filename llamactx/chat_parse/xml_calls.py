@@ -40,6 +40,8 @@ def parse_qwen3_coder(params: ChatParams, text: str) -> ChatMsg:
     while pos < len(rest):
         call, end = _call(params, rest, pos)
         if call is None:
+            if params.partial and calls:  # the next call is still being written
+                break
             return ChatMsg(rest, reasoning)
         calls.append(call)
         pos = end
@@ -47,7 +49,7 @@ def parse_qwen3_coder(params: ChatParams, text: str) -> ChatMsg:
             pos += 1
         if not rest.startswith("<tool_call>", pos):
             break
-    if rest[pos:].strip():  # text after the calls is not part of the format: keep the model's words
+    if rest[pos:].strip() and not params.partial:  # text after the calls: keep the model's words
         return ChatMsg(rest, reasoning)
     return ChatMsg(rest[:first], reasoning, calls if params.parallel_tool_calls else calls[:1])
 
