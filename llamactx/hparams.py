@@ -239,6 +239,10 @@ def read_hparams(meta: dict[str, object], arch: str, rope_type: int, memory: str
     if scaling_type not in ROPE_SCALING_TYPES:
         raise HParamsError(f"GGUF metadata key '{arch}.rope.scaling.type' = {scaling_type!r} is not one of "
                            f"{', '.join(ROPE_SCALING_TYPES)}")
+    experts = _expert_counts(m)
+    # llama.cpp reads feed_forward_length as optional (0): a model with experts takes its widths from the expert keys
+    # (qwen35moe's converter writes n_ff only from a config's intermediate_size)
+    ff_optional = recurrent or experts["n_expert"] > 0
     fields = dict(
         arch=arch,
         n_vocab=n_vocab,
@@ -249,7 +253,7 @@ def read_hparams(meta: dict[str, object], arch: str, rope_type: int, memory: str
         n_head_kv=n_head_kv,
         n_embd_head_k=n_embd_head_k,
         n_embd_head_v=n_embd_head_v,
-        n_ff=m.count("feed_forward_length", 0 if recurrent else None, lo=0 if recurrent else 1),
+        n_ff=m.count("feed_forward_length", 0 if ff_optional else None, lo=0 if ff_optional else 1),
         n_rot=n_rot,
         rope_type=rope_type,
         rope_freq_base=m.real("rope.freq_base", 10000.0),
@@ -274,7 +278,7 @@ def read_hparams(meta: dict[str, object], arch: str, rope_type: int, memory: str
         embd_scale=1.0,
         size_label=_size_label(meta, n_params),
         recurrent_layers=recurrent_layers if any(recurrent_layers) else (),
-        **_expert_counts(m),
+        **experts,
     )
     fields.update(arch_hparams(m, fields))
     return HParams(**fields)

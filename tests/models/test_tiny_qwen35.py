@@ -199,6 +199,17 @@ def test_recurrent_layer_flags_take_precedence(tmp_path, tiny):
     np.testing.assert_array_equal(decode_all(new_ctx(model), ref["prompts"][1]["tokens"]), arrays["prompt_1"])
 
 
+def test_moe_without_feed_forward_length(tmp_path):
+    """A qwen35moe file without feed_forward_length (its converter writes it only from a config's
+    intermediate_size; llama.cpp reads it as optional) loads: the experts' widths come from their own keys."""
+    from tests.data.tiny.make_tiny_qwen35 import qwen35
+
+    path = qwen35("qwen35moe", seed=22, moe=True, path=tmp_path / "no-ff.gguf",
+                  drop_keys=("qwen35moe.feed_forward_length",))
+    hp = Model.load(path).hparams
+    assert (hp.n_ff, hp.n_ff_exp, hp.n_ff_shexp) == (0, 32, 64)
+
+
 @pytest.mark.parametrize("variant, error, match", [
     ({"meta_interval": 0}, HParamsError, r"'qwen35.full_attention_interval' = 0 is outside \[1,"),
     ({"drop": ("blk.2.ssm_conv1d.weight",)}, ModelLoadError, r"tensor 'blk.2.ssm_conv1d.weight' is missing"),

@@ -38,10 +38,11 @@ N_EXPERT, N_EXPERT_USED, N_FF_EXP, N_FF_SHEXP = 8, 2, 32, 64
 
 def qwen35(name: str = "qwen35", seed: int = 21, path: Path | None = None, interval: int = INTERVAL,
            meta_interval: int | None = None, drop: tuple[str, ...] = (), moe: bool = False,
-           recurrent_layers: list[bool] | None = None) -> Path:
+           recurrent_layers: list[bool] | None = None, drop_keys: tuple[str, ...] = ()) -> Path:
     """The tiny model with a full-attention layer every `interval` layers. The malformed variants the load tests
     refuse: `meta_interval` (the interval the metadata states, if not `interval`), `drop` (tensors left out);
-    `recurrent_layers`: the per-layer flags convert_hf_to_gguf.py writes from a config's layer_types."""
+    `recurrent_layers`: the per-layer flags convert_hf_to_gguf.py writes from a config's layer_types; `drop_keys`:
+    metadata keys left out."""
     v = smollm2_vocab()
     path = path or OUT / f"tiny-{name}.gguf"
     arch = "qwen35moe" if moe else "qwen35"
@@ -101,6 +102,9 @@ def qwen35(name: str = "qwen35", seed: int = 21, path: Path | None = None, inter
             wt.mat(b + "ffn_gate.weight", N_EMBD, N_FF)
             wt.mat(b + "ffn_up.weight", N_EMBD, N_FF)
             wt.mat(b + "ffn_down.weight", N_FF, N_EMBD)
+    for kv in w.kv_data:
+        for key in drop_keys:
+            kv.pop(key, None)
     if drop:
         w.tensors[-1] = {k: t for k, t in w.tensors[-1].items() if k not in drop}
     return finish(w)
