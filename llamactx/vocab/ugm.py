@@ -28,9 +28,10 @@ def _utf8_len(lead: int) -> int:
     return (1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4)[lead >> 4]
 
 
-class _Charsmap:
+class Charsmap:
     """The precompiled charsmap: 4 bytes of XCDA size, the XCDA's uint32 entries, then NUL-terminated
-    replacement strings (llm_tokenizer_ugm's constructor; xcda_array_view)."""
+    replacement strings (llm_tokenizer_ugm's constructor; xcda_array_view). Its header is checked when built, as
+    llama_vocab::impl::load checks it: VocabError naming the key."""
 
     def __init__(self, blob: np.ndarray | None) -> None:
         self.xcda: list[int] = []
@@ -95,11 +96,11 @@ class UgmTokenizer:
         scores: Sequence[float],
         attrs: Sequence[int],
         unk: int,
-        charsmap: np.ndarray | None,
+        charsmap: Charsmap,
         add_space_prefix: bool,
         remove_extra_whitespaces: bool,
     ) -> None:
-        self._charsmap = _Charsmap(charsmap)
+        self._charsmap = charsmap
         self._unk = unk
         self._add_space_prefix, self._merge_spaces = add_space_prefix, remove_extra_whitespaces
         self._ids: dict[bytes, int] = {}

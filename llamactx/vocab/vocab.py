@@ -33,7 +33,7 @@ from llamactx.vocab.special import (
     partition,
 )
 from llamactx.vocab.tokenizers import SPM_SPACE, BpeTokenizer, SpmTokenizer
-from llamactx.vocab.ugm import UgmTokenizer
+from llamactx.vocab.ugm import Charsmap, UgmTokenizer
 from llamactx.vocab.wpm import WpmTokenizer
 
 __all__ = ["TOKEN_NULL", "Vocab", "VocabError"]
@@ -154,7 +154,7 @@ class Vocab:
         charsmap = meta.get(_KEY + "precompiled_charsmap")
         if charsmap is not None and not (isinstance(charsmap, np.ndarray) and charsmap.dtype in (np.uint8, np.int8)):
             raise VocabError(f"'{_KEY}precompiled_charsmap' is not an array of 8-bit integers")
-        flags["charsmap"] = charsmap
+        flags["charsmap"] = Charsmap(charsmap if model_type == "t5" else None)
         attrs = attrs_from_types(types, n)
         special = SpecialTokens.detect(meta, texts, token_to_id, attrs, model_type, pre.name)
         if model_type == "plamo2":
