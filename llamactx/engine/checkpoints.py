@@ -9,11 +9,19 @@ from its start (`Memory.needs_checkpoints`). While a prompt is processed the eng
 before each prompt chunk (`Memory.checkpoint_write`: the blob of llama.cpp's LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY, a
 recurrent state or the SWA cells the next token attends to); the scheduler ends chunks at llama-server's tail
 points, 4 + n_ubatch and 4 tokens before the prompt's end (`checkpoint_tails`), so that snapshots sit right before
-its last tokens. A later prompt that shares at least a checkpoint's tokens restores the latest such checkpoint
-(`Memory.checkpoint_load`) and decodes only the rest; checkpoints past the divergence are dropped.
+its last tokens. A prompt chunk also ends where a user message starts (`Sequence.user_starts`, the message spans
+llama-server finds with the chat template's delimiters: chat_spans.py; `user_break`), so that a checkpoint holds
+the conversation up to each message: a request that edits a message, or continues from an earlier turn, restores
+the state at the start of the message where it differs. A later prompt that shares at least a checkpoint's tokens
+restores the latest such checkpoint (`Memory.checkpoint_load`) and decodes only the rest; checkpoints past the
+divergence are dropped.
 
 Each slot keeps at most `n_max` checkpoints and `max_bytes` bytes of them, oldest dropped first; away from the
-prompt's end a snapshot within `min_step` tokens of the last one is skipped. `n_max = 0` turns them off, and so
+prompt's end and the last user message a snapshot within `min_step` tokens of the last one is skipped, and a chunk
+ends at a user message only at the last one, when the slot has no checkpoint, or more than `min_step` tokens past
+its latest (server-context.cpp). Unlike llama-server, chunk starts away from messages and the prompt's end take a
+checkpoint too (subject to `min_step`, whose default here is 0 where llama-server's is 8192), so that a raw prompt
+without messages keeps one per `n_batch` tokens. `n_max = 0` turns them off, and so
 does `max_bytes = 0` (no snapshot fits): such prompts are reprocessed in full, as before (never different tokens).
 """
 
@@ -30,6 +38,18 @@ def checkpoint_tails(n_batch: int, n_ubatch: int) -> tuple[int, ...]:
     """How many tokens before a prompt's end its chunks stop for a checkpoint, farthest first: llama-server's
     `checkpoint_offsets` {4 + n_ubatch, 4}, each at most n_batch."""
     return tuple(sorted({min(n_batch, CHECKPOINT_TAIL + n_ubatch), min(n_batch, CHECKPOINT_TAIL)}, reverse=True))
+
+
+def user_break(user_starts, n_past: int, last: int | None, min_step: int) -> int | None:
+    """Where a prompt chunk starting at `n_past` ends for a user message, None for nowhere (llama-server's
+    update_slots: it stops filling the batch at a user message's start when that is the last user message, the slot
+    has no checkpoint (`last` None), or it lies more than `min_step` tokens past the latest checkpoint, `last`)."""
+    if not user_starts:
+        return None
+    for pos in user_starts:
+        if pos > n_past and (pos == user_starts[-1] or last is None or pos > last + min_step):
+            return pos
+    return None
 
 
 @dataclass(frozen=True, slots=True)

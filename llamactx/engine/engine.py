@@ -33,6 +33,8 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from llamactx.batch import Batch
+from llamactx.chat_spans import MessageDelimiters
+from llamactx.chat_template import ChatTemplate
 from llamactx.context import Context, DecodeStatus
 from llamactx.cparams import ContextParams
 from llamactx.engine.checkpoints import CheckpointParams
@@ -83,11 +85,14 @@ class Engine:
     `checkpoint_min_step` (--checkpoint-min-step): per slot, the context checkpoints that let a recurrent, hybrid or
     sliding-window memory reuse part of a cached prompt (engine/checkpoints.py).
     `session`: the session tier below the slots, in RAM and on disk, that evicted slots' states go to and come
-    back from (engine/session_tier.py; None or nothing enabled: off). Raises EngineError for a bad argument."""
+    back from (engine/session_tier.py; None or nothing enabled: off). `message_delimiters`: what opens a chat
+    message in a prompt's tokens (chat_spans.py; None: those of the model's chat template), whose user messages
+    end prompt chunks and get checkpoints where checkpoints are taken. Raises EngineError for a bad argument."""
 
     def __init__(self, model: Model, n_slots: int = 1, n_ctx: int = 4096, lora=(), spec: SpecParams | None = None,
                  n_ctx_checkpoints: int = 8, checkpoint_max_bytes: int = 256 << 20, checkpoint_min_step: int = 0,
-                 session: SessionParams | None = None, **context_params):
+                 session: SessionParams | None = None, message_delimiters: MessageDelimiters | None = None,
+                 **context_params):
         if not 1 <= n_slots <= 256:
             raise EngineError(f"n_slots = {n_slots} is outside [1, 256]")
         if spec is not None and not isinstance(spec, SpecParams):
@@ -113,6 +118,7 @@ class Engine:
                                    self.session)
         self.set_adapters_lora(lora)
         self.stats = EngineStats()
+        self._delimiters = message_delimiters
 
     def _why_no_speculation(self, spec: SpecParams | None) -> str | None:
         """Why this engine decodes without drafts although asked to speculate; None otherwise."""
@@ -156,6 +162,19 @@ class Engine:
                     cache.clear_slot(slot.seq_id)
 
     @property
+    def message_delimiters(self) -> MessageDelimiters:
+        """What opens a chat message: the engine's, else found in the model's chat template on first use (none when
+        the template cannot be rendered)."""
+        if self._delimiters is None:
+            try:
+                template = ChatTemplate.from_model(self.model)
+            except ValueError:  # a template that does not compile: no message spans
+                self._delimiters = MessageDelimiters()
+            else:
+                self._delimiters = MessageDelimiters.from_template(template, self.model.vocab)
+        return self._delimiters
+
+    @property
     def n_slots(self) -> int:
         return self.scheduler.n_slots
 
@@ -170,7 +189,9 @@ class Engine:
     def add_request(self, prompt: Seq[int], sampler: SamplerChain, limits: Limits | None = None,
                     **options) -> Sequence:
         """Queue a request; it joins the running batch at the next step with a free slot. `options`: id_slot,
-        cache_prompt, n_probs (Sequence's keywords). Raises EngineError for a prompt that cannot fit a slot."""
+        cache_prompt, n_probs, user_starts (Sequence's keywords; user_starts defaults to where
+        `message_delimiters` find user messages, while checkpoints are taken). Raises EngineError for a prompt
+        that cannot fit a slot."""
         if self.model.is_embedding_only:
             raise EngineError(f"model '{self.model.arch}' is an encoder (embeddings only: no output layer, no "
                               f"logits to sample; llama_decode runs llama_encode on it): it cannot generate text. "
@@ -186,7 +207,10 @@ class Engine:
         id_slot = options.get("id_slot", -1)
         if not -1 <= id_slot < self.n_slots:
             raise EngineError(f"id_slot {id_slot} is outside [-1, {self.n_slots})")
-        seq = Sequence([int(t) for t in prompt], sampler, limits or Limits(), **options)
+        prompt = [int(t) for t in prompt]
+        if self.scheduler.cache.checkpointing and "user_starts" not in options:
+            options["user_starts"] = self.message_delimiters.user_starts(prompt)
+        seq = Sequence(prompt, sampler, limits or Limits(), **options)
         self.scheduler.add(seq)
         return seq
 

@@ -86,14 +86,14 @@ class PrefixCache:
 
     def checkpoint(self, seq: Sequence) -> None:
         """Snapshot `seq`'s memory before its next prompt chunk is decoded (llama-server's create_checkpoint, made
-        before llama_decode): the state holding tokens[:n_past]. Away from the prompt's end, not within
-        `min_step` tokens of the slot's last checkpoint (--checkpoint-min-step)."""
+        before llama_decode): the state holding tokens[:n_past]. Away from the prompt's end and its last user
+        message, not within `min_step` tokens of the slot's last checkpoint (--checkpoint-min-step)."""
         if not self.checkpointing or not 0 < seq.n_past < seq.n_prompt:
             return
         ckpts = self.slots[seq.seq_id].checkpoints
         if ckpts.items and ckpts.items[-1].n_tokens == seq.n_past:
             return  # restored from it, or already taken
-        near_end = seq.n_prompt - seq.n_past <= self.tails[0]
+        near_end = seq.n_prompt - seq.n_past <= self.tails[0] or seq.user_starts[-1:] == (seq.n_past,)
         if not near_end and ckpts.items and seq.n_past < ckpts.items[-1].n_tokens + self.ckpt_params.min_step:
             return
         data = self.memory.checkpoint_write(seq.seq_id)

@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from llamactx.engine.checkpoints import CheckpointParams
+from llamactx.engine.checkpoints import CheckpointParams, user_break
 from llamactx.engine.prefix_cache import PrefixCache, common_prefix
 from llamactx.engine.sequence import Sequence, SequenceStatus
 from llamactx.engine.session_tier import SessionTier
@@ -86,17 +86,29 @@ class Scheduler:
         for seq in self.running:
             room = min(self.n_batch - used, self.memory.room(seq.seq_id) - used)
             if not seq.is_generating and room > 0:
-                n = min(len(seq.pending), room, self.cache.checkpoint_at(seq) - seq.n_past)
+                n = min(len(seq.pending), room, self._chunk_end(seq) - seq.n_past)
                 plan.append(Scheduled.of(seq, n))
                 used += n
         while used < self.n_batch and self.waiting and self.cache.n_free and self._admit(self.waiting[0]):
             seq = self.running[-1]
-            n = min(len(seq.pending), self.n_batch - used, self.cache.checkpoint_at(seq) - seq.n_past)
+            n = min(len(seq.pending), self.n_batch - used, self._chunk_end(seq) - seq.n_past)
             plan.append(Scheduled.of(seq, n))
             used += n
         if not plan and self.running:  # prefills that cannot move: make room for the oldest
             self.preempt(self.running[-1])
         return plan
+
+    def _chunk_end(self, seq: Sequence) -> int:
+        """Where `seq`'s next prompt chunk ends at the latest: at a checkpoint's tail point (PrefixCache.
+        checkpoint_at) or, while checkpoints are taken, at the next user message that gets one (user_break)."""
+        end = self.cache.checkpoint_at(seq)
+        if seq.user_starts and self.cache.checkpointing:
+            items = self.cache.slots[seq.seq_id].checkpoints.items
+            pos = user_break(seq.user_starts, seq.n_past, items[-1].n_tokens if items else None,
+                             self.cache.ckpt_params.min_step)
+            if pos is not None:
+                end = min(end, pos)
+        return end
 
     def _drafts(self, plan: list[Scheduled], used: int) -> tuple[list[Scheduled], int]:
         """Give each scheduled generating sequence the draft its drafter proposes, within the room left in the

@@ -97,7 +97,7 @@ class Sequence:
 
     def __init__(self, prompt: Seq[int], sampler: SamplerChain, limits: Limits = Limits(), *, id_slot: int = -1,
                  cache_prompt: bool = True, n_probs: int = -1, post_sampling_probs: bool = False,
-                 return_progress: bool = False):
+                 return_progress: bool = False, user_starts: Seq[int] = ()):
         prompt = list(prompt)
         if not prompt:
             raise EngineError("prompt is empty: at least one token is needed to generate")
@@ -118,6 +118,9 @@ class Sequence:
         # and top_logprobs then hold probabilities, of the candidates the chain left (none at 0)
         self.post_sampling_probs = post_sampling_probs
         self.return_progress = return_progress  # report the prompt's progress before and after each prefill step
+        # where the prompt's user messages start (llama-server's message spans): prompt chunks end there, so that
+        # a context checkpoint holds the conversation up to each message (engine/checkpoints.py)
+        self.user_starts: tuple[int, ...] = tuple(sorted(p for p in user_starts if 0 < p < len(prompt)))
         self.stream = TextStream(limits.stop)
         self.finish_reason: str | None = None
         self.error: str | None = None  # why it finished with "error"
