@@ -12,6 +12,7 @@ first on sys.path is imported (README: "llama-cpp-python code, unchanged").
     llama_speculative.py LlamaPromptLookupDecoding
     llama_cache.py       LlamaRAMCache, LlamaDiskCache
     llama_tokenizer.py   LlamaTokenizer, LlamaHFTokenizer
+    server/              `python -m llama_cpp.server`: llamactx's server with llama-cpp-python's settings
 """
 
 from .llama import *  # noqa: F403, I001 -- llama-cpp-python's order: the C names first

@@ -1,0 +1,69 @@
+"""llama-cpp-python's server app (llama_cpp/server/app.py's create_app) as llamactx's server: `server_config`
+maps llama-cpp-python's settings onto llamactx.server's ServerConfig through the same option handling as
+`Llama(...)` (llamactx.llama_cpp_options.runtime_params), so a setting means what it means for Llama."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from llamactx.llama_cpp_options import LlamaPromptLookupDecoding, runtime_params
+from llamactx.server.config import ServerConfig
+
+from .settings import ModelSettings, ServerSettings, Settings
+
+# settings whose llama-cpp-python meaning llamactx's server does not have: refused unless left at their default
+_REFUSED = {
+    "rpc_servers": "there are no RPC backends",
+    "clip_model_path": "multimodal (llava / mtmd) models are not served",
+    "chat_template_kwargs": "the chat template takes no extra arguments here",
+    "hf_tokenizer_config_path": "the model's own chat template and vocabulary are used",
+    "hf_pretrained_model_name_or_path": "the model's own vocabulary is used",
+    "hf_model_repo_id": "pass a local GGUF path as --model",
+}
+
+
+def _llama_kwargs(m: ModelSettings) -> dict:
+    """The Llama keywords of the model settings (draft_model and cache handled by the caller)."""
+    skip = {"model", "model_alias", "rpc_servers", "mul_mat_q", "chat_template_kwargs", "clip_model_path", "cache",
+            "cache_type", "cache_size", "hf_tokenizer_config_path", "hf_pretrained_model_name_or_path",
+            "hf_model_repo_id", "draft_model", "draft_model_num_pred_tokens", "n_parallel"}
+    kw = {k: v for k, v in m.model_dump().items() if k in ModelSettings.model_fields and k not in skip}
+    if m.kv_overrides:
+        kw["kv_overrides"] = dict(item.split("=", 1) for item in m.kv_overrides)
+    if m.draft_model is not None:
+        if m.draft_model != "prompt-lookup-decoding":
+            raise ValueError(f"draft_model = {m.draft_model!r}: only 'prompt-lookup-decoding' is supported")
+        kw["draft_model"] = LlamaPromptLookupDecoding(num_pred_tokens=m.draft_model_num_pred_tokens)
+    return kw
+
+
+def server_config(settings: Settings | ModelSettings, server: ServerSettings | None = None) -> ServerConfig:
+    """llamactx's ServerConfig for llama-cpp-python's settings. ValueError naming a refused setting."""
+    server = server or (settings if isinstance(settings, ServerSettings) else ServerSettings())
+    defaults = ModelSettings(model=settings.model)
+    for name, why in _REFUSED.items():
+        if getattr(settings, name) != getattr(defaults, name):
+            raise ValueError(f"{name} = {getattr(settings, name)!r}: {why}")
+    if settings.cache and settings.cache_type == "disk":
+        raise ValueError("cache_type = 'disk': the server keeps prompts in RAM (--cache_type ram)")
+    opts, runtime = runtime_params(settings.model, _llama_kwargs(settings))
+    runtime = replace(runtime, n_slots=settings.n_parallel, embd_n_ctx=None)
+    return ServerConfig(runtime=runtime, alias=settings.model_alias or settings.model,
+                        api_keys=[server.api_key] if server.api_key else [],
+                        cache_ram=settings.cache_size / 2**20 if settings.cache else 0,
+                        request_defaults={"seed": opts["seed"], "repeat_last_n": opts["last_n_tokens_size"]}
+                        if opts["seed"] != 0xFFFFFFFF else {"repeat_last_n": opts["last_n_tokens_size"]})
+
+
+def create_app(settings: Settings | None = None, server_settings: ServerSettings | None = None,
+               model_settings: list[ModelSettings] | None = None):
+    """The llamactx server app for llama-cpp-python's settings (one model: a list of several is refused)."""
+    from llamactx.server.app import create_app as llamactx_app
+
+    if model_settings is not None:
+        if len(model_settings) != 1:
+            raise ValueError(f"models: {len(model_settings)} model configs; llamactx's server serves one model")
+        return llamactx_app(server_config(model_settings[0], server_settings))
+    if settings is None:
+        raise ValueError("create_app: give settings (or server_settings and model_settings)")
+    return llamactx_app(server_config(settings))
