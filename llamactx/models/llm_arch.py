@@ -34,10 +34,16 @@ LLM_ARCH_NAMES = frozenset(
 
 def load_vocab_only_hparams(meta: dict[str, object], n_params: int = 0) -> HParams:
     """`load_hparams` for a `vocab_only` load: an architecture llamactx runs reads its hyperparameters as a full
-    load does; any other that llama.cpp names gets `vocab_only_hparams`."""
+    load does, unless they are missing or bad (a tokenizer-only file: llama.cpp reads none of them); any other
+    that llama.cpp names, or those, get `vocab_only_hparams`."""
     arch = meta.get("general.architecture")
-    if not isinstance(arch, str) or arch in ARCHITECTURES:
-        return load_hparams(meta, n_params)
+    if not isinstance(arch, str):
+        return load_hparams(meta, n_params)  # the missing key's error
+    if arch in ARCHITECTURES:
+        try:
+            return load_hparams(meta, n_params)
+        except HParamsError:
+            pass
     return vocab_only_hparams(meta, arch)
 
 

@@ -6,6 +6,7 @@
     special.py      special tokens, attributes and the partition of text around them
     detokenize.py   byte-level BPE pieces back to bytes, and detokenize's clean_spaces passes
     tokenizers.py   the SPM and BPE tokenizer sessions
+    bpe_sessions.py the whitespace and hybriddna BPE sessions (text cut before BPE)
     wpm.py          the WPM (BERT WordPiece) tokenizer session
     ugm.py          the UGM (T5 unigram) tokenizer session and its precompiled charsmap
     rwkv.py         the RWKV "world" tokenizer session and its token text escapes

@@ -5,8 +5,9 @@ token attributes from token types, special token ids (defaults, GGUF keys, then 
 end-of-generation set and the special-token cache. Tokenizing follows llama_vocab::impl::tokenize: special
 tokens are split out of the text first (tokenizer_st_partition, in special.py), then each raw fragment
 goes to the SPM, BPE or WPM tokenizer (tokenizers.py, wpm.py). Supported tokenizer models: 'llama' (SPM),
-'gpt2' (byte-level BPE, every pre-tokenizer of pre_types.py), 'gemma4' (SPM-style BPE on raw UTF-8), 'bert'
-(WPM), 't5' (UGM, ugm.py), 'rwkv' (rwkv.py) and 'plamo2' (plamo2.py).
+'gpt2' (byte-level BPE, every pre-tokenizer of pre_types.py), 'gemma4' (SPM-style BPE on raw UTF-8), 'whitespace'
+and 'hybriddna' (BPE behind bpe_sessions.py's cuts), 'bert' (WPM), 't5' (UGM, ugm.py), 'rwkv' (rwkv.py) and
+'plamo2' (plamo2.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from llamactx.vocab.bpe_sessions import DNA_KMER_MARKER, HybridDnaBpe, WhitespaceBpe
 from llamactx.vocab.detokenize import clean_spaces, decode_byte_level
 from llamactx.vocab.plamo2 import Plamo2Tokenizer, byte_tokens
 from llamactx.vocab.pre_types import PRE_TYPES, REGEX_EXPRS, PreType
@@ -39,14 +41,16 @@ from llamactx.vocab.wpm import WpmTokenizer
 __all__ = ["TOKEN_NULL", "Vocab", "VocabError"]
 
 # one tokenizer session per llama_vocab_type
-Session = SpmTokenizer | BpeTokenizer | WpmTokenizer | UgmTokenizer | RwkvTokenizer | Plamo2Tokenizer
+Session = (SpmTokenizer | BpeTokenizer | WhitespaceBpe | HybridDnaBpe | WpmTokenizer | UgmTokenizer | RwkvTokenizer
+           | Plamo2Tokenizer)
 
 
 _KEY = "tokenizer.ggml."
 _HEX = frozenset("0123456789abcdefABCDEF")  # std::isxdigit
 # tokenizer.ggml.model -> llama_vocab_type (llama_vocab::impl::load)
 VOCAB_TYPES = {
-    "llama": "spm", "gpt2": "bpe", "gemma4": "bpe", "bert": "wpm", "t5": "ugm", "rwkv": "rwkv", "plamo2": "plamo2",
+    "llama": "spm", "gpt2": "bpe", "gemma4": "bpe", "whitespace": "bpe", "hybriddna": "bpe", "bert": "wpm", "t5": "ugm",
+    "rwkv": "rwkv", "plamo2": "plamo2",
 }
 
 
@@ -120,6 +124,10 @@ class Vocab:
             raise VocabError(
                 f"'{_KEY}tokens' holds {dup!r} twice (ids {texts.index(dup)} and {token_to_id[dup]})"
             )
+        if model_type == "hybriddna" and "<oov>" in token_to_id:  # the k-mers after '<oov>' detokenize bare
+            for i in range(token_to_id["<oov>"] + 1, n):
+                if len(texts[i]) > 1 and texts[i].endswith(DNA_KMER_MARKER):
+                    texts[i] = texts[i][:-1]
         scores = _numeric(meta, _KEY + "scores", n, (np.floating, np.integer))
         types = _numeric(meta, _KEY + "token_type", n, (np.integer,))
         flags = {
@@ -142,9 +150,10 @@ class Vocab:
                          add_bos=pre.add_bos)
         if model_type == "bert":  # WPM (llama_vocab::impl::load): no space prefix, clean_spaces, [SEP] appended
             flags.update(add_space_prefix=False, clean_spaces=True)
-            # BertNormalizer's options: lower case (default true), strip accents (default: as lowercase)
-            flags["lowercase"] = _bool(meta, _KEY + "normalizer.lowercase", True)
-            flags["strip_accents"] = _bool(meta, _KEY + "normalizer.strip_accents", flags["lowercase"])
+        # BertNormalizer's options (WPM, the whitespace session): lower case (default true but for the whitespace
+        # pre-tokenizer), strip accents (default: as lowercase)
+        flags["lowercase"] = _bool(meta, _KEY + "normalizer.lowercase", pre.name != "whitespace")
+        flags["strip_accents"] = _bool(meta, _KEY + "normalizer.strip_accents", flags["lowercase"])
         if model_type == "t5":  # UGM: no BOS, EOS appended, no space prefix unless the file asks
             flags.update(add_space_prefix=False, add_bos=False, add_eos=True)
         if model_type in ("rwkv", "plamo2"):
@@ -159,7 +168,8 @@ class Vocab:
         special = SpecialTokens.detect(meta, texts, token_to_id, attrs, model_type, pre.name)
         if model_type == "plamo2":
             byte_tokens(texts, attrs)  # llm_tokenizer_plamo2::build refuses a vocabulary without all 256
-        flags["add_bos"] = _bool(meta, _KEY + "add_bos_token", flags["add_bos"])
+        # Gemma 4 adds BOS whatever its file says (llama.cpp's workaround, PR 21500)
+        flags["add_bos"] = _bool(meta, _KEY + "add_bos_token", flags["add_bos"]) or pre.name == "gemma4"
         flags["add_eos"] = _bool(meta, _KEY + "add_eos_token", flags["add_eos"])
         # false for SPM and BPE vocabularies unless the file says otherwise (llama-vocab.cpp sets it for WPM and
         # the jina / roberta BPE pre-tokenizers)
@@ -183,9 +193,14 @@ class Vocab:
                                            self.add_space_prefix, self.remove_extra_whitespaces)
             else:
                 splitter = PreTokenizer(REGEX_EXPRS[self._pre.family])
-                self._model = BpeTokenizer(self._token_to_id, self._merges, self.ignore_merges, splitter,
-                                           byte_encode=self._pre.byte_encode,
-                                           newline_words=self._pre.name == "gemma4")
+                bpe = BpeTokenizer(self._token_to_id, self._merges, self.ignore_merges, splitter,
+                                   byte_encode=self._pre.byte_encode, newline_words=self._pre.name == "gemma4")
+                if self.model_type == "whitespace":
+                    self._model = WhitespaceBpe(bpe, self.lowercase)
+                elif self.model_type == "hybriddna":
+                    self._model = HybridDnaBpe(bpe, self._token_to_id)
+                else:
+                    self._model = bpe
         return self._model
 
     # ---- tokens --------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from llamactx.vocab.tokenizers import SPM_SPACE, Memo
 
 # unicode.cpp's whitespace set (unicode_cpt_flags: is_whitespace)
-_WHITESPACE = frozenset(
+WHITESPACE = frozenset(
     [0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x20, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B), 0x2028, 0x2029, 0x202F,
      0x205F, 0x3000]
 )
@@ -30,7 +30,7 @@ def is_chinese_char(cpt: int) -> bool:
     return any(lo <= cpt <= hi for lo, hi in _CJK)
 
 
-def _lower(ch: str) -> str:
+def unicode_tolower(ch: str) -> str:
     """unicode_tolower: the simple (one code point) lower case mapping."""
     low = ch.lower()
     return low if len(low) == 1 else low[0]
@@ -43,7 +43,7 @@ def preprocess(text: str, lowercase: bool, strip_accents: bool) -> list[str]:
     words = [""]
     for ch in text:
         cpt = ord(ch)
-        if cpt in _WHITESPACE:
+        if cpt in WHITESPACE:
             if words[-1]:
                 words.append("")
             continue
@@ -52,7 +52,7 @@ def preprocess(text: str, lowercase: bool, strip_accents: bool) -> list[str]:
             continue
         if strip_accents and cat == "Mn":  # is_accent_mark
             continue
-        s = _lower(ch) if lowercase else ch
+        s = unicode_tolower(ch) if lowercase else ch
         if cat[0] == "P" or (cpt < 0x7F and cat[0] == "S") or is_chinese_char(cpt):
             if words[-1]:
                 words.append("")

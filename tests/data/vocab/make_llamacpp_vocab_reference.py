@@ -7,7 +7,7 @@ Usage: PYTHONPATH=<llama-cpp-python 0.3.36 sources> LLAMA_CPP_LIB_PATH=<libllama
 
 Per vocabulary, on the texts of its .inp file as test-tokenizer-0 splits them (the vocabularies without one, and
 the tiny ones of this folder that make_tiny_vocabs.py writes for tokenizer models llama.cpp ships no file of, take
-ggml-vocab-llama-bpe.gguf.inp's texts):
+ggml-vocab-llama-bpe.gguf.inp's texts, or their own <name>.gguf.inp here):
 - `ids` (only for vocabularies without .out; the others' are their .out lines): add_special false, parse_special
   false, test-tokenizer-0's call;
 - `detokenized`: common_detokenize of those ids (llama_detokenize, remove_special false, unparse_special true),
@@ -77,10 +77,11 @@ def main(models: Path) -> None:
         vocab = lc.llama_model_get_vocab(model)
         inp = Path(f"{path}.inp")
         has_out = inp.exists() and Path(f"{path}.out").exists()
-        texts = read_texts(inp if has_out else fallback)
+        source = inp if inp.exists() else fallback
+        texts = read_texts(source)
         ids = [tokenize(vocab, t, False, False) for t in texts]
         ids_special = [tokenize(vocab, t, True, True) for t in texts]
-        entry = {"texts": (inp if has_out else fallback).name}
+        entry = {"texts": source.name}
         if not has_out:
             entry["ids"] = ids
         entry["detokenized"] = [detokenize(vocab, i, False, True) for i in ids]
