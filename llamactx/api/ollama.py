@@ -10,11 +10,9 @@
   ignored.
 - `chat_body` turns a chat request into an OpenAI chat body: messages (tool calls' arguments as JSON text,
   tool results, no images), tools, `format` ("json" or a JSON schema) as response_format, `think` as the
-  template's enable_thinking.
-- `ChatRenderer` / `GenerateRenderer` answer as Ollama: one object, or NDJSON lines of `message` / `response`
-  pieces and a final `done` line with done_reason and the durations in nanoseconds; thinking split out of the
-  text by the template's <think> tags (`ThinkSplitter`, Ollama's thinking.Parser); tool calls with their
-  arguments as objects.
+  template's enable_thinking (`think_kwargs`).
+
+The answers are llamactx.api.ollama_responses'.
 """
 
 from __future__ import annotations
@@ -192,24 +190,22 @@ def format_fields(fmt: Any) -> dict[str, Any]:
 # -- requests -----------------------------------------------------------------------------------------------------
 
 
-def think_tags(template_source: str) -> tuple[str, str] | None:
-    """The template's thinking tags (Ollama's thinking.InferTags), or None for a model that does not think."""
-    return ("<think>", "</think>") if "<think>" in template_source and "</think>" in template_source else None
+def thinks(template_source: str) -> bool:
+    """Whether the model thinks: its template writes <think> blocks (Ollama's thinking.InferTags)."""
+    return "<think>" in template_source and "</think>" in template_source
 
 
-def think_mode(body: dict[str, Any], model: str, tags: tuple[str, str] | None) -> bool:
-    """Whether to think: `think` as asked, true by default for a thinking model (as Ollama). A model without
-    thinking tags refuses think = true as Ollama does; levels ("high", ...) are gpt-oss's and refused."""
+def think_kwargs(body: dict[str, Any], model: str, thinking: bool) -> dict[str, Any]:
+    """`think` as the template's enable_thinking (not given: the server's -rea default). A model that does not
+    think refuses think = true as Ollama does; levels ("high", ...) are gpt-oss's and refused."""
     think = body.get("think")
     if isinstance(think, str):
         raise P.ProtocolError(f'think value "{think}" is not supported for this model')
     if think is not None and not isinstance(think, bool):
         raise P.ProtocolError(f"think must be a boolean (got {think!r})")
-    if tags is None:
-        if think:
-            raise P.ProtocolError(f'"{model}" does not support thinking')
-        return False
-    return think is not False
+    if think and not thinking:
+        raise P.ProtocolError(f'"{model}" does not support thinking')
+    return {"chat_template_kwargs": {"enable_thinking": think}} if thinking and think is not None else {}
 
 
 def _no_images(images: Any, field: str) -> None:
@@ -249,15 +245,14 @@ def _openai_call(call: Any, field: str, index: int) -> dict[str, Any]:
             "function": {"name": fn["name"], "arguments": args if isinstance(args, str) else json.dumps(args)}}
 
 
-def chat_body(body: dict[str, Any], sampling: dict[str, Any], think: bool | None) -> dict[str, Any]:
-    """The OpenAI chat body of an Ollama chat request whose options are already `sampling` (options_fields);
-    `think`: the template's enable_thinking (None: the model does not think)."""
+def chat_body(body: dict[str, Any], sampling: dict[str, Any], think: dict[str, Any]) -> dict[str, Any]:
+    """The OpenAI chat body of an Ollama chat request whose options are already `sampling` (options_fields) and
+    whose `think` is `think` (think_kwargs)."""
     chat: dict[str, Any] = {"messages": chat_messages(body.get("messages")), "stream": stream_of(body),
                             **sampling, **format_fields(body.get("format"))}
     if body.get("tools"):
         chat["tools"] = body["tools"]
-    if think is not None:
-        chat["chat_template_kwargs"] = {"enable_thinking": think}
+    chat.update(think)
     return chat
 
 

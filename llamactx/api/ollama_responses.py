@@ -1,7 +1,7 @@
 """Ollama's answers: a generation as /api/chat and /api/generate return it, whole or as NDJSON pieces (Ollama's
-server/routes.go ChatHandler / GenerateHandler, api/types.go ChatResponse, GenerateResponse, Metrics), thinking
-split out of the text (thinking/parser.go), and a model's card for /api/tags, /api/show and /api/ps
-(ListModelResponse, ShowResponse, ProcessModelResponse).
+server/routes.go ChatHandler / GenerateHandler, api/types.go ChatResponse, GenerateResponse, Metrics), and a
+model's card for /api/tags, /api/show and /api/ps (ListModelResponse, ShowResponse, ProcessModelResponse).
+Thinking and tool calls come from the reply parsed as the chat endpoint parses it (llamactx.chat_parse).
 
 The renderers follow llamactx.api.responses' `Renderer` protocol (first / delta / last / response), so the one
 generation pipeline serves Ollama too; the server frames their stream objects as NDJSON lines.
@@ -18,88 +18,26 @@ from typing import Any
 
 import numpy as np
 
-from llamactx import tool_calls
+from llamactx import chat_parse
 from llamactx.api import protocol as P
 from llamactx.api import responses as R
 from llamactx.api.ollama import names_of, now_iso, ns
+from llamactx.chat_parse.message import new_call_id
 from llamactx.engine import Chunk
 
 FOREVER = "9999-12-31T23:59:59Z"  # /api/ps' expires_at for keep_alive < 0
 MAX_ARRAY = 5  # /api/show's model_info: longer arrays are shown empty unless verbose (Ollama's getModelData)
 
 
-def _partial_suffix(text: str, tag: str) -> int:
-    """The length of the longest end of `text` that begins `tag` (a tag that may still be arriving)."""
-    for k in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:k]):
-            return k
-    return 0
-
-
-class ThinkSplitter:
-    """Ollama's thinking.Parser: streamed text split into thinking (from the opening tag, or from the start when
-    the prompt ended with it, to the closing tag) and content; leading whitespace of each part is dropped."""
-
-    def __init__(self, tags: tuple[str, str], inside: bool = False):
-        self.open, self.close = tags
-        self.state = "thinking_start" if inside else "start"
-        self.buf = ""
-
-    def add(self, text: str) -> tuple[str, str]:
-        """(thinking, content) that `text` completes; a possible tag's beginning is held back."""
-        self.buf += text
-        thinking, content = "", ""
-        while self.buf:
-            if self.state == "start":
-                head = self.buf.lstrip()
-                if head.startswith(self.open):
-                    self.buf, self.state = head[len(self.open):], "thinking_start"
-                elif self.open.startswith(head):
-                    break
-                else:
-                    self.state = "content"
-            elif self.state in ("thinking_start", "content_start"):
-                self.buf = self.buf.lstrip()
-                if self.buf:
-                    self.state = "thinking" if self.state == "thinking_start" else "content"
-            elif self.state == "thinking":
-                i = self.buf.find(self.close)
-                if i < 0:
-                    keep = _partial_suffix(self.buf, self.close)
-                    thinking += self.buf[:len(self.buf) - keep]
-                    self.buf = self.buf[len(self.buf) - keep:]
-                    break
-                thinking += self.buf[:i]
-                self.buf, self.state = self.buf[i + len(self.close):], "content_start"
-            else:
-                content, self.buf = content + self.buf, ""
-        return thinking, content
-
-    def finish(self) -> tuple[str, str]:
-        """What was held back, at the end of the text."""
-        rest, self.buf = self.buf, ""
-        if self.state in ("thinking", "thinking_start"):
-            return rest.lstrip() if self.state == "thinking_start" else rest, ""
-        return "", rest if self.state in ("start", "content") else rest.lstrip()
-
-
-def split_thinking(text: str, tags: tuple[str, str] | None, inside: bool = False) -> tuple[str, str]:
-    """(thinking, content) of a whole answer."""
-    if tags is None:
-        return "", text
-    s = ThinkSplitter(tags, inside)
-    t1, c1 = s.add(text)
-    t2, c2 = s.finish()
-    return t1 + t2, c1 + c2
-
-
 class _Ollama:
-    """What both renderers share: the model name as asked, the clock, thinking, the final object's metrics."""
+    """What both renderers share: the model name as asked, the clock, the reply parsed as the chat endpoint parses
+    it (`parse`: llamactx.chat_parse's ChatParams, None for text as is) and the final object's metrics."""
 
-    def _setup(self, name: str, tags: tuple[str, str] | None, t0: float, load_s: float) -> None:
-        self.name, self.tags, self.t0, self.load_s = name, tags, t0, load_s
-        self.inside = bool(tags) and self.prompt_text.rstrip().endswith(tags[0])
-        self.splitter = ThinkSplitter(tags, self.inside) if tags else None
+    parse: chat_parse.ChatParams | None
+
+    def _setup(self, name: str, t0: float, load_s: float) -> None:
+        self.name, self.t0, self.load_s = name, t0, load_s
+        self._shown = chat_parse.ChatMsg()  # what the stream sent so far
 
     def _head(self) -> dict[str, Any]:
         return {"model": self.name, "created_at": now_iso()}
@@ -111,86 +49,79 @@ class _Ollama:
                 "prompt_eval_count": seq.n_prompt, "prompt_eval_duration": ns(t.prompt_ms / 1e3),
                 "eval_count": seq.n_output, "eval_duration": ns(t.predicted_ms / 1e3)}
 
-    def _pieces(self, chunks: list[Chunk]) -> tuple[str, str]:
-        text = "".join(ch.text for ch in chunks)
-        return self.splitter.add(text) if self.splitter else ("", text)
+    def _parsed_reply(self, text: str, partial: bool = False) -> chat_parse.ChatMsg:
+        if self.parse is None:
+            return chat_parse.ChatMsg(text)
+        return (chat_parse.parse_partial if partial else chat_parse.parse)(self.parse, text)
+
+    def _news(self, c: R.Choice, partial: bool) -> tuple[str, str, list[dict[str, Any]]]:
+        """(thinking, content, calls) that the reply so far adds to what the stream sent; calls only once the
+        reply is complete."""
+        cur = self._parsed_reply(c.text, partial)
+        thinking = content = ""
+        for d in chat_parse.diffs(self._shown, cur):
+            thinking, content = thinking + d.reasoning_content_delta, content + d.content_delta
+        self._shown = cur
+        return thinking, content, [] if partial else [ollama_call(call) for call in cur.tool_calls]
 
     def usage_chunk(self, choices: list[R.Choice]) -> dict[str, Any]:
         return {}
 
 
+def ollama_call(call: chat_parse.ToolCall) -> dict[str, Any]:
+    """A tool call as Ollama returns it: arguments as an object."""
+    try:
+        args = json.loads(call.arguments)
+    except json.JSONDecodeError:
+        args = call.arguments
+    return {"id": call.id or new_call_id(),
+            "function": {"name": call.name, "arguments": args if isinstance(args, dict) else {"value": args}}}
+
+
 class ChatRenderer(_Ollama, R.ChatRenderer):
-    """/api/chat: `message` with content, thinking and tool calls (arguments as objects). With tools the text is
-    parsed once complete, so a stream sends it (and the calls) in one piece at the end."""
+    """/api/chat: `message` with content, thinking and tool calls (arguments as objects); a stream sends the
+    thinking and content each token adds, and the calls once the reply is complete."""
 
-    def __init__(self, *args, name: str, tags: tuple[str, str] | None = None, t0: float = 0.0,
-                 load_s: float = 0.0, **kw):
+    def __init__(self, *args, name: str, t0: float = 0.0, load_s: float = 0.0, **kw):
         super().__init__(*args, **kw)
-        self._setup(name, tags, t0, load_s)
+        self._setup(name, t0, load_s)
 
-    def _ollama_message(self, text: str) -> dict[str, Any]:
-        thinking, content = split_thinking(text, self.tags, self.inside)
-        message: dict[str, Any] = {"role": "assistant", "content": content}
-        if thinking:
-            message["thinking"] = thinking
-        if self.tools:
-            rest, calls = tool_calls.parse(content)
-            message["content"] = rest or ""
-            if calls:
-                message["tool_calls"] = [_ollama_call(call) for call in calls]
-        return message
+    @staticmethod
+    def _message(thinking: str, content: str, calls: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"role": "assistant", "content": content, **({"thinking": thinking} if thinking else {}),
+                **({"tool_calls": calls} if calls else {})}
 
     def response(self, choices: list[R.Choice]) -> dict[str, Any]:
         c = choices[0]
-        return {**self._head(), "message": self._ollama_message(c.text), **self._done(c.seq)}
+        msg = self._parsed_reply(c.text)
+        calls = [ollama_call(call) for call in msg.tool_calls]
+        return {**self._head(), "message": self._message(msg.reasoning_content, msg.content, calls),
+                **self._done(c.seq)}
 
     def first(self, c: R.Choice) -> list[dict[str, Any]]:
         return []
 
     def delta(self, c: R.Choice, chunks: list[Chunk]) -> list[dict[str, Any]]:
-        if self.tools:
-            return []
-        thinking, content = self._pieces(chunks)
-        return [self._piece(thinking, content)] if thinking or content else []
-
-    def _piece(self, thinking: str, content: str) -> dict[str, Any]:
-        message = {"role": "assistant", "content": content, **({"thinking": thinking} if thinking else {})}
-        return {**self._head(), "message": message, "done": False}
+        news = self._news(c, partial=True)
+        return [{**self._head(), "message": self._message(*news), "done": False}] if any(news) else []
 
     def last(self, c: R.Choice) -> list[dict[str, Any]]:
-        out = []
-        if self.tools:
-            message = self._ollama_message(c.text)
-            if message["content"] or len(message) > 2:
-                out.append({**self._head(), "message": message, "done": False})
-        elif self.splitter:
-            thinking, content = self.splitter.finish()
-            if thinking or content:
-                out.append(self._piece(thinking, content))
+        news = self._news(c, partial=False)
+        out = [{**self._head(), "message": self._message(*news), "done": False}] if any(news) else []
         return [*out, {**self._head(), "message": {"role": "assistant", "content": ""}, **self._done(c.seq)}]
 
 
-def _ollama_call(call: tool_calls.ToolCall) -> dict[str, Any]:
-    try:
-        args = json.loads(call.arguments)
-    except json.JSONDecodeError:
-        args = call.arguments
-    return {"id": call.id, "function": {"name": call.name,
-                                        "arguments": args if isinstance(args, dict) else {"value": args}}}
-
-
 class GenerateRenderer(_Ollama, R.Renderer):
-    """/api/generate: `response` pieces, then the final object with `context` (the prompt's and the answer's
-    tokens, to continue from; not in raw mode)."""
+    """/api/generate: `response` (and `thinking`) pieces, then the final object with `context` (the prompt's and
+    the answer's tokens, to continue from; not in raw mode)."""
 
-    def __init__(self, *args, name: str, tags: tuple[str, str] | None = None, t0: float = 0.0,
+    def __init__(self, *args, name: str, parse: chat_parse.ChatParams | None = None, t0: float = 0.0,
                  load_s: float = 0.0, context: bool = True, **kw):
         super().__init__(*args, **kw)
-        self._setup(name, tags, t0, load_s)
-        self.context = context
+        self.parse, self.context = parse, context
+        self._setup(name, t0, load_s)
 
-    def _final(self, seq, text: str) -> dict[str, Any]:
-        thinking, content = split_thinking(text, self.tags, self.inside)
+    def _final(self, seq, thinking: str, content: str) -> dict[str, Any]:
         out = {**self._head(), "response": content, **({"thinking": thinking} if thinking else {}),
                **self._done(seq)}
         if self.context:
@@ -198,25 +129,22 @@ class GenerateRenderer(_Ollama, R.Renderer):
         return out
 
     def response(self, choices: list[R.Choice]) -> dict[str, Any]:
-        return self._final(choices[0].seq, choices[0].text)
+        msg = self._parsed_reply(choices[0].text)
+        return self._final(choices[0].seq, msg.reasoning_content, msg.content)
 
     def first(self, c: R.Choice) -> list[dict[str, Any]]:
         return []
 
-    def delta(self, c: R.Choice, chunks: list[Chunk]) -> list[dict[str, Any]]:
-        thinking, content = self._pieces(chunks)
-        return [self._piece(thinking, content)] if thinking or content else []
-
     def _piece(self, thinking: str, content: str) -> dict[str, Any]:
         return {**self._head(), "response": content, **({"thinking": thinking} if thinking else {}), "done": False}
 
+    def delta(self, c: R.Choice, chunks: list[Chunk]) -> list[dict[str, Any]]:
+        thinking, content, _ = self._news(c, partial=True)
+        return [self._piece(thinking, content)] if thinking or content else []
+
     def last(self, c: R.Choice) -> list[dict[str, Any]]:
-        out = []
-        if self.splitter:
-            thinking, content = self.splitter.finish()
-            if thinking or content:
-                out.append(self._piece(thinking, content))
-        return [*out, self._final(c.seq, "")]
+        thinking, content, _ = self._news(c, partial=False)
+        return [*([self._piece(thinking, content)] if thinking or content else []), self._final(c.seq, "", "")]
 
 
 # -- the model card -----------------------------------------------------------------------------------------------
@@ -251,11 +179,11 @@ class ModelCard:
     license: str
 
     @classmethod
-    def of(cls, model, aliases: list[str], template: str, tags: tuple[str, str] | None) -> ModelCard:
+    def of(cls, model, aliases: list[str], template: str, thinks: bool) -> ModelCard:
         stat = os.stat(model.path)
         details = {"parent_model": "", "format": "gguf", "family": model.arch, "families": [model.arch],
                    "parameter_size": model.hparams.size_label, "quantization_level": model.ftype_name}
-        caps = ("completion", *(("tools",) if "tools" in template else ()), *(("thinking",) if tags else ()))
+        caps = ("completion", *(("tools",) if "tools" in template else ()), *(("thinking",) if thinks else ()))
         meta = {k: v for k, v in model.meta.items() if k not in ("general.name", "tokenizer.chat_template")}
         lic = model.meta.get("general.license")
         return cls(tuple(aliases), model.fingerprint, stat.st_size, model.size,

@@ -28,6 +28,7 @@ from llamactx.api import ollama as O
 from llamactx.api import protocol as P
 from llamactx.api.ollama_responses import ChatRenderer, GenerateRenderer, ModelCard
 from llamactx.errors import LlamactxError
+from llamactx.server.completions import chat_parse_params, with_reasoning
 from llamactx.server.lifecycle import Phase
 from llamactx.server.prompts import render_chat
 
@@ -112,7 +113,7 @@ def ollama_routes(state, chat: Callable, completion: Callable, embed: Callable) 
     def card() -> ModelCard:
         if not cards:
             cards.append(ModelCard.of(state.model, state.aliases or [state.alias], state.template.source,
-                                      O.think_tags(state.template.source)))
+                                      O.thinks(state.template.source)))
         return cards[0]
 
     state.lifecycle.on_sleeping_state(lambda sleeping: sleeping and card())  # read it before the model goes
@@ -136,14 +137,12 @@ def ollama_routes(state, chat: Callable, completion: Callable, embed: Callable) 
         state.check_ready()
         body = await _json(request)
         name, keep, sampling = begin(body)
-        tags = O.think_tags(state.template.source)
-        think = O.think_mode(body, name, tags)
+        think = O.think_kwargs(body, name, O.thinks(state.template.source))
         if not body.get("messages"):
             return _load_answer(request, name, keep, "message")
-        chat_body = O.chat_body(body, sampling, think if tags else None)
+        chat_body = O.chat_body(body, sampling, think)
         _keep(request, keep)
-        renderer = partial(ChatRenderer, name=name, tags=tags if think else None, t0=t0,
-                           load_s=request.scope.get("llamactx.load_s", 0.0))
+        renderer = partial(ChatRenderer, name=name, t0=t0, load_s=request.scope.get("llamactx.load_s", 0.0))
         return _ndjson(await chat(request, chat_body, renderer))
 
     async def generate_route(request: Request) -> Response:
@@ -151,28 +150,29 @@ def ollama_routes(state, chat: Callable, completion: Callable, embed: Callable) 
         state.check_ready()
         body = await _json(request)
         name, keep, sampling = begin(body)
-        tags = O.think_tags(state.template.source)
-        think = O.think_mode(body, name, tags)
+        think = O.think_kwargs(body, name, O.thinks(state.template.source))
         if not body.get("prompt"):
             return _load_answer(request, name, keep, "response")
         raw = body.get("raw", False)
         if not isinstance(raw, bool):
             raise P.ProtocolError(f"raw must be a boolean (got {raw!r})")
         context = O.context_tokens(body, state.model.vocab.n_tokens)
+        parse = None  # raw: the text as is
         if raw:
             if body.get("system") or body.get("template") or context:
                 raise P.ProtocolError("raw mode does not support template, system, or context")
             text = body["prompt"]
             if not isinstance(text, str):
                 raise P.ProtocolError("prompt must be a string")
-        else:
-            kwargs = {"chat_template_kwargs": {"enable_thinking": think}} if tags else {}
-            req = P.validate(P.ChatCompletionRequest, {"messages": O.generate_messages(body), **kwargs})
+        else:  # the chat endpoint's render and reply parsing, for one user message
+            req = with_reasoning(state, P.validate(P.ChatCompletionRequest,
+                                                   {"messages": O.generate_messages(body), **think}))
             text, _ = await asyncio.to_thread(render_chat, state, req)
+            parse = await asyncio.to_thread(chat_parse_params, state, req, [])
         fields = {"prompt": [*context, text] if context else text, "stream": O.stream_of(body), **sampling,
                   **O.format_fields(body.get("format"))}
         _keep(request, keep)
-        renderer = partial(GenerateRenderer, name=name, tags=tags if think else None, t0=t0,
+        renderer = partial(GenerateRenderer, name=name, parse=parse, t0=t0,
                            load_s=request.scope.get("llamactx.load_s", 0.0), context=not raw)
         return _ndjson(await completion(request, renderer, fields))
 

@@ -1,22 +1,26 @@
 """Ollama's API (/api/*) through Ollama's own Python client (`ollama` on PyPI) against a real server: chat,
 generate, streaming, structured output, tools, embeddings, the listing routes, keep_alive, errors; the same
 requests give the same texts as the OpenAI routes. The translation's pure parts (options, durations, names,
-thinking) are checked without a server."""
+thinking pieces) are checked without a server."""
 
 from __future__ import annotations
 
 import json
 import time
 from datetime import datetime, timezone
+from types import SimpleNamespace
 
 import httpx
 import jsonschema
 import ollama
 import pytest
 
+from llamactx import chat_parse
 from llamactx.api import ollama as O
 from llamactx.api import protocol as P
-from llamactx.api.ollama_responses import ThinkSplitter, split_thinking
+from llamactx.api import responses as R
+from llamactx.api.ollama_responses import ChatRenderer, GenerateRenderer
+from llamactx.engine import Chunk
 from tests.server.conftest import running_server
 
 SAY = [{"role": "user", "content": "Say hello."}]
@@ -98,17 +102,33 @@ def test_model_names_are_name_colon_tag():
         O.model_name("", ["smollm2"])
 
 
-def test_thinking_is_split_from_the_text_as_it_streams():
-    tags = ("<think>", "</think>")
-    text = "  <think>\nthe user greets</think>\n\nHello!"
-    assert split_thinking(text, tags) == ("the user greets", "Hello!")
-    assert split_thinking("Hello!", tags) == ("", "Hello!")
-    assert split_thinking("plan</think>done", tags, inside=True) == ("plan", "done")  # the prompt opened it
-    assert split_thinking("<think>cut off", tags) == ("cut off", "")
-    for cut in range(1, len(text)):  # any split of the stream gives the same parts
-        s = ThinkSplitter(tags)
-        parts = [s.add(text[:cut]), s.add(text[cut:]), s.finish()]
-        assert ("".join(p[0] for p in parts), "".join(p[1] for p in parts)) == ("the user greets", "Hello!")
+def test_thinking_and_content_stream_as_ollama_pieces():
+    """A thinking model's reply, parsed as the chat endpoint parses it, as Ollama's message.thinking / thinking
+    pieces and the whole (a template that writes <think> blocks)."""
+    source = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+              "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}{# <think> </think> #}")
+    assert O.thinks(source) and not O.thinks("{{ messages }}")
+    params = chat_parse.chat_params(source, "<|im_start|>assistant\n")
+    seq = SimpleNamespace(timings=SimpleNamespace(prompt_ms=30.0, predicted_ms=50.0), n_prompt=3, n_output=5,
+                          finish_reason="stop", tokens=[1, 2, 3])
+    for renderer_cls, field in ((ChatRenderer, "message"), (GenerateRenderer, "response")):
+        renderer = renderer_cls("m", None, "prompt", None, name="m:latest", parse=params, t0=time.monotonic())
+        c = R.Choice(0, seq=seq)
+        out = []
+        for piece in ["<thi", "nk>pl", "an</th", "ink>\n\nHel", "lo!"]:
+            c.add([Chunk(5, piece)], False)
+            out += renderer.delta(c, [])
+        c.done = True
+        out += renderer.last(c)
+        parts = [o["message"] if field == "message" else o for o in out]
+        assert "".join(p.get("thinking", "") for p in parts) == "plan"
+        assert "".join(p["content" if field == "message" else "response"] for p in parts) == "Hello!"
+        assert [o["done"] for o in out] == [False] * (len(out) - 1) + [True] and out[-1]["done_reason"] == "stop"
+        assert out[-1]["eval_duration"] == 50_000_000 and out[-1]["prompt_eval_count"] == 3
+        whole = renderer.response([c])
+        body = whole["message"] if field == "message" else whole
+        assert body["thinking"] == "plan" and body[field if field == "response" else "content"] == "Hello!"
+        assert (whole.get("context") == [1, 2, 3]) == (field == "response")
 
 
 # -- through the client ------------------------------------------------------------------------------------------
