@@ -11,6 +11,7 @@
     ugm.py          the UGM (T5 unigram) tokenizer session and its precompiled charsmap
     rwkv.py         the RWKV "world" tokenizer session and its token text escapes
     plamo2.py       the PLaMo-2 tokenizer session
+    dummy.py        llama.cpp's dummy "test" tokenizer (hashes of 5-byte chunks)
 """
 
 from llamactx.vocab.vocab import TOKEN_NULL, Vocab, VocabError

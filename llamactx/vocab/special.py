@@ -125,7 +125,7 @@ class SpecialTokens:
         sp = cls(bos=1, eos=2, unk=0) if model_type == "llama" else cls(bos=11, eos=11)
         if model_type == "bert":  # WPM's defaults: [CLS] 101 as BOS, [UNK] 100, [SEP] 102, [PAD] 0, [MASK] 103
             sp = cls(bos=101, unk=100, sep=102, pad=0, mask=103)
-        elif model_type in ("gemma4", "rwkv"):  # read from the GGUF only
+        elif model_type in ("gemma4", "rwkv", "test"):  # read from the GGUF only
             sp = cls()
         elif model_type == "t5":  # UGM: '</s>' 1, '<unk>' 2, '<pad>' 0
             sp = cls(eos=1, unk=2, pad=0)

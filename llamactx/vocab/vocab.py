@@ -7,7 +7,7 @@ tokens are split out of the text first (tokenizer_st_partition, in special.py), 
 goes to the SPM, BPE or WPM tokenizer (tokenizers.py, wpm.py). Supported tokenizer models: 'llama' (SPM),
 'gpt2' (byte-level BPE, every pre-tokenizer of pre_types.py), 'gemma4' (SPM-style BPE on raw UTF-8), 'whitespace'
 and 'hybriddna' (BPE behind bpe_sessions.py's cuts), 'bert' (WPM), 't5' (UGM, ugm.py), 'rwkv' (rwkv.py) and
-'plamo2' (plamo2.py).
+'plamo2' (plamo2.py), and llama.cpp's dummy 'test' (dummy.py).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import numpy as np
 
 from llamactx.vocab.bpe_sessions import DNA_KMER_MARKER, HybridDnaBpe, WhitespaceBpe
 from llamactx.vocab.detokenize import clean_spaces, decode_byte_level
+from llamactx.vocab.dummy import DummyTokenizer, dummy_piece
 from llamactx.vocab.plamo2 import Plamo2Tokenizer, byte_tokens
 from llamactx.vocab.pre_types import PRE_TYPES, REGEX_EXPRS, PreType
 from llamactx.vocab.pretok import PreTokenizer
@@ -42,7 +43,7 @@ __all__ = ["TOKEN_NULL", "Vocab", "VocabError"]
 
 # one tokenizer session per llama_vocab_type
 Session = (SpmTokenizer | BpeTokenizer | WhitespaceBpe | HybridDnaBpe | WpmTokenizer | UgmTokenizer | RwkvTokenizer
-           | Plamo2Tokenizer)
+           | Plamo2Tokenizer | DummyTokenizer)
 
 
 _KEY = "tokenizer.ggml."
@@ -50,7 +51,7 @@ _HEX = frozenset("0123456789abcdefABCDEF")  # std::isxdigit
 # tokenizer.ggml.model -> llama_vocab_type (llama_vocab::impl::load)
 VOCAB_TYPES = {
     "llama": "spm", "gpt2": "bpe", "gemma4": "bpe", "whitespace": "bpe", "hybriddna": "bpe", "bert": "wpm", "t5": "ugm",
-    "rwkv": "rwkv", "plamo2": "plamo2",
+    "rwkv": "rwkv", "plamo2": "plamo2", "test": "test",
 }
 
 
@@ -156,7 +157,7 @@ class Vocab:
         flags["strip_accents"] = _bool(meta, _KEY + "normalizer.strip_accents", flags["lowercase"])
         if model_type == "t5":  # UGM: no BOS, EOS appended, no space prefix unless the file asks
             flags.update(add_space_prefix=False, add_bos=False, add_eos=True)
-        if model_type in ("rwkv", "plamo2"):
+        if model_type in ("rwkv", "plamo2", "test"):
             flags.update(add_space_prefix=False, add_bos=False)
         flags["add_space_prefix"] = _bool(meta, _KEY + "add_space_prefix", flags["add_space_prefix"])
         flags["remove_extra_whitespaces"] = _bool(meta, _KEY + "remove_extra_whitespaces", False)
@@ -188,6 +189,8 @@ class Vocab:
                 self._model = RwkvTokenizer(self._texts, self.unk)
             elif self.vocab_type == "plamo2":
                 self._model = Plamo2Tokenizer(self._texts, self._scores, self._attrs)
+            elif self.vocab_type == "test":
+                self._model = DummyTokenizer(self.n_tokens)
             elif self.vocab_type == "ugm":
                 self._model = UgmTokenizer(self._texts, self._scores, self._attrs, self.unk, self._charsmap,
                                            self.add_space_prefix, self.remove_extra_whitespaces)
@@ -274,7 +277,7 @@ class Vocab:
         out: list[int] = []
         if isinstance(model, WpmTokenizer):  # llama_vocab::impl::tokenize, WPM: [CLS] ... [SEP] when add_special
             return self._tokenize_wpm(model, fragments, add_special)
-        if isinstance(model, (RwkvTokenizer, Plamo2Tokenizer)):  # llama_vocab::impl::tokenize: never BOS / EOS
+        if isinstance(model, (RwkvTokenizer, Plamo2Tokenizer, DummyTokenizer)):  # these never add BOS / EOS
             add_special = False
         if add_special and self.add_bos:
             if self.bos == TOKEN_NULL:
@@ -329,6 +332,8 @@ class Vocab:
         attr, text = self._attrs[token], self._texts[token]
         if self.vocab_type == "rwkv":  # every token, whatever its attributes
             return unescape_rwkv_token(text)
+        if self.vocab_type == "test":
+            return dummy_piece(token)
         if self.vocab_type == "plamo2":  # '<0xXX>' byte tokens as their byte, every other token as its text
             hex_ok = len(text) == 6 and text[:3] == "<0x" and text[5] == ">" and all(c in _HEX for c in text[3:5])
             if attr & ATTR_BYTE and hex_ok:

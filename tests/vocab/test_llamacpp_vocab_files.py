@@ -32,7 +32,7 @@ WITH_TESTS = (
     "refact starcoder"
 ).split()
 WITHOUT_TESTS = "aquila baichuan gpt-neox nomic-bert-moe".split()
-TINY = ["tiny-rwkv", "tiny-plamo2", "tiny-whitespace", "tiny-hybriddna"]  # tests/data/vocab/<name>.gguf
+TINY = ["tiny-rwkv", "tiny-plamo2", "tiny-whitespace", "tiny-hybriddna", "tiny-test"]  # tests/data/vocab/<name>.gguf
 SEP = "\n__ggml_vocab_test__\n"
 
 

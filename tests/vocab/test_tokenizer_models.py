@@ -112,3 +112,12 @@ def test_vocab_only_of_an_architecture_without_a_graph(tmp_path):
     assert model.vocab.tokenize("a a") == [1, 3, 3]
     with pytest.raises(HParamsError, match="architecture 'bloom' is not supported"):
         Model.load(path)
+
+
+def test_gemma4_adds_bos_whatever_its_file_says(llamacpp_src):
+    # llama_vocab::impl::load: "workaround for Gemma 4" (PR 21500) sets add_bos when the file clears it
+    meta = dict(GGUFFile(llamacpp_src / "models" / "ggml-vocab-gemma-4.gguf").meta)
+    vocab = Vocab.from_gguf_meta({**meta, "tokenizer.ggml.add_bos_token": False})
+    assert vocab.add_bos and vocab.tokenize("Hi")[0] == vocab.bos == meta["tokenizer.ggml.bos_token_id"]
+    spm = Vocab.from_gguf_meta({**nomic_meta(llamacpp_src), "tokenizer.ggml.add_bos_token": False})
+    assert not spm.add_bos  # not for the others

@@ -13,6 +13,7 @@ tests/vocab/test_llamacpp_vocab_files.py (make_llamacpp_vocab_reference.py then 
 - tiny-hybriddna.gguf (llama, tokenizer model "hybriddna", pre "gpt-2"): a 600-token byte-level BPE learnt from the
   corpus, '<dna>' '</dna>' (CONTROL) and '<oov>', then the 4096 six-letter ACGT k-mers + U+E000 as
   _set_vocab_hybriddna writes them; its texts are tiny-hybriddna.gguf.inp (DNA spans among plain text).
+- tiny-test.gguf (llama, tokenizer model "test", llama.cpp's dummy): 997 tokens, '<s>' (CONTROL) then 't1'...
 
 Usage: python tests/data/vocab/make_tiny_vocabs.py <llama.cpp>/models
 """
@@ -87,7 +88,8 @@ def write_vocab(name: str, arch: str, tokens: list[str], types: list[int], merge
     writer.add_tokenizer_pre(keys.pop("pre"))
     writer.add_token_list([t.encode("utf-8") for t in tokens])
     writer.add_token_types(types)
-    writer.add_token_merges(merges)
+    if merges:
+        writer.add_token_merges(merges)
     for key, value in keys.items():
         writer.add_bool(f"tokenizer.ggml.{key}", value) if isinstance(value, bool) else writer.add_uint32(
             f"tokenizer.ggml.{key}", value)
@@ -153,8 +155,15 @@ def write_plamo2(models: Path) -> None:
     writer.close()
 
 
+def write_test(models: Path) -> None:
+    tokens = ["<s>"] + [f"t{i}" for i in range(1, 997)]
+    types = [gguf.TokenType.CONTROL] + [gguf.TokenType.NORMAL] * 996
+    write_vocab("tiny-test", "llama", tokens, types, [], model="test", pre="default")
+
+
 if __name__ == "__main__":
     write_rwkv(Path(sys.argv[1]))
     write_plamo2(Path(sys.argv[1]))
     write_whitespace(Path(sys.argv[1]))
     write_hybriddna(Path(sys.argv[1]))
+    write_test(Path(sys.argv[1]))
