@@ -21,3 +21,10 @@ from .llama_types import *  # noqa: F403
 
 __version__ = "0.3.36"
 __backend__ = "llamactx"
+
+
+def __getattr__(name: str):
+    """A llama.h name llamactx does not provide: an AttributeError naming it (llama_cpp.llama_cpp says which)."""
+    from . import llama_cpp as _c
+
+    return _c.__getattr__(name)

@@ -1,0 +1,87 @@
+"""What llama-cpp-python's own tests do not reach: the disk cache, chat handlers and formats, and llama.h's
+functions with C's calling conventions (out-buffers, negative sizes, the sampler chain), on a tiny model."""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+import pytest
+from llama_cpp import llama_chat_format
+
+TINY = Path(__file__).parent.parent / "data" / "tiny" / "tiny-llama3.gguf"
+
+
+def tiny(**kw) -> llama_cpp.Llama:
+    return llama_cpp.Llama(str(TINY), n_ctx=64, n_batch=64, n_ubatch=64, verbose=False, **kw)
+
+
+def test_disk_cache_restores_the_prompt_state(tmp_path):
+    prompt = "The quick brown fox"
+    expected = tiny().create_completion(prompt, max_tokens=4, temperature=0.0)["choices"][0]["text"]
+    cache = llama_cpp.LlamaDiskCache(cache_dir=str(tmp_path / "cache"))
+    writer = tiny()
+    writer.set_cache(cache)
+    writer.create_completion(prompt, max_tokens=4, temperature=0.0)
+    reopened = llama_cpp.LlamaDiskCache(cache_dir=str(tmp_path / "cache"))  # the index survives the process
+    tokens = writer.tokenize(prompt.encode())
+    assert tokens in reopened and cache.cache_size > 0
+    reader = tiny()
+    reader.set_cache(reopened)
+    loads = []
+    original = reader.load_state
+    reader.load_state = lambda state: (loads.append(state.n_tokens), original(state))
+    assert reader.create_completion(prompt, max_tokens=4, temperature=0.0)["choices"][0]["text"] == expected
+    assert loads and loads[0] >= len(tokens)
+
+
+def test_chat_handler_of_a_named_format_completes_its_prompt():
+    llm = tiny(chat_handler=llama_chat_format.get_chat_completion_handler("chatml"))
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    prompt = llama_chat_format.format_chatml(messages).prompt
+    assert prompt == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    chat = llm.create_chat_completion(messages=messages, max_tokens=5, temperature=0.0)
+    plain = llm.create_completion(llm.tokenize(prompt.encode(), add_bos=True, special=True), max_tokens=5,
+                                  temperature=0.0, stop=["<|im_end|>"])
+    assert chat["object"] == "chat.completion"
+    assert chat["choices"][0]["message"]["content"] == plain["choices"][0]["text"]
+    with pytest.raises(ValueError, match="chat format 'nope'"):
+        llama_chat_format.get_chat_completion_handler("nope")
+
+
+def test_low_level_buffers_and_sampler_chain():
+    params = llama_cpp.llama_model_default_params()
+    model = llama_cpp.llama_model_load_from_file(str(TINY).encode(), params)
+    vocab = llama_cpp.llama_model_get_vocab(model)
+    text = b"The quick brown fox"
+    buf = (ctypes.c_int32 * 4)()
+    n = llama_cpp.llama_tokenize(vocab, text, len(text), buf, 4, True, False)
+    assert n < -4  # too small: minus the count, as llama.h
+    buf = (ctypes.c_int32 * -n)()
+    assert llama_cpp.llama_tokenize(vocab, text, len(text), buf, -n, True, False) == -n
+    tokens = list(buf)
+    piece = ctypes.create_string_buffer(32)
+    k = llama_cpp.llama_token_to_piece(vocab, tokens[1], piece, 32, 0, False)
+    assert 0 < k and piece.raw[:k] == vocab.token_to_piece(tokens[1])
+    cparams = llama_cpp.llama_context_default_params()
+    cparams.n_ctx = 64
+    ctx = llama_cpp.llama_init_from_model(model, cparams)
+    assert llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(tokens)) == 0
+    chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_greedy())
+    logits = np.array(llama_cpp.llama_get_logits_ith(ctx, -1))
+    assert llama_cpp.llama_sampler_sample(chain, ctx, -1) == int(np.argmax(logits))
+    state = bytearray(llama_cpp.llama_state_get_size(ctx))
+    assert llama_cpp.llama_state_get_data(ctx, state, len(state)) == len(state)
+    mem = llama_cpp.llama_get_memory(ctx)
+    assert llama_cpp.llama_memory_seq_pos_max(mem, 0) == len(tokens) - 1
+    assert llama_cpp.llama_memory_seq_rm(mem, 0, 2, -1) and llama_cpp.llama_memory_seq_pos_max(mem, 0) == 1
+    assert llama_cpp.llama_state_set_data(ctx, state, len(state)) == len(state)
+    assert llama_cpp.llama_memory_seq_pos_max(mem, 0) == len(tokens) - 1
+    with pytest.raises(NotImplementedError, match="llama_numa_init"):
+        llama_cpp.llama_numa_init(0)
+    assert not hasattr(llama_cpp, "llama_model_get_tensor")
+    llama_cpp.llama_free(ctx)
+    llama_cpp.llama_model_free(model)
