@@ -148,6 +148,7 @@ class Llama:
         self._logits_all = bool(opts["logits_all"]) or self.draft_model is not None  # drafts need every row
         self._embedding = opts["embedding"]
         self._pooling = opts["pooling"]
+        self._context_overrides = dict(params.context)  # rope / yarn / attention_type: the embedding context's too
         model = Model.load(resolve_model_path(params.model), use_mmap=opts["use_mmap"], vocab_only=params.vocab_only)
         self._runtime = Runtime(params, model=model)
         self._model, self._engine = self._runtime.model, self._runtime.engine
@@ -639,7 +640,8 @@ class Llama:
             n = min(self._n_ctx, self._model.hparams.n_ctx_train) if self._model.is_embedding_only else self._n_ctx
             self._embd_ctx = Context(self._model, ContextParams(
                 n_ctx=n, n_batch=n, n_ubatch=n, embeddings=True, pooling_type=self._pooling or "unspecified",
-                n_threads=p.n_threads, n_threads_batch=p.n_threads_batch, flash_attn=p.flash_attn))
+                n_threads=p.n_threads, n_threads_batch=p.n_threads_batch, flash_attn=p.flash_attn,
+                **self._context_overrides))
         return self._embd_ctx
 
     def _embed_tokens(self, tokens: list[int]) -> np.ndarray:

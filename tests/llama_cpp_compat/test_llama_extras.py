@@ -85,3 +85,24 @@ def test_low_level_buffers_and_sampler_chain():
     assert not hasattr(llama_cpp, "llama_model_get_tensor")
     llama_cpp.llama_free(ctx)
     llama_cpp.llama_model_free(model)
+
+
+def test_logits_all_scores_and_prompt_lookup_drafts_keep_greedy_outputs():
+    tokens = tiny().tokenize(b"The quick brown fox jumps over the lazy dog. The quick brown fox")
+    plain, every_row = tiny(), tiny(logits_all=True)
+    plain.eval(tokens)
+    every_row.eval(tokens)
+    assert every_row.scores.shape[0] == every_row.n_ctx() and plain.scores.shape[0] == plain.n_batch
+    np.testing.assert_array_equal(every_row.scores[len(tokens) - 1], plain._ctx.ctx.get_logits_ith(-1))
+    assert np.abs(every_row.scores[: len(tokens)]).min(axis=1).max() > 0  # every position's row was filled
+
+    def first(llm, n=12):
+        out = []
+        for t in llm.generate(tokens, temp=0.0):
+            out.append(t)
+            if len(out) == n:
+                return out
+
+    drafted = tiny(draft_model=llama_cpp.LlamaPromptLookupDecoding(max_ngram_size=2, num_pred_tokens=4))
+    assert drafted._logits_all  # drafts need every row's logits, as llama-cpp-python sets
+    assert first(drafted) == first(tiny())
