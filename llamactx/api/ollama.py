@@ -176,6 +176,19 @@ def _check_ranges(fields: dict[str, Any]) -> None:
         raise P.ProtocolError(f'option "{option}": {rest}') from None
 
 
+def logprob_fields(body: dict[str, Any], chat: bool) -> dict[str, Any]:
+    """`logprobs` / `top_logprobs` as the chat endpoint's (logprobs, top_logprobs) or the completion endpoint's
+    (logprobs: n)."""
+    wanted, top = body.get("logprobs"), body.get("top_logprobs")
+    if wanted is not None and not isinstance(wanted, bool):
+        raise P.ProtocolError(f"logprobs must be a boolean (got {wanted!r})")
+    if top is not None and (not isinstance(top, int) or isinstance(top, bool) or not 0 <= top <= P.MAX_TOP_LOGPROBS):
+        raise P.ProtocolError(f"top_logprobs must be between 0 and {P.MAX_TOP_LOGPROBS} (got {top!r})")
+    if not wanted:
+        return {}
+    return {"logprobs": True, "top_logprobs": top or 0} if chat else {"logprobs": top or 0}
+
+
 def format_fields(fmt: Any) -> dict[str, Any]:
     """Ollama's `format` ("json", or a JSON schema) as llama-server's response_format."""
     if fmt is None or fmt == "":
@@ -249,7 +262,7 @@ def chat_body(body: dict[str, Any], sampling: dict[str, Any], think: dict[str, A
     """The OpenAI chat body of an Ollama chat request whose options are already `sampling` (options_fields) and
     whose `think` is `think` (think_kwargs)."""
     chat: dict[str, Any] = {"messages": chat_messages(body.get("messages")), "stream": stream_of(body),
-                            **sampling, **format_fields(body.get("format"))}
+                            **sampling, **format_fields(body.get("format")), **logprob_fields(body, True)}
     if body.get("tools"):
         chat["tools"] = body["tools"]
     chat.update(think)

@@ -38,6 +38,7 @@ class _Ollama:
     def _setup(self, name: str, t0: float, load_s: float) -> None:
         self.name, self.t0, self.load_s = name, t0, load_s
         self._shown = chat_parse.ChatMsg()  # what the stream sent so far
+        self._lp: list[dict[str, Any]] = []  # logprobs of tokens whose text the stream has not sent yet
 
     def _head(self) -> dict[str, Any]:
         return {"model": self.name, "created_at": now_iso()}
@@ -63,6 +64,23 @@ class _Ollama:
             thinking, content = thinking + d.reasoning_content_delta, content + d.content_delta
         self._shown = cur
         return thinking, content, [] if partial else [ollama_call(call) for call in cur.tool_calls]
+
+    def _token_lp(self, token: int, logprob: float) -> dict[str, Any]:
+        piece = self.vocab.token_to_piece(token)
+        return {"token": piece.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(piece)}
+
+    def _logprobs(self, chunks: list[Chunk], flush: bool = True) -> dict[str, Any]:
+        """Ollama's `logprobs` (with `logprobs: true`): each sampled token's and its `top_logprobs`; in a stream,
+        those of the tokens whose text the piece carries (`flush` false: kept for the next piece)."""
+        if self.gen is None or self.gen.n_probs < 0:
+            return {}
+        self._lp += [{**self._token_lp(ch.token, ch.logprob),
+                      "top_logprobs": [self._token_lp(t, lp) for t, lp in ch.top_logprobs]}
+                     for ch in chunks if ch.token is not None and ch.logprob is not None]
+        if not flush:
+            return {}
+        out, self._lp = self._lp, []
+        return {"logprobs": out}
 
     def usage_chunk(self, choices: list[R.Choice]) -> dict[str, Any]:
         return {}
@@ -96,19 +114,22 @@ class ChatRenderer(_Ollama, R.ChatRenderer):
         msg = self._parsed_reply(c.text)
         calls = [ollama_call(call) for call in msg.tool_calls]
         return {**self._head(), "message": self._message(msg.reasoning_content, msg.content, calls),
-                **self._done(c.seq)}
+                **self._done(c.seq), **self._logprobs(c.chunks)}
 
     def first(self, c: R.Choice) -> list[dict[str, Any]]:
         return []
 
     def delta(self, c: R.Choice, chunks: list[Chunk]) -> list[dict[str, Any]]:
         news = self._news(c, partial=True)
-        return [{**self._head(), "message": self._message(*news), "done": False}] if any(news) else []
+        lp = self._logprobs(chunks, flush=any(news))
+        return [{**self._head(), "message": self._message(*news), "done": False, **lp}] if any(news) else []
 
     def last(self, c: R.Choice) -> list[dict[str, Any]]:
         news = self._news(c, partial=False)
-        out = [{**self._head(), "message": self._message(*news), "done": False}] if any(news) else []
-        return [*out, {**self._head(), "message": {"role": "assistant", "content": ""}, **self._done(c.seq)}]
+        lp = self._logprobs([])
+        out = [{**self._head(), "message": self._message(*news), "done": False, **lp}] if any(news) else []
+        end = {**self._head(), "message": {"role": "assistant", "content": ""}, **self._done(c.seq)}
+        return [*out, {**end, **(lp if not out and lp.get("logprobs") else {})}]
 
 
 class GenerateRenderer(_Ollama, R.Renderer):
@@ -130,21 +151,26 @@ class GenerateRenderer(_Ollama, R.Renderer):
 
     def response(self, choices: list[R.Choice]) -> dict[str, Any]:
         msg = self._parsed_reply(choices[0].text)
-        return self._final(choices[0].seq, msg.reasoning_content, msg.content)
+        return {**self._final(choices[0].seq, msg.reasoning_content, msg.content), **self._logprobs(choices[0].chunks)}
 
     def first(self, c: R.Choice) -> list[dict[str, Any]]:
         return []
 
-    def _piece(self, thinking: str, content: str) -> dict[str, Any]:
-        return {**self._head(), "response": content, **({"thinking": thinking} if thinking else {}), "done": False}
+    def _piece(self, thinking: str, content: str, lp: dict[str, Any]) -> dict[str, Any]:
+        return {**self._head(), "response": content, **({"thinking": thinking} if thinking else {}), "done": False,
+                **lp}
 
     def delta(self, c: R.Choice, chunks: list[Chunk]) -> list[dict[str, Any]]:
         thinking, content, _ = self._news(c, partial=True)
-        return [self._piece(thinking, content)] if thinking or content else []
+        lp = self._logprobs(chunks, flush=bool(thinking or content))
+        return [self._piece(thinking, content, lp)] if thinking or content else []
 
     def last(self, c: R.Choice) -> list[dict[str, Any]]:
         thinking, content, _ = self._news(c, partial=False)
-        return [*([self._piece(thinking, content)] if thinking or content else []), self._final(c.seq, "", "")]
+        lp = self._logprobs([])
+        if thinking or content:
+            return [self._piece(thinking, content, lp), self._final(c.seq, "", "")]
+        return [{**self._final(c.seq, "", ""), **(lp if lp.get("logprobs") else {})}]
 
 
 # -- the model card -----------------------------------------------------------------------------------------------

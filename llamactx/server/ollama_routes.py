@@ -170,7 +170,7 @@ def ollama_routes(state, chat: Callable, completion: Callable, embed: Callable) 
             text, _ = await asyncio.to_thread(render_chat, state, req)
             parse = await asyncio.to_thread(chat_parse_params, state, req, [])
         fields = {"prompt": [*context, text] if context else text, "stream": O.stream_of(body), **sampling,
-                  **O.format_fields(body.get("format"))}
+                  **O.format_fields(body.get("format")), **O.logprob_fields(body, False)}
         _keep(request, keep)
         renderer = partial(GenerateRenderer, name=name, parse=parse, t0=t0,
                            load_s=request.scope.get("llamactx.load_s", 0.0), context=not raw)

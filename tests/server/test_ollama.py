@@ -135,23 +135,28 @@ def test_thinking_and_content_stream_as_ollama_pieces():
 
 
 def test_chat_matches_the_openai_route(srv, client):
-    res = client.chat(model="smollm2", messages=SAY, options=GREEDY, stream=False)
-    openai = _openai_chat(srv, messages=SAY)
+    res = client.chat(model="smollm2", messages=SAY, options=GREEDY, stream=False, logprobs=True, top_logprobs=2)
+    openai = _openai_chat(srv, messages=SAY, logprobs=True, top_logprobs=2)
     assert res.message.role == "assistant" and res.message.content == openai["message"]["content"]
     assert res.message.content and res.done and res.done_reason == openai["finish_reason"]
     assert res.model == "smollm2" and res.eval_count == GREEDY["num_predict"] and res.prompt_eval_count > 5
     assert 0 < res.eval_duration < res.total_duration and res.prompt_eval_duration > 0
+    want = openai["logprobs"]["content"]
+    assert [(lp.token, len(lp.top_logprobs)) for lp in res.logprobs] == [(w["token"], 2) for w in want]
+    assert [lp.logprob for lp in res.logprobs] == pytest.approx([w["logprob"] for w in want], abs=1e-5)
     created = datetime.fromisoformat(res.created_at.replace("Z", "+00:00"))
     assert abs((datetime.now(timezone.utc) - created).total_seconds()) < 60
 
 
 def test_chat_stream_is_ndjson_pieces_then_done(srv, client):
-    parts = list(client.chat(model="smollm2:latest", messages=SAY, options=GREEDY, stream=True))
+    parts = list(client.chat(model="smollm2:latest", messages=SAY, options=GREEDY, stream=True, logprobs=True))
     whole = client.chat(model="smollm2", messages=SAY, options=GREEDY, stream=False)
     assert len(parts) > 2 and all(not p.done for p in parts[:-1]) and parts[-1].done
     assert "".join(p.message.content for p in parts) == whole.message.content
     assert parts[-1].message.content == "" and parts[-1].done_reason == whole.done_reason
     assert parts[-1].eval_count == whole.eval_count and parts[-1].model == "smollm2:latest"
+    streamed = [lp for p in parts for lp in p.logprobs or []]  # each piece carries its tokens' logprobs
+    assert len(streamed) == whole.eval_count and "".join(lp.token for lp in streamed) == whole.message.content
     with httpx.stream("POST", srv.url + "/api/chat", json={"model": "smollm2", "messages": SAY,
                                                            "options": GREEDY}) as res:
         assert res.headers["content-type"].startswith("application/x-ndjson")
@@ -165,11 +170,13 @@ def test_generate_matches_chat_and_raw_matches_completions(srv, client):
     chat = _openai_chat(srv, messages=[{"role": "user", "content": prompt}])
     assert res.response == chat["message"]["content"] and res.done and res.eval_count == 8
     assert res.context and res.context[-1] != 0 and len(res.context) >= res.prompt_eval_count
-    raw = client.generate(model="smollm2", prompt=prompt, raw=True, options=GREEDY)
+    raw = client.generate(model="smollm2", prompt=prompt, raw=True, options=GREEDY, logprobs=True)
     with srv.client() as http:
         comp = http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 8, "temperature": 0,
-                                                  "seed": 7}).json()
+                                                  "seed": 7, "logprobs": 0}).json()
     assert raw.response == comp["choices"][0]["text"] and raw.context is None
+    assert [lp.logprob for lp in raw.logprobs] == pytest.approx(comp["choices"][0]["logprobs"]["token_logprobs"],
+                                                                abs=1e-5)
     pieces = list(client.generate(model="smollm2", prompt=prompt, raw=True, options=GREEDY, stream=True))
     assert "".join(p.response for p in pieces) == raw.response and pieces[-1].done
     # context continues the conversation: its tokens come first, so the answer is cached, not recomputed
