@@ -21,6 +21,7 @@ from llamactx.api import protocol as P
 from llamactx.api import responses as R
 from llamactx.api.ollama_responses import ChatRenderer, GenerateRenderer
 from llamactx.engine import Chunk
+from llamactx.server.lifecycle import Lifecycle, Phase
 from tests.server.conftest import running_server
 
 SAY = [{"role": "user", "content": "Say hello."}]
@@ -129,6 +130,29 @@ def test_thinking_and_content_stream_as_ollama_pieces():
         body = whole["message"] if field == "message" else whole
         assert body["thinking"] == "plan" and body[field if field == "response" else "content"] == "Hello!"
         assert (whole.get("context") == [1, 2, 3]) == (field == "response")
+
+
+def test_keep_alive_sets_how_long_the_lifecycle_stays_loaded_once_idle():
+    """server/lifecycle.py without a model: a release's keep_alive (0: now, < 0: never) overrides
+    --sleep-idle-seconds until a release without one."""
+    loads, unloads = [], []
+    lc = Lifecycle(lambda: loads.append(1) or True, lambda: unloads.append(1), lambda: False, idle_s=-1)
+    lc.start()
+    try:
+        for keep, sleeps in ((-1, False), (None, False), (0, True)):
+            lc.hold()  # wakes it when asleep
+            assert lc.phase is Phase.READY and lc.expires_in() in (None, 0.0)
+            lc.release(keep)
+            deadline = time.monotonic() + 5
+            while sleeps and not lc.is_sleeping and time.monotonic() < deadline:
+                time.sleep(0.02)
+            time.sleep(0.3)  # a watcher would have acted by now
+            assert lc.is_sleeping == sleeps and len(unloads) == int(sleeps)
+        lc.hold()
+        lc.release(30)
+        assert 29 < lc.expires_in() <= 30 and not lc.is_sleeping and len(loads) == 2  # woken once
+    finally:
+        lc.stop()
 
 
 # -- through the client ------------------------------------------------------------------------------------------
