@@ -168,6 +168,11 @@ def test_chat_matches_the_openai_route(srv, client):
     want = openai["logprobs"]["content"]
     assert [(lp.token, len(lp.top_logprobs)) for lp in res.logprobs] == [(w["token"], 2) for w in want]
     assert [lp.logprob for lp in res.logprobs] == pytest.approx([w["logprob"] for w in want], abs=1e-5)
+    # sampled, with the same seed: the options reach the same sampler chain as the OpenAI fields
+    sampled = {"temperature": 1.2, "seed": 42, "top_k": 30, "top_p": 0.9, "min_p": 0.02, "repeat_penalty": 1.1}
+    mine = client.chat(model="smollm2", messages=SAY, options={**sampled, "num_predict": 8}).message.content
+    theirs = _openai_chat(srv, messages=SAY, **sampled)["message"]["content"]
+    assert mine == theirs and mine != res.message.content
     created = datetime.fromisoformat(res.created_at.replace("Z", "+00:00"))
     assert abs((datetime.now(timezone.utc) - created).total_seconds()) < 60
 
