@@ -12,6 +12,7 @@ and 'hybriddna' (BPE behind bpe_sessions.py's cuts), 'bert' (WPM), 't5' (UGM, ug
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -48,6 +49,7 @@ Session = (SpmTokenizer | BpeTokenizer | WhitespaceBpe | HybridDnaBpe | WpmToken
 
 _KEY = "tokenizer.ggml."
 _HEX = frozenset("0123456789abcdefABCDEF")  # std::isxdigit
+_NOT_WORD = re.compile(r"\W+")
 # tokenizer.ggml.model -> llama_vocab_type (llama_vocab::impl::load)
 VOCAB_TYPES = {
     "llama": "spm", "gpt2": "bpe", "gemma4": "bpe", "whitespace": "bpe", "hybriddna": "bpe", "bert": "wpm", "t5": "ugm",
@@ -253,10 +255,16 @@ class Vocab:
         """A lower bound on len(tokenize(text)) from the text's length alone, to refuse an over-long prompt before
         tokenizing it. Tokens partition the text, and no token covers more characters of it than its own text
         has UTF-8 bytes (SPM's '▁' and BPE's byte-to-unicode mapping only lengthen a piece), so there are at
-        least len(text) / (the longest token text, in bytes) tokens."""
+        least len(text) / (the longest token text, in bytes) tokens. The tokenizers that drop or merge characters
+        (WPM, UGM, the whitespace session: whitespace, controls, accents) keep every letter, digit and '_', so
+        for them only those count; the dummy 'test' tokenizer covers five bytes a token."""
         if self._max_token_len is None:
-            self._max_token_len = max(len(t.encode("utf-8", "surrogatepass")) for t in self._texts)
-        return -(-len(text) // self._max_token_len)
+            longest = max(len(t.encode("utf-8", "surrogatepass")) for t in self._texts)
+            self._max_token_len = max(longest, 5) if self.vocab_type == "test" else longest
+        n = len(text)
+        if self.vocab_type in ("wpm", "ugm") or self.model_type == "whitespace":
+            n = len(_NOT_WORD.sub("", text))  # the \w characters (str.isalnum or '_')
+        return -(-n // self._max_token_len)
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         """Token ids of `text` (llama_tokenize). `add_special` adds BOS/EOS as the model asks

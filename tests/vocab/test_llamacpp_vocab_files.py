@@ -174,3 +174,14 @@ def test_pre_type_names_and_settings_are_llama_vocab_cpps(llamacpp_src):
             assert got == expected, name
             seen.add(name)
     assert seen == set(PRE_TYPES)
+
+
+def test_min_tokens_is_a_lower_bound(loaded, llamacpp_src):
+    # Vocab.min_tokens refuses over-long prompts before tokenizing: it must never exceed the real count, also for
+    # the tokenizers that drop whitespace (WPM, UGM, whitespace) and the dummy one (five bytes a token)
+    name, model, ref = loaded
+    vocab = model.vocab
+    texts = [text for text, _ in texts_and_ids(llamacpp_src, name, ref)]
+    for text in texts + [" " * 300, "\t\n" * 200 + "a", "\u3000" * 100, "\u200b" * 50 + "x", "é" * 40]:
+        assert vocab.min_tokens(text) <= len(vocab.tokenize(text, add_special=False)), (name, text[:40])
+    assert vocab.min_tokens("word " * 400) >= 1
