@@ -143,12 +143,14 @@ class Vocab:
         merges: Sequence[str] = ()
         pre = PRE_TYPES["default"]
         if VOCAB_TYPES[model_type] == "bpe":
-            merges = _merges(meta, _KEY + "merges")
             # the gemma4 tokenizer model is BPE with the gemma4 pre-tokenizer, whatever tokenizer.ggml.pre says
             name = "gemma4" if model_type == "gemma4" else (meta.get(_KEY + "pre", "") or "default")
             if name not in PRE_TYPES:
                 raise VocabError(f"'{_KEY}pre' = {name!r} is not a supported pre-tokenizer type")
             pre = PRE_TYPES[name]
+            # Kimi-K2's vocabulary may come without merges (llama_vocab::impl::load skips them)
+            if not (name == "kimi-k2" and model_type == "gpt2" and _KEY + "merges" not in meta):
+                merges = _merges(meta, _KEY + "merges")
             flags.update(add_space_prefix=False, clean_spaces=pre.clean_spaces, ignore_merges=pre.ignore_merges,
                          add_bos=pre.add_bos)
         if model_type == "bert":  # WPM (llama_vocab::impl::load): no space prefix, clean_spaces, [SEP] appended

@@ -121,3 +121,14 @@ def test_gemma4_adds_bos_whatever_its_file_says(llamacpp_src):
     assert vocab.add_bos and vocab.tokenize("Hi")[0] == vocab.bos == meta["tokenizer.ggml.bos_token_id"]
     spm = Vocab.from_gguf_meta({**nomic_meta(llamacpp_src), "tokenizer.ggml.add_bos_token": False})
     assert not spm.add_bos  # not for the others
+
+
+def test_kimi_k2_may_come_without_merges(llamacpp_src):
+    meta = {k: v for k, v in GGUFFile(llamacpp_src / "models" / "ggml-vocab-gpt-2.gguf").meta.items()
+            if k != "tokenizer.ggml.merges"}
+    with pytest.raises(VocabError, match="tokenizer.ggml.merges"):
+        Vocab.from_gguf_meta(meta)  # the others need them, as in llama.cpp
+    kimi = Vocab.from_gguf_meta({**meta, "tokenizer.ggml.pre": "kimi-k2"})
+    ids = kimi.tokenize("Hi 日本", add_special=False)  # no merges: one byte-level symbol per token
+    assert [kimi.token_get_text(i) for i in ids] == ["H", "i", "Ġ", *"æĹ¥æľ¬"]
+    assert kimi.detokenize(ids) == "Hi 日本"
