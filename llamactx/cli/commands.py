@@ -56,11 +56,11 @@ def _prompt(args) -> str:
     return process_escapes(text, "prompt") if args.escape else text
 
 
-def _model(args):
+def _model(args, vocab_only: bool = False):
     from llamactx.embedded import resolve_model_path
     from llamactx.model import Model
 
-    return Model.load(resolve_model_path(args.model))
+    return Model.load(resolve_model_path(args.model), vocab_only=vocab_only)
 
 
 def _warm_up_notice() -> None:
@@ -185,7 +185,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_tokenize(args: argparse.Namespace) -> int:
-    model = _model(args)
+    model = _model(args, vocab_only=True)  # llama-tokenize: any architecture llama.cpp names, graph or not
     tokens = model.vocab.tokenize(args.prompt, add_special=not args.no_bos, parse_special=True)
     for t in tokens:
         print(f"{t:6d} -> {model.vocab.token_to_piece(t, special=True).decode('utf-8', 'replace')!r}")

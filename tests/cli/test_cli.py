@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from llamactx.cli import main
-from tests.conftest import DATA, VARIANT
+from tests.conftest import DATA, LLAMACPP_SRC, VARIANT
 
 
 def llamactx(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
@@ -79,6 +79,10 @@ def test_tokenize_and_info(capsys):
     assert main(["tokenize", "-p", "<|im_start|>user"]) == 0
     out = capsys.readouterr().out
     assert "1 -> '<|im_start|>'" in out and "2 tokens" in out
+    # llama-tokenize reads the vocabulary only: a vocab file of an architecture without a graph here (gpt2)
+    vocab = LLAMACPP_SRC / "models" / "ggml-vocab-gpt-2.gguf"
+    assert main(["tokenize", "--no-bos", "-m", str(vocab), "-p", "Hello world"]) == 0
+    assert "15496 -> 'Hello'" in capsys.readouterr().out
     assert main(["info", "-m", "gemma3"]) == 0
     out = capsys.readouterr().out
     assert "gemma3 270M Q4_K_M" in out and "kernels:" in out
