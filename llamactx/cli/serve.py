@@ -51,7 +51,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "'*', or 'localhost' when --tools / MCP servers are enabled")
     p.add_argument("--tags", default=None, help="comma-separated model tags shown by /v1/models")
     p.add_argument("--chat-template", default=None, metavar="NAME|JINJA",
-                   help="a built-in template name (chatml, gemma, llama3) or a Jinja template, instead of the model's")
+                   help="a built-in template name (llama.cpp's llama_chat_builtin_templates: chatml, llama2, "
+                        "llama3, mistral-v7, phi3, gemma, deepseek3 ...; or a llama-cpp-python chat_format "
+                        "name) or a Jinja template, instead of the model's; an unknown name is refused")
     p.add_argument("--chat-template-file", default=None, help="a file with the Jinja chat template to use")
     p.add_argument("--jinja", action="store_true", help="accepted: chat templates are always Jinja here")
     p.add_argument("--no-jinja", action="store_true",
