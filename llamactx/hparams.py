@@ -83,8 +83,19 @@ class HParams:
     f_attn_logit_softcapping: float = 0.0  # gemma2: attention logits soft-capped (cap * tanh(kq / cap))
     f_logit_scale: float = 0.0  # granite: logits divided by it
     f_residual_scale: float = 0.0  # granite: attention and FFN outputs scaled before the residual adds
+    # mistral3: Q times 1 + f_attn_temp_scale * log(floor((pos + offset) / n_attn_temp_floor_scale) + 1) by position
+    f_attn_temp_scale: float = 0.0  # attention.temperature_scale (llm_graph_input_attn_temp)
+    n_attn_temp_floor_scale: int = 0  # mistral3: the model's n_ctx_orig_yarn
+    f_attn_temp_offset: float = 0.0
     rope_layers: tuple[bool, ...] = ()  # has_rope(il) per layer (llama_hparams::rope_pattern); () = every layer
     rope_sections: tuple[int, ...] = ()  # qwen35: IMRoPE's sections (t, h, w, e) (rope.dimension_sections)
+    # gemma4: per-layer attention shapes (llama_hparams n_head_kv_arr, n_embd_head_k_swa, n_rot_swa), the last
+    # layers reading earlier layers' KV (n_layer_kv_from_start) and per-layer token embeddings (n_embd_per_layer)
+    n_head_kv_arr: tuple[int, ...] = ()  # attention.head_count_kv per layer; () = n_head_kv in every layer
+    n_embd_head_k_swa: int = 0  # attention.key_length_swa: the sliding-window layers' head size; 0 = n_embd_head_k
+    n_rot_swa: int = 0  # rope.dimension_count_swa; 0 = n_rot
+    n_layer_kv_from_start: int = -1  # the first n layers have KV; -1 = all of them (attention.shared_kv_layers)
+    n_embd_per_layer: int = 0  # embedding_length_per_layer_input (gemma4's E models)
     # encoders (bert): LayerNorm epsilon, attention over the whole sequence, the model's own pooling
     f_norm_eps: float = 0.0  # attention.layer_norm_epsilon (LLM_KV_ATTENTION_LAYERNORM_EPS)
     causal_attn: bool = True  # attention.causal (LLM_KV_ATTENTION_CAUSAL)
@@ -120,6 +131,33 @@ class HParams:
 
     def is_swa(self, il: int) -> bool:
         return self.swa_layers[il]
+
+    def layer_n_head_kv(self, il: int) -> int:
+        """KV heads of layer `il` (llama_hparams::n_head_kv(il))."""
+        return self.n_head_kv_arr[il] if self.n_head_kv_arr else self.n_head_kv
+
+    def layer_head_size(self, il: int) -> int:
+        """Head size (K = V) of layer `il` (llama_hparams::n_embd_head_k(il))."""
+        return self.n_embd_head_k_swa if self.n_embd_head_k_swa and self.is_swa(il) else self.n_embd_head_k
+
+    def layer_n_rot(self, il: int) -> int:
+        """Rotated dimensions of layer `il` (llama_hparams::n_rot(il))."""
+        return self.n_rot_swa if self.n_rot_swa and self.is_swa(il) else self.n_rot
+
+    def layer_n_embd_gqa(self, il: int) -> int:
+        """K (= V) floats per token of layer `il` (llama_hparams::n_embd_k_gqa(il))."""
+        return self.layer_head_size(il) * self.layer_n_head_kv(il)
+
+    def has_kv(self, il: int) -> bool:
+        """Whether layer `il` stores K/V (llama_hparams::has_kv); the others read an earlier layer's."""
+        return self.n_layer_kv_from_start < 0 or il < self.n_layer_kv_from_start
+
+    def kv_reuse(self, il: int) -> int:
+        """The layer whose KV a layer without its own reads, -1 for a layer with KV: the last sliding-window
+        or the last global layer with KV (llama_model::create_memory's `reuse` for gemma3n / gemma4)."""
+        if self.has_kv(il):
+            return -1
+        return self.n_layer_kv_from_start - (2 if self.is_swa(il) else 1)
 
     def has_rope(self, il: int) -> bool:
         """Whether layer `il` rotates q and k (llama_hparams::has_rope): smollm3 skips every fourth layer."""
@@ -203,11 +241,13 @@ def _size_label(meta: dict[str, object], n_params: int) -> str:
 
 
 def read_hparams(meta: dict[str, object], arch: str, rope_type: int, memory: str,
-                 arch_hparams: Callable[[Meta, dict], dict], n_params: int = 0) -> HParams:
+                 arch_hparams: Callable[[Meta, dict], dict], n_params: int = 0,
+                 per_layer_heads: bool = False) -> HParams:
     """`HParams` from GGUF metadata: the keys every architecture has, then `arch_hparams(meta, fields)`'s (the
     architecture's own keys and checks, as field values). `memory`: "kv", "recurrent" (no attention: the head
     counts stay 0) or "hybrid" (head_count_kv may be per layer, 0 for a recurrent layer). Raises `HParamsError`
-    naming the key for a missing or bad value."""
+    naming the key for a missing or bad value. `per_layer_heads`: head_count_kv may hold one value per layer (gemma4;
+its `arch_hparams` reads them)."""
     m = Meta(meta, arch)
     n_embd = m.count("embedding_length")
     n_layer = m.count("block_count", hi=LLAMA_MAX_LAYERS)
@@ -216,7 +256,8 @@ def read_hparams(meta: dict[str, object], arch: str, rope_type: int, memory: str
         n_head = n_head_kv = n_embd_head_k = n_embd_head_v = n_rot = 0
         recurrent_layers = (True,) * n_layer
     else:
-        n_head, n_head_kv, recurrent_layers = _head_counts(m, n_layer, per_layer=memory == "hybrid")
+        n_head, n_head_kv, recurrent_layers = _head_counts(m, n_layer, per_layer=memory == "hybrid",
+                                                           per_layer_heads=per_layer_heads)
         if n_head % n_head_kv:
             raise HParamsError(f"'{arch}.attention.head_count' = {n_head} is not a multiple of head_count_kv = "
                                f"{n_head_kv}")
@@ -292,13 +333,20 @@ def _expert_counts(m: Meta) -> dict:
     return dict(n_expert=n_expert, n_expert_used=n_expert_used)
 
 
-def _head_counts(m: Meta, n_layer: int, per_layer: bool) -> tuple[int, int, tuple[bool, ...]]:
+def _head_counts(m: Meta, n_layer: int, per_layer: bool,
+                 per_layer_heads: bool = False) -> tuple[int, int, tuple[bool, ...]]:
     """n_head, n_head_kv and the recurrent layers. With `per_layer` (a hybrid memory), `head_count_kv` may hold
     one value per layer (lfm2: 0 marks a short-convolution layer, llama_model_lfm2::load_arch_hparams); the
     attention layers must then agree."""
     n_head = m.count("attention.head_count")
     key = f"{m.arch}.attention.head_count_kv"
     value = m.meta.get(key)
+    if getattr(value, "dtype", None) is not None and per_layer_heads:  # gemma4: checked, the first one returned
+        values = [int(v) for v in value]
+        if len(values) != n_layer or not all(1 <= v <= n_head and n_head % v == 0 for v in values):
+            raise HParamsError(f"GGUF metadata key '{key}' = {values}: expected {n_layer} values in [1, {n_head}] "
+                               f"that divide head_count = {n_head}")
+        return n_head, values[0], (False,) * n_layer
     if getattr(value, "dtype", None) is None or not per_layer:
         return n_head, m.count("attention.head_count_kv", n_head), (False,) * n_layer
     per_layer = [int(v) for v in value]

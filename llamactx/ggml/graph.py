@@ -135,6 +135,13 @@ class Graph:
         """A graph input bound at each run: "token", "embd", "pos" or "out_ids"."""
         return self.node("input", (), shape, (name,))
 
+    def pos_input(self, pos: Tensor, cols: int, set_input) -> Tensor:
+        """An input the executor computes from the positions at each run, set_input(pos) -> (n, cols) float32, and
+        places among the intermediates (llm_graph_input_attn_temp: mistral3's per-position Q scale)."""
+        if not (isinstance(pos, Tensor) and pos.params == ("pos",)):
+            raise GraphUnsupported("an input computed from other values than the ubatch's positions")
+        return self.node("input", (), (pos.rows, cols), ("pos_input", set_input))
+
     def binary(self, op: str, a: Tensor, b: Tensor) -> Tensor:
         if a.shape != b.shape:
             raise ValueError(f"{op}: shapes {a.shape} and {b.shape} differ")
@@ -191,6 +198,8 @@ class Graph:
         executor computes it with vec.rope_cache, frequency factors and YaRN included, as the eager ops do."""
         if len(x.shape) != 3:
             raise GraphUnsupported("rope other than (n, n_head, d)")
+        if self.ropes and rp.n_rot != self.ropes[0].n_rot:  # the executor stacks the tables: one width
+            raise GraphUnsupported(f"RoPE over {rp.n_rot} and {self.ropes[0].n_rot} dimensions in one graph")
         index = next((i for i, r in enumerate(self.ropes) if r is rp), None)
         if index is None:
             self.ropes.append(rp)
@@ -264,4 +273,6 @@ class GraphAttention:
             raise GraphUnsupported("attention logit soft-capping")
         if sinks is not None:
             raise GraphUnsupported("attention sinks")
+        if k is None:
+            raise GraphUnsupported("attention over an earlier layer's KV (shared KV layers)")
         return self.graph.attention(il, q, k, v, kq_scale, self.hparams.is_swa(il))

@@ -21,9 +21,24 @@ from llamactx.memory.hybrid import HybridMemory
 from llamactx.memory.kv_cache import KVCache
 from llamactx.memory.kv_cache_iswa import KVCacheISWA
 from llamactx.memory.recurrent import RecurrentMemory
-from llamactx.models import bert, gemma2, gemma3, gpt_oss, granite, lfm2, llama, mamba2, phi3, qwen35, smollm3
+from llamactx.models import (
+    bert,
+    gemma2,
+    gemma3,
+    gemma4,
+    gpt_oss,
+    granite,
+    lfm2,
+    llama,
+    mamba2,
+    mistral3,
+    phi3,
+    qwen35,
+    smollm3,
+)
 
-MODULES = (llama, gemma3, mamba2, lfm2, phi3, gemma2, smollm3, granite, bert, gpt_oss, qwen35)
+MODULES = (llama, gemma3, mamba2, lfm2, phi3, gemma2, smollm3, granite, bert, gpt_oss, qwen35, mistral3,
+           gemma4)
 ARCHITECTURES: dict[str, ModuleType] = {name: module for module in MODULES for name in module.ARCHS}
 
 
@@ -39,7 +54,8 @@ def load_hparams(meta: dict[str, object], n_params: int = 0) -> HParams:
     if not isinstance(arch, str):
         raise HParamsError("GGUF metadata key 'general.architecture' is missing")
     module = arch_module(arch)
-    return read_hparams(meta, arch, module.ARCHS[arch], module.MEMORY, module.arch_hparams, n_params)
+    return read_hparams(meta, arch, module.ARCHS[arch], module.MEMORY, module.arch_hparams, n_params,
+                        per_layer_heads=getattr(module, "PER_LAYER_HEADS", False))
 
 
 def expected_tensors(hp: HParams) -> dict[str, tuple[tuple[int, ...], bool]]:
@@ -71,9 +87,14 @@ def create_memory(hp: HParams, p: ResolvedParams) -> Memory | None:
     attn = [il for il in range(hp.n_layer) if not hp.is_recr(il)]
     if kind == "recurrent":
         return RecurrentMemory(recr, p.n_seq_max, hp.n_embd_r, hp.n_embd_s)
-    if kind == "kv" and hp.n_swa > 0 and not p.swa_full and any(hp.swa_layers):
+    # per-layer K/V widths or shared KV layers (gemma4): always the two caches, swa_full sizing the SWA one
+    per_layer = bool(hp.n_head_kv_arr or hp.n_embd_head_k_swa or hp.n_rot_swa) or hp.n_layer_kv_from_start >= 0
+    if kind == "kv" and hp.n_swa > 0 and (not p.swa_full or per_layer) and any(hp.swa_layers):
         return KVCacheISWA(hp, p.n_ctx, p.n_seq_max, p.n_ubatch, p.type_k, p.type_v, n_ctx_seq=p.n_ctx_seq,
-                           layout_exact=p.kv_layout_exact)
+                           layout_exact=p.kv_layout_exact, swa_full=p.swa_full,
+                           n_embd_gqa_swa=hp.layer_n_embd_gqa(hp.swa_layers.index(True)),
+                           reuse={il: hp.kv_reuse(il) for il in range(hp.n_layer) if hp.kv_reuse(il) >= 0},
+                           k_shift=not per_layer)
     kv = KVCache(len(attn), p.n_ctx, p.n_seq_max, hp.n_embd_k_gqa, hp.n_embd_v_gqa, p.type_k, p.type_v,
                  can_shift=True, n_ctx_seq=p.n_ctx_seq)
     if kind == "hybrid":
@@ -94,6 +115,10 @@ def memory_description(hp: HParams, swa_full: bool = False) -> str:
         n_swa_layers = sum(hp.swa_layers)
         split = (f"{hp.n_layer - n_swa_layers} global layers, {n_swa_layers} sliding-window layers of "
                  f"{hp.n_swa} tokens")
+        if hp.n_layer_kv_from_start >= 0:  # gemma4: the last layers read earlier layers' KV
+            n_kv = hp.n_layer_kv_from_start
+            split += (f"; layers {n_kv}-{hp.n_layer - 1} read the KV of layers {n_kv - 2} (sliding) and "
+                      f"{n_kv - 1} (global)")
         if swa_full:
             return f"llama_kv_cache ({split}; swa_full: every layer keeps the whole context)"
         return f"llama_kv_cache_iswa ({split}; swa_full keeps a full-size SWA cache)"

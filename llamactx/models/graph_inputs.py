@@ -6,6 +6,7 @@ to the architecture's `forward`, which never sees the KV cache itself.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -86,6 +87,27 @@ def rope_config(hp, cparams, freq_factors: np.ndarray | None = None) -> RopeConf
     return RopeConfig(full=full, swa=swa)
 
 
+def rope_factors(tensors, hp, cparams) -> np.ndarray | None:
+    """llama_model::get_rope_factors: Llama 3's `rope_freqs.weight` where the model has it, else LongRoPE's
+    (phi3) `rope_factors_long.weight` when a sequence's context n_ctx_seq exceeds the model's
+    original_context_length (hp.n_ctx_orig_yarn, not the context's), else `rope_factors_short.weight`; None
+    without any of them. (n_rot/2,) float32"""
+    if "rope_freqs.weight" in tensors:
+        return tensors["rope_freqs.weight"]
+    long = cparams.n_ctx_seq > hp.n_ctx_orig_yarn
+    return tensors.get("rope_factors_long.weight" if long else "rope_factors_short.weight")
+
+
+def attn_temp_scale(pos: np.ndarray, n_floor: int, f_scale: float, f_offset: float) -> np.ndarray:
+    """llm_graph_input_attn_temp::set_input (mistral3, llama4): each token's Q factor
+    log(floorf((float(pos) + offset) / float(n_floor)) + 1.0) * scale + 1.0, the quotient and its floor in float,
+    the rest in double (libm's log), stored as float. pos (n,) -> (n, 1) float32"""
+    f32 = np.float32
+    q = np.floor((np.asarray(pos).astype(f32) + f32(f_offset)) / f32(n_floor))  # (n,) float32
+    out = [math.log(float(v) + 1.0) * float(f32(f_scale)) + 1.0 for v in q]  # double, as std::log
+    return np.array(out, np.float32).reshape(-1, 1)  # (n, 1)
+
+
 def visibility_mask(cell_pos: np.ndarray, cell_has_seq: np.ndarray, tok_pos: np.ndarray, causal: bool,
                     n_swa: int) -> np.ndarray:
     """(n_tokens, n_kv) float32 of 0 (visible) / -inf (llm_graph_input_attn_kv::set_input_kq_mask).
@@ -130,7 +152,8 @@ class KVAttention:
             view, mask, vis = self.view_swa, self.mask_swa, self.vis_swa
         else:
             view, mask, vis = self.view, self.mask, self.vis
-        view.store(il, k.reshape(n, -1), v.reshape(n, -1))
+        if k is not None:  # None: a layer reading an earlier layer's KV (gemma4; build_attn with k_cur = nullptr)
+            view.store(il, k.reshape(n, -1), v.reshape(n, -1))
         return self.ops.attention_kv(q, view, il, mask, vis, kq_scale, self.flash, n_threads=self.n_threads,
                                      softcap=self.hp.f_attn_logit_softcapping, sinks=sinks)
 

@@ -3,17 +3,19 @@ two Qwen variants that differ from it only in optional tensors: `qwen2` (q/k/v b
 `qwen3` (RMS-normed q and k per head before RoPE, src/models/qwen3.cpp); both rotate NEOX-style (hparams). A model
 with experts (`llama.expert_count`: Mixtral), `qwen3moe` (qwen3 with experts, src/models/qwen3moe.cpp) and
 `qwen2moe` (qwen2 with experts and a shared expert, src/models/qwen2moe.cpp) replace the FFN by build_moe_ffn
-(models/moe.py)."""
+(models/moe.py). `build` is also mistral3's graph (models/mistral3.py): with `hp.f_attn_temp_scale`, Q after
+RoPE is multiplied by its position's attention temperature (llm_graph_input_attn_temp)."""
 
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import numpy as np
 
 from llamactx.ggml.inputs import ROPE_TYPE_NEOX, ROPE_TYPE_NORM
 from llamactx.hparams import HParams, HParamsError, Meta
-from llamactx.models.graph_inputs import AttentionInput, ForwardResult, RopeConfig
+from llamactx.models.graph_inputs import AttentionInput, ForwardResult, RopeConfig, attn_temp_scale
 from llamactx.models.moe import build_moe_ffn, expert_tensor_shapes, shared_expert
 
 # the architecture names this module runs, with their RoPE type (llama_model_rope_type): llama rotates adjacent
@@ -118,6 +120,10 @@ def build(model, ops, token: np.ndarray | None, embd: np.ndarray | None, pos: np
     n = len(pos)
     x = ops.get_rows(w("token_embd.weight"), token) if token is not None else embd  # (n, n_embd)
     kq_scale = 1.0 / math.sqrt(hp.n_embd_head_k)
+    attn_scale = None  # mistral3: build_inp_attn_scale, each token's Q factor (n, 1)
+    if hp.f_attn_temp_scale:
+        attn_scale = ops.pos_input(pos, 1, partial(attn_temp_scale, n_floor=hp.n_attn_temp_floor_scale,
+                                                   f_scale=hp.f_attn_temp_scale, f_offset=hp.f_attn_temp_offset))
     for il in range(hp.n_layer):
         b = f"blk.{il}."
         cur = ops.rms_norm(x, model.tensors[b + "attn_norm.weight"], hp.f_norm_rms_eps)  # (n, n_embd)
@@ -131,6 +137,8 @@ def build(model, ops, token: np.ndarray | None, embd: np.ndarray | None, pos: np
         rp = rope.for_layer(False)
         q = ops.rope(q, pos, rp)
         k = ops.rope(k, pos, rp)
+        if attn_scale is not None:  # ggml_mul(Qcur, inp_attn_scale): every element of a token's heads
+            q = (q.reshape(n, -1) * attn_scale).reshape(n, hp.n_head, hp.n_embd_head_k)
         cur = attn(il, q, k, v, kq_scale)  # (n, n_head * n_embd_head_v)
         cur = linear(model, ops, cur, b + "attn_output")  # (n, n_embd)
         if il == hp.n_layer - 1:  # only the output rows go through the last FFN

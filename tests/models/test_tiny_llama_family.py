@@ -1,7 +1,8 @@
 """The llama family's variants on tiny synthetic models against llama.cpp's logits (tests/data/tiny, REFERENCE.md):
 qwen2 (q/k/v biases), qwen3 (q/k RMSNorm), Llama 3's RoPE frequency factors, YaRN scaling, and the mixtures of
-experts: qwen3moe (Q8_0 experts) and llama with experts (Mixtral-style, F16 experts); and Q4_0 weights, which
-llama.cpp repacks (llama-q4_0, qwen3moe-q4_0)."""
+experts: qwen3moe (Q8_0 experts) and llama with experts (Mixtral-style, F16 experts); Q4_0 weights, which
+llama.cpp repacks (llama-q4_0, qwen3moe-q4_0); and mistral3 (Ministral 3: YaRN with its own betas and log
+multiplier, Llama 4's attention temperature by position)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,13 @@ import pytest
 
 from llamactx import Batch, Model
 from llamactx.backend.reference import ReferenceOps
-from tests.gguf.tiny_model import finish
+from llamactx.hparams import HParamsError
+from llamactx.models.graph_inputs import attn_temp_scale
+from tests.gguf.tiny_model import finish, rewrite_gguf
 from tests.models.tiny import TINY, decode_all, load_tiny, new_ctx, sequences_batch
 
-NAMES = ["qwen2", "qwen3", "llama3", "yarn", "qwen3moe", "mixtral", "llama-q4_0", "qwen3moe-q4_0", "qwen2moe"]
+NAMES = ["qwen2", "qwen3", "llama3", "yarn", "qwen3moe", "mixtral", "llama-q4_0", "qwen3moe-q4_0", "qwen2moe",
+         "mistral3"]
 
 
 @pytest.fixture(scope="module", params=NAMES)
@@ -62,6 +66,10 @@ def test_yarn_is_resolved_as_llama_cpp(tiny):
     if name == "yarn":
         assert p.rope_scaling_type == "yarn" and p.yarn_ext_factor == 1.0 and p.rope_freq_scale == 0.25
         assert p.yarn_attn_factor == 1.0  # get_mscale(4) / (1 + 0.1 ln 4), in float32
+    elif name == "mistral3":  # yarn_log_multiplier 1: get_mscale(4, 1) / get_mscale(4, 1), then / (1 + 0.1 ln 4)
+        assert p.rope_scaling_type == "yarn" and p.yarn_ext_factor == 1.0 and p.rope_freq_scale == 0.25
+        assert abs(p.yarn_attn_factor - 1 / (1 + 0.1 * np.log(4.0))) < 1e-7
+        assert (p.yarn_beta_fast, p.yarn_beta_slow, p.n_ctx_orig_yarn) == (16.0, 2.0, 8)  # the file's, not 32 / 1
     else:
         assert p.yarn_ext_factor == 0.0
 
@@ -117,3 +125,48 @@ def test_seq_cp_then_diverging_continuations_equal_each_alone(tiny):
         alone = new_ctx(model)
         decode_all(alone, prefix)
         np.testing.assert_array_equal(both[row], decode_all(alone, [tok], pos0=len(prefix))[-1])
+
+
+# -- mistral3: the attention temperature ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ops", ["reference", "fast"])
+def test_mistral3_prompt_across_ubatches_then_decodes(ops):
+    """A prompt split into ubatches of 6 tokens (each ubatch's positions give its Q factors), then single-token
+    decodes: llama.cpp's prompt logits and greedy logits bit for bit, on the compiled graph (FastOps) too."""
+    _, model, ref, arrays = load_tiny("mistral3")
+    ctx = new_ctx(model, ReferenceOps(ggml_single_row=True) if ops == "reference" else None, n_ubatch=6)
+    toks = ref["prompts"][0]["tokens"]
+    np.testing.assert_array_equal(decode_all(ctx, toks), arrays["prompt_0"])
+    for step, tok in enumerate(ref["greedy"][:24]):  # past positions 24, 32 and 40: new factors
+        row = decode_all(ctx, [tok], pos0=len(toks) + step)[-1]
+        if ops == "reference":
+            np.testing.assert_array_equal(row, arrays["greedy"][step + 1], err_msg=f"step {step}")
+        else:
+            np.testing.assert_allclose(row, arrays["greedy"][step + 1], rtol=0, atol=1e-2, err_msg=f"step {step}")
+    if ops == "fast":
+        plans = ctx.ops._plans
+        assert plans and all(entry is not None for entry in plans.values())  # every ubatch ran as a program
+
+
+def test_mistral3_temperature_scales_q_from_its_floor_scale(tmp_path):
+    """The Q factor 1 + 0.5 ln(floor(pos / 8) + 1) is 1 below position 8: without `attention.temperature_scale`
+    the first 8 logits rows stay llama.cpp's and the later ones change."""
+    _, model, ref, arrays = load_tiny("mistral3")
+    hp = model.hparams
+    assert (hp.f_attn_temp_scale, hp.n_attn_temp_floor_scale, hp.f_attn_temp_offset) == (0.5, 8, 0.0)
+    got = attn_temp_scale(np.array([0, 7, 8, 15, 16, 63, 64]), 8, 0.5, 0.0)  # (7, 1)
+    want = [1 + 0.5 * np.log(k + 1) for k in (0, 0, 1, 1, 2, 7, 8)]
+    np.testing.assert_allclose(got[:, 0], want, rtol=1e-7)
+    path = rewrite_gguf(TINY / "tiny-mistral3.gguf", tmp_path / "no-temp.gguf",
+                        {"mistral3.attention.temperature_scale": None})
+    plain = decode_all(new_ctx(Model.load(path)), ref["prompts"][0]["tokens"])
+    np.testing.assert_array_equal(plain[:8], arrays["prompt_0"][:8])
+    assert all(not np.array_equal(plain[i], arrays["prompt_0"][i]) for i in range(8, len(plain)))
+
+
+def test_mistral3_temperature_without_original_context_is_refused(tmp_path):
+    path = rewrite_gguf(TINY / "tiny-mistral3.gguf", tmp_path / "bad.gguf",
+                        {"mistral3.rope.scaling.original_context_length": 0})
+    with pytest.raises(HParamsError, match=r"mistral3\.rope\.scaling\.original_context_length' = 0.*temperature"):
+        Model.load(path)

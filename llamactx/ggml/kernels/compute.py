@@ -131,8 +131,10 @@ def _weight(meta, i):
 class GraphPlan:
     """A graph placed and encoded for `run_program`, rerun for every ubatch of its shape."""
 
-    def __init__(self, prog, fprm, arena_size, vectors, ropes, logits: Tensor | None, embd: Tensor):
+    def __init__(self, prog, fprm, arena_size, vectors, ropes, logits: Tensor | None, embd: Tensor,
+                 pos_inputs: tuple = ()):
         self.prog, self.fprm = prog, fprm  # (n_nodes, N_COLS) int64, (n_nodes, 1) float32
+        self.pos_inputs = pos_inputs  # (arena offset, floats, set_input) of each Graph.pos_input
         self.arena_size = max(arena_size, 1)  # floats of the buffer every intermediate lives in
         self.vectors = vectors  # (total,) float32: norm weights and biases, at the offsets the program names
         self.ropes = ropes  # RopeParams of each RoPE table
@@ -145,6 +147,8 @@ class GraphPlan:
         row in the cache it reads. -> (logits (n_out, n_vocab) or None, embd (n_out, n_embd))"""
         pos = np.ascontiguousarray(pos, np.int64)
         cos, sin = _rope_tables(self.ropes, pos)
+        for off, size, set_input in self.pos_inputs:  # llm_graph_input_i::set_input, into its arena region
+            arena[off : off + size] = np.asarray(set_input(pos), np.float32).reshape(-1)
         logits = np.empty(self.logits_shape or (0, 0), np.float32)
         out_embd = np.empty(self.embd_shape, np.float32)
         view, view_swa = attn.view, attn.view_swa
@@ -192,6 +196,13 @@ def plan_graph(graph: Graph, logits: Tensor | None, embd: Tensor, weight_index, 
         if t.op == "input" and t.params[0] == "embd":
             place[id(t)] = (IN_EMBD, 0)
     arena = _Arena()
+    pos_inputs = []  # computed per run into regions placed before any node's, freed after their last reader
+    for t in graph.nodes:
+        if t.op == "input" and t.params[0] == "pos_input":
+            place[id(t)] = (ARENA, arena.alloc(t.rows * t.cols))
+            pos_inputs.append((place[id(t)][1], t.rows * t.cols, t.params[1]))
+            if id(t) not in last_use:
+                arena.free(place[id(t)][1], t.rows * t.cols)
     prog = np.zeros((len(nodes), N_COLS), np.int64)
     fprm = np.zeros((len(nodes), 1), np.float32)
     vec_offsets = np.cumsum([0] + [v.size for v in graph.vectors])
@@ -209,7 +220,7 @@ def plan_graph(graph: Graph, logits: Tensor | None, embd: Tensor, weight_index, 
         if id(t) not in last_use and place[id(t)][0] == ARENA:  # computed, never read
             arena.free(place[id(t)][1], t.rows * t.cols)
     vectors = np.concatenate(graph.vectors) if graph.vectors else np.zeros(0, np.float32)
-    return GraphPlan(prog, fprm, arena.high, vectors, list(graph.ropes), logits, embd)
+    return GraphPlan(prog, fprm, arena.high, vectors, list(graph.ropes), logits, embd, tuple(pos_inputs))
 
 
 class _Arena:
@@ -253,7 +264,7 @@ def _encode(row, frow, t: Tensor, place, vec_offsets, weight_index, kernel_order
     row[DB], row[DO] = place[id(t)]
     row[DL], row[NR], row[NC] = t.cols, t.rows, t.cols
     for s, (cb, co, cl) in zip(t.src, ((AB, AO, AL), (BB, BO, BL), (CB, CO, CL))[: len(t.src)], strict=True):
-        if s.op == "input" and s.params[0] != "embd":  # token, pos, out_ids: bound as their own arrays
+        if s.op == "input" and s.params[0] in ("token", "pos", "out_ids"):  # bound as their own arrays
             continue
         row[cb], off = place[id(s.storage)]
         row[co], row[cl] = off + s.col0, s.storage.cols

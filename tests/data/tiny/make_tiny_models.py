@@ -101,15 +101,16 @@ def ffn_block(wt: Weights, b: str, n_ff: int) -> None:
     wt.mat(b + "ffn_down.weight", n_ff, N_EMBD)
 
 
-def common(w: gguf.GGUFWriter, wt: Weights, v: dict, n_layer: int, n_ff: int) -> None:
+def common(w: gguf.GGUFWriter, wt: Weights, v: dict, n_layer: int, n_ff: int, n_ctx_train: int = 2048,
+           embd_scale: float = 1.0) -> None:
     add_vocab(w, v)
-    w.add_context_length(2048)
+    w.add_context_length(n_ctx_train)
     w.add_embedding_length(N_EMBD)
     w.add_block_count(n_layer)
     w.add_feed_forward_length(n_ff)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    wt.mat("token_embd.weight", N_EMBD, N_VOCAB, scale=1.0)
+    wt.mat("token_embd.weight", N_EMBD, N_VOCAB, scale=embd_scale)
 
 
 def transformer(name: str, arch: str, seed: int, kind: T, bias: bool = False, qk_norm: bool = False,
@@ -347,6 +348,78 @@ def gpt_oss(name: str, seed: int, kind: T, expert_kind: T) -> Path:
     return finish(w)
 
 
+def mistral3(seed: int = 17) -> Path:
+    """mistral3 (Ministral 3; llamactx/models/llama.py) at n_embd 64, 4 heads of 16 (2 KV heads), Q8_0: YaRN
+    (factor 4 over an original context of 8, betas 16 / 2 instead of 32 / 1, yarn_log_multiplier 1 as the
+    converter writes mscale_all_dim) and an attention temperature scale of 0.5, whose floor scale is that original
+    context: Q's factor 1 + 0.5 ln(floor(pos / 8) + 1) changes every 8 positions of the prompts and greedy steps."""
+    v = smollm2_vocab()
+    path = OUT / "tiny-mistral3.gguf"
+    w = gguf.GGUFWriter(str(path), "mistral3")
+    w.add_name("tiny mistral3")
+    wt = Weights(w, seed, T.Q8_0)
+    n_layer, n_head, n_head_kv, head_dim, n_ff = 2, 4, 2, 16, 128
+    common(w, wt, v, n_layer, n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_rope_freq_base(1000000.0)
+    w.add_rope_dimension_count(head_dim)
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(4.0)
+    w.add_rope_scaling_orig_ctx_len(8)
+    w.add_rope_scaling_yarn_beta_fast(16.0)
+    w.add_rope_scaling_yarn_beta_slow(2.0)
+    w.add_rope_scaling_yarn_log_mul(1.0)
+    w.add_attn_temperature_scale(0.5)
+    wt.vec("output_norm.weight", (N_EMBD,), 1.0)
+    wt.mat("output.weight", N_EMBD, N_VOCAB)
+    for il in range(n_layer):
+        b = f"blk.{il}."
+        attention_block(wt, b, n_head, n_head_kv, head_dim)
+        ffn_block(wt, b, n_ff)
+    return finish(w)
+
+
+def phi3_longrope(name: str, seed: int, n_head_kv: int, n_rot: int, tied: bool) -> Path:
+    """phi3 with LongRoPE (llamactx/models/phi3.py) at n_embd 64, 4 heads of 16, Q8_0, fused attn_qkv: trained
+    for 4096 positions from an original 512 (`rope.scaling.original_context_length`), so a context of more than
+    512 tokens per sequence takes `rope_factors_long` (1 .. 16) and a smaller one `rope_factors_short` (1 .. 1.5),
+    n_rot/2 each; `rope.scaling.attn_factor` is the converter's sqrt(1 + ln(4096 / 512) / ln(512)).
+    phi3-longrope has Phi-3.5-mini-128k's layout (every head's dimensions rotated, one KV head per head, its own
+    output matrix); phi4-mini Phi-4-mini's (a partial rotation of 12 of 16, 2 KV heads, output tied to the
+    embeddings)."""
+    v = smollm2_vocab()
+    path = OUT / f"tiny-{name}.gguf"
+    w = gguf.GGUFWriter(str(path), "phi3")
+    w.add_name(f"tiny {name}".replace("phi3", "phi 3").replace("phi4", "phi 4"))  # see dense_family
+    wt = Weights(w, seed, T.Q8_0)
+    n_layer, n_head, head_dim, n_ff = 2, 4, 16, 128
+    # tied: embeddings of norm 1, else the logits favour repeating the input token
+    common(w, wt, v, n_layer, n_ff, n_ctx_train=4096, embd_scale=0.125 if tied else 1.0)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_rope_freq_base(10000.0)
+    w.add_rope_dimension_count(n_rot)
+    w.add_rope_scaling_orig_ctx_len(512)
+    w.add_rope_scaling_attn_factors(float(np.sqrt(1 + np.log(4096 / 512) / np.log(512))))
+    w.add_sliding_window(0)  # as the converter writes for Phi-4
+    wt.put("rope_factors_long.weight", np.linspace(1.0, 16.0, n_rot // 2).astype(np.float32), T.F32)
+    wt.put("rope_factors_short.weight", np.linspace(1.0, 1.5, n_rot // 2).astype(np.float32), T.F32)
+    wt.vec("output_norm.weight", (N_EMBD,), 1.0)
+    if not tied:
+        wt.mat("output.weight", N_EMBD, N_VOCAB)
+    n_kv = n_head_kv * head_dim
+    for il in range(n_layer):
+        b = f"blk.{il}."
+        wt.vec(b + "attn_norm.weight", (N_EMBD,), 1.0)
+        wt.mat(b + "attn_qkv.weight", N_EMBD, n_head * head_dim + 2 * n_kv)
+        wt.mat(b + "attn_output.weight", n_head * head_dim, N_EMBD)
+        wt.vec(b + "ffn_norm.weight", (N_EMBD,), 1.0)
+        wt.mat(b + "ffn_up.weight", N_EMBD, 2 * n_ff)  # gate rows, then up rows
+        wt.mat(b + "ffn_down.weight", n_ff, N_EMBD)
+    return finish(w)
+
+
 MODELS = {
     "qwen2": lambda: transformer("qwen2", "qwen2", 1, T.Q8_0, bias=True),
     "qwen3": lambda: transformer("qwen3", "qwen3", 2, T.F16, qk_norm=True),
@@ -367,6 +440,9 @@ MODELS = {
     "granite": lambda: dense_family("granite", "granite", 13, T.Q8_0, 2),
     "gpt-oss": lambda: gpt_oss("gpt-oss", 14, T.Q8_0, T.Q8_0),
     "gpt-oss-mxfp4": lambda: gpt_oss("gpt-oss-mxfp4", 15, T.F16, T.MXFP4),  # the released models' expert type
+    "mistral3": mistral3,
+    "phi3-longrope": lambda: phi3_longrope("phi3-longrope", 18, n_head_kv=4, n_rot=16, tied=False),
+    "phi4-mini": lambda: phi3_longrope("phi4-mini", 19, n_head_kv=2, n_rot=12, tied=True),
 }
 
 if __name__ == "__main__":

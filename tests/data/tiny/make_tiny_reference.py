@@ -37,11 +37,15 @@ TOKENIZE = ("gpt-oss",)  # the models whose references record TOKENIZE_TEXTS
 
 
 def reference(name: str) -> None:
-    """<name>-fa: the model tiny-<name>.gguf with flash attention on (gemma2: its soft-capped flash kernels)."""
+    """<name>-fa: the model tiny-<name>.gguf with flash attention on (gemma2: its soft-capped flash kernels);
+    <name>-long: with n_ctx 1024, past the LongRoPE models' original context of 512 (their long factors)."""
     model, flash = (name[: -len("-fa")], True) if name.endswith("-fa") else (name, False)
-    llm = Llama(model_path=str(HERE / f"tiny-{model}.gguf"), n_ctx=512, n_batch=512, n_threads=2,
+    model, n_ctx = (model[: -len("-long")], 1024) if model.endswith("-long") else (model, 512)
+    llm = Llama(model_path=str(HERE / f"tiny-{model}.gguf"), n_ctx=n_ctx, n_batch=512, n_threads=2,
                 logits_all=True, verbose=False, seed=0, flash_attn=flash)
     out: dict = {"model": f"tiny-{model}.gguf", "prompts": [], "n_vocab": llm.n_vocab()}
+    if n_ctx != 512:
+        out["n_ctx"] = n_ctx
     if flash:
         out["flash_attn"] = True
     arrays = {}
@@ -75,5 +79,6 @@ def reference(name: str) -> None:
 if __name__ == "__main__":
     for name in sys.argv[1:] or ["qwen2", "qwen3", "llama3", "yarn", "mamba2", "mamba2-s128", "lfm2", "qwen3moe",
                                  "mixtral", "phi3", "gemma2", "gemma2-fa", "smollm3", "granite", "gpt-oss",
-                                 "gpt-oss-fa", "gpt-oss-mxfp4"]:
+                                 "gpt-oss-fa", "gpt-oss-mxfp4", "mistral3", "phi3-longrope", "phi3-longrope-long",
+                                 "phi4-mini", "phi4-mini-long"]:
         reference(name)
