@@ -25,7 +25,14 @@ from llamactx.memory.hybrid import HybridView
 from llamactx.memory.recurrent import RecurrentView
 from llamactx.model import Model
 from llamactx.models import arch_module
-from llamactx.models.graph_inputs import BatchAttention, HybridInput, KVAttention, LayerMappedAttention, rope_config
+from llamactx.models.graph_inputs import (
+    BatchAttention,
+    HybridInput,
+    KVAttention,
+    LayerMappedAttention,
+    rope_config,
+    rope_factors,
+)
 from llamactx.state import load_file, read_state, save_file, write_state
 from llamactx.state_io import StateError
 
@@ -74,7 +81,7 @@ class Context:
         self.memory = model.create_memory(p)
         self.ops = ops if ops is not None else _fast_ops(model)
         self._arch = arch_module(model.arch)
-        self._rope = rope_config(hp, p, model.tensors.get("rope_freqs.weight"))
+        self._rope = rope_config(hp, p, rope_factors(model.tensors, hp, p))
         self._loras: tuple[tuple[LoraAdapter, float], ...] = ()  # (adapter, user scale), in the order set
         self._forward_model = model  # the model, or an AdaptedModel while adapters are set
         self._balloc = BatchAllocator(hp.n_vocab, hp.n_embd, p.n_seq_max, p.n_batch)

@@ -172,8 +172,9 @@ def _resolve(p: ContextParams, hp: HParams, flash: str) -> ResolvedParams:
     n_batch = min(n_ctx, p.n_batch) if causal else p.n_batch
     n_ubatch = min(n_batch, p.n_ubatch or n_batch)
     scaling = hp.rope_scaling_type if p.rope_scaling_type == "unspecified" else p.rope_scaling_type
-    if scaling not in ("none", "linear", "yarn"):
-        raise ContextParamsError(f"rope_scaling_type = {scaling!r} is not supported (supported: none, linear, yarn)")
+    if scaling not in ("none", "linear", "yarn", "longrope"):  # longrope: as linear (its factors are tensors)
+        raise ContextParamsError(f"rope_scaling_type = {scaling!r} is not supported (supported: none, linear, yarn, "
+                                 f"longrope)")
     freq_scale = 1.0 if scaling == "none" else (p.rope_freq_scale or hp.rope_freq_scale)
     ext_factor = p.yarn_ext_factor if p.yarn_ext_factor >= 0 else hp.yarn_ext_factor
     if ext_factor < 0:  # not set: on exactly for YaRN

@@ -5,8 +5,12 @@ its output (build_qkv), unless the file has separate attn_q / attn_k / attn_v; t
 and the up projection (2 * n_ff rows) and ggml_swiglu takes silu of the first half times the second; RoPE rotates
 NEOX-style; q is scaled by 1/sqrt(head size) before attention (kq_scale 1). llama.cpp reads a sliding window but
 turns it off for Phi-3 (llama_model_phi3::load_arch_hparams: "Phi SWA is currently disabled"), so every layer is
-global here too. Not supported: the LongRoPE frequency factors of the 128k-context models (`rope_factors_long` /
-`rope_factors_short`: such a file is refused, naming the tensor) and Phi-3.5-MoE's experts.
+global here too. The 128k-context models (Phi-3.5-mini-128k, Phi-4-mini) carry LongRoPE frequency factors,
+`rope_factors_long.weight` / `rope_factors_short.weight` (n_rot/2 each, a partial rotation's half for Phi-4-mini):
+a context whose n_ctx_seq exceeds `rope.scaling.original_context_length` divides RoPE's angles by the long ones,
+else by the short ones (llama_model::get_rope_factors, graph_inputs.rope_factors), and `rope.scaling.attn_factor`
+(the converter's sqrt(1 + ln(scale) / ln(original length))) multiplies cos / sin (cparams' yarn_attn_factor).
+Not supported: Phi-3.5-MoE's experts.
 """
 
 from __future__ import annotations
@@ -35,12 +39,16 @@ def arch_hparams(m: Meta, hp: dict) -> dict:
 
 def tensor_shapes(hp: HParams) -> dict[str, tuple[tuple[int, ...], bool]]:
     """llama_model_phi3::load_arch_tensors: name -> (ggml shape, required). q/k/v are either `attn_qkv` (fused:
-    n_embd + 2 * n_embd_gqa outputs) or three separate weights; `output.weight` falls back to the embeddings."""
+    n_embd + 2 * n_embd_gqa outputs) or three separate weights; `output.weight` falls back to the embeddings; the
+    LongRoPE factors are optional, n_rot/2 long."""
     n_q = hp.n_embd_head_k * hp.n_head
     shapes: dict[str, tuple[tuple[int, ...], bool]] = {
         "token_embd.weight": ((hp.n_embd, hp.n_vocab), True),
         "output_norm.weight": ((hp.n_embd,), True),
         "output.weight": ((hp.n_embd, hp.n_vocab), False),
+        # LongRoPE (128k models): one pair for every layer (llama.cpp's TENSOR_DUPLICATED after layer 0)
+        "rope_factors_long.weight": ((hp.n_rot // 2,), False),
+        "rope_factors_short.weight": ((hp.n_rot // 2,), False),
     }
     for il in range(hp.n_layer):
         b = f"blk.{il}."
@@ -57,12 +65,6 @@ def tensor_shapes(hp: HParams) -> dict[str, tuple[tuple[int, ...], bool]]:
             b + "ffn_down.weight": ((hp.n_ff, hp.n_embd), True),
         })
     return shapes
-
-
-def refused_tensors(hp: HParams) -> dict[str, str]:
-    """The 128k models' LongRoPE factors (model.get_rope_factors) are not implemented: such a file is refused."""
-    why = "LongRoPE frequency factors (Phi-3 128k) are not supported"
-    return {"rope_factors_long.weight": why, "rope_factors_short.weight": why}
 
 
 def _qkv(model, ops, cur: np.ndarray, b: str, hp: HParams) -> tuple:

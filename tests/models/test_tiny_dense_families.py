@@ -1,16 +1,20 @@
 """More dense families on tiny synthetic models against llama.cpp's logits (tests/data/tiny, REFERENCE.md): phi3
 (fused attn_qkv, gate+up ffn_up), gemma2 (attention and final logit soft-capping, a sliding window of 8 tokens on
 even layers, post-norms), smollm3 (no RoPE in every fourth layer) and granite (embedding, residual, attention and
-logit scales). Each through ReferenceOps and FastOps (the default ops)."""
+logit scales), and phi3 with LongRoPE in Phi-3.5-mini-128k's layout (phi3-longrope) and Phi-4-mini's (phi4-mini:
+partial rotation, tied output), whose references at n_ctx 512 take the short factors and the -long ones (n_ctx
+1024, past the original context of 512) the long factors. Each through ReferenceOps and FastOps (the default
+ops)."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
 
-from llamactx import Model
+from llamactx import Context, ContextParams, Model
 from llamactx.backend.reference import ReferenceOps
 from llamactx.engine import Engine, Limits
 from llamactx.hparams import HParamsError
@@ -19,7 +23,8 @@ from llamactx.sampling import SamplerChain, SamplingParams
 from tests.gguf.tiny_model import rewrite_gguf
 from tests.models.tiny import TINY, TINY_REF, assert_flash_single_row, decode_all, load_tiny, new_ctx, sequences_batch
 
-NAMES = ["phi3", "gemma2", "smollm3", "granite"]
+NAMES = ["phi3", "gemma2", "smollm3", "granite", "phi3-longrope", "phi4-mini"]
+LONGROPE = ["phi3-longrope", "phi4-mini"]
 OPS = {"reference": ReferenceOps, "fast": lambda: None}  # None: the context's default, FastOps
 
 
@@ -198,10 +203,86 @@ def test_phi3_attn_qkv_of_the_wrong_size_is_refused(tmp_path):
         Model.load(path)
 
 
-def test_phi3_longrope_factors_are_refused(tmp_path):
-    path = rewrite("phi3", tmp_path / "bad.gguf", tensors={"rope_factors_long.weight": np.ones(8, np.float32)})
-    with pytest.raises(ModelLoadError, match=r"rope_factors_long\.weight.*LongRoPE"):
+@pytest.mark.parametrize("tensor", ["rope_factors_long.weight", "rope_factors_short.weight"])
+def test_longrope_factors_of_the_wrong_length_are_refused(tmp_path, tensor):
+    """n_rot/2 factors (6 for phi4-mini's 12 rotated dimensions): 8, a whole head's half, is refused naming the
+    tensor."""
+    path = rewrite("phi4-mini", tmp_path / "bad.gguf", tensors={tensor: np.ones(8, np.float32)})
+    with pytest.raises(ModelLoadError, match=re.escape(f"{tensor}' has shape [8], expected [6]")):
         Model.load(path)
+
+
+# -- LongRoPE: the long factors past the original context -----------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=LONGROPE)
+def longrope(request):
+    """A LongRoPE model and llama.cpp's outputs for it with n_ctx 1024 (its long factors)."""
+    _, model, _, _ = load_tiny(request.param)
+    ref = json.loads((TINY_REF / f"{request.param}-long.json").read_text())
+    with np.load(TINY_REF / f"{request.param}-long.npz") as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    return request.param, model, ref, arrays
+
+
+def long_ctx(model, ops=None, n_ctx: int = 1024, **kw) -> Context:
+    return Context(model, ContextParams(n_ctx=n_ctx, n_batch=512, n_threads=2, flash_attn="disabled", **kw), ops=ops)
+
+
+def test_longrope_factors_follow_the_context_per_sequence(longrope):
+    """llama_model::get_rope_factors: long factors where n_ctx_seq exceeds original_context_length (512), short
+    ones at or below it; the attention factor is the file's rope.scaling.attn_factor either way."""
+    name, model, _, _ = longrope
+    t = model.tensors
+    attn_factor = np.float32(np.sqrt(1 + np.log(8) / np.log(512)))
+    for n_ctx, n_seq_max, which in ((512, 1, "short"), (1024, 1, "long"), (1024, 2, "short"), (2048, 2, "long")):
+        ctx = long_ctx(model, n_ctx=n_ctx, n_seq_max=n_seq_max)
+        rp = ctx._rope.full
+        assert rp.freq_factors is t[f"rope_factors_{which}.weight"], (n_ctx, n_seq_max)
+        assert np.float32(rp.attn_factor) == attn_factor and rp.ext_factor == 0.0
+
+
+@pytest.mark.parametrize("ops", list(OPS))
+def test_longrope_long_prompt_logits_bit_identical(longrope, ops):
+    name, model, ref, arrays = longrope
+    assert not np.array_equal(arrays["prompt_0"], load_tiny(name)[3]["prompt_0"])  # the factors matter
+    for i, prompt in enumerate(ref["prompts"]):
+        got = decode_all(long_ctx(model, OPS[ops]()), prompt["tokens"])
+        np.testing.assert_array_equal(got, arrays[f"prompt_{i}"], err_msg=f"{name} prompt {i} ({ops})")
+
+
+@pytest.mark.parametrize("n_ctx", [512, 1024])
+def test_longrope_prompt_across_ubatches_then_decodes(n_ctx):
+    """Both factor sets: a prompt in ubatches of 6 tokens, then 16 single-token decodes (ggml_single_row), equal
+    llama.cpp's logits bit for bit."""
+    for name in LONGROPE:
+        _, model, ref, arrays = load_tiny(name)
+        if n_ctx == 1024:
+            ref = json.loads((TINY_REF / f"{name}-long.json").read_text())
+            arrays = dict(np.load(TINY_REF / f"{name}-long.npz"))
+        ctx = long_ctx(model, ReferenceOps(ggml_single_row=True), n_ctx=n_ctx, n_ubatch=6)
+        toks = ref["prompts"][0]["tokens"]
+        np.testing.assert_array_equal(decode_all(ctx, toks), arrays["prompt_0"], err_msg=name)
+        for step, tok in enumerate(ref["greedy"][:16]):
+            row = decode_all(ctx, [tok], pos0=len(toks) + step)[-1]
+            np.testing.assert_array_equal(row, arrays["greedy"][step + 1], err_msg=f"{name} step {step}")
+
+
+def test_longrope_long_two_sequences_and_state_round_trip(longrope):
+    """Two sequences of n_ctx_seq 1024 (n_ctx 2048) in one batch each equal llama.cpp's alone; a state saved
+    after all but the last prompt token continues as llama.cpp."""
+    name, model, ref, arrays = longrope
+    a, b = ref["prompts"][0]["tokens"], ref["prompts"][1]["tokens"]
+    ctx = long_ctx(model, n_ctx=2048, n_seq_max=2)
+    assert ctx.decode(sequences_batch([a, b])) == 0
+    both = ctx.get_logits()
+    np.testing.assert_array_equal(both[: len(a)], arrays["prompt_0"])
+    np.testing.assert_array_equal(both[len(a):], arrays["prompt_1"])
+    ctx = long_ctx(model)
+    decode_all(ctx, a[:-1])
+    other = long_ctx(model)
+    other.state_set_data(ctx.state_get_data())
+    np.testing.assert_array_equal(decode_all(other, a[-1:], pos0=len(a) - 1)[-1], arrays["prompt_0"][-1])
 
 
 def test_phi3_sliding_window_is_disabled_as_in_llama_cpp(tmp_path):
