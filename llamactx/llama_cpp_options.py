@@ -183,9 +183,12 @@ class LlamaTokenizer(BaseLlamaTokenizer):
 
     @classmethod
     def from_ggml_file(cls, path: str) -> LlamaTokenizer:
-        from llamactx.llama_cpp_python import Llama
+        """The vocabulary of a GGUF file (loaded vocab-only)."""
+        from llamactx.model import Model
 
-        return cls(Llama(model_path=path, vocab_only=True))
+        out = cls.__new__(cls)
+        out._vocab = Model.load(path, vocab_only=True).vocab
+        return out
 
 
 # llama-cpp-python 0.3.36's Llama keywords and their defaults
