@@ -208,8 +208,9 @@ def test_generate_matches_chat_and_raw_matches_completions(srv, client):
                                                                 abs=1e-5)
     pieces = list(client.generate(model="smollm2", prompt=prompt, raw=True, options=GREEDY, stream=True))
     assert "".join(p.response for p in pieces) == raw.response and pieces[-1].done
-    # context continues the conversation: its tokens come first, so the answer is cached, not recomputed
-    more = client.generate(model="smollm2", prompt="And of Spain?", context=res.context, options=GREEDY)
+    # context continues the conversation: its tokens come first in the next prompt
+    more = client.generate(model="smollm2", prompt="And of Spain?", context=res.context,
+                           options={**GREEDY, "num_predict": 2})
     assert more.prompt_eval_count > len(res.context) and more.context[:len(res.context)] == list(res.context)
 
 
