@@ -1,6 +1,6 @@
 """Ollama's API over the chat and completion pipelines: its requests as OpenAI / llama-server request bodies
-(Ollama's api/types.go: GenerateRequest, ChatRequest, Options, Duration), and its answers as Ollama sends them
-(server/routes.go: GenerateHandler, ChatHandler, streamResponse; docs/api.md).
+(Ollama's api/types.go: GenerateRequest, ChatRequest, Options, Duration; server/routes.go: GenerateHandler,
+ChatHandler; docs/api.md).
 
 - `model_name` maps Ollama's `name:tag` (":latest" when none) onto one of the server's aliases.
 - `options_fields` maps `options` onto the sampler fields (num_predict -> n_predict, num_keep -> n_keep, the
@@ -10,7 +10,7 @@
   ignored.
 - `chat_body` turns a chat request into an OpenAI chat body: messages (tool calls' arguments as JSON text,
   tool results, no images), tools, `format` ("json" or a JSON schema) as response_format, `think` as the
-  template's enable_thinking (`think_kwargs`).
+  template's enable_thinking (`think_kwargs`), `logprobs` / `top_logprobs` as the chat endpoint's.
 
 The answers are llamactx.api.ollama_responses'.
 """
