@@ -199,6 +199,21 @@ def test_recurrent_layer_flags_take_precedence(tmp_path, tiny):
     np.testing.assert_array_equal(decode_all(new_ctx(model), ref["prompts"][1]["tokens"]), arrays["prompt_1"])
 
 
+def test_mtp_blocks_are_not_run(tmp_path, tiny):
+    """A file with a multi-token-prediction block after its layers (convert_hf_to_gguf.py exports one:
+    block_count 5, nextn_predict_layers 1, recurrent flags for all 5 blocks): the main graph runs the first 4
+    layers, and gives the logits llama.cpp gives (the same as without the block, checked with its build)."""
+    from tests.data.tiny.make_tiny_qwen35 import qwen35
+
+    name, _, ref, arrays = tiny
+    if name != "qwen35":
+        pytest.skip("one architecture is enough: the layers are counted by the same code")
+    path = qwen35(path=tmp_path / "mtp.gguf", nextn=1, recurrent_layers=[True, False, True, False, False])
+    model = Model.load(path)
+    assert model.hparams.n_layer == 4 and model.hparams.recurrent_layers == (True, False, True, False)
+    np.testing.assert_array_equal(decode_all(new_ctx(model), ref["prompts"][1]["tokens"]), arrays["prompt_1"])
+
+
 def test_moe_without_feed_forward_length(tmp_path):
     """A qwen35moe file without feed_forward_length (its converter writes it only from a config's
     intermediate_size; llama.cpp reads it as optional) loads: the experts' widths come from their own keys."""

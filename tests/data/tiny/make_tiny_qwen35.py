@@ -38,11 +38,12 @@ N_EXPERT, N_EXPERT_USED, N_FF_EXP, N_FF_SHEXP = 8, 2, 32, 64
 
 def qwen35(name: str = "qwen35", seed: int = 21, path: Path | None = None, interval: int = INTERVAL,
            meta_interval: int | None = None, drop: tuple[str, ...] = (), moe: bool = False,
-           recurrent_layers: list[bool] | None = None, drop_keys: tuple[str, ...] = ()) -> Path:
+           recurrent_layers: list[bool] | None = None, drop_keys: tuple[str, ...] = (), nextn: int = 0) -> Path:
     """The tiny model with a full-attention layer every `interval` layers. The malformed variants the load tests
     refuse: `meta_interval` (the interval the metadata states, if not `interval`), `drop` (tensors left out);
     `recurrent_layers`: the per-layer flags convert_hf_to_gguf.py writes from a config's layer_types; `drop_keys`:
-    metadata keys left out."""
+    metadata keys left out; `nextn`: multi-token-prediction blocks after the layers, as convert_hf_to_gguf.py
+    exports them (block_count counts them, nextn_predict_layers says how many; the main graph does not run them)."""
     v = smollm2_vocab()
     path = path or OUT / f"tiny-{name}.gguf"
     arch = "qwen35moe" if moe else "qwen35"
@@ -102,12 +103,35 @@ def qwen35(name: str = "qwen35", seed: int = 21, path: Path | None = None, inter
             wt.mat(b + "ffn_gate.weight", N_EMBD, N_FF)
             wt.mat(b + "ffn_up.weight", N_EMBD, N_FF)
             wt.mat(b + "ffn_down.weight", N_FF, N_EMBD)
+    if nextn:
+        w.add_block_count(N_LAYER + nextn)  # replaces common()'s
+        w.add_uint32(f"{arch}.nextn_predict_layers", nextn)
+        for il in range(N_LAYER, N_LAYER + nextn):
+            mtp_block(wt, f"blk.{il}.")
     for kv in w.kv_data:
         for key in drop_keys:
             kv.pop(key, None)
     if drop:
         w.tensors[-1] = {k: t for k, t in w.tensors[-1].items() if k not in drop}
     return finish(w)
+
+
+def mtp_block(wt: Weights, b: str) -> None:
+    """An MTP block (llama_model_qwen35::load_block_mtp): a full-attention decoder block and its nextn tensors."""
+    wt.vec(b + "attn_norm.weight", (N_EMBD,), 1.0)
+    wt.vec(b + "post_attention_norm.weight", (N_EMBD,), 1.0)
+    wt.mat(b + "attn_q.weight", N_EMBD, 2 * N_HEAD * HEAD_DIM)
+    wt.mat(b + "attn_k.weight", N_EMBD, N_HEAD_KV * HEAD_DIM)
+    wt.mat(b + "attn_v.weight", N_EMBD, N_HEAD_KV * HEAD_DIM)
+    wt.mat(b + "attn_output.weight", N_HEAD * HEAD_DIM, N_EMBD)
+    wt.vec(b + "attn_q_norm.weight", (HEAD_DIM,), 1.0)
+    wt.vec(b + "attn_k_norm.weight", (HEAD_DIM,), 1.0)
+    wt.mat(b + "ffn_gate.weight", N_EMBD, N_FF)
+    wt.mat(b + "ffn_up.weight", N_EMBD, N_FF)
+    wt.mat(b + "ffn_down.weight", N_FF, N_EMBD)
+    wt.mat(b + "nextn.eh_proj.weight", 2 * N_EMBD, N_EMBD)
+    wt.vec(b + "nextn.enorm.weight", (N_EMBD,), 1.0)
+    wt.vec(b + "nextn.hnorm.weight", (N_EMBD,), 1.0)
 
 
 def experts(wt: Weights, b: str) -> None:
