@@ -141,6 +141,24 @@ def test_flash_attention_bit_identical():
     np.testing.assert_array_equal(got, arrays["prompt_3"])
 
 
+def test_released_head_shapes_bit_identical():
+    """qwen35-s128: the released models' head shapes (attention heads of 256 rotating 64 dimensions with sections
+    [11, 11, 10, 0], one KV head; delta-net heads of 128, two value heads per key head; interval 4): the prompts by
+    default and 8 greedy steps with ggml's single-row kernels are llama.cpp's bits."""
+    if VARIANT == "avx2" and not (TINY_REF / "qwen35-s128.json").exists():
+        pytest.skip("no AVX2 reference for tiny qwen35-s128 (tests/data/tiny/avx2/qwen35-s128.json)")
+    _, model, ref, arrays = load_tiny("qwen35-s128")
+    assert model.hparams.recurrent_layers == (True, True, True, False)
+    for i, prompt in enumerate(ref["prompts"]):
+        np.testing.assert_array_equal(decode_all(new_ctx(model), prompt["tokens"]), arrays[f"prompt_{i}"])
+    ctx = new_ctx(model, ops=ReferenceOps(ggml_single_row=True))
+    toks = ref["prompts"][0]["tokens"]
+    row = decode_all(ctx, toks)[-1]
+    for step, tok in enumerate(ref["greedy"][:8]):
+        np.testing.assert_array_equal(row, arrays["greedy"][step], err_msg=f"step {step}")
+        row = decode_all(ctx, [tok], pos0=len(toks) + step)[-1]
+
+
 def test_checkpoint_restore_then_continue(tiny):
     """A context checkpoint (the recurrent half; the KV cells stay) taken after 8 tokens, 4 more decoded, then the
     checkpoint loaded back at 8: the rest of the prompt gives llama.cpp's logits."""

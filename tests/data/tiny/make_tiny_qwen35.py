@@ -10,16 +10,20 @@ by angle 0). The delta-net layers: 2 key heads and 4 value heads of 64 (`ssm.gro
 `ssm_a` < 0 and dt biases, the gated output norm; every layer has a post-attention norm and a SwiGLU FFN of 128.
 `tiny-qwen35moe.gguf` (qwen35moe) is the same with a mixture of experts for each FFN: 8 experts of 32 (2 routed per
 token, the router scaled so that tokens clearly prefer some) and a shared expert of 64 gated by a sigmoid.
-Matrices are Q8_0, except `ssm_alpha` / `ssm_beta` (F32) and the conv kernel (F32); norms and vectors F32. The
-vocabulary is make_tiny_models.py's (SmolLM2's first 1024 tokens, its pre-tokenizer).
+`tiny-qwen35-s128.gguf` has the released models' head shapes (S128_SHAPE: attention heads of 256 rotating 64
+dimensions with sections [11, 11, 10, 0], one KV head; delta-net heads of 128, 2 key and 4 value heads;
+`full_attention_interval` 4). Matrices are Q8_0, except `ssm_alpha` / `ssm_beta` (F32) and the conv kernel (F32);
+norms and vectors F32. The vocabulary is make_tiny_models.py's (SmolLM2's first 1024 tokens, its pre-tokenizer).
 
 Usage (from the repository root, in the project's venv): python tests/data/tiny/make_tiny_qwen35.py
-Then make llama.cpp's outputs for them with make_tiny_reference.py qwen35 qwen35moe (tests/data/REFERENCE.md).
+Then make llama.cpp's outputs for them with make_tiny_reference.py qwen35 qwen35moe qwen35-fa qwen35-s128
+(tests/data/REFERENCE.md).
 """
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
@@ -31,14 +35,34 @@ from tests.data.tiny.make_tiny_models import N_EMBD, N_VOCAB, OUT, Weights, comm
 from tests.gguf.tiny_model import finish  # noqa: E402
 
 N_LAYER, INTERVAL, N_FF = 4, 2, 128
-N_HEAD, N_HEAD_KV, HEAD_DIM, N_ROT, SECTIONS = 4, 2, 32, 16, [3, 3, 1, 0]
-D_STATE, N_K_HEADS, N_V_HEADS, D_CONV = 64, 2, 4, 4
+D_CONV = 4
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The attention heads (IMRoPE over n_rot of head_dim) and the delta-net heads (d_state wide)."""
+
+    n_head: int = 4
+    n_head_kv: int = 2
+    head_dim: int = 32
+    n_rot: int = 16
+    sections: tuple[int, ...] = (3, 3, 1, 0)
+    d_state: int = 64
+    n_k_heads: int = 2
+    n_v_heads: int = 4
+
+
+TINY_SHAPE = Shape()
+# tiny-qwen35-s128: the released models' head shapes (attention heads of 256, 64 rotated with sections
+# [11, 11, 10, 0]; delta-net heads of 128, two value heads per key head), one KV head, interval 4
+S128_SHAPE = Shape(n_head_kv=1, head_dim=256, n_rot=64, sections=(11, 11, 10, 0), d_state=128)
 N_EXPERT, N_EXPERT_USED, N_FF_EXP, N_FF_SHEXP = 8, 2, 32, 64
 
 
 def qwen35(name: str = "qwen35", seed: int = 21, path: Path | None = None, interval: int = INTERVAL,
            meta_interval: int | None = None, drop: tuple[str, ...] = (), moe: bool = False,
-           recurrent_layers: list[bool] | None = None, drop_keys: tuple[str, ...] = (), nextn: int = 0) -> Path:
+           recurrent_layers: list[bool] | None = None, drop_keys: tuple[str, ...] = (), nextn: int = 0,
+           sh: Shape = TINY_SHAPE) -> Path:
     """The tiny model with a full-attention layer every `interval` layers. The malformed variants the load tests
     refuse: `meta_interval` (the interval the metadata states, if not `interval`), `drop` (tensors left out);
     `recurrent_layers`: the per-layer flags convert_hf_to_gguf.py writes from a config's layer_types; `drop_keys`:
@@ -51,23 +75,23 @@ def qwen35(name: str = "qwen35", seed: int = 21, path: Path | None = None, inter
     w.add_name(f"tiny {name}")
     wt = Weights(w, seed, T.Q8_0)
     common(w, wt, v, N_LAYER, N_FF)
-    w.add_head_count(N_HEAD)
-    w.add_head_count_kv(N_HEAD_KV)
-    w.add_key_length(HEAD_DIM)
-    w.add_value_length(HEAD_DIM)
+    w.add_head_count(sh.n_head)
+    w.add_head_count_kv(sh.n_head_kv)
+    w.add_key_length(sh.head_dim)
+    w.add_value_length(sh.head_dim)
     w.add_rope_freq_base(10000.0)
-    w.add_rope_dimension_count(N_ROT)
-    w.add_rope_dimension_sections(SECTIONS)
+    w.add_rope_dimension_count(sh.n_rot)
+    w.add_rope_dimension_sections(list(sh.sections))
     w.add_uint32(f"{arch}.full_attention_interval", interval if meta_interval is None else meta_interval)
     if recurrent_layers is not None:
         w.add_array(f"{arch}.attention.recurrent_layers", recurrent_layers)
-    key_dim, d_inner = D_STATE * N_K_HEADS, D_STATE * N_V_HEADS
+    key_dim, d_inner = sh.d_state * sh.n_k_heads, sh.d_state * sh.n_v_heads
     conv_dim = 2 * key_dim + d_inner
     w.add_ssm_conv_kernel(D_CONV)
     w.add_ssm_inner_size(d_inner)
-    w.add_ssm_state_size(D_STATE)
-    w.add_ssm_time_step_rank(N_V_HEADS)
-    w.add_ssm_group_count(N_K_HEADS)
+    w.add_ssm_state_size(sh.d_state)
+    w.add_ssm_time_step_rank(sh.n_v_heads)
+    w.add_ssm_group_count(sh.n_k_heads)
     if moe:
         w.add_expert_count(N_EXPERT)
         w.add_expert_used_count(N_EXPERT_USED)
@@ -80,22 +104,22 @@ def qwen35(name: str = "qwen35", seed: int = 21, path: Path | None = None, inter
         wt.vec(b + "attn_norm.weight", (N_EMBD,), 1.0)
         wt.vec(b + "post_attention_norm.weight", (N_EMBD,), 1.0)
         if (il + 1) % interval == 0:
-            wt.mat(b + "attn_q.weight", N_EMBD, 2 * N_HEAD * HEAD_DIM)  # per head: its query, then its gate
-            wt.mat(b + "attn_k.weight", N_EMBD, N_HEAD_KV * HEAD_DIM)
-            wt.mat(b + "attn_v.weight", N_EMBD, N_HEAD_KV * HEAD_DIM)
-            wt.mat(b + "attn_output.weight", N_HEAD * HEAD_DIM, N_EMBD)
-            wt.vec(b + "attn_q_norm.weight", (HEAD_DIM,), 1.0)
-            wt.vec(b + "attn_k_norm.weight", (HEAD_DIM,), 1.0)
+            wt.mat(b + "attn_q.weight", N_EMBD, 2 * sh.n_head * sh.head_dim)  # per head: its query, then its gate
+            wt.mat(b + "attn_k.weight", N_EMBD, sh.n_head_kv * sh.head_dim)
+            wt.mat(b + "attn_v.weight", N_EMBD, sh.n_head_kv * sh.head_dim)
+            wt.mat(b + "attn_output.weight", sh.n_head * sh.head_dim, N_EMBD)
+            wt.vec(b + "attn_q_norm.weight", (sh.head_dim,), 1.0)
+            wt.vec(b + "attn_k_norm.weight", (sh.head_dim,), 1.0)
         else:
             wt.mat(b + "attn_qkv.weight", N_EMBD, conv_dim)
             wt.mat(b + "attn_gate.weight", N_EMBD, d_inner)
             wt.vec(b + "ssm_conv1d.weight", (D_CONV, conv_dim), 0.0, 0.5)
-            wt.vec(b + "ssm_dt.bias", (N_V_HEADS,), 1.0, 0.5)
+            wt.vec(b + "ssm_dt.bias", (sh.n_v_heads,), 1.0, 0.5)
             # -exp(A_log), as the converter stores it: per-token decays exp(softplus(.) * a) spread over (0, 1)
-            wt.put(b + "ssm_a", -np.exp(wt.rng.uniform(-1.5, 0.5, N_V_HEADS)).astype(np.float32), T.F32)
-            wt.mat(b + "ssm_alpha.weight", N_EMBD, N_V_HEADS, kind=T.F32)
-            wt.mat(b + "ssm_beta.weight", N_EMBD, N_V_HEADS, scale=2.0 / np.sqrt(N_EMBD), kind=T.F32)
-            wt.vec(b + "ssm_norm.weight", (D_STATE,), 1.0)
+            wt.put(b + "ssm_a", -np.exp(wt.rng.uniform(-1.5, 0.5, sh.n_v_heads)).astype(np.float32), T.F32)
+            wt.mat(b + "ssm_alpha.weight", N_EMBD, sh.n_v_heads, kind=T.F32)
+            wt.mat(b + "ssm_beta.weight", N_EMBD, sh.n_v_heads, scale=2.0 / np.sqrt(N_EMBD), kind=T.F32)
+            wt.vec(b + "ssm_norm.weight", (sh.d_state,), 1.0)
             wt.mat(b + "ssm_out.weight", d_inner, N_EMBD)
         if moe:
             experts(wt, b)
@@ -107,7 +131,7 @@ def qwen35(name: str = "qwen35", seed: int = 21, path: Path | None = None, inter
         w.add_block_count(N_LAYER + nextn)  # replaces common()'s
         w.add_uint32(f"{arch}.nextn_predict_layers", nextn)
         for il in range(N_LAYER, N_LAYER + nextn):
-            mtp_block(wt, f"blk.{il}.")
+            mtp_block(wt, f"blk.{il}.", sh)
     for kv in w.kv_data:
         for key in drop_keys:
             kv.pop(key, None)
@@ -116,16 +140,16 @@ def qwen35(name: str = "qwen35", seed: int = 21, path: Path | None = None, inter
     return finish(w)
 
 
-def mtp_block(wt: Weights, b: str) -> None:
+def mtp_block(wt: Weights, b: str, sh: Shape) -> None:
     """An MTP block (llama_model_qwen35::load_block_mtp): a full-attention decoder block and its nextn tensors."""
     wt.vec(b + "attn_norm.weight", (N_EMBD,), 1.0)
     wt.vec(b + "post_attention_norm.weight", (N_EMBD,), 1.0)
-    wt.mat(b + "attn_q.weight", N_EMBD, 2 * N_HEAD * HEAD_DIM)
-    wt.mat(b + "attn_k.weight", N_EMBD, N_HEAD_KV * HEAD_DIM)
-    wt.mat(b + "attn_v.weight", N_EMBD, N_HEAD_KV * HEAD_DIM)
-    wt.mat(b + "attn_output.weight", N_HEAD * HEAD_DIM, N_EMBD)
-    wt.vec(b + "attn_q_norm.weight", (HEAD_DIM,), 1.0)
-    wt.vec(b + "attn_k_norm.weight", (HEAD_DIM,), 1.0)
+    wt.mat(b + "attn_q.weight", N_EMBD, 2 * sh.n_head * sh.head_dim)
+    wt.mat(b + "attn_k.weight", N_EMBD, sh.n_head_kv * sh.head_dim)
+    wt.mat(b + "attn_v.weight", N_EMBD, sh.n_head_kv * sh.head_dim)
+    wt.mat(b + "attn_output.weight", sh.n_head * sh.head_dim, N_EMBD)
+    wt.vec(b + "attn_q_norm.weight", (sh.head_dim,), 1.0)
+    wt.vec(b + "attn_k_norm.weight", (sh.head_dim,), 1.0)
     wt.mat(b + "ffn_gate.weight", N_EMBD, N_FF)
     wt.mat(b + "ffn_up.weight", N_EMBD, N_FF)
     wt.mat(b + "ffn_down.weight", N_FF, N_EMBD)
@@ -149,3 +173,4 @@ def experts(wt: Weights, b: str) -> None:
 if __name__ == "__main__":
     print(qwen35())
     print(qwen35("qwen35moe", seed=22, moe=True))
+    print(qwen35("qwen35-s128", seed=5, interval=4, sh=S128_SHAPE))
