@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from llamactx import tool_calls
+from llamactx import chat_parse, tool_calls
 from llamactx.api import protocol as P
 from llamactx.api.responses import ChatRenderer, Choice, Renderer
 from llamactx.engine import GenerationError
@@ -116,13 +117,23 @@ class Completions:
         fns = tool_calls.functions(req.tools) if req.tool_choice != "none" else []
         template = self._runtime.template
         msgs, pass_tools = tool_calls.prepare(template.source, req.messages, fns)
-        prompt = template.render(msgs, True, req.tools if pass_tools else None)
+        tools_arg = req.tools if pass_tools else None
+        prompt = template.render(msgs, True, tools_arg)
         tokens = self.tokenize(prompt.encode("utf-8"), add_bos=True, special=True)
         gen = P.GenerationRequest.from_fields(req, self._model.vocab, (top_logprobs or 0) if logprobs else -1)
         required = tool_calls.required_function(req.tool_choice, fns)
         if required:
             gen.grammar = ("json_schema", tool_calls.call_schema(required))
-        renderer = ChatRenderer(model or self.model_path, self._model.vocab, prompt, gen, tools=bool(fns))
+        # how the reply is parsed into tool calls, as llama-server parses it (server/completions.py
+        # chat_parse_params); reasoning stays in the content, as llama-cpp-python leaves it
+        parse = chat_parse.chat_params(template.source, chat_parse.generation_prompt(template, msgs, tools_arg, {}),
+                                       tools=[{"type": "function", "function": f} for f in fns],
+                                       reasoning_format="none", parallel_tool_calls=bool(req.parallel_tool_calls),
+                                       tool_choice=req.tool_choice if fns else "none")
+        if required:  # the call schema's grammar writes a bare JSON call
+            parse = replace(parse, format="generic")
+        renderer = ChatRenderer(model or self.model_path, self._model.vocab, prompt, gen, tools=bool(fns),
+                                parse=parse)
         run = self._run(tokens, gen, renderer, logits_processor, None)
         return _chunks(run) if stream else _last(run)
 

@@ -204,6 +204,11 @@ DEFAULTS: dict[str, Any] = dict(
 )
 
 
+# llama-cpp-python chat formats that are a template plus a tool-call handler: here the template, with llamactx's
+# tool calls (llamactx.tool_calls: tools described in a system message, calls parsed, "required" constrained)
+CHAT_FORMAT_TEMPLATES = {"chatml-function-calling": "chatml"}
+
+
 def _enum(name: str, value: Any, table: Mapping[int, str]) -> str:
     if isinstance(value, str) and value in table.values():
         return value
@@ -235,6 +240,10 @@ def _check_refused(o: Mapping[str, Any]) -> None:
         _refuse("tokenizer", o["tokenizer"], "expected a BaseLlamaTokenizer")
     if o["chat_handler"] is not None and not callable(o["chat_handler"]):
         _refuse("chat_handler", o["chat_handler"], "expected a callable (LlamaChatCompletionHandler)")
+    if isinstance(o["chat_format"], str) and o["chat_format"].startswith("functionary"):
+        _refuse("chat_format", o["chat_format"], "llama-cpp-python's functionary handlers need functionary's HF "
+                "tokenizer; a functionary GGUF's own template (v3.x) is read and its calls parsed when chat_format "
+                "is left unset")
     if o["rope_scaling_type"] == 3:
         _refuse("rope_scaling_type", 3, "LongRoPE scaling is not implemented")
 
@@ -270,7 +279,7 @@ def runtime_params(model_path: Any, kwargs: Mapping[str, Any]) -> tuple[dict[str
         # swa_full=None: llama_context_default_params' full-size SWA cache, which llama-cpp-python leaves on
         swa_full=True if o["swa_full"] is None else bool(o["swa_full"]),
         lora=((o["lora_path"], o["lora_scale"]),) if o["lora_path"] else (),
-        chat_template=o["chat_format"], pooling=None if pooling == "unspecified" else pooling,
+        chat_template=CHAT_FORMAT_TEMPLATES.get(o["chat_format"], o["chat_format"]), pooling=None if pooling == "unspecified" else pooling,
         embd_n_ctx=int(o["n_ctx"]) or None, context=context,
         spec=draft.spec_params() if draft is not None else None)
     o["seed"] = int(o["seed"])

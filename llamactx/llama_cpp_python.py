@@ -137,6 +137,8 @@ class Llama(Completions):
         self._requires_eval = True  # the context's last logits are not those of input_ids[n_tokens - 1]
         self._sampler: SamplerChain | None = None
         self._embd_ctx: Context | None = None
+        if self.chat_format is not None:
+            self._runtime.template  # noqa: B018 -- an unknown chat_format is refused here, naming the known ones
         self._seed = opts["seed"]
         self.set_seed(opts["seed"])
 

@@ -264,3 +264,15 @@ def test_constructor_options_are_honoured_or_refused_by_name():
     llm.close()
     with pytest.raises(RuntimeError, match="closed"):
         llm.eval([1])
+
+
+def test_chatml_function_calling_format_returns_tool_calls():  # llama-cpp-python's chat_format name
+    llm = llama_cpp.Llama(MODEL, n_ctx=512, chat_format="chatml-function-calling", verbose=False)
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    out = llm.create_chat_completion(messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+                                     tools=[tool], tool_choice=choice, max_tokens=48, temperature=0.0)
+    call = out["choices"][0]["message"]["tool_calls"][0]["function"]
+    assert call["name"] == "get_weather" and isinstance(json.loads(call["arguments"])["city"], str)
+    assert out["choices"][0]["finish_reason"] == "tool_calls"

@@ -106,3 +106,11 @@ def test_logits_all_scores_and_prompt_lookup_drafts_keep_greedy_outputs():
     drafted = tiny(draft_model=llama_cpp.LlamaPromptLookupDecoding(max_ngram_size=2, num_pred_tokens=4))
     assert drafted._logits_all  # drafts need every row's logits, as llama-cpp-python sets
     assert first(drafted) == first(tiny())
+
+
+def test_chat_format_names_are_checked_when_made():
+    with pytest.raises(ValueError, match="chat template 'nope'"):
+        tiny(chat_format="nope")
+    with pytest.raises(ValueError, match="functionary"):
+        tiny(chat_format="functionary-v2")
+    assert tiny(chat_format="chatml-function-calling")._runtime.template.source  # chatml, see test_llama_api
