@@ -279,7 +279,8 @@ def runtime_params(model_path: Any, kwargs: Mapping[str, Any]) -> tuple[dict[str
         # swa_full=None: llama_context_default_params' full-size SWA cache, which llama-cpp-python leaves on
         swa_full=True if o["swa_full"] is None else bool(o["swa_full"]),
         lora=((o["lora_path"], o["lora_scale"]),) if o["lora_path"] else (),
-        chat_template=CHAT_FORMAT_TEMPLATES.get(o["chat_format"], o["chat_format"]), pooling=None if pooling == "unspecified" else pooling,
+        chat_template=CHAT_FORMAT_TEMPLATES.get(o["chat_format"], o["chat_format"]),
+        pooling=None if pooling == "unspecified" else pooling,
         embd_n_ctx=int(o["n_ctx"]) or None, context=context,
         spec=draft.spec_params() if draft is not None else None)
     o["seed"] = int(o["seed"])
