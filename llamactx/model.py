@@ -257,6 +257,13 @@ class Model:
         ]
         if hp.n_swa:
             lines.append(f"sliding window: {hp.n_swa} ({sum(hp.swa_layers)} of {hp.n_layer} layers)")
+        if hp.n_embd_head_k_swa and len(set(hp.swa_layers)) == 2:  # gemma4: each layer kind its own heads
+            il_full, il_swa = hp.swa_layers.index(False), hp.swa_layers.index(True)
+            lines.append("heads:          " + "; ".join(
+                f"{kind} layers {hp.n_head} x {hp.layer_head_size(il)} ({hp.layer_n_head_kv(il)} KV), RoPE over "
+                f"{hp.layer_n_rot(il)}" for kind, il in (("global", il_full), ("sliding-window", il_swa))))
+        if hp.n_embd_per_layer:
+            lines.append(f"per-layer embd: {hp.n_embd_per_layer} per layer (per_layer_token_embd)")
         if hp.n_expert:
             shared = f", a shared expert of n_ff {hp.n_ff_shexp}" if hp.n_ff_shexp else ""
             lines.append(f"experts:        {hp.n_expert}, {hp.n_expert_used} used per token, n_ff_exp {hp.n_ff_exp}"

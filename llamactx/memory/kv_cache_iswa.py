@@ -258,21 +258,33 @@ class KVCacheISWA(Memory):
     """A base KV cache for the global layers and a sliding-window one for the others (llama_kv_cache_iswa)."""
 
     def __init__(self, hparams, n_ctx: int, n_seq_max: int, n_ubatch: int, type_k: str = "f16",
-                 type_v: str = "f16", n_ctx_seq: int | None = None, layout_exact: bool = False):
+                 type_v: str = "f16", n_ctx_seq: int | None = None, layout_exact: bool = False,
+                 swa_full: bool = False, n_embd_gqa_swa: int = 0, reuse: dict[int, int] | None = None,
+                 k_shift: bool = True):
         """`n_ctx` cells in the base cache (per-sequence limit `n_ctx_seq`), `swa_cache_size(...)` in the SWA
-        cache. `layout_exact`: attention follows absolute cell indices (ContextParams.kv_layout_exact), so the
-        SWA cache's views are never rotated. Raises KVCacheAllocError when the arrays cannot be allocated."""
+        cache (`n_ctx` with `swa_full`). `layout_exact`: attention follows absolute cell indices
+        (ContextParams.kv_layout_exact), so the SWA cache's views are never rotated. gemma4:
+        `n_embd_gqa_swa` the SWA cache's K/V row width where it differs from the global layers'
+        (hparams.n_embd_k_gqa); `reuse` the layers without KV of their own -> the layer whose KV they read
+        (llama_kv_cache's `reuse` callback: map_layer_ids); `k_shift` False where layers differ in head size or
+        RoPE (K-shift rotates every layer alike). Raises KVCacheAllocError when the arrays cannot be allocated."""
         hp = hparams
+        reuse = reuse or {}
         self.n_seq_max = n_seq_max
         self.n_swa = hp.n_swa
-        layers_base = [il for il in range(hp.n_layer) if not hp.is_swa(il)]
-        layers_swa = [il for il in range(hp.n_layer) if hp.is_swa(il)]
-        size_swa = swa_cache_size(n_ctx, hp.n_swa, n_seq_max, n_ubatch)
-        common = dict(n_seq_max=n_seq_max, n_embd_k_gqa=hp.n_embd_k_gqa, n_embd_v_gqa=hp.n_embd_v_gqa,
-                      type_k=type_k, type_v=type_v)
-        self.base = KVCache(len(layers_base), n_ctx, n_ctx_seq=n_ctx_seq, layers=layers_base, **common)
+        self.k_shift = k_shift
+        layers_base = [il for il in range(hp.n_layer) if not hp.is_swa(il) and il not in reuse]
+        layers_swa = [il for il in range(hp.n_layer) if hp.is_swa(il) and il not in reuse]
+        size_swa = n_ctx if swa_full else swa_cache_size(n_ctx, hp.n_swa, n_seq_max, n_ubatch)
+        common = dict(n_seq_max=n_seq_max, type_k=type_k, type_v=type_v)
+        self.base = KVCache(len(layers_base), n_ctx, n_ctx_seq=n_ctx_seq, layers=layers_base,
+                            n_embd_k_gqa=hp.n_embd_k_gqa, n_embd_v_gqa=hp.n_embd_v_gqa, **common)
+        n_swa_k, n_swa_v = (n_embd_gqa_swa, n_embd_gqa_swa) if n_embd_gqa_swa else (hp.n_embd_k_gqa, hp.n_embd_v_gqa)
         self.swa = SWAKVCache(len(layers_swa), size_swa, layers=layers_swa, n_swa=hp.n_swa,
-                              rotate=not layout_exact, **common)
+                              rotate=not layout_exact, n_embd_k_gqa=n_swa_k, n_embd_v_gqa=n_swa_v, **common)
+        for il, il_reuse in reuse.items():
+            cache = self.swa if hp.is_swa(il) else self.base
+            cache.layer_index[il] = cache.layer_index[il_reuse]
 
     @property
     def size(self) -> int:
@@ -343,6 +355,9 @@ class KVCacheISWA(Memory):
         self.swa.seq_keep(seq_id)
 
     def _check_shift(self, op: str) -> None:
+        if not self.k_shift:
+            raise MemoryOpError(f"{op}: positions cannot shift in a model whose layers have different head sizes "
+                                f"(can_shift is False)")
         if not self.can_shift:
             raise MemoryOpError(f"{op}: the SWA cache ({self.swa.size} cells) is smaller than the base cache "
                                 f"({self.base.size}), so positions cannot shift (can_shift is False; swa_full "
@@ -370,7 +385,8 @@ class KVCacheISWA(Memory):
     @property
     def can_shift(self) -> bool:
         """llama_kv_cache_iswa::get_can_shift: both caches can shift and are the same size."""
-        return self.base.can_shift and self.swa.can_shift and self.base.size == self.swa.size
+        return (self.base.can_shift and self.swa.can_shift and self.base.size == self.swa.size
+                and self.k_shift)
 
     def memory_breakdown(self) -> dict[str, int]:
         out = {}
