@@ -263,7 +263,12 @@ def runtime_params(model_path: Any, kwargs: Mapping[str, Any]) -> tuple[dict[str
     if isinstance(o["n_gpu_layers"], bool) or not isinstance(o["n_gpu_layers"], int):
         raise ValueError(f"n_gpu_layers = {o['n_gpu_layers']!r} must be an int (every layer runs on the CPU)")
     pooling = _enum("pooling_type", o["pooling_type"], POOLING)
-    n_threads = o["n_threads"] or max(1, min(os.cpu_count() or 1, 4))
+    # llama-cpp-python's: half the cores for generation, all of them for prompts; n_batch at most n_ctx and
+    # n_ubatch at most n_batch
+    n_threads = o["n_threads"] or max((os.cpu_count() or 1) // 2, 1)
+    n_threads_batch = o["n_threads_batch"] or os.cpu_count() or 1
+    n_batch = min(int(o["n_ctx"]), int(o["n_batch"])) if int(o["n_ctx"]) > 0 else int(o["n_batch"])
+    o["n_batch"] = n_batch
     context = dict(rope_scaling_type=_enum("rope_scaling_type", o["rope_scaling_type"], ROPE_SCALING),
                    attention_type=_enum("attention_type", o["attention_type"], ATTENTION),
                    rope_freq_base=float(o["rope_freq_base"]), rope_freq_scale=float(o["rope_freq_scale"]),
@@ -272,8 +277,8 @@ def runtime_params(model_path: Any, kwargs: Mapping[str, Any]) -> tuple[dict[str
                    yarn_orig_ctx=int(o["yarn_orig_ctx"]), no_perf=bool(o["no_perf"]))
     draft = o["draft_model"]
     params = RuntimeParams(
-        model=model_path, vocab_only=bool(o["vocab_only"]), n_ctx=int(o["n_ctx"]), n_batch=int(o["n_batch"]),
-        n_ubatch=int(o["n_ubatch"]), n_threads=n_threads, n_threads_batch=o["n_threads_batch"] or n_threads,
+        model=model_path, vocab_only=bool(o["vocab_only"]), n_ctx=int(o["n_ctx"]), n_batch=n_batch,
+        n_ubatch=min(n_batch, int(o["n_ubatch"])), n_threads=n_threads, n_threads_batch=n_threads_batch,
         type_k=_kv_type("type_k", o["type_k"]), type_v=_kv_type("type_v", o["type_v"]),
         flash_attn=bool(o["flash_attn"]),
         # swa_full=None: llama_context_default_params' full-size SWA cache, which llama-cpp-python leaves on

@@ -255,6 +255,8 @@ def test_constructor_options_are_honoured_or_refused_by_name():
         llama_cpp.Llama(MODEL, pooling_type=9, verbose=False)
     with pytest.raises(TypeError, match="n_ctxx"):
         llama_cpp.Llama(MODEL, n_ctxx=64, verbose=False)
+    small = llama_cpp.Llama(MODEL, n_ctx=64, verbose=False)  # n_batch at most n_ctx, n_ubatch at most n_batch
+    assert small.n_batch == 64 and (small._ctx.ctx.params.n_batch, small._ctx.ctx.params.n_ubatch) == (64, 64)
     llm = llama_cpp.Llama(MODEL, verbose=False)
     assert llm.n_ctx() == 512 and llm._ctx.ctx.params.flash_attn is False  # llama-cpp-python's defaults
     import pickle
