@@ -4,7 +4,8 @@ buffer and ggml-cpu's `ggml_graph_compute`.
 `plan_graph` turns the nodes into a program: one row of ints (and two floats) per node that computes, with every
 intermediate placed in one float32 arena whose regions are reused once their last reader has run (ggml_gallocr),
 and the outputs (logits, the final hidden state) in their own arrays. `GraphPlan.run` binds a ubatch's inputs
-(tokens or embeddings, positions, output ids, the attention input's cells) and `run_program` executes the rows in
+(tokens or embeddings, positions, output ids, the attention input's cells; Graph.pos_input's values, computed from
+the positions into their arena regions) and `run_program` executes the rows in
 order, calling the same kernels as the eager ops (so the bits are the same): one Python call per ubatch instead of
 a dozen per layer, RoPE tables computed once per ubatch, no allocation per node. Matmuls and attention run on the
 thread pool (one parallel region each); small elementwise nodes run on the calling thread.
