@@ -96,4 +96,13 @@ SCALE_OFFSETS = {
     GGMLQuantizationType.IQ4_NL: [0],
     GGMLQuantizationType.IQ4_XS: [0],
     GGMLQuantizationType.MXFP4: [],  # an E8M0 exponent byte, no f16 scale
+    GGMLQuantizationType.IQ2_XXS: [0],
+    GGMLQuantizationType.IQ2_XS: [0],
+    GGMLQuantizationType.IQ2_S: [0],
+    GGMLQuantizationType.IQ3_XXS: [0],
+    GGMLQuantizationType.IQ3_S: [0],
+    GGMLQuantizationType.IQ1_S: [0],
+    GGMLQuantizationType.IQ1_M: [],  # its f16 d is packed in the top nibbles of 4 u16 scale words (offset 48)
+    GGMLQuantizationType.TQ1_0: [52],
+    GGMLQuantizationType.TQ2_0: [64],
 }

@@ -221,9 +221,9 @@ def test_every_allowed_matrix_type_computes(tmp_path, ggml_type):
 @pytest.mark.parametrize(
     "name, ggml_type, role",
     [
-        ("blk.0.attn_q.weight", GGMLQuantizationType.IQ2_XXS, "a weight matrix"),
-        ("blk.1.ffn_down.weight", GGMLQuantizationType.TQ2_0, "a weight matrix"),
-        ("token_embd.weight", GGMLQuantizationType.IQ3_S, "a weight matrix"),
+        ("blk.0.attn_q.weight", GGMLQuantizationType.NVFP4, "a weight matrix"),
+        ("blk.1.ffn_down.weight", GGMLQuantizationType.Q1_0, "a weight matrix"),
+        ("token_embd.weight", GGMLQuantizationType.NVFP4, "a weight matrix"),
         ("blk.1.attn_norm.weight", GGMLQuantizationType.Q8_0, "a norm weight or bias"),
         ("output_norm.weight", GGMLQuantizationType.BF16, "a norm weight or bias"),
     ],

@@ -33,6 +33,7 @@ from llamactx.gguf.quants_k import (
     dequantize_q5_K,
     dequantize_q6_K,
 )
+from llamactx.gguf.quants_lowbit import LOWBIT_TYPES, dequantize_lowbit
 
 __all__ = [
     "BlockDecoder",
@@ -162,6 +163,7 @@ _DECODERS: dict[int, BlockDecoder] = {
     GGMLType.IQ4_NL: dequantize_iq4_nl,
     GGMLType.IQ4_XS: dequantize_iq4_xs,
     GGMLType.MXFP4: dequantize_mxfp4,
+    **{t: dequantize_lowbit(t) for t in LOWBIT_TYPES},  # IQ1-IQ3, TQ1_0, TQ2_0
 }
 
 _FORMATS: dict[int, BlockFormat] = {

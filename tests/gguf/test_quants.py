@@ -21,7 +21,8 @@ FLOATS = [T.F32, T.F16, T.BF16]
 LEGACY = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
 K_QUANTS = [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]
 IQ = [T.IQ4_NL, T.IQ4_XS, T.MXFP4]
-SUPPORTED = FLOATS + LEGACY + K_QUANTS + IQ
+LOWBIT = [T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M, T.TQ1_0, T.TQ2_0]
+SUPPORTED = FLOATS + LEGACY + K_QUANTS + IQ + LOWBIT
 
 
 
@@ -145,11 +146,11 @@ def test_dequantize_shapes_follow_ggml_ne_order():
 def test_dequantize_rejects_bad_input():
     raw = np.zeros(66, dtype=np.uint8)
     with pytest.raises(Q.UnsupportedTypeError) as err:
-        Q.dequantize(raw, T.IQ2_XXS, (256,), name="blk.0.attn_q.weight")
+        Q.dequantize(raw, T.NVFP4, (256,), name="blk.0.attn_q.weight")
     msg = str(err.value)
-    assert "'blk.0.attn_q.weight'" in msg and "IQ2_XXS (16)" in msg and "Q4_K" in msg
+    assert "'blk.0.attn_q.weight'" in msg and "NVFP4 (40)" in msg and "Q4_K" in msg
     assert isinstance(err.value, ValueError)
-    for t in (T.TQ1_0, T.IQ1_S, T.Q8_1, T.IQ3_XXS, T.Q8_K):
+    for t in (T.NVFP4, T.Q1_0, T.Q8_1, T.Q8_K):
         fmt = Q.block_format(t)
         with pytest.raises(Q.UnsupportedTypeError, match=f"'w': ggml type {t.name} "):
             Q.dequantize(np.zeros(fmt.type_size, np.uint8), t, (fmt.block_size,), name="w")

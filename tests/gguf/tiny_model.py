@@ -95,6 +95,8 @@ def tensor_bytes(shape: tuple[int, ...], ggml_type: int, rng: np.random.Generato
         blocks[:, off : off + 2] = np.frombuffer(np.float16(0.002).tobytes(), np.uint8)
     if ggml_type == T.MXFP4:
         blocks[:, 0] = 120  # E8M0 exponent: 2^-8 per (doubled) E2M1 step
+    if ggml_type == T.IQ1_M:  # d = f16 0x1819 (0.002) in the top nibbles of the 4 scale words (iq1m_scale_t)
+        blocks[:, 49:57:2] = (blocks[:, 49:57:2] & 0x0F) | np.array([0x90, 0x10, 0x80, 0x10], np.uint8)
     return blocks.reshape(*shape[:0:-1], shape[0] // block * size)
 
 

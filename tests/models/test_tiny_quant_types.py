@@ -1,8 +1,9 @@
 """The quant types beyond the embedded models' (issue #26) on tiny synthetic models against llama.cpp's logits
 (tests/data/quants, REFERENCE.md): Q2_K, Q3_K, Q5_K, IQ4_XS (tiny-quants-k) and IQ4_NL, MXFP4, BF16
-(tiny-quants-nl), each in tensors that take every kernel llama.cpp picks for it (repacked or not, tiled or vec_dot,
-tinyBLAS or vec_dot), for prompts of 40, 19 and 6 tokens and 16 single-token decode steps; and single matmuls of
-every kernel against libggml's own results."""
+(tiny-quants-nl), IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, TQ1_0, TQ2_0 (tiny-quants-lowbit, issue #46),
+each in tensors that take every kernel llama.cpp picks for it (repacked or not, tiled or vec_dot, tinyBLAS or
+vec_dot), for prompts of 40, 19 and 6 tokens and 16 single-token decode steps; and single matmuls of every kernel
+against libggml's own results (lowbit_cases.py's for the low-bit types)."""
 
 from __future__ import annotations
 
@@ -21,19 +22,21 @@ from llamactx.ggml.vecdot_kx import is_repacked_kx
 from llamactx.ggml.vecdot_nl import is_repacked_nl
 from llamactx.model import ModelLoadError, Weight
 from tests.conftest import VARIANT_DIR
+from tests.data.quants import lowbit_cases
 from tests.data.quants.quant_matmul_cases import MATMUL_CASES, N_ROWS, case_data
 from tests.gguf.tiny_model import write_tiny_llama
 from tests.models.tiny import decode_all, new_ctx
 
 QUANTS = Path(__file__).parent.parent / "data" / "quants"
 REF = QUANTS / VARIANT_DIR  # llama.cpp's outputs for the arithmetic this run computes (avx2/: its AVX2 build)
-TYPES = {"k": {T.Q2_K, T.Q3_K, T.Q5_K, T.IQ4_XS}, "nl": {T.IQ4_NL, T.MXFP4, T.BF16}}
+TYPES = {"k": {T.Q2_K, T.Q3_K, T.Q5_K, T.IQ4_XS}, "nl": {T.IQ4_NL, T.MXFP4, T.BF16},
+         "lowbit": set(lowbit_cases.LOWBIT)}
 # the reference folder holds a build with AVX512_BF16 (its BF16 dot products use dpbf16); an AVX-512 target without
 # it computes another build's BF16 sums, and no reference of that build is kept
 _BF16_MISMATCH = arithmetic()["f32_epr"] == 16 and not arithmetic()["bf16_dot"]
 
 
-@pytest.fixture(scope="module", params=["k", "nl"])
+@pytest.fixture(scope="module", params=["k", "nl", "lowbit"])
 def quant_model(request):
     name = request.param
     if not (REF / f"{name}.npz").exists():
@@ -108,12 +111,33 @@ def test_single_matmul_bit_identical_to_libggml(ggml_matmuls, case):
     np.testing.assert_array_equal(got, ggml_matmuls[case["name"]], err_msg=case["name"])
 
 
+@pytest.fixture(scope="module")
+def lowbit_matmuls():
+    path = REF / "lowbit_matmuls.npz"
+    if not path.exists():
+        pytest.fail(f"no llama.cpp matmul reference {path} (make it with tests/data/quants/make_lowbit_reference.py)")
+    with np.load(path) as npz:
+        return {k: npz[k] for k in npz.files}
+
+
+@pytest.mark.parametrize("case", lowbit_cases.MATMUL_CASES, ids=lambda c: c["name"])
+def test_lowbit_matmul_bit_identical_to_libggml(lowbit_matmuls, case):
+    """IQ1-IQ3 and TQ1_0 / TQ2_0: ggml_vec_dot for n < 8, the tiled kernel (narrow and wide) from 8 rows for the IQ
+    types, vec_dot always for TQ; k of 1 and 2 super-blocks."""
+    t, data, x = lowbit_cases.case_data(case)
+    data.flags.writeable = False
+    w = Weight(case["name"], t, (case["k"], case["rows"]), data)
+    got = np.concatenate([ReferenceOps(ggml_single_row=True).matmul(x[:n], w) for n in lowbit_cases.N_ROWS])
+    np.testing.assert_array_equal(got, lowbit_matmuls[case["name"]], err_msg=case["name"])
+
+
 def test_unsupported_type_is_named_with_the_supported_ones(tmp_path):
-    path = write_tiny_llama(tmp_path / "iq2.gguf", types={"blk.0.attn_q.weight": T.IQ2_XXS}, n_embd=256,
+    path = write_tiny_llama(tmp_path / "nvfp4.gguf", types={"blk.0.attn_q.weight": T.NVFP4}, n_embd=256,
                             n_ff=256, n_layer=1, n_head=2, n_head_kv=1)
     with pytest.raises(ModelLoadError) as err:
         Model.load(path)
     msg = str(err.value)
-    assert "'blk.0.attn_q.weight'" in msg and "IQ2_XXS" in msg
-    for supported in ("Q4_0", "Q8_0", "Q2_K", "Q3_K", "Q5_K", "IQ4_NL", "IQ4_XS", "MXFP4", "BF16"):
+    assert "'blk.0.attn_q.weight'" in msg and "NVFP4" in msg
+    for supported in ("Q4_0", "Q8_0", "Q2_K", "Q3_K", "Q5_K", "IQ4_NL", "IQ4_XS", "MXFP4", "BF16", "IQ2_XXS",
+                      "IQ1_M", "TQ2_0"):
         assert supported in msg.split("allowed:")[1], supported
