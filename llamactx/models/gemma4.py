@@ -9,10 +9,13 @@ layer that has one (llama_model::create_memory's `reuse`); V is RMS-normed witho
 1 (q is not scaled); a layer may end with a scalar `layer_output_scale`; without `attn_v` a layer uses its K
 projection as V. The E models (E2B / E4B) add per-layer token embeddings: `per_layer_token_embd` rows (one slice per
 layer) plus a projection of the input embeddings, and after each layer's FFN a GELU gate times its slice, projected
-back and added. Embeddings scaled by sqrt(n_embd); GELU-gated FFN; post-attention / post-FFN norms; the final logits
-soft-capped where `final_logit_softcapping` is set.
+back and added. The MoE model (26B-A4B): every layer's dense GELU FFN beside n_expert GELU experts (their gate and
+up fused in `ffn_gate_up_exps`, a per-expert scale `ffn_down_exps.scale`), each branch with its own norms, the
+router reading the RMS-normed residual times 1/sqrt(n_embd) and `ffn_gate_inp.scale`. Embeddings scaled by
+sqrt(n_embd); GELU-gated FFN; post-attention / post-FFN norms; the final logits soft-capped where
+`final_logit_softcapping` is set.
 
-Not computed (refused at load, naming the tensor): the fused `attn_qkv`, and the MoE layers (26B-A4B).
+Not computed (refused at load, naming the tensor): the fused `attn_qkv`.
 """
 
 from __future__ import annotations
@@ -67,7 +70,9 @@ def arch_hparams(m: Meta, hp: dict) -> dict:
                 n_embd_per_layer=m.count("embedding_length_per_layer_input", lo=0),
                 f_attention_scale=1.0,  # self.scaling = 1.0: attention with kq_scale 1, q not scaled
                 f_final_logit_softcapping=m.real("final_logit_softcapping", 0.0, zero_ok=True),
-                embd_scale=math.sqrt(hp["n_embd"]))
+                embd_scale=math.sqrt(hp["n_embd"]),
+                n_ff_exp=m.count("expert_feed_forward_length", None if hp["n_expert"] else 0,
+                                 lo=1 if hp["n_expert"] else 0))
 
 
 def _kv_heads(m: Meta, n_layer: int, swa_layers: tuple[bool, ...], n_head_kv: int) -> tuple[int, ...]:
@@ -122,6 +127,8 @@ def tensor_shapes(hp: HParams) -> dict[str, tuple[tuple[int, ...], bool]]:
             b + "ffn_down.weight": ((hp.n_ff, hp.n_embd), True),
             b + "post_ffw_norm.weight": ((hp.n_embd,), True),
         })
+        if hp.n_expert:
+            shapes.update(expert_tensor_shapes(hp, b))
         if n_pl:
             shapes.update({
                 b + "inp_gate.weight": ((hp.n_embd, n_pl), True),
@@ -131,13 +138,31 @@ def tensor_shapes(hp: HParams) -> dict[str, tuple[tuple[int, ...], bool]]:
     return shapes
 
 
+def expert_tensor_shapes(hp: HParams, b: str) -> dict[str, tuple[tuple[int, ...], bool]]:
+    """A MoE layer's router (its weight and input scale), the experts' branch norms and the stacked experts: gate
+    and up fused (`ffn_gate_up_exps`, as convert_hf_to_gguf.py writes Gemma 4), down, and down's per-expert scale
+    (optional)."""
+    return {
+        b + "ffn_gate_inp.weight": ((hp.n_embd, hp.n_expert), True),
+        b + "ffn_gate_inp.scale": ((hp.n_embd,), True),
+        b + "pre_ffw_norm_2.weight": ((hp.n_embd,), True),
+        b + "post_ffw_norm_1.weight": ((hp.n_embd,), True),
+        b + "post_ffw_norm_2.weight": ((hp.n_embd,), True),
+        b + "ffn_gate_up_exps.weight": ((hp.n_embd, 2 * hp.n_ff_exp, hp.n_expert), True),
+        b + "ffn_down_exps.weight": ((hp.n_ff_exp, hp.n_embd, hp.n_expert), True),
+        b + "ffn_down_exps.scale": ((hp.n_expert,), False),
+    }
+
+
 def refused_tensors(hp: HParams) -> dict[str, str]:
-    """What llama_model_gemma4 would use but this module does not compute: a fused q/k/v matrix, MoE layers."""
+    """What llama_model_gemma4 would use but this module does not compute: a fused q/k/v matrix, separate expert
+    gate / up matrices."""
     out = {}
     for il in range(hp.n_layer):
         b = f"blk.{il}."
         out[b + "attn_qkv.weight"] = "the fused Q/K/V matrix of gemma4 is not implemented in llamactx"
-        out[b + "ffn_gate_inp.weight"] = "gemma4's mixture-of-experts layers (26B-A4B) are not implemented in llamactx"
+        out[b + "ffn_gate_exps.weight"] = ("gemma4 experts with separate gate / up matrices are not implemented in "
+                                           "llamactx (ffn_gate_up_exps is)")
     return out
 
 
@@ -187,6 +212,8 @@ def build(model, ops, token: np.ndarray | None, embd: np.ndarray | None, pos: np
         cur = ops.rms_norm(attn_out, t[b + "ffn_norm.weight"], eps)
         gate, up = ops.matmuls(cur, [w(b + "ffn_gate.weight"), w(b + "ffn_up.weight")])  # (n, n_ff) each
         cur = ops.matmul(ops.geglu(gate, up), w(b + "ffn_down.weight"))  # (n, n_embd)
+        if hp.n_expert:  # the dense FFN normed as a branch, beside the experts
+            cur = ops.rms_norm(cur, t[b + "post_ffw_norm_1.weight"], eps) + moe_branch(model, ops, attn_out, b)
         cur = ops.rms_norm(cur, t[b + "post_ffw_norm.weight"], eps) + attn_out
         if per_layer is not None:
             cur = cur + per_layer_embedding(model, ops, cur, per_layer, il)
@@ -226,3 +253,23 @@ def per_layer_embedding(model, ops, cur: np.ndarray, per_layer: np.ndarray, il: 
     g = ops.geglu(gate, per_layer[:, il * n_pl : (il + 1) * n_pl])  # (n, n_pl)
     out = ops.matmul(g, model.weight(b + "proj.weight"))  # (n, n_embd)
     return ops.rms_norm(out, model.tensors[b + "post_norm.weight"], model.hparams.f_norm_rms_eps)
+
+
+def moe_branch(model, ops, attn_out: np.ndarray, b: str) -> np.ndarray:
+    """A MoE layer's expert branch (gemma4.cpp "Expert FFN"): the router's logits from
+    rms_norm(attn_out) * 1/sqrt(n_embd) * ffn_gate_inp.scale; softmax, the top n_expert_used, their weights
+    normalized (build_moe_ffn, w_scale 1); each expert's fused gate|up of the pre_ffw_norm_2-normed input, GELU-gated,
+    down, times its ffn_down_exps.scale (build_lora_mm_id's w_s), then the weighted sum, normed by post_ffw_norm_2.
+    attn_out (n, n_embd) -> (n, n_embd)"""
+    hp, w, t = model.hparams, model.weight, model.tensors
+    eps, n_ff = hp.f_norm_rms_eps, hp.n_ff_exp
+    tmp = ops.rms_norm(attn_out, np.ones(hp.n_embd, np.float32), eps) * (_F32(1.0) / np.sqrt(_F32(hp.n_embd)))
+    logits = ops.matmul(tmp * t[b + "ffn_gate_inp.scale"], w(b + "ffn_gate_inp.weight"))  # (n, n_expert)
+    selected, weights = ops.moe_route(logits, hp.n_expert_used, "softmax", True, 1.0)  # (n, k) each
+    cur = ops.rms_norm(attn_out, t[b + "pre_ffw_norm_2.weight"], eps)  # (n, n_embd)
+    gate_up = ops.matmul_id(cur, w(b + "ffn_gate_up_exps.weight"), selected)  # (n, k, 2 n_ff): gate | up
+    act = ops.geglu(gate_up[:, :, :n_ff], gate_up[:, :, n_ff:])  # (n, k, n_ff)
+    experts = ops.matmul_id(act, w(b + "ffn_down_exps.weight"), selected)  # (n, k, n_embd)
+    if b + "ffn_down_exps.scale" in t:
+        experts = experts * t[b + "ffn_down_exps.scale"][selected][:, :, None]
+    return ops.rms_norm(ops.moe_sum(experts, weights), t[b + "post_ffw_norm_2.weight"], eps)

@@ -1,8 +1,9 @@
 """gemma4 (Gemma 4: iSWA with per-layer head sizes, proportional RoPE on the global layers, shared KV layers, V
-normed, attention scale 1, per-layer output scales; the E models' per-layer embeddings) on the tiny synthetic
-models against llama.cpp's logits (tests/data/tiny/tiny-gemma4*.gguf, make_tiny_gemma4.py, REFERENCE.md): the
-prompts (each past the 4-token window), greedy steps one token at a time, a prompt split over ubatches, two
-sequences in one batch, state save / restore, flash attention, and the metadata and tensors a load refuses."""
+normed, attention scale 1, per-layer output scales; the E models' per-layer embeddings; the MoE model's experts
+beside the dense FFN) on the tiny synthetic models against llama.cpp's logits (tests/data/tiny/tiny-gemma4*.gguf,
+make_tiny_gemma4.py, REFERENCE.md): the prompts (each past the 4-token window), greedy steps one token at a time, a
+prompt split over ubatches, two sequences in one batch, state save / restore, flash attention, and the metadata and
+tensors a load refuses."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from tests.conftest import VARIANT
 from tests.models.tiny import TINY, TINY_REF, assert_flash_single_row, decode_all, load_tiny, new_ctx
 
 
-@pytest.fixture(scope="module", params=["gemma4", "gemma4-e"])
+@pytest.fixture(scope="module", params=["gemma4", "gemma4-e", "gemma4-moe"])
 def tiny(request):
     """load_tiny(name); its references exist for both ISA levels (avx2/ made with llama.cpp's AVX2 build)."""
     name = request.param
@@ -142,6 +143,7 @@ def test_layers_and_memory(tiny):
     assert [hp.layer_n_rot(il) for il in range(6)] == [16, 16, 16, 32, 16, 32]
     assert [hp.kv_reuse(il) for il in range(6)] == [-1, -1, -1, -1, 2, 3]
     assert hp.n_embd_per_layer == (16 if name == "gemma4-e" else 0)
+    assert (hp.n_expert, hp.n_expert_used, hp.n_ff_exp) == ((4, 2, 32) if name == "gemma4-moe" else (0, 0, 0))
     mem = new_ctx(model).memory
     assert mem.base.layers == (3,) and mem.swa.layers == (0, 1, 2)
     assert (mem.base.n_embd_k_gqa, mem.swa.n_embd_k_gqa) == (32, 32)
@@ -152,7 +154,7 @@ def test_layers_and_memory(tiny):
         full.seq_add(0, 0, -1, 1)
 
 
-@pytest.mark.parametrize("name", ["gemma4", "gemma4-e"])
+@pytest.mark.parametrize("name", ["gemma4", "gemma4-e", "gemma4-moe"])
 def test_info(capsys, name):
     from llamactx.cli.commands import main
 
@@ -162,6 +164,7 @@ def test_info(capsys, name):
     assert ("heads:          global layers 4 x 32 (1 KV), RoPE over 32; sliding-window layers 4 x 16 (2 KV), RoPE "
             "over 16") in out
     assert ("per-layer embd: 16 per layer" in out) == (name == "gemma4-e")
+    assert ("experts:        4, 2 used per token, n_ff_exp 32" in out) == (name == "gemma4-moe")
     assert ("llama_kv_cache_iswa (2 global layers, 4 sliding-window layers of 4 tokens; layers 4-5 read the KV of "
             "layers 2 (sliding) and 3 (global)") in out
 
@@ -178,8 +181,12 @@ def test_info(capsys, name):
     ({"drop": ("rope_freqs.weight",)}, ModelLoadError, r"tensor 'rope_freqs.weight' is missing"),
     ({"drop": ("blk.0.inp_gate.weight",), "per_layer": 16}, ModelLoadError, r"tensor 'blk.0.inp_gate.weight' is "
      r"missing"),
+    ({"drop": ("blk.2.ffn_gate_up_exps.weight",), "moe": True}, ModelLoadError,
+     r"tensor 'blk.2.ffn_gate_up_exps.weight' is missing"),
+    ({"drop": ("blk.1.ffn_gate_inp.scale",), "moe": True}, ModelLoadError,
+     r"tensor 'blk.1.ffn_gate_inp.scale' is missing"),
 ], ids=["kv-heads-mixed", "kv-heads-count", "kv-heads-divide", "shared-pattern", "no-k", "no-rope-freqs",
-        "no-inp-gate"])
+        "no-inp-gate", "no-gate-up-exps", "no-router-scale"])
 def test_bad_model_refused_at_load(tmp_path, variant, error, match):
     """Per-layer KV head counts that disagree within a layer kind, are too few or do not divide the query heads,
     shared layers without a sliding-window and a global KV layer before them, and missing tensors: refused naming

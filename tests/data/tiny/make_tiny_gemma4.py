@@ -11,10 +11,15 @@ Layer 3 has no `attn_v` (V is its K projection, RMS-normed without the K norm). 
 `layer_output_scale`; the logits are soft-capped at 30. Q8_0 matrices (F16 where a row is too short for a block),
 F32 norms; the output matrix is tied to the token embeddings. `tiny-gemma4-e.gguf` (seed 32) adds the E models'
 per-layer embeddings: 16 per layer (`per_layer_token_embd` of 6 x 16 per token, `per_layer_model_proj`, each
-layer's `inp_gate`, `proj` and `post_norm`). The vocabulary is make_tiny_models.py's (SmolLM2's first 1024 tokens).
+layer's `inp_gate`, `proj` and `post_norm`). `tiny-gemma4-moe.gguf` (seed 33) is the 26B-A4B layout: every layer's
+dense FFN beside 4 GELU experts of 32 (2 routed per token; gate and up fused in `ffn_gate_up_exps`, Q8_0), the F32
+router scaled so that tokens clearly prefer some experts, its input scale `ffn_gate_inp.scale`, the per-expert
+`ffn_down_exps.scale` and the two branches' norms. The vocabulary is make_tiny_models.py's (SmolLM2's first 1024
+tokens).
 
 Usage (from the repository root, in the project's venv): python tests/data/tiny/make_tiny_gemma4.py
-Then make llama.cpp's outputs with make_tiny_reference.py gemma4 gemma4-e (tests/data/REFERENCE.md), and the AVX2
+Then make llama.cpp's outputs with make_tiny_reference.py gemma4 gemma4-e gemma4-moe gemma4-fa
+(tests/data/REFERENCE.md), and the AVX2
 build's with REFERENCE_VARIANT=avx2.
 """
 
@@ -37,11 +42,14 @@ HEAD_SWA, N_KV_SWA, HEAD_FULL, N_KV_FULL = 16, 2, 32, 1
 N_SHARED = 2
 N_ROTATED_PAIRS = 4  # of the global layers' 16: partial_rotary_factor 0.25
 N_PER_LAYER = 16
+N_EXPERT, N_EXPERT_USED, N_FF_EXP = 4, 2, 32
 
 
 def gemma4(name: str = "gemma4", seed: int = 31, path: Path | None = None, per_layer: int = 0,
-           kv_heads: list[int] | None = None, drop: tuple[str, ...] = (), n_shared: int = N_SHARED) -> Path:
-    """The tiny model; `per_layer`: the E models' per-layer embedding width (0: none). The malformed variants the
+           kv_heads: list[int] | None = None, drop: tuple[str, ...] = (), n_shared: int = N_SHARED,
+           moe: bool = False) -> Path:
+    """The tiny model; `per_layer`: the E models' per-layer embedding width (0: none); `moe`: the experts beside
+    each layer's dense FFN. The malformed variants the
     load tests refuse: `kv_heads` (head_count_kv per layer, if not the pattern's), `drop` (tensors left out),
     `n_shared` (attention.shared_kv_layers)."""
     v = smollm2_vocab()
@@ -65,6 +73,10 @@ def gemma4(name: str = "gemma4", seed: int = 31, path: Path | None = None, per_l
     w.add_shared_kv_layers(n_shared)
     w.add_embedding_length_per_layer_input(per_layer)
     w.add_final_logit_softcapping(30.0)
+    if moe:
+        w.add_expert_count(N_EXPERT)
+        w.add_expert_used_count(N_EXPERT_USED)
+        w.add_expert_feed_forward_length(N_FF_EXP)
     pairs = HEAD_FULL // 2
     wt.put("rope_freqs.weight", np.array([1.0] * N_ROTATED_PAIRS + [1e30] * (pairs - N_ROTATED_PAIRS), np.float32),
            T.F32)
@@ -92,6 +104,8 @@ def gemma4(name: str = "gemma4", seed: int = 31, path: Path | None = None, per_l
         wt.mat(b + "ffn_up.weight", N_EMBD, N_FF)
         wt.mat(b + "ffn_down.weight", N_FF, N_EMBD)
         wt.vec(b + "post_ffw_norm.weight", (N_EMBD,), 1.0, 0.3)
+        if moe:
+            experts(wt, b)
         wt.put(b + "layer_output_scale.weight", np.array([0.6 + 0.15 * il], np.float32), T.F32)
         if per_layer:
             wt.mat(b + "inp_gate.weight", N_EMBD, per_layer)
@@ -102,6 +116,20 @@ def gemma4(name: str = "gemma4", seed: int = 31, path: Path | None = None, per_l
     return finish(w)
 
 
+def experts(wt: Weights, b: str) -> None:
+    """A layer's router (F32, scaled up; its input scale), the experts (gate | up fused, down; Q8_0), the per-expert
+    output scale and the two branches' norms."""
+    wt.mat(b + "ffn_gate_inp.weight", N_EMBD, N_EXPERT, scale=4.0 / np.sqrt(N_EMBD), kind=T.F32)
+    wt.vec(b + "ffn_gate_inp.scale", (N_EMBD,), 1.0, 0.3)
+    for part, ne0, ne1 in (("gate_up", N_EMBD, 2 * N_FF_EXP), ("down", N_FF_EXP, N_EMBD)):
+        data = wt.rng.standard_normal((N_EXPERT, ne1, ne0)) / np.sqrt(ne0)  # ggml (ne0, ne1, n_expert)
+        wt.put(f"{b}ffn_{part}_exps.weight", data.astype(np.float32), T.Q8_0)
+    wt.vec(b + "ffn_down_exps.scale", (N_EXPERT,), 1.0, 0.3)
+    for norm in ("pre_ffw_norm_2", "post_ffw_norm_1", "post_ffw_norm_2"):
+        wt.vec(f"{b}{norm}.weight", (N_EMBD,), 1.0, 0.3)
+
+
 if __name__ == "__main__":
     print(gemma4())
     print(gemma4("gemma4-e", seed=32, per_layer=N_PER_LAYER))
+    print(gemma4("gemma4-moe", seed=33, moe=True))
