@@ -19,6 +19,7 @@ from gguf import GGMLQuantizationType, LlamaFileType
 
 from llamactx.ggml.quants_cpu import vec_dot_type
 from llamactx.gguf.quants import block_format, is_supported
+from llamactx.gguf.quants_lowbit import LOWBIT_TYPES, ScaleError, check_scales
 from llamactx.gguf.reader import GGUFFile, TensorInfo
 from llamactx.gguf.split import GGUFSplit, open_model_file
 from llamactx.hparams import HParams, ModelLoadError
@@ -126,6 +127,7 @@ class Model:
                 )
             if not vocab_only:
                 _check_tensors(gguf.tensors, hparams)
+                _check_lowbit_scales(gguf)
             buffer = None
             if not use_mmap and not vocab_only:
                 buffer = gguf.read_copy()
@@ -308,3 +310,16 @@ def _check_type(info: TensorInfo, vector: bool) -> None:
         names = ", ".join(block_format(t).name for t in sorted(allowed))
         raise ModelLoadError(f"tensor '{info.name}' has type {block_format(info.ggml_type).name}, which llamactx "
                              f"cannot compute as {role} (allowed: {names})")
+
+
+def _check_lowbit_scales(gguf: GGUFFile | GGUFSplit) -> None:
+    """A low-bit tensor (IQ1-IQ3, TQ1_0 / TQ2_0) with a super-block whose f16 scale is NaN or infinite is refused,
+    naming it (ggml_validate_row_data's check; each of its weights would be NaN or infinite). Reads 2 bytes per
+    256 weights."""
+    for name, info in gguf.tensors.items():
+        if info.ggml_type in LOWBIT_TYPES and info.nbytes:
+            blocks = gguf.tensor_data(name).reshape(-1, block_format(info.ggml_type).type_size)
+            try:
+                check_scales(info.ggml_type, blocks, name)
+            except ScaleError as e:
+                raise ModelLoadError(str(e)) from None

@@ -1,0 +1,105 @@
+"""The low-bit formats' tables, bad blocks and routing (issue #46): IQ1-IQ3 and TQ1_0 / TQ2_0.
+
+Their decoders are checked against gguf-py bit for bit in tests/gguf/test_quants.py, their matmuls against libggml's
+own mul_mat and a tiny model's logits in tests/models/test_tiny_quant_types.py."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+from gguf import GGUFReader
+
+from llamactx import Model
+from llamactx.backend.fast import FastOps
+from llamactx.ggml.vecdot_lowbit import matmul_lowbit, uses_tiled
+from llamactx.gguf import iq_grids
+from llamactx.gguf.quants import block_format
+from llamactx.gguf.quants_lowbit import LOWBIT_TYPES, ScaleError, check_scales, lowbit_parts
+from llamactx.model import ModelLoadError, Weight
+from tests.gguf.tiny_model import write_tiny_llama
+
+ROOT = Path(__file__).parents[2]
+
+
+def _load_generator():
+    spec = importlib.util.spec_from_file_location("make_iq_grids", ROOT / "tests" / "data" / "make_iq_grids.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_grids_are_ggml_commons(llamacpp_src):
+    """iq_grids.py is what make_iq_grids.py makes from llama.cpp's ggml-common.h, and spot values hold."""
+    gen = _load_generator()
+    header = llamacpp_src / "ggml" / "src" / "ggml-common.h"
+    assert (ROOT / "llamactx" / "gguf" / "iq_grids.py").read_text() == gen.render(header)
+    assert iq_grids.IQ2XXS_GRID[1].tolist() == [43, 8, 8, 8, 8, 8, 8, 8]  # 0x080808080808082b
+    assert iq_grids.IQ1S_GRID[1].tolist() == [1, -1, -1, -1, -1, -1, -1, -1]  # 0xffffffffffffff01
+    assert iq_grids.KSIGNS_IQ2XS[1] == 129  # the eighth sign bit makes the count of minus signs even
+    for g, n in ((iq_grids.IQ2XXS_GRID, 256), (iq_grids.IQ2XS_GRID, 512), (iq_grids.IQ2S_GRID, 1024),
+                 (iq_grids.IQ3XXS_GRID, 256), (iq_grids.IQ3S_GRID, 512), (iq_grids.IQ1S_GRID, 2048)):
+        assert g.shape[0] == n and len({row.tobytes() for row in g}) == n  # distinct entries
+
+
+def test_every_grid_index_is_in_range():
+    """Each format's index bits address exactly its grid: no stored block can point outside the codebook."""
+    rng = np.random.default_rng(5)
+    for t in LOWBIT_TYPES:
+        blocks = np.full((4, block_format(t).type_size), 255, np.uint8)  # every index bit set
+        blocks[1:] = rng.integers(0, 256, blocks[1:].shape, dtype=np.uint8)
+        parts = lowbit_parts(t, blocks)  # an out-of-range index would raise IndexError here
+        assert parts.codes.shape == (4, 256) and parts.scales.shape == (4, 16)
+
+
+def _corrupt(path: Path, name: str, block: int, t: T, bits: int) -> None:
+    """Set the f16 d of one super-block of tensor `name` to `bits` in the file itself."""
+    reader = GGUFReader(path, "r+")
+    data = next(x for x in reader.tensors if x.name == name).data
+    blocks = np.asarray(data).reshape(-1).view(np.uint8).reshape(-1, block_format(t).type_size)
+    if t == T.IQ1_M:  # iq1m_scale_t: nibble k of d in the top bits of scale word k
+        words = blocks[block, 48:56].copy().view("<u2")
+        for k in range(4):
+            words[k] = (words[k] & 0x0FFF) | (((bits >> (4 * k)) & 15) << 12)
+        blocks[block, 48:56] = words.view(np.uint8)
+    else:
+        off = {T.TQ1_0: 52, T.TQ2_0: 64}.get(t, 0)
+        blocks[block, off:off + 2] = np.array([bits], "<u2").view(np.uint8)
+    reader.data.flush()  # the file's memmap (mode r+)
+
+
+@pytest.mark.parametrize(("t", "bits", "shown"), [(T.IQ2_XXS, 0x7E00, "nan"), (T.IQ1_M, 0x7C00, "inf"),
+                                                  (T.TQ2_0, 0xFC00, "-inf"), (T.IQ3_S, 0x7C01, "nan")])
+def test_non_finite_scale_refused_at_load_naming_the_tensor(tmp_path, t, bits, shown):
+    name = "blk.0.ffn_down.weight"
+    path = write_tiny_llama(tmp_path / "bad.gguf", types={name: t, "blk.0.attn_q.weight": t}, n_embd=256, n_ff=256,
+                            n_layer=1, n_head=2, n_head_kv=1)
+    Model.load(path).close()  # the sane file loads
+    _corrupt(path, name, 1, t, bits)
+    with pytest.raises(ModelLoadError, match=rf"tensor '{name}': {t.name} block 1 has scale d = {shown} "):
+        Model.load(path)
+
+
+def test_check_scales_counts_the_bad_blocks():
+    blocks = np.zeros((5, 66), np.uint8)
+    blocks[[2, 4], 0:2] = np.array([0x7C00], "<u2").view(np.uint8)
+    with pytest.raises(ScaleError, match=r"tensor 'w': IQ2_XXS block 2 has scale d = inf \(must be finite; 2 such"):
+        check_scales(T.IQ2_XXS, blocks, "w")
+    check_scales(T.IQ2_XXS, np.zeros((5, 66), np.uint8), "w")  # zero scales are fine
+
+
+@pytest.mark.parametrize("t", LOWBIT_TYPES, ids=lambda t: T(t).name)
+def test_fast_ops_leave_lowbit_matmuls_to_the_reference(t):
+    """FastOps has no kernels for these: every matmul of theirs takes the reference's exact path."""
+    w = Weight("w", int(t), (256, 8), np.zeros((8, block_format(t).type_size), np.uint8))
+    assert FastOps._kernel_order(w) is None
+    assert uses_tiled(w, 8) == (t not in (T.TQ1_0, T.TQ2_0)) and not uses_tiled(w, 7)
+
+
+def test_matmul_lowbit_refuses_other_types():
+    w = Weight("w", int(T.Q4_K), (256, 8), np.zeros((8, 144), np.uint8))
+    with pytest.raises(ValueError, match="Q4_K is not one of IQ2_XXS"):
+        matmul_lowbit(np.zeros((1, 256), np.float32), w)
