@@ -28,6 +28,7 @@ from llamactx.models import (
     gemma4,
     gpt_oss,
     granite,
+    granite_hybrid,
     lfm2,
     llama,
     mamba2,
@@ -38,7 +39,7 @@ from llamactx.models import (
 )
 
 MODULES = (llama, gemma3, mamba2, lfm2, phi3, gemma2, smollm3, granite, bert, gpt_oss, qwen35, mistral3,
-           gemma4)
+           gemma4, granite_hybrid)
 ARCHITECTURES: dict[str, ModuleType] = {name: module for module in MODULES for name in module.ARCHS}
 
 

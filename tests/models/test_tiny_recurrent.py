@@ -1,6 +1,8 @@
 """Recurrent and hybrid architectures on tiny synthetic models against llama.cpp's logits (tests/data/tiny,
 REFERENCE.md): mamba2 (recurrent memory; d_state 16 runs ggml_ssm_scan's scalar loop, mamba2-s128 its SIMD
-lanes as real Mamba-2 models do) and lfm2 (hybrid memory: short-convolution + attention layers)."""
+lanes as real Mamba-2 models do), lfm2 (hybrid memory: short-convolution + attention layers) and lfm2moe (the
+same with routed experts), granitehybrid (Mamba-2 + attention layers, granite's scales; dense, and with experts
+and a shared expert)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ from llamactx.backend.reference import ReferenceOps
 from llamactx.models import ARCHITECTURES
 from tests.models.tiny import TINY, decode_all, load_tiny, new_ctx
 
-NAMES = [name for name in ("mamba2", "mamba2-s128", "lfm2") if name.split("-")[0] in ARCHITECTURES]
+NAMES = [name for name in ("mamba2", "mamba2-s128", "lfm2", "lfm2moe", "granitehybrid", "granitehybrid-moe")
+         if name.split("-")[0] in ARCHITECTURES]
 
 
 @pytest.fixture(scope="module", params=NAMES)
@@ -160,9 +163,12 @@ def test_info_names_the_memory_type(tiny, capsys):
     name, _, _, _ = tiny
     assert main(["info", "-m", str(TINY / f"tiny-{name}.gguf")]) == 0
     out = capsys.readouterr().out
-    want = {"mamba2": "memory:         recurrent states (llama_memory_recurrent)",
-            "lfm2": "memory:         KV cache + recurrent states (llama_memory_hybrid)"}[name.split("-")[0]]
+    want = {"mamb": "memory:         recurrent states (llama_memory_recurrent)",
+            "lfm2": "memory:         KV cache + recurrent states (llama_memory_hybrid)",
+            "gran": "memory:         KV cache + recurrent states (llama_memory_hybrid)"}[name.split("-")[0][:4]]
     assert want in out
+    if name.startswith("granitehybrid"):
+        assert "layer kinds:    mamba2 x3 (0, 2-3); attention x1 (1)" in out
 
 
 def test_encode_is_refused(tiny):

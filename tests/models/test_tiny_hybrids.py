@@ -1,0 +1,43 @@
+"""The hybrids of issue 41 beside test_tiny_recurrent.py's exactness tests (which run their tiny models,
+make_tiny_hybrids.py): the metadata and tensors a load refuses, naming the key or tensor, and the layer kinds
+`llamactx info` names."""
+
+from __future__ import annotations
+
+import pytest
+
+from llamactx import Model
+from llamactx.hparams import HParamsError, ModelLoadError
+from tests.gguf.tiny_model import rewrite_gguf
+from tests.models.tiny import TINY
+
+BAD = [
+    ("granitehybrid", {}, {"blk.2.ssm_conv1d.weight": None}, ModelLoadError,
+     r"tensor 'blk.2.ssm_conv1d.weight' is missing"),
+    ("granitehybrid", {}, {"blk.0.ssm_conv1d.bias": None}, ModelLoadError,
+     r"tensor 'blk.0.ssm_conv1d.bias' is missing"),
+    ("granitehybrid", {}, {"blk.3.ssm_a": None}, ModelLoadError, r"tensor 'blk.3.ssm_a' is missing"),
+    ("granitehybrid", {"granitehybrid.attention.head_count_kv": [0, 0, 0, 2]}, {}, ModelLoadError,
+     r"tensor 'blk.1.ssm_in.weight' is missing"),
+    ("granitehybrid", {"granitehybrid.attention.head_count_kv": 2}, {}, HParamsError,
+     r"'granitehybrid.attention.head_count_kv' must hold one value per layer"),
+    ("granitehybrid", {"granitehybrid.ssm.inner_size": 64}, {}, HParamsError,
+     r"'granitehybrid.ssm.inner_size' = 64: granitehybrid needs 2 \* embedding_length = 128"),
+    ("granitehybrid", {"granitehybrid.ssm.group_count": 3}, {}, HParamsError,
+     r"'granitehybrid.ssm.group_count' = 3 does not divide"),
+    ("granitehybrid-moe", {}, {"blk.1.ffn_up_shexp.weight": None}, ModelLoadError,
+     r"tensor 'blk.1.ffn_up_shexp.weight' is missing"),
+]
+
+
+@pytest.mark.parametrize("name, meta, tensors, error, match", BAD,
+                         ids=["granitehybrid-no-conv", "granitehybrid-no-conv-bias",
+                              "granitehybrid-no-ssm_a", "granitehybrid-layer-pattern-vs-tensors",
+                              "granitehybrid-no-pattern", "granitehybrid-inner-size", "granitehybrid-groups",
+                              "granitehybrid-moe-no-shexp"])
+def test_bad_model_refused_at_load(tmp_path, name, meta, tensors, error, match):
+    """A missing conv / expert tensor, a layer pattern (or dense-layer count) that the tensors disagree with, a
+    missing or unknown key: refused at load, naming the key or tensor."""
+    path = rewrite_gguf(TINY / f"tiny-{name}.gguf", tmp_path / "bad.gguf", meta=meta, tensors=tensors)
+    with pytest.raises(error, match=match):
+        Model.load(path)
