@@ -118,6 +118,8 @@ class ReferenceOps:
             return matmul_float(x, weight, each_row_alone=True)
         if weight.ggml_type in EXACT_TYPES or x.shape[0] <= 1:  # the 32-block types are row invariant
             return self.matmul(x, weight)
+        if weight.ggml_type in LOWBIT_TYPES:  # per expert as for a matrix: tiled from 8 rows (tiled.cpp mmid), vec_dot
+            return self.matmul(x, weight)
         # the other types' kernel depends on the row count (repacked gemm, tiled, tinyBLAS): one row at a time
         return np.concatenate([self.matmul(x[i : i + 1], weight) for i in range(x.shape[0])])
 

@@ -131,6 +131,23 @@ def test_lowbit_matmul_bit_identical_to_libggml(lowbit_matmuls, case):
     np.testing.assert_array_equal(got, lowbit_matmuls[case["name"]], err_msg=case["name"])
 
 
+@pytest.mark.parametrize("kind", ["reference", "fast"])
+def test_lowbit_mul_mat_id_bit_identical_to_libggml(kind):
+    """ggml_mul_mat_id of low-bit experts: each expert's rows as one matmul, the tiled kernel for the IQ types where
+    8 or more rows chose the expert (tiled.cpp `ggml_compute_forward_mul_mat_id_tiled`), vec_dot below."""
+    path = REF / "lowbit_moe.npz"
+    if not path.exists():
+        pytest.fail(f"no llama.cpp mul_mat_id reference {path} (tests/data/quants/make_lowbit_reference.py makes it)")
+    m = lowbit_cases.MOE_SHAPE
+    with np.load(path) as ref:
+        for t in lowbit_cases.MOE_TYPES:
+            data, x, selected = lowbit_cases.moe_case(t)
+            data.flags.writeable = False
+            w = Weight("experts", int(t), (m["k"], m["rows"], m["n_expert"]), data)
+            ops = ReferenceOps() if kind == "reference" else FastOps(model=None)
+            np.testing.assert_array_equal(ops.matmul_id(x, w, selected), ref[T(t).name], err_msg=T(t).name)
+
+
 def test_unsupported_type_is_named_with_the_supported_ones(tmp_path):
     path = write_tiny_llama(tmp_path / "nvfp4.gguf", types={"blk.0.attn_q.weight": T.NVFP4}, n_embd=256,
                             n_ff=256, n_layer=1, n_head=2, n_head_kv=1)

@@ -64,6 +64,24 @@ def case_data(case: dict) -> tuple[int, np.ndarray, np.ndarray]:
     return int(t), w, x
 
 
+# ggml_mul_mat_id cases: 4 experts of 20 rows, k = 256, 24 tokens with 2 experts each, routed so that experts 0
+# and 1 get 8+ rows (the tiled kernel, per expert) and experts 2 and 3 fewer (vec_dot)
+MOE_TYPES = LOWBIT
+MOE_SHAPE = {"k": 256, "rows": 20, "n_expert": 4, "n_tokens": 24, "n_used": 2}
+
+
+def moe_case(t: T) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(expert weights (n_expert * rows, row_bytes), x (n_tokens, k) float32, selected (n_tokens, n_used) int32)."""
+    m = MOE_SHAPE
+    rng = np.random.default_rng(4600 + int(t))
+    w = tensor_data((m["k"], m["rows"] * m["n_expert"]), t, rng)
+    x = (rng.standard_normal((m["n_tokens"], m["k"])) * 2).astype(np.float32)
+    first = np.where(np.arange(m["n_tokens"]) < 18, 0, 2)  # expert 0: 18 rows, expert 2: 6
+    second = np.where(np.arange(m["n_tokens"]) % 3 == 0, 3, 1)  # expert 3: 8 rows, expert 1: 16
+    second[np.arange(m["n_tokens"]) >= 21] = 2  # ... and expert 2 also the last ones' second slot
+    return w, x, np.stack([first, second], axis=1).astype(np.int32)
+
+
 # every type a weight matrix of the model (TQ1_0 the token embedding: get_rows; its matmul is in MATMUL_CASES)
 MODEL_TYPES = {"token_embd.weight": T.TQ1_0, "attn_q.weight": T.IQ2_XXS, "attn_k.weight": T.IQ2_XS,
                "attn_v.weight": T.IQ2_S, "attn_output.weight": T.IQ3_XXS, "ffn_gate.weight": T.IQ3_S,
