@@ -79,6 +79,9 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
                      ("top_k", "top_k"), ("stop_sequences", "stop"), ("model", "model")):
         if src in body:
             chat[dst] = body[src]
+    for key in P.LLAMA_SERVER_FIELDS:  # llama-server's own request fields pass through
+        if key in body:
+            chat[key] = body[key]
     if body.get("tools"):
         if not isinstance(body["tools"], list):
             raise P.ProtocolError("tools must be an array")
@@ -98,8 +101,9 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
 
 
 class MessagesRenderer(ChatRenderer):
-    """A chat's choice as an Anthropic `message`, or as the Messages stream: message_start, a text block (its
-    deltas as they come; with tools, at the end), tool_use blocks, message_delta with the stop reason, message_stop.
+    """A chat's choice as an Anthropic `message` (a thinking block first when the model thought, then text, then
+    tool_use blocks), or as the Messages stream: message_start, each block's start / deltas / stop as the parsed
+    reply grows (thinking_delta, text_delta, input_json_delta), message_delta with the stop reason, message_stop.
     """
 
     sse_events = True  # "event: <type>" lines, and no [DONE]
@@ -108,18 +112,19 @@ class MessagesRenderer(ChatRenderer):
         super().__init__(*args, **kw)
         self.id = P.new_id("msg")
         self.n_prompt = n_prompt
-        self._open = False  # a text block is open in the stream
+        self._block = -1  # the index of the open block in the stream (-1: none yet)
+        self._kind = ""  # its kind: "thinking", "text" or "tool_use"
 
     def _blocks(self, c: Choice) -> tuple[list[dict[str, Any]], str]:
         message, finish = self._message(c)
-        blocks = [{"type": "text", "text": message.get("content") or ""}] if message.get("content") or \
-            not message.get("tool_calls") else []
+        blocks: list[dict[str, Any]] = []
+        if message.get("reasoning_content"):
+            blocks.append({"type": "thinking", "thinking": message["reasoning_content"], "signature": ""})
+        if message.get("content") or not (message.get("tool_calls") or blocks):
+            blocks.append({"type": "text", "text": message.get("content") or ""})
         for call in message.get("tool_calls", []):
-            try:
-                args = json.loads(call["function"]["arguments"])
-            except json.JSONDecodeError:
-                args = {}
-            blocks.append({"type": "tool_use", "id": call["id"], "name": call["function"]["name"], "input": args})
+            blocks.append({"type": "tool_use", "id": call["id"], "name": call["function"]["name"],
+                           "input": _input(call["function"]["arguments"])})
         return blocks, finish
 
     def _usage(self, c: Choice) -> dict[str, int]:
@@ -145,37 +150,50 @@ class MessagesRenderer(ChatRenderer):
                                                       "stop_sequence": None, "usage": usage}}]
 
     def delta(self, c: Choice, chunks: list[Chunk]) -> list[dict[str, Any]]:
-        text = "".join(ch.text for ch in chunks)
-        if self.tools or not text:
-            return []
-        out = []
-        if not self._open:
-            self._open = True
-            out.append({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})
-        out.append({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}})
+        return self._events(super().delta(c, chunks))
+
+    def _events(self, chat_chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The Messages events of the chat deltas: a block opens when the kind of delta changes."""
+        out: list[dict[str, Any]] = []
+        for chunk in chat_chunks:
+            delta = chunk["choices"][0]["delta"]
+            if delta.get("reasoning_content"):
+                out += self._open("thinking", {"type": "thinking", "thinking": "", "signature": ""})
+                out.append(self._delta({"type": "thinking_delta", "thinking": delta["reasoning_content"]}))
+            if delta.get("content"):
+                out += self._open("text", {"type": "text", "text": ""})
+                out.append(self._delta({"type": "text_delta", "text": delta["content"]}))
+            for call in delta.get("tool_calls") or []:
+                fn = call.get("function") or {}
+                if "id" in call:
+                    out += self._open("tool_use", {"type": "tool_use", "id": call["id"], "name": fn.get("name", ""),
+                                                   "input": {}}, new=True)
+                if fn.get("arguments"):
+                    out.append(self._delta({"type": "input_json_delta", "partial_json": fn["arguments"]}))
         return out
 
+    def _open(self, kind: str, block: dict[str, Any], new: bool = False) -> list[dict[str, Any]]:
+        if self._kind == kind and not new:
+            return []
+        out = self._close()
+        self._block, self._kind = self._block + 1, kind
+        return [*out, {"type": "content_block_start", "index": self._block, "content_block": block}]
+
+    def _close(self) -> list[dict[str, Any]]:
+        if not self._kind:
+            return []
+        self._kind = ""
+        return [{"type": "content_block_stop", "index": self._block}]
+
+    def _delta(self, delta: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "content_block_delta", "index": self._block, "delta": delta}
+
     def last(self, c: Choice) -> list[dict[str, Any]]:
-        out = []
-        if self.tools:
-            blocks, finish = self._blocks(c)
-            for i, block in enumerate(blocks):
-                if block["type"] == "text":
-                    out += [{"type": "content_block_start", "index": i, "content_block": {"type": "text", "text": ""}},
-                            {"type": "content_block_delta", "index": i,
-                             "delta": {"type": "text_delta", "text": block["text"]}}]
-                else:
-                    out += [{"type": "content_block_start", "index": i,
-                             "content_block": {"type": "tool_use", "id": block["id"], "name": block["name"],
-                                               "input": {}}},
-                            {"type": "content_block_delta", "index": i,
-                             "delta": {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}}]
-                out.append({"type": "content_block_stop", "index": i})
-        else:
-            finish = P.finish_reason(c.seq)
-            if not self._open:  # nothing was generated: still one (empty) text block
-                out.append({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})
-            out.append({"type": "content_block_stop", "index": 0})
+        out = self._events([ch for ch in super().last(c) if ch["choices"][0]["delta"]])
+        if self._block < 0:  # nothing was generated: still one (empty) text block
+            out += self._open("text", {"type": "text", "text": ""})
+        out += self._close()
+        _, finish = self._message(c)
         reason, word = self._stop(c, finish)
         out += [{"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": word},
                  "usage": {"output_tokens": c.seq.n_output}},
@@ -183,6 +201,13 @@ class MessagesRenderer(ChatRenderer):
         return out
 
     def usage_chunk(self, choices: list[Choice]) -> dict[str, Any]:
+        return {}
+
+
+def _input(arguments: str) -> Any:
+    try:
+        return json.loads(arguments)
+    except json.JSONDecodeError:
         return {}
 
 

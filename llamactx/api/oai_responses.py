@@ -63,6 +63,9 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
                      ("return_progress", "return_progress")):
         if body.get(src) is not None:
             chat[dst] = body[src]
+    for key in P.LLAMA_SERVER_FIELDS:  # llama-server's own request fields pass through
+        if key in body:
+            chat[key] = body[key]
     if body.get("tools"):
         tools = []
         for i, t in enumerate(body["tools"]):
@@ -87,6 +90,7 @@ class ResponsesRenderer(ChatRenderer):
         self.msg_id = P.new_id("msg")
         self.n_prompt = n_prompt
         self.seq_no = 0
+        self.rs_id = P.new_id("rs")  # the reasoning item's id (when the model thinks)
 
     def _event(self, kind: str, **fields) -> dict[str, Any]:
         self.seq_no += 1
@@ -96,6 +100,10 @@ class ResponsesRenderer(ChatRenderer):
         output, usage = [], None
         if c is not None and status == "completed":
             message, _ = self._message(c)
+            if message.get("reasoning_content"):  # a reasoning item first, as llama-server's
+                output.append({"type": "reasoning", "id": self.rs_id, "summary": [], "encrypted_content": "",
+                               "status": "completed", "content": [{"type": "reasoning_text",
+                                                                   "text": message["reasoning_content"]}]})
             if message.get("content") or not message.get("tool_calls"):
                 output.append(self._item(message.get("content") or "", "completed"))
             for call in message.get("tool_calls", []):
@@ -135,16 +143,27 @@ class ResponsesRenderer(ChatRenderer):
                            **P.progress(chunk))
 
     def delta(self, c: Choice, chunks: list[Chunk]) -> list[dict[str, Any]]:
-        text = "".join(ch.text for ch in chunks)
-        if self.tools or not text:
-            return []
-        out = self._event("response.output_text.delta", item_id=self.msg_id, output_index=0, content_index=0,
-                          delta=text, logprobs=[])
-        if self.gen.timings_per_token and c.seq is not None:
-            out["timings"] = P.timings(c.seq)
-        return [out]
+        """The parsed reply's deltas as they come: reasoning_text and output_text deltas (tool calls are
+        items of the completed response)."""
+        out = self._text_events(super().delta(c, chunks))
+        if out and self.gen.timings_per_token and c.seq is not None:
+            out[-1]["timings"] = P.timings(c.seq)
+        return out
+
+    def _text_events(self, chat_chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out = []
+        for chunk in chat_chunks:
+            delta = chunk["choices"][0]["delta"]
+            if delta.get("reasoning_content"):
+                out.append(self._event("response.reasoning_text.delta", item_id=self.rs_id, output_index=0,
+                                       content_index=0, delta=delta["reasoning_content"]))
+            if delta.get("content") and not self.tools:
+                out.append(self._event("response.output_text.delta", item_id=self.msg_id, output_index=0,
+                                       content_index=0, delta=delta["content"], logprobs=[]))
+        return out
 
     def last(self, c: Choice) -> list[dict[str, Any]]:
+        pending = self._text_events([ch for ch in super().last(c) if ch["choices"][0]["delta"]])
         message, _ = self._message(c)
         text = message.get("content") or ""
         part = {"type": "output_text", "text": text, "annotations": []}
@@ -153,11 +172,12 @@ class ResponsesRenderer(ChatRenderer):
                            text=text, logprobs=[]),
                self._event("response.content_part.done", item_id=self.msg_id, output_index=0, content_index=0,
                            part=part),
-               self._event("response.output_item.done", output_index=0, item=done["output"][0] if done["output"]
-                           else self._item(text, "completed"))]
+               self._event("response.output_item.done", output_index=0,
+                           item=next((i for i in done["output"] if i["type"] != "reasoning"),
+                                     self._item(text, "completed")))]
         end = self._event("response.completed", response=done)
         end["timings"] = P.timings(c.seq)
-        return [*out, end]
+        return [*pending, *out, end]
 
     def usage_chunk(self, choices: list[Choice]) -> dict[str, Any]:
         return {}

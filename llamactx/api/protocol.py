@@ -168,6 +168,11 @@ class SamplingFields(BaseModel):
         return v
 
 
+# llama-server's extensions that /v1/messages and /v1/responses carry over to the chat they run as
+LLAMA_SERVER_FIELDS = ("grammar", "json_schema", "seed", "min_p", "logit_bias", "reasoning_format",
+                       "chat_template_kwargs", "parallel_tool_calls", "n_probs", "cache_prompt", "id_slot")
+
+
 class CompletionRequest(SamplingFields):
     """POST /v1/completions (and llama-server's /completion, which also takes `n_predict`)."""
 
