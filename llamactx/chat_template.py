@@ -384,6 +384,17 @@ class ChatTemplate:
     def __repr__(self) -> str:
         return f"ChatTemplate(name={self.name!r}, fallback={self.is_fallback})"
 
+    def parse_output(self, text: str, *, messages: Sequence[Mapping[str, Any]],
+                     tools: Sequence[Mapping[str, Any]] | None = None, reasoning_format: str = "auto",
+                     enable_thinking: bool = True, parallel_tool_calls: bool = False) -> dict[str, Any]:
+        """The OpenAI assistant message (content, reasoning_content, tool_calls) of `text`, what the model wrote
+        after this template's prompt for `messages` / `tools` (llama.cpp's common_chat_parse; llamactx.chat_parse
+        does the parsing). Raises ValueError for an unknown reasoning format, never for the model's text."""
+        from llamactx.chat_parse import parse_output  # the parsers import nothing of this module
+
+        return parse_output(self, text, messages=messages, tools=tools, reasoning_format=reasoning_format,
+                            enable_thinking=enable_thinking, parallel_tool_calls=parallel_tool_calls)
+
     def _render_bounded(self, variables: dict[str, Any]) -> str:
         text_size = sum(len(str(m.get("content") or "")) for m in variables["messages"])
         max_chars = MIN_OUTPUT_CHARS + 4 * text_size

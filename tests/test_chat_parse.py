@@ -161,3 +161,32 @@ def _accumulate(acc: ChatMsg, deltas) -> None:
             call = acc.tool_calls[d.tool_index]
             call.name = d.name or call.name
             call.arguments += d.arguments_delta
+
+
+def test_chat_template_parse_output_is_the_openai_message(llamacpp_src):
+    """The public entry: ChatTemplate(source).parse_output(...) on Qwen3.5's template, whose generation prompt
+    opens the thinking block, so the text starts inside it."""
+    source = (llamacpp_src / "models" / "templates" / "Qwen3.5-4B.jinja").read_text()
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    text = ("Paris, then.\n</think>\n\nChecking.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
+            "</parameter>\n</function>\n</tool_call>")
+    out = ChatTemplate(source).parse_output(text, messages=[{"role": "user", "content": "Weather?"}], tools=tools)
+    call = out["tool_calls"][0]
+    assert (out["role"], out["content"].strip(), out["reasoning_content"]) == ("assistant", "Checking.", "Paris, then.")
+    assert call["type"] == "function" and call["id"].startswith("call_")
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    none = ChatTemplate(source).parse_output(text, messages=[{"role": "user", "content": "Weather?"}], tools=tools,
+                                             reasoning_format="none")
+    assert none["content"].startswith("<think>\nParis, then.\n</think>") and "reasoning_content" not in none
+    with pytest.raises(ValueError, match="deepseek-legacy"):
+        ChatTemplate(source).parse_output("x", messages=[{"role": "user", "content": "x"}], reasoning_format="r1")
+
+
+def test_malformed_tool_json_is_content_never_an_error(llamacpp_src):
+    source = (llamacpp_src / "models" / "templates" / "Qwen-Qwen3-0.6B.jinja").read_text()
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    text = '<tool_call>\n{"name": "f", "arguments": {"a": </tool_call>'
+    out = ChatTemplate(source).parse_output(text, messages=[{"role": "user", "content": "x"}], tools=tools,
+                                            enable_thinking=False)
+    assert out["content"] == text and "tool_calls" not in out
