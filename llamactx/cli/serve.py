@@ -104,9 +104,104 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--lora-init-without-apply", action="store_true",
                    help="load the LoRA adapters at scale 0 (set scales later with POST /lora-adapters)")
     add_agent_flags(p)  # --tools, --mcp-servers-*, --ui-mcp-proxy: off by default
+    add_router_flags(p)
     add_cluster_flags(p)
     p.set_defaults(func=cmd_serve)
     return p
+
+
+def add_router_flags(p: argparse.ArgumentParser) -> None:
+    """llama-server's router mode (server/model_router.py): many models, loaded by the request's "model"."""
+    g = p.add_argument_group("router mode: many models (llama-server's --models-dir)")
+    g.add_argument("--models-dir", default=None, metavar="PATH",
+                   help="serve every GGUF file of this directory (NAME.gguf is model NAME; a subdirectory NAME with "
+                        "GGUF files is model NAME), each loaded when a request names it in \"model\"; every other "
+                        "flag applies to each model (not with -m)")
+    g.add_argument("--models-preset", default=None, metavar="PATH",
+                   help="INI file of model presets: [NAME] sections of flags without dashes (model = PATH, c = 8192, "
+                        "...; [*] for all, load-on-startup = true), as llama-server's")
+    g.add_argument("--models-max", type=int, default=4, metavar="N",
+                   help="models loaded at once at most; the least recently used idle one is unloaded for another "
+                        "(default 4, 0 = unlimited)")
+    g.add_argument("--models-autoload", dest="models_autoload", action="store_true", default=True,
+                   help="load a model when a request names it (default)")
+    g.add_argument("--no-models-autoload", dest="models_autoload", action="store_false",
+                   help="refuse requests for a model not loaded (load it with POST /models/load)")
+
+
+def router_specs(args, parser: argparse.ArgumentParser) -> list:
+    """The models of --models-dir and --models-preset as router ModelSpecs, each with the ServerConfig of these
+    flags, a preset's options over them where the command line left the default (llama-server's precedence:
+    command line, then the model's section, then [*])."""
+    from llamactx.server.model_router import ModelSpec, models_in_dir, read_preset
+
+    try:
+        found = models_in_dir(args.models_dir) if args.models_dir else {}
+        common, sections = read_preset(args.models_preset) if args.models_preset else ({}, {})
+    except ValueError as e:
+        raise CommandError(str(e)) from None
+    specs = []
+    for name in [*found, *(s for s in sections if s not in found)]:
+        options = {**common, **sections.get(name, {})}
+        on_startup = options.pop("load-on-startup", "false").lower() in ("1", "true", "on", "yes")
+        for key in ("stop-timeout", "dedup-cache-models", "version"):
+            options.pop(key, None)
+        given = options.pop("model", None) or options.pop("m", None)
+        aliases = [a.strip() for a in (options.pop("alias", None) or options.pop("a", None) or "").split(",")
+                   if a.strip()]
+        path = Path(given) if given else found.get(name)
+        if path is None:
+            raise CommandError(f"--models-preset: [{name}] names no model file (model = PATH) and no file of "
+                               "--models-dir has that name")
+        margs = _with_options(args, parser, options, name)
+        margs.model, margs.alias = str(path), None
+        specs.append(ModelSpec(name, path, config_from_args(margs), aliases=aliases,
+                               source="preset" if name in sections else "models_dir",
+                               preset=sections.get(name, {}), load_on_startup=on_startup))
+    if not specs:
+        raise CommandError(f"router mode: no model found ({args.models_dir or args.models_preset})")
+    return specs
+
+
+def _with_options(args, parser: argparse.ArgumentParser, options: dict, section: str):
+    """`args` with a preset section's options (flag names without dashes) set where the command line left the
+    flag's default."""
+    out = argparse.Namespace(**vars(args))
+    flags = parser._option_string_actions  # argparse's own table of option strings
+    for key, value in options.items():
+        action = flags.get(f"--{key}") or flags.get(f"-{key}")
+        if action is None:
+            raise CommandError(f"--models-preset: [{section}] {key}: not a `llamactx serve` flag")
+        if getattr(args, action.dest) != parser.get_default(action.dest):
+            continue  # given on the command line: it wins
+        try:
+            if action.nargs == 0:
+                on = value.strip().lower() in ("1", "true", "on", "yes", "")
+                setattr(out, action.dest, action.const if on else not action.const)
+            else:
+                typed = action.type(value) if action.type else value
+                setattr(out, action.dest, [typed] if isinstance(action, argparse._AppendAction) else typed)
+        except (TypeError, ValueError) as e:
+            raise CommandError(f"--models-preset: [{section}] {key} = {value!r}: {e}") from None
+    return out
+
+
+def parse_router_flags(flags: str | list[str]):
+    """Router-mode `llamactx serve` flags as (ServerConfig, [ModelSpec], models_max, autoload), for
+    server/router_app.py's create_router_app."""
+    parser = ArgumentParser(prog="llamactx")
+    serve = add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["serve", *(shlex.split(flags) if isinstance(flags, str) else flags)])
+    return _router(args, serve)
+
+
+def _router(args, serve_parser):
+    if args.model is not None:
+        raise CommandError("-m and --models-dir / --models-preset exclude each other: router mode serves the "
+                           "models of the directory or preset")
+    if args.models_max < 0:
+        raise CommandError(f"--models-max = {args.models_max} must be >= 0 (0: no limit)")
+    return config_from_args(args), router_specs(args, serve_parser), args.models_max, args.models_autoload
 
 
 def add_cluster_flags(p: argparse.ArgumentParser) -> None:
@@ -239,7 +334,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from llamactx.server.http import uvicorn_config
 
     options = cluster_options(args)
-    config = config_from_args(args)
+    router = None
+    if args.models_dir or args.models_preset:
+        if options is not None:
+            raise CommandError("--replicas with --models-dir / --models-preset is not supported: run one router")
+        parser = ArgumentParser(prog="llamactx")
+        router = _router(args, add_parser(parser.add_subparsers(dest="command")))
+    config = router[0] if router else config_from_args(args)
     hosts = [h.strip() for h in args.host.split(",") if h.strip()]  # llama-server binds each of a comma list
     if not hosts:
         raise CommandError("--host names no address")
@@ -251,9 +352,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config.url = f"http://{first}:{args.port}/"
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="llamactx: %(message)s")
     sockets = [_bind(h, args.port) for h in hosts]
-    app = create_app(config)
-    print(f"llamactx serve: loading {config.runtime.model or 'smollm2'}; the chat page will be at {config.url}",
-          file=sys.stderr, flush=True)
+    if router:
+        from llamactx.server.router_app import create_router_app
+
+        app = create_router_app(*router)
+        print(f"llamactx serve: router over {len(router[1])} models ({', '.join(s.name for s in router[1])}), "
+              f"at most {router[2] or 'any number'} loaded; the chat page will be at {config.url}",
+              file=sys.stderr, flush=True)
+    else:
+        app = create_app(config)
+        print(f"llamactx serve: loading {config.runtime.model or 'smollm2'}; the chat page will be at {config.url}",
+              file=sys.stderr, flush=True)
     if not args.cors_origin and config.cors_origins == ["localhost"]:  # config_from_args: tools are on
         print("llamactx: server tools or MCP servers are enabled: CORS answers localhost origins only (change "
               "with --cors-origins)", file=sys.stderr)

@@ -10,6 +10,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,8 @@ class ServerConfig:
     gcp_health_route: str | None = None
     agent: AgentConfig = field(default_factory=AgentConfig)  # --tools, --mcp-servers-*, --ui-mcp-proxy: all off
     url: str = ""  # where it listens, for the start-up message
+    # router mode (server/model_router.py): the Model of a path, shared by every model entry naming that file
+    model_source: Callable[[str | None], Any] | None = None
 
     def __post_init__(self):
         # an embedding input is at most one ubatch (llama-server's limit), so one slice of embedding work between
@@ -112,7 +115,7 @@ class ServerState:
         c, rt = self.config, self.config.runtime
         waking, scales = self._stats is not None, self.lora_scales
         try:
-            self.runtime = Runtime(rt)
+            self.runtime = Runtime(rt, model=c.model_source(rt.model) if c.model_source else None)
             self.model, self.engine = self.runtime.model, self.runtime.engine
             self.alias = self.aliases[0] if self.aliases else Path(self.model.path).name
             self.loras, self.lora_scales = [a for a, _ in self.runtime.lora], [s for _, s in self.runtime.lora]

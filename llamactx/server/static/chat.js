@@ -1,5 +1,5 @@
 // llamactx's chat page: a conversation streamed from POST /v1/chat/completions (server-sent events), the model's
-// name from GET /v1/models, sampling settings and the API key kept in localStorage. Model output is only ever
+// names from GET /v1/models (one, or a router's many: the list picks the request's "model"), sampling settings and the API key kept in localStorage. Model output is only ever
 // written with textContent, never parsed as HTML.
 "use strict";
 
@@ -13,14 +13,14 @@
 
   const $ = (id) => document.getElementById(id);
   const ui = {
-    modelName: $("model-name"), newChat: $("new-chat"), settings: $("settings"), apiKey: $("api-key"),
+    modelName: $("model-name"), modelSelect: $("model-select"), newChat: $("new-chat"), settings: $("settings"), apiKey: $("api-key"),
     reset: $("reset-settings"), messages: $("messages"), error: $("error"), composer: $("composer"),
     input: $("input"), send: $("send"), stop: $("stop"), template: $("message-template"),
   };
 
   // The conversation sent with every request, the running request's controller, and an epoch that "New chat"
   // bumps so that a request still finishing does not write into the new conversation.
-  const chat = { messages: [], controller: null, epoch: 0, modelLoad: 0 };
+  const chat = { messages: [], controller: null, epoch: 0, modelLoad: 0, model: null };
 
   class RequestError extends Error {}
 
@@ -136,10 +136,32 @@
         return;
       }
       const body = await res.json();
-      ui.modelName.textContent = body.data && body.data.length ? body.data[0].id : "unknown";
+      showModels(body.data || []);
       return;
     }
   }
+
+  /** The models of /v1/models in the list (a router's with their status); the chosen one is kept. */
+  function showModels(models) {
+    const ids = models.map((m) => m.id);
+    if (!ids.includes(chat.model)) chat.model = ids.length ? ids[0] : null;
+    ui.modelSelect.replaceChildren(...models.map((m) => {
+      const option = document.createElement("option");
+      option.value = m.id;
+      const status = m.status && m.status.value;
+      option.textContent = status && status !== "loaded" ? `${m.id} (${status})` : m.id;
+      return option;
+    }));
+    ui.modelSelect.hidden = ids.length === 0;
+    ui.modelSelect.disabled = ids.length < 2;
+    if (chat.model !== null) ui.modelSelect.value = chat.model;
+    ui.modelName.textContent = chat.model === null ? "unknown" : chat.model;
+  }
+
+  ui.modelSelect.addEventListener("change", () => {
+    chat.model = ui.modelSelect.value;
+    ui.modelName.textContent = chat.model;
+  });
 
   // -- the conversation view ----------------------------------------------------------------------------------
 
@@ -212,7 +234,8 @@
       const res = await fetch("/v1/chat/completions", {
         method: "POST",
         headers: { "Content-Type": "application/json", ...authHeaders() },
-        body: JSON.stringify({ messages, stream: true, ...params }),
+        body: JSON.stringify({ ...(chat.model === null ? {} : { model: chat.model }), messages, stream: true,
+          ...params }),
         signal: controller.signal,
       });
       if (!res.ok) throw await responseError(res);
