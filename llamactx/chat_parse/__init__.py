@@ -13,6 +13,7 @@ Modules:
     deepseek    DeepSeek R1 / V3.1 tool calls
     json_calls  JSON calls between markers: Llama 3.x, Functionary, FireFunction, Command R7B / R+, Granite,
                 Nemotron Nano 2, Apriel, Apertus
+    tagged_calls  Kimi K2 and GLM 4.5 / 4.6 / 4.7 calls (names and arguments between special tags)
     stream      parse_partial: the message of an unfinished reply, which only grows (for streamed deltas)
 
 `parse(params, text)` never raises for what a model wrote: output that does not follow its format (malformed
@@ -24,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from llamactx.chat_parse import deepseek, harmony, hermes, json_calls, mistral, stream, xml_calls
+from llamactx.chat_parse import deepseek, harmony, hermes, json_calls, mistral, stream, tagged_calls, xml_calls
 from llamactx.chat_parse.detect import chat_params, detect_format
 from llamactx.chat_parse.message import ChatMsg, MsgDiff, ToolCall, diffs
 from llamactx.chat_parse.parse_params import REASONING_FORMATS, ChatParams, ChatParseError, check_reasoning_format
@@ -44,6 +45,8 @@ PARSERS: dict[str, Callable[[ChatParams, str], ChatMsg]] = {
     "functionary-v3.1": json_calls.parse_functionary_v3_1,
     "functionary-v3.2": json_calls.parse_functionary_v3_2,
     "command-r-plus": json_calls.parse_command_r_plus,
+    "kimi-k2": tagged_calls.parse_kimi_k2,
+    "glm": tagged_calls.parse_glm,
     **{name: json_calls.parse_marked_list for name in json_calls.LIST_MARKERS},
 }
 

@@ -27,6 +27,7 @@ THINK_TAGS = ("<think>", ("</think>",))
 _RULES: list[tuple[str, tuple[str, ...]]] = [
     ("gpt-oss", ("<|channel|>",)),
     ("functionary-v3.2", (">>>all",)),
+    ("kimi-k2", ("<|tool_calls_section_begin|>", "<|tool_call_begin|>")),
     ("qwen3-coder", ("<tool_call>", "<function=", "<parameter=")),
     ("deepseek", ("<｜tool▁calls▁begin｜>",)),
     ("command-r7b", ("<|START_ACTION|>", "<|START_THINKING|>")),
@@ -38,6 +39,7 @@ _RULES: list[tuple[str, tuple[str, ...]]] = [
     ("apriel", ("<tool_calls>",)),
     ("apertus", ("<|tools_prefix|>",)),
     ("granite", ("<|tool_call|>",)),
+    ("glm", ("<tool_call>", "<arg_key>")),
     ("hermes", ("<tool_call>",)),
     ("llama3", ("<|start_header_id|>", "\"parameters\"")),
 ]

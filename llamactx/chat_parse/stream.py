@@ -33,11 +33,14 @@ CALL_MARKERS: dict[str, tuple[str, ...]] = {
     "apertus": ("<|tools_prefix|>",),
     "granite": ("<|tool_call|>",),
     "command-r7b": ("<|START_ACTION|>",),
+    "kimi-k2": ("<|tool_calls_section_begin|>", "<|tool_call_begin|>"),
+    "glm": ("<tool_call>",),
 }
 # formats whose call may be the whole reply as a bare JSON object
 JSON_REPLY = ("generic", "llama3")
 # the markers that close a call or a section, and Harmony's and Command R7B's own: held back when cut as well
-OTHER_MARKERS = ("</tool_call>", "</function>", "</parameter>", "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>",
+OTHER_MARKERS = ("</tool_call>", "<|tool_call_end|>", "<|tool_calls_section_end|>", "</arg_value>",
+                 "</function>", "</parameter>", "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>",
                  "</TOOLCALL>", "</tool_calls>", "<|tools_suffix|>", "<|END_ACTION|>", "<|START_RESPONSE|>",
                  "<|END_RESPONSE|>", "<|START_THINKING|>", "<|END_THINKING|>", "<|CHATBOT_TOKEN|>",
                  "<|END_OF_TURN_TOKEN|>", "<|start|>assistant", "<|channel|>", "<|message|>", "<|end|>")

@@ -78,7 +78,7 @@ def _call(params: ChatParams, text: str, pos: int) -> tuple[ToolCall | None, int
             end, close = text.find("</parameter>", m.end()), len("</parameter>")
             if end < 0:
                 return None, pos
-        args[key] = _value(text[m.end():end], schema.get(key) if isinstance(schema, Mapping) else None)
+        args[key] = typed_value(text[m.end():end], schema.get(key) if isinstance(schema, Mapping) else None)
         pos = end + close
     if not text.startswith("</function>", pos):
         return None, pos
@@ -103,7 +103,7 @@ def _types(schema: Any) -> set[str]:
     return types
 
 
-def _value(raw: str, schema: Any) -> Any:
+def typed_value(raw: str, schema: Any) -> Any:
     """A parameter's value: the raw text for a string parameter (or an unknown one that is not JSON), else JSON."""
     types = _types(schema)
     if types == {"string"}:
