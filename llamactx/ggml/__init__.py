@@ -4,6 +4,7 @@
     vecdot.py       quantized and float dot products of the 32-block types (arch/x86/quants.c, tinyBLAS)
     vecdot_k.py     K-quant matmuls in llama.cpp's repacked / tiled orders (arch/x86/repack.cpp)
     vecdot_lowbit.py  IQ1-IQ3 / TQ1_0 / TQ2_0 matmuls: vec_dot (arch/x86/quants.c) and tiled orders
+    lowbit_decode.py  the IQ2 / IQ3 super-blocks unpacked to integer codes and scales, compiled
     attention.py    non-flash attention over an f16 cache (mul_mat + soft_max + mul_mat)
     flash_attn.py   flash attention over an f16 cache (flash_attn_ext: tiled, one chunk, split KV)
     ssm.py          ssm_conv / ssm_scan (Mamba-2, and the short convolutions of lfm2), ggml_silu

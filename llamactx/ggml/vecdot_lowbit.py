@@ -28,6 +28,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from llamactx.ggml.intrinsics import fma32
+from llamactx.ggml.lowbit_decode import COMPILED_TYPES, unpack_iq
 from llamactx.ggml.vec import hsum_float_8
 from llamactx.ggml.vecdot_k import quantize_activations_k
 from llamactx.ggml.vecdot_kx import _tiled
@@ -41,10 +42,11 @@ _MODE_PLAIN, _MODE_IQ1_S, _MODE_IQ1_M, _MODE_TQ = 0, 1, 2, 3
 
 def unpack_weight_lowbit(weight):
     """The weight's `LowbitParts`, rows first: codes and delta int8 (rows, k), scales int32 (rows, k/16),
-    d float32 (rows, k/256)."""
+    d float32 (rows, k/256). IQ2 / IQ3 unpack compiled (llamactx.ggml.lowbit_decode), the others in numpy."""
     rows = weight.n_rows
     blocks = weight.data.reshape(-1, block_format(weight.ggml_type).type_size)  # (rows * nb, type_size)
-    p = lowbit_parts(weight.ggml_type, blocks)
+    t = weight.ggml_type
+    p = unpack_iq(t, blocks) if t in COMPILED_TYPES else lowbit_parts(t, blocks)
     return (np.ascontiguousarray(p.codes).reshape(rows, -1), np.ascontiguousarray(p.scales).reshape(rows, -1),
             np.ascontiguousarray(p.delta).reshape(rows, -1), p.d.reshape(rows, -1))
 

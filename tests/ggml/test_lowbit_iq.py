@@ -15,6 +15,7 @@ from gguf import GGUFReader
 
 from llamactx import Model
 from llamactx.backend.fast import FastOps
+from llamactx.ggml.lowbit_decode import COMPILED_TYPES, unpack_iq
 from llamactx.ggml.vecdot_lowbit import matmul_lowbit, uses_tiled
 from llamactx.gguf import iq_grids
 from llamactx.gguf.quants import block_format
@@ -53,6 +54,17 @@ def test_every_grid_index_is_in_range():
         blocks[1:] = rng.integers(0, 256, blocks[1:].shape, dtype=np.uint8)
         parts = lowbit_parts(t, blocks)  # an out-of-range index would raise IndexError here
         assert parts.codes.shape == (4, 256) and parts.scales.shape == (4, 16)
+
+
+@pytest.mark.parametrize("t", COMPILED_TYPES, ids=lambda t: T(t).name)
+def test_compiled_unpack_is_the_numpy_one(t):
+    """lowbit_decode.unpack_iq gives quants_lowbit.lowbit_parts' integers byte for byte (random blocks, NaN and inf
+    scales among them)."""
+    blocks = np.random.default_rng(int(t)).integers(0, 256, (300, block_format(t).type_size), dtype=np.uint8)
+    got, want = unpack_iq(t, blocks), lowbit_parts(t, blocks)
+    for field, a, b in zip(want._fields, got, want, strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape, field
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8), err_msg=field)
 
 
 def _corrupt(path: Path, name: str, block: int, t: T, bits: int) -> None:
