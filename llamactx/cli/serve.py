@@ -187,8 +187,8 @@ def _with_options(args, parser: argparse.ArgumentParser, options: dict, section:
 
 
 def parse_router_flags(flags: str | list[str]):
-    """Router-mode `llamactx serve` flags as (ServerConfig, [ModelSpec], models_max, autoload), for
-    server/router_app.py's create_router_app."""
+    """Router-mode `llamactx serve` flags as (ServerConfig, [ModelSpec], models_max, autoload, reload), the
+    arguments of server/router_app.py's create_router_app."""
     parser = ArgumentParser(prog="llamactx")
     serve = add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["serve", *(shlex.split(flags) if isinstance(flags, str) else flags)])
@@ -201,7 +201,8 @@ def _router(args, serve_parser):
                            "models of the directory or preset")
     if args.models_max < 0:
         raise CommandError(f"--models-max = {args.models_max} must be >= 0 (0: no limit)")
-    return config_from_args(args), router_specs(args, serve_parser), args.models_max, args.models_autoload
+    return (config_from_args(args), router_specs(args, serve_parser), args.models_max, args.models_autoload,
+            lambda: router_specs(args, serve_parser))
 
 
 def add_cluster_flags(p: argparse.ArgumentParser) -> None:

@@ -288,6 +288,22 @@ class ModelRouter:
         self._spawn(self._stop(entry))
         await asyncio.sleep(0)
 
+    async def update(self, specs: list[ModelSpec]) -> None:
+        """GET /models?reload=1: the models read again. New names are added, a model no longer listed is
+        dropped once it is not resident (a resident one stays until unloaded), an unloaded one takes its new
+        spec."""
+        async with self.cond:
+            given = {s.name: s for s in specs}
+            for name in [n for n, e in self.entries.items() if n not in given and not e.resident]:
+                del self.entries[name]
+            for name, spec in given.items():
+                entry = self.entries.get(name)
+                if entry is None:
+                    self.entries[name] = ModelEntry(spec)
+                elif not entry.resident:
+                    entry.spec = spec
+            self._names = {a: e.spec.name for e in self.entries.values() for a in (e.spec.name, *e.spec.aliases)}
+
     async def start(self) -> None:
         """The presets' load-on-startup models."""
         for entry in self.entries.values():

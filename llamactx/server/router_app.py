@@ -10,8 +10,10 @@ API keys, CORS and the body bound are checked here, once, before a model is chos
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Any
@@ -38,9 +40,10 @@ _ROUTING_KEYS = ("app", "router", "endpoint", "path_params", "route_root_path", 
 
 
 def create_router_app(config: ServerConfig, specs: list[ModelSpec], models_max: int = 4,
-                      autoload: bool = True) -> Starlette:
+                      autoload: bool = True, reload: Callable[[], list[ModelSpec]] | None = None) -> Starlette:
     """The router over `specs` (each with the config of its model's app), at most `models_max` resident (0: no
-    limit); `autoload` False: a request for a model that is not loaded is refused (--no-models-autoload)."""
+    limit); `autoload` False: a request for a model that is not loaded is refused (--no-models-autoload);
+    `reload` reads the models again (GET /models?reload=1: the directory and the preset file)."""
     return_large_buffers()
     shared = SharedModels()
 
@@ -62,7 +65,7 @@ def create_router_app(config: ServerConfig, specs: list[ModelSpec], models_max: 
     if config.cors_origins:
         middleware.insert(1, Middleware(Cors, origins=config.cors_origins))
     handlers = {HTTPException: _http_error, P.ProtocolError: _protocol_error}
-    app = Starlette(routes=_routes(config, router), middleware=middleware, lifespan=lifespan,
+    app = Starlette(routes=_routes(config, router, reload), middleware=middleware, lifespan=lifespan,
                     exception_handlers=handlers)
     app.state.router = router
     return app
@@ -84,7 +87,7 @@ def _error(request_or_path, err: P.ProtocolError) -> Response:
     return JSONResponse(body, err.status, headers=err.headers)
 
 
-def _routes(config: ServerConfig, router: ModelRouter) -> list:
+def _routes(config: ServerConfig, router: ModelRouter, reload: Callable | None) -> list:
     t_start = time.time()
 
     async def health(request):
@@ -103,6 +106,8 @@ def _routes(config: ServerConfig, router: ModelRouter) -> list:
         return info
 
     async def models(request):
+        if request.query_params.get("reload") and reload is not None:
+            await router.update(await asyncio.to_thread(reload))
         return JSONResponse({"object": "list", "data": [model_info(e) for e in router.entries.values()]})
 
     async def models_load(request):
@@ -185,20 +190,22 @@ class Forward:
                 return
             body, more = body + msg.get("body", b""), msg.get("more_body", False)
         request = Request(scope)
+        next_msg = asyncio.ensure_future(receive())  # the client leaving while its model is awaited
         try:
             entry = self._entry(request, body)
             if not self.router.autoload and entry.status != LOADED:
                 raise RouterError("model is not loaded")
-            await self.router.acquire(entry)
+            if not await self._acquire(entry, next_msg):
+                return  # gone while queued: it takes no model's place (llama-server's should_stop)
         except P.ProtocolError as e:
+            next_msg.cancel()
             return await _error(scope["path"], e)(scope, receive, send)
-        sent = False
+        messages = [{"type": "http.request", "body": body, "more_body": False}, next_msg]
 
         async def replay():
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
+            if messages:
+                msg = messages.pop(0)
+                return msg if isinstance(msg, dict) else await msg
             return await receive()
 
         child_scope = {k: v for k, v in scope.items() if k not in _ROUTING_KEYS}
@@ -206,6 +213,21 @@ class Forward:
             await entry.app(child_scope, replay, send)
         finally:
             await self.router.release(entry)
+
+    async def _acquire(self, entry, next_msg: asyncio.Future) -> bool:
+        """Wait for `entry` to be loaded and count the request on it; False when the client leaves first."""
+        acquiring = asyncio.ensure_future(self.router.acquire(entry))
+        await asyncio.wait({acquiring, next_msg}, return_when=asyncio.FIRST_COMPLETED)
+        if acquiring.done():
+            acquiring.result()  # a RouterError goes to the caller
+            return True
+        acquiring.cancel()
+        try:
+            await acquiring
+        except asyncio.CancelledError:
+            return False
+        await self.router.release(entry)  # it got the model as it was cancelled
+        return False
 
     def _entry(self, request: Request, body: bytes):
         name = body_model(request.method, dict(request.query_params), body)

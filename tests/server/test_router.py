@@ -70,9 +70,10 @@ class Router:
 
 @pytest.fixture(scope="module")
 def served(models_dir) -> Iterator[Router]:
-    config, specs, models_max, autoload = parse_router_flags(
-        ["--models-dir", str(models_dir), "--models-max", "2", "-c", "512", "-np", "2", "--temp", "0"])
-    app = create_router_app(config, specs, models_max, autoload)
+    flags = parse_router_flags(["--models-dir", str(models_dir), "--models-max", "2", "-c", "512", "-np", "2",
+                                "--temp", "0"])
+    config = flags[0]
+    app = create_router_app(*flags)
     port = free_port()
     server = uvicorn.Server(uvicorn_config(app, config.read_timeout, config.max_connections, host="127.0.0.1",
                                            port=port))
@@ -209,11 +210,24 @@ def test_ollama_lists_the_routers_models_and_routes_chat_by_name(served):
     assert missing.status_code == 404 and missing.json() == {"error": "model 'nope' not found"}
 
 
+def test_models_reload_reads_the_directory_again(served, models_dir):
+    extra = models_dir / "late.gguf"
+    extra.symlink_to(models_dir / "tiny.gguf")
+    try:
+        assert "late" not in served.statuses()
+        ids = [m["id"] for m in httpx.get(served.url + "/models", params={"reload": 1}).json()["data"]]
+        assert "late" in ids and "tiny" in ids
+    finally:
+        extra.unlink()
+    ids = [m["id"] for m in httpx.get(served.url + "/models", params={"reload": 1}).json()["data"]]
+    assert "late" not in ids and "tiny" in ids
+
+
 def test_presets_name_files_and_set_flags_with_the_command_line_first(tmp_path, models_dir):
     ini = tmp_path / "presets.ini"
     ini.write_text("version = 1\n[*]\nc = 1024\nnp = 3\n\n[small]\nmodel = " + str(models_dir / "tiny.gguf")
                    + "\nc = 768\nload-on-startup = true\n\n[tiny]\nctx-size = 2048\n", encoding="utf-8")
-    config, specs, models_max, autoload = parse_router_flags(
+    config, specs, models_max, autoload, _ = parse_router_flags(
         ["--models-dir", str(models_dir), "--models-preset", str(ini), "-np", "2", "--no-models-autoload"])
     by_name = {s.name: s for s in specs}
     assert by_name["small"].path == models_dir / "tiny.gguf" and by_name["small"].load_on_startup
