@@ -14,6 +14,7 @@ Modules:
     json_calls  JSON calls between markers: Llama 3.x, Functionary, FireFunction, Command R7B / R+, Granite,
                 Nemotron Nano 2, Apriel, Apertus
     tagged_calls  Kimi K2 and GLM 4.5 / 4.6 / 4.7 calls (names and arguments between special tags)
+    pythonic    LFM2 / LFM2.5's [f(a=1)] calls
     stream      parse_partial: the message of an unfinished reply, which only grows (for streamed deltas)
 
 `parse(params, text)` never raises for what a model wrote: output that does not follow its format (malformed
@@ -25,7 +26,17 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from llamactx.chat_parse import deepseek, harmony, hermes, json_calls, mistral, stream, tagged_calls, xml_calls
+from llamactx.chat_parse import (
+    deepseek,
+    harmony,
+    hermes,
+    json_calls,
+    mistral,
+    pythonic,
+    stream,
+    tagged_calls,
+    xml_calls,
+)
 from llamactx.chat_parse.detect import chat_params, detect_format
 from llamactx.chat_parse.message import ChatMsg, MsgDiff, ToolCall, diffs
 from llamactx.chat_parse.parse_params import REASONING_FORMATS, ChatParams, ChatParseError, check_reasoning_format
@@ -47,6 +58,7 @@ PARSERS: dict[str, Callable[[ChatParams, str], ChatMsg]] = {
     "command-r-plus": json_calls.parse_command_r_plus,
     "kimi-k2": tagged_calls.parse_kimi_k2,
     "glm": tagged_calls.parse_glm,
+    "lfm2": pythonic.parse_lfm2,
     **{name: json_calls.parse_marked_list for name in json_calls.LIST_MARKERS},
 }
 

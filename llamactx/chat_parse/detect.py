@@ -28,6 +28,8 @@ _RULES: list[tuple[str, tuple[str, ...]]] = [
     ("gpt-oss", ("<|channel|>",)),
     ("functionary-v3.2", (">>>all",)),
     ("kimi-k2", ("<|tool_calls_section_begin|>", "<|tool_call_begin|>")),
+    ("lfm2", ("<|tool_list_start|>", "<|tool_list_end|>")),
+    ("lfm2", ("List of tools: [",)),
     ("qwen3-coder", ("<tool_call>", "<function=", "<parameter=")),
     ("deepseek", ("<｜tool▁calls▁begin｜>",)),
     ("command-r7b", ("<|START_ACTION|>", "<|START_THINKING|>")),

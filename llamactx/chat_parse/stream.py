@@ -35,6 +35,7 @@ CALL_MARKERS: dict[str, tuple[str, ...]] = {
     "command-r7b": ("<|START_ACTION|>",),
     "kimi-k2": ("<|tool_calls_section_begin|>", "<|tool_call_begin|>"),
     "glm": ("<tool_call>",),
+    "lfm2": ("<|tool_call_start|>",),
 }
 # formats whose call may be the whole reply as a bare JSON object
 JSON_REPLY = ("generic", "llama3")
