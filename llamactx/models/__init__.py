@@ -12,6 +12,7 @@ knows: those load with `vocab_only` whether or not a module here runs them.
 
 from __future__ import annotations
 
+import functools
 from types import ModuleType
 
 from llamactx.cparams import ResolvedParams
@@ -33,13 +34,14 @@ from llamactx.models import (
     llama,
     mamba2,
     mistral3,
+    nemotron_h,
     phi3,
     qwen35,
     smollm3,
 )
 
 MODULES = (llama, gemma3, mamba2, lfm2, phi3, gemma2, smollm3, granite, bert, gpt_oss, qwen35, mistral3,
-           gemma4, granite_hybrid)
+           gemma4, granite_hybrid, nemotron_h)
 ARCHITECTURES: dict[str, ModuleType] = {name: module for module in MODULES for name in module.ARCHS}
 
 
@@ -55,7 +57,10 @@ def load_hparams(meta: dict[str, object], n_params: int = 0) -> HParams:
     if not isinstance(arch, str):
         raise HParamsError("GGUF metadata key 'general.architecture' is missing")
     module = arch_module(arch)
-    return read_hparams(meta, arch, module.ARCHS[arch], module.MEMORY, module.arch_hparams, n_params,
+    read_arch = module.arch_hparams
+    if hasattr(module, "common_meta"):  # nemotron_h: per-layer values its arch_hparams reads from the file's keys
+        meta, read_arch = module.common_meta(meta), functools.partial(module.arch_hparams, meta)
+    return read_hparams(meta, arch, module.ARCHS[arch], module.MEMORY, read_arch, n_params,
                         per_layer_heads=getattr(module, "PER_LAYER_HEADS", False))
 
 
@@ -129,10 +134,14 @@ def memory_description(hp: HParams, swa_full: bool = False) -> str:
 def layer_kinds(hp: HParams) -> str:
     """Each layer's kind, grouped (`llamactx info`): "gated delta net x3 (0-2); full attention x1 (3)". The names
     are the architecture's LAYER_KINDS (recurrent, attention), else "recurrent" / "attention"."""
-    names = getattr(arch_module(hp.arch), "LAYER_KINDS", ("recurrent", "attention"))
+    module = arch_module(hp.arch)
+    names = getattr(module, "LAYER_KINDS", ("recurrent", "attention"))
     groups: dict[str, list[int]] = {}
     for il in range(hp.n_layer):
-        groups.setdefault(names[0] if hp.is_recr(il) else names[1], []).append(il)
+        if hasattr(module, "layer_kind"):  # nemotron_h: three kinds
+            groups.setdefault(module.layer_kind(hp, il), []).append(il)
+        else:
+            groups.setdefault(names[0] if hp.is_recr(il) else names[1], []).append(il)
     return "; ".join(f"{kind} x{len(layers)} ({_ranges(layers)})" for kind, layers in groups.items())
 
 

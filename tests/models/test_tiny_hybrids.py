@@ -27,6 +27,22 @@ BAD = [
      r"'granitehybrid.ssm.group_count' = 3 does not divide"),
     ("granitehybrid-moe", {}, {"blk.1.ffn_up_shexp.weight": None}, ModelLoadError,
      r"tensor 'blk.1.ffn_up_shexp.weight' is missing"),
+    ("nemotron_h", {}, {"blk.3.ssm_conv1d.weight": None}, ModelLoadError,
+     r"tensor 'blk.3.ssm_conv1d.weight' is missing"),
+    ("nemotron_h", {}, {"blk.0.ssm_d": None}, ModelLoadError, r"tensor 'blk.0.ssm_d' is missing"),
+    ("nemotron_h", {"nemotron_h.attention.head_count_kv": [0, 2, 2, 0, 0],
+                    "nemotron_h.feed_forward_length": [0, 0, 0, 0, 128]}, {}, ModelLoadError,
+     r"tensor 'blk.2.attn_q.weight' is missing"),
+    ("nemotron_h", {"nemotron_h.feed_forward_length": [0, 0, 128, 128, 128]}, {}, ModelLoadError,
+     r"tensor 'blk.3.ffn_up.weight' is missing"),
+    ("nemotron_h", {"nemotron_h.feed_forward_length": 128}, {}, HParamsError,
+     r"'nemotron_h.feed_forward_length' and 'nemotron_h.attention.head_count_kv' must hold one value per layer"),
+    ("nemotron_h", {"nemotron_h.feed_forward_length": [0, 128, 128, 0, 128]}, {}, HParamsError,
+     r"layer 1 has both an FFN width and KV heads"),
+    ("nemotron_h", {"nemotron_h.feed_forward_length": [0, 0, 128, 0, 64]}, {}, HParamsError,
+     r"'nemotron_h.feed_forward_length' = \[0, 0, 128, 0, 64\]: expected 5 values"),
+    ("nemotron_h", {"nemotron_h.attention.layer_norm_epsilon": None}, {}, HParamsError,
+     r"'nemotron_h.attention.layer_norm_epsilon' is missing"),
 ]
 
 
@@ -34,7 +50,10 @@ BAD = [
                          ids=["granitehybrid-no-conv", "granitehybrid-no-conv-bias",
                               "granitehybrid-no-ssm_a", "granitehybrid-layer-pattern-vs-tensors",
                               "granitehybrid-no-pattern", "granitehybrid-inner-size", "granitehybrid-groups",
-                              "granitehybrid-moe-no-shexp"])
+                              "granitehybrid-moe-no-shexp", "nemotron_h-no-conv", "nemotron_h-no-ssm_d",
+                              "nemotron_h-attention-pattern-vs-tensors", "nemotron_h-ffn-pattern-vs-tensors",
+                              "nemotron_h-scalar-ff", "nemotron_h-ffn-and-kv", "nemotron_h-two-widths",
+                              "nemotron_h-no-layernorm-eps"])
 def test_bad_model_refused_at_load(tmp_path, name, meta, tensors, error, match):
     """A missing conv / expert tensor, a layer pattern (or dense-layer count) that the tensors disagree with, a
     missing or unknown key: refused at load, naming the key or tensor."""

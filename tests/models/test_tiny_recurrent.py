@@ -2,7 +2,7 @@
 REFERENCE.md): mamba2 (recurrent memory; d_state 16 runs ggml_ssm_scan's scalar loop, mamba2-s128 its SIMD
 lanes as real Mamba-2 models do), lfm2 (hybrid memory: short-convolution + attention layers) and lfm2moe (the
 same with routed experts), granitehybrid (Mamba-2 + attention layers, granite's scales; dense, and with experts
-and a shared expert)."""
+and a shared expert) and nemotron_h (Mamba-2, attention-only and ReLU-squared FFN-only layers)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from llamactx.backend.reference import ReferenceOps
 from llamactx.models import ARCHITECTURES
 from tests.models.tiny import TINY, decode_all, load_tiny, new_ctx
 
-NAMES = [name for name in ("mamba2", "mamba2-s128", "lfm2", "lfm2moe", "granitehybrid", "granitehybrid-moe")
-         if name.split("-")[0] in ARCHITECTURES]
+NAMES = [name for name in ("mamba2", "mamba2-s128", "lfm2", "lfm2moe", "granitehybrid", "granitehybrid-moe",
+                            "nemotron_h") if name.split("-")[0] in ARCHITECTURES]
 
 
 @pytest.fixture(scope="module", params=NAMES)
@@ -165,10 +165,13 @@ def test_info_names_the_memory_type(tiny, capsys):
     out = capsys.readouterr().out
     want = {"mamb": "memory:         recurrent states (llama_memory_recurrent)",
             "lfm2": "memory:         KV cache + recurrent states (llama_memory_hybrid)",
-            "gran": "memory:         KV cache + recurrent states (llama_memory_hybrid)"}[name.split("-")[0][:4]]
+            "gran": "memory:         KV cache + recurrent states (llama_memory_hybrid)",
+            "nemo": "memory:         KV cache + recurrent states (llama_memory_hybrid)"}[name.split("-")[0][:4]]
     assert want in out
     if name.startswith("granitehybrid"):
         assert "layer kinds:    mamba2 x3 (0, 2-3); attention x1 (1)" in out
+    if name == "nemotron_h":  # the pattern "M*-M-"
+        assert "layer kinds:    mamba2 x2 (0, 3); attention x1 (1); ffn x2 (2, 4)" in out
 
 
 def test_encode_is_refused(tiny):

@@ -12,6 +12,10 @@ as convert_hf_to_gguf.py writes them; the vocabulary and the helpers are make_ti
   residual 0.22, attention 0.3, logit 8). Q8_0 matrices, the SSM's vectors and conv kernel F32.
 - `tiny-granitehybrid-moe.gguf` (Granite 4.0 H Tiny's layout): the same layers with 8 experts of 32 (2 routed, the
   softmax router scaled so that tokens clearly prefer some) and a shared SwiGLU expert of 64. F16.
+- `tiny-nemotron_h.gguf` (nemotron_h, src/models/nemotron-h.cpp; the pattern "M*-M-"): Mamba-2 (make_tiny_models'
+  mamba2 shapes: d_inner 128, 4 heads, 2 groups, d_state 16), attention-only (4 heads of 16, 2 KV heads, no RoPE),
+  FFN-only (ReLU squared, 128 wide, with biases), Mamba-2, FFN-only; per-layer head_count_kv and
+  feed_forward_length as convert_hf_to_gguf.py writes them. Q8_0 matrices.
 
 Usage (from the repository root, in the project's venv): python tests/data/tiny/make_tiny_hybrids.py [name ...]
 Then make llama.cpp's outputs for them with make_tiny_reference.py <name> (tests/data/REFERENCE.md).
@@ -147,10 +151,53 @@ def granitehybrid(name: str = "granitehybrid", seed: int = 42, kind: T = T.Q8_0,
     return finish(w)
 
 
+def nemotron_h(seed: int = 44) -> Path:
+    v = smollm2_vocab()
+    path = OUT / "tiny-nemotron_h.gguf"
+    w = gguf.GGUFWriter(str(path), "nemotron_h")
+    w.add_name("tiny nemotron_h")
+    wt = Weights(w, seed, T.Q8_0)
+    n_head, head_dim, n_ff = 4, 16, 128
+    d_inner, d_state, n_ssm_head, n_group, d_conv = 128, 16, 4, 2, 4
+    pattern = "M*-M-"
+    kv = [2 if c == "*" else 0 for c in pattern]
+    ff = [n_ff if c == "-" else 0 for c in pattern]
+    common(w, wt, v, len(pattern), 0)
+    w.add_feed_forward_length(ff)  # replaces common's value, as the converter does
+    w.add_head_count(n_head)
+    w.add_head_count_kv(kv)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_layer_norm_eps(1e-5)
+    w.add_ssm_conv_kernel(d_conv)
+    w.add_ssm_inner_size(d_inner)
+    w.add_ssm_state_size(d_state)
+    w.add_ssm_time_step_rank(n_ssm_head)
+    w.add_ssm_group_count(n_group)
+    wt.vec("output_norm.weight", (N_EMBD,), 1.0)
+    wt.mat("output.weight", N_EMBD, N_VOCAB)
+    for il, c in enumerate(pattern):
+        b = f"blk.{il}."
+        wt.vec(b + "attn_norm.weight", (N_EMBD,), 1.0)
+        if c == "M":
+            mamba2_block(wt, b, d_inner, d_state, n_ssm_head, n_group, d_conv)
+        elif c == "*":
+            for part, ne0, ne1 in (("q", N_EMBD, n_head * head_dim), ("k", N_EMBD, 2 * head_dim),
+                                   ("v", N_EMBD, 2 * head_dim), ("output", n_head * head_dim, N_EMBD)):
+                wt.mat(f"{b}attn_{part}.weight", ne0, ne1)
+        else:  # ReLU^2 pushes half the units to 0: a wider scale keeps the layer's output comparable
+            wt.mat(b + "ffn_up.weight", N_EMBD, n_ff, scale=2.0 / np.sqrt(N_EMBD))
+            wt.vec(b + "ffn_up.bias", (n_ff,))
+            wt.mat(b + "ffn_down.weight", n_ff, N_EMBD)
+            wt.vec(b + "ffn_down.bias", (N_EMBD,))
+    return finish(w)
+
+
 MODELS = {
     "lfm2moe": lfm2moe,
     "granitehybrid": granitehybrid,
     "granitehybrid-moe": lambda: granitehybrid("granitehybrid-moe", 43, T.F16, n_expert=8),
+    "nemotron_h": nemotron_h,
 }
 
 if __name__ == "__main__":
