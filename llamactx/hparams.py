@@ -92,6 +92,7 @@ class HParams:
     # gemma4: per-layer attention shapes (llama_hparams n_head_kv_arr, n_embd_head_k_swa, n_rot_swa), the last
     # layers reading earlier layers' KV (n_layer_kv_from_start) and per-layer token embeddings (n_embd_per_layer)
     n_head_kv_arr: tuple[int, ...] = ()  # attention.head_count_kv per layer; () = n_head_kv in every layer
+    n_ff_arr: tuple[int, ...] = ()  # feed_forward_length per layer (double-wide MLPs); () = n_ff in every layer
     n_embd_head_k_swa: int = 0  # attention.key_length_swa: the sliding-window layers' head size; 0 = n_embd_head_k
     n_rot_swa: int = 0  # rope.dimension_count_swa; 0 = n_rot
     n_layer_kv_from_start: int = -1  # the first n layers have KV; -1 = all of them (attention.shared_kv_layers)
@@ -135,6 +136,10 @@ class HParams:
     def layer_n_head_kv(self, il: int) -> int:
         """KV heads of layer `il` (llama_hparams::n_head_kv(il))."""
         return self.n_head_kv_arr[il] if self.n_head_kv_arr else self.n_head_kv
+
+    def layer_n_ff(self, il: int) -> int:
+        """FFN width of layer `il` (llama_hparams::n_ff(il))."""
+        return self.n_ff_arr[il] if self.n_ff_arr else self.n_ff
 
     def layer_head_size(self, il: int) -> int:
         """Head size (K = V) of layer `il` (llama_hparams::n_embd_head_k(il))."""
@@ -284,6 +289,7 @@ its `arch_hparams` reads them)."""
     # llama.cpp reads feed_forward_length as optional (0): a model with experts takes its widths from the expert keys
     # (qwen35moe's converter writes n_ff only from a config's intermediate_size)
     ff_optional = recurrent or experts["n_expert"] > 0
+    n_ff_arr = _ff_lengths(m, n_layer) if per_layer_heads else ()  # gemma4: feed_forward_length per layer too
     fields = dict(
         arch=arch,
         n_vocab=n_vocab,
@@ -294,7 +300,9 @@ its `arch_hparams` reads them)."""
         n_head_kv=n_head_kv,
         n_embd_head_k=n_embd_head_k,
         n_embd_head_v=n_embd_head_v,
-        n_ff=m.count("feed_forward_length", 0 if ff_optional else None, lo=0 if ff_optional else 1),
+        n_ff=n_ff_arr[0] if n_ff_arr else m.count("feed_forward_length", 0 if ff_optional else None,
+                                                  lo=0 if ff_optional else 1),
+        n_ff_arr=n_ff_arr,
         n_rot=n_rot,
         rope_type=rope_type,
         rope_freq_base=m.real("rope.freq_base", 10000.0),
@@ -331,6 +339,19 @@ def _expert_counts(m: Meta) -> dict:
     n_expert = m.count("expert_count", 0, lo=0, hi=LLAMA_MAX_EXPERTS)
     n_expert_used = m.count("expert_used_count", 0, lo=1 if n_expert else 0, hi=n_expert)
     return dict(n_expert=n_expert, n_expert_used=n_expert_used)
+
+
+def _ff_lengths(m: Meta, n_layer: int) -> tuple[int, ...]:
+    """feed_forward_length as one value per layer (convert_hf_to_gguf.py writes Gemma 4's use_double_wide_mlp so);
+    () when it is a number."""
+    key = f"{m.arch}.feed_forward_length"
+    value = m.meta.get(key)
+    if getattr(value, "dtype", None) is None:
+        return ()
+    values = tuple(int(v) for v in value)
+    if len(values) != n_layer or min(values, default=0) < 1:
+        raise HParamsError(f"GGUF metadata key '{key}' = {list(values)}: expected {n_layer} values >= 1")
+    return values
 
 
 def _head_counts(m: Meta, n_layer: int, per_layer: bool,

@@ -93,7 +93,8 @@ def tensor_shapes(hp: HParams) -> dict[str, tuple[tuple[int, ...], bool]]:
     """llama_model_gemma4::load_arch_tensors for the dense models: the output matrix may be absent (tied to the
     token embeddings); `rope_freqs.weight` (the global layers' proportional RoPE) is required once; a layer
     without KV needs no K projection or K norm, `attn_v` is optional (V = K), `layer_output_scale` optional; the
-    E models' per-layer embedding tensors."""
+    E models' per-layer embedding tensors; each layer's FFN as wide as feed_forward_length says for it (a
+    double-wide MLP in the shared KV layers)."""
     n_pl = hp.n_embd_per_layer
     shapes: dict[str, tuple[tuple[int, ...], bool]] = {
         "token_embd.weight": ((hp.n_embd, hp.n_vocab), True),
@@ -122,9 +123,9 @@ def tensor_shapes(hp: HParams) -> dict[str, tuple[tuple[int, ...], bool]]:
             b + "post_attention_norm.weight": ((hp.n_embd,), True),
             b + "layer_output_scale.weight": ((1,), False),
             b + "ffn_norm.weight": ((hp.n_embd,), True),
-            b + "ffn_gate.weight": ((hp.n_embd, hp.n_ff), True),
-            b + "ffn_up.weight": ((hp.n_embd, hp.n_ff), True),
-            b + "ffn_down.weight": ((hp.n_ff, hp.n_embd), True),
+            b + "ffn_gate.weight": ((hp.n_embd, hp.layer_n_ff(il)), True),
+            b + "ffn_up.weight": ((hp.n_embd, hp.layer_n_ff(il)), True),
+            b + "ffn_down.weight": ((hp.layer_n_ff(il), hp.n_embd), True),
             b + "post_ffw_norm.weight": ((hp.n_embd,), True),
         })
         if hp.n_expert:

@@ -132,6 +132,16 @@ def test_flash_attention_bit_identical():
     np.testing.assert_array_equal(got, arrays["prompt_3"])
 
 
+def test_double_wide_mlp_bit_identical():
+    """use_double_wide_mlp (tiny-gemma4-wide): feed_forward_length per layer, the two shared KV layers' FFNs twice
+    as wide; every prompt gives llama.cpp's logits."""
+    _, model, ref, arrays = load_tiny("gemma4-wide")
+    assert model.hparams.n_ff_arr == (128,) * 4 + (256,) * 2
+    assert [model.hparams.layer_n_ff(il) for il in (0, 5)] == [128, 256]
+    for i, prompt in enumerate(ref["prompts"]):
+        np.testing.assert_array_equal(decode_all(new_ctx(model), prompt["tokens"]), arrays[f"prompt_{i}"])
+
+
 def test_layers_and_memory(tiny):
     """Per-layer shapes as llama_hparams gives them, each cache's rows as wide as its layers' K/V, the shared
     layers mapped to the KV of layers 2 (sliding) and 3 (global), and no K-shift across head sizes."""

@@ -14,12 +14,13 @@ per-layer embeddings: 16 per layer (`per_layer_token_embd` of 6 x 16 per token, 
 layer's `inp_gate`, `proj` and `post_norm`). `tiny-gemma4-moe.gguf` (seed 33) is the 26B-A4B layout: every layer's
 dense FFN beside 4 GELU experts of 32 (2 routed per token; gate and up fused in `ffn_gate_up_exps`, Q8_0), the F32
 router scaled so that tokens clearly prefer some experts, its input scale `ffn_gate_inp.scale`, the per-expert
-`ffn_down_exps.scale` and the two branches' norms. The vocabulary is make_tiny_models.py's (SmolLM2's first 1024
-tokens).
+`ffn_down_exps.scale` and the two branches' norms. `tiny-gemma4-wide.gguf` (seed 34) has use_double_wide_mlp's
+FFNs: feed_forward_length per layer, 256 in the two shared KV layers. The vocabulary is make_tiny_models.py's
+(SmolLM2's first 1024 tokens).
 
 Usage (from the repository root, in the project's venv): python tests/data/tiny/make_tiny_gemma4.py
 Then make llama.cpp's outputs with make_tiny_reference.py gemma4 gemma4-e gemma4-moe gemma4-fa
-(tests/data/REFERENCE.md), and the AVX2
+gemma4-wide (tests/data/REFERENCE.md), and the AVX2
 build's with REFERENCE_VARIANT=avx2.
 """
 
@@ -47,9 +48,9 @@ N_EXPERT, N_EXPERT_USED, N_FF_EXP = 4, 2, 32
 
 def gemma4(name: str = "gemma4", seed: int = 31, path: Path | None = None, per_layer: int = 0,
            kv_heads: list[int] | None = None, drop: tuple[str, ...] = (), n_shared: int = N_SHARED,
-           moe: bool = False) -> Path:
+           moe: bool = False, wide: bool = False) -> Path:
     """The tiny model; `per_layer`: the E models' per-layer embedding width (0: none); `moe`: the experts beside
-    each layer's dense FFN. The malformed variants the
+    each layer's dense FFN; `wide`: the shared KV layers' FFNs twice as wide. The malformed variants the
     load tests refuse: `kv_heads` (head_count_kv per layer, if not the pattern's), `drop` (tensors left out),
     `n_shared` (attention.shared_kv_layers)."""
     v = smollm2_vocab()
@@ -57,7 +58,9 @@ def gemma4(name: str = "gemma4", seed: int = 31, path: Path | None = None, per_l
     w = gguf.GGUFWriter(str(path), "gemma4")
     w.add_name(f"tiny {name}")
     wt = Weights(w, seed, T.Q8_0)
-    common(w, wt, v, N_LAYER, N_FF, embd_scale=0.5)
+    n_kv_from = N_LAYER - n_shared
+    n_ff = [N_FF if il < n_kv_from or not wide else 2 * N_FF for il in range(N_LAYER)]
+    common(w, wt, v, N_LAYER, n_ff if wide else N_FF, embd_scale=0.5)
     w.add_head_count(N_HEAD)
     w.add_head_count_kv(kv_heads or [N_KV_SWA if swa else N_KV_FULL for swa in SWA_LAYERS])
     w.add_key_length(HEAD_FULL)
@@ -85,7 +88,6 @@ def gemma4(name: str = "gemma4", seed: int = 31, path: Path | None = None, per_l
         wt.mat("per_layer_token_embd.weight", per_layer * N_LAYER, N_VOCAB, scale=0.5)
         wt.mat("per_layer_model_proj.weight", N_EMBD, per_layer * N_LAYER)
         wt.vec("per_layer_proj_norm.weight", (per_layer,), 1.0)
-    n_kv_from = N_LAYER - n_shared
     for il, swa in enumerate(SWA_LAYERS):
         b = f"blk.{il}."
         head, n_kv = (HEAD_SWA, N_KV_SWA) if swa else (HEAD_FULL, N_KV_FULL)
@@ -100,9 +102,9 @@ def gemma4(name: str = "gemma4", seed: int = 31, path: Path | None = None, per_l
         wt.vec(b + "attn_q_norm.weight", (head,), 1.0)
         wt.vec(b + "post_attention_norm.weight", (N_EMBD,), 1.0, 0.3)
         wt.vec(b + "ffn_norm.weight", (N_EMBD,), 1.0)
-        wt.mat(b + "ffn_gate.weight", N_EMBD, N_FF)
-        wt.mat(b + "ffn_up.weight", N_EMBD, N_FF)
-        wt.mat(b + "ffn_down.weight", N_FF, N_EMBD)
+        wt.mat(b + "ffn_gate.weight", N_EMBD, n_ff[il])
+        wt.mat(b + "ffn_up.weight", N_EMBD, n_ff[il])
+        wt.mat(b + "ffn_down.weight", n_ff[il], N_EMBD)
         wt.vec(b + "post_ffw_norm.weight", (N_EMBD,), 1.0, 0.3)
         if moe:
             experts(wt, b)
@@ -133,3 +135,4 @@ if __name__ == "__main__":
     print(gemma4())
     print(gemma4("gemma4-e", seed=32, per_layer=N_PER_LAYER))
     print(gemma4("gemma4-moe", seed=33, moe=True))
+    print(gemma4("gemma4-wide", seed=34, wide=True))
