@@ -11,7 +11,9 @@ Usage: python bench/spec_bench.py [-m smollm2] [-t 2] [-n 256] [--runs 3] [--tas
            llama-server --spec-* flag of cli/args.py; default --spec-type ngram-simple)
            [--draft-model FNAME] (= --spec-type draft-simple -md FNAME: speculation with a draft model; a test
            draft made of the model's own first layers: tests/models/draft.py `write_draft`)
-With a draft model, each run starts with an empty draft context, so the draft's own prompt processing, which
+The draft budget measures what a decode row costs on this machine from the decodes it runs (speculative.py
+DecodeCost); run 0 of each task, not counted, is where it first learns it. With a draft model, each run starts
+with an empty draft context, so the draft's own prompt processing, which
 happens at the first draft (after the first token), is counted in tg.
 """
 
@@ -44,8 +46,9 @@ def run_once(engine: Engine, prompt: list[int], temp: float, seed: int, n: int) 
         d = engine.speculator.draft_model
         d.ctx.memory.clear(data=False)
         d.held = [[] for _ in d.held]
-    elif engine.speculator is not None:  # drafters start empty: ngram-mod's table would remember the last answer
-        engine.speculator = Speculator(engine.spec)
+    elif engine.speculator is not None:  # drafters start empty: ngram-mod's table would remember the last answer;
+        # the decode costs measured so far (the machine's, not the answer's) are kept
+        engine.speculator = Speculator(engine.spec, cost=engine.speculator.budget.cost)
     n_decode, st = engine.stats.n_decode, engine.stats
     drafted, accepted = st.n_draft_tokens, st.n_draft_accepted
     seq = engine.add_request(prompt, sampler, Limits(max_tokens=n, ignore_eos=True), cache_prompt=False)

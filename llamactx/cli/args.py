@@ -371,8 +371,9 @@ SPEC_FLAGS = (
     ("--spec-ngram-mod-n-match", "ngram_mod_n_match", int, 1, 1024, "ngram-mod: lookup length (24)"),
     ("--spec-ngram-mod-n-min", "ngram_mod_n_min", int, 0, 1024, "ngram-mod: draft tokens at least (48)"),
     ("--spec-ngram-mod-n-max", "ngram_mod_n_max", int, 0, 1024, "ngram-mod: draft tokens at most (64)"),
-    ("--spec-free-rows", "free_rows", int, 0, 1 << 16, "llamactx: rows a decode holds for about the cost of one; "
-     "past them a draft token is verified only if it is likely to pay (8; 0: verify whole drafts, as llama.cpp)"),
+    ("--spec-free-rows", "free_rows", int, 0, 1 << 16, "llamactx: rows a decode holds for about the cost of one, "
+     "until the draft budget has measured this machine's decodes; a draft token is verified only if it is likely "
+     "to pay (8; 0: verify whole drafts, as llama.cpp)"),
 )
 # flags llama.cpp removed, refused with its message (arg.cpp `arg_removed`)
 REMOVED_SPEC_FLAGS = (

@@ -267,7 +267,10 @@ class Engine:
         if status != DecodeStatus.OK:  # the scheduler checked the room, so only an abort or a surprise lands here
             self.scheduler.preempt(self.scheduler.running[-1])
             return []
-        self._count(plan, (time.perf_counter() - t0) * 1000)
+        seconds = time.perf_counter() - t0
+        if self.speculator is not None and all(s.seq.is_generating for s in plan):
+            self.speculator.budget.cost.observe(batch.n_tokens, seconds)  # what a row costs on this machine
+        self._count(plan, seconds * 1000)
         return self._postprocess(plan, before, rollback)
 
     def _batch(self, plan: list[Scheduled]) -> Batch:
@@ -283,8 +286,14 @@ class Engine:
         """The scheduler's drafter: at most `n_max` draft tokens for generating `seq`, no more than its context
         and max_tokens leave room for (llama-server's get_n_draft_max), and no more than are worth verifying in a
         step of `n_gen` generating sequences and `used` rows so far (speculative.DraftBudget)."""
-        n_max = self.speculator.budget.cap(seq.seq_id, n_gen, used, self._n_draft_max(seq, n_max))
-        return self.speculator.draft(seq.seq_id, seq.id, seq.tokens, n_max)
+        budget, n_max = self.speculator.budget, self._n_draft_max(seq, n_max)
+        n_cap = budget.cap(seq.seq_id, n_gen, used, n_max)
+        if n_cap == 0:  # not worth verifying: a draft is only followed, to learn when it is again
+            if n_max > 0 and not budget.has_shadow(seq.seq_id):
+                budget.shadow(seq.seq_id, len(seq.tokens),
+                              self.speculator.draft(seq.seq_id, seq.id, seq.tokens, n_max))
+            return []
+        return self.speculator.draft(seq.seq_id, seq.id, seq.tokens, n_cap)
 
     def _n_draft_max(self, seq: Sequence, n_max: int) -> int:
         n_max = min(n_max, self.n_ctx_slot - seq.n_past - 2)
@@ -309,6 +318,8 @@ class Engine:
                     outputs.append(StepOutput(seq, progress))
                 continue
             chunks = self._verify(s, first, rollback.get(seq)) if s.draft else self._sample(seq, row - 1)[1]
+            if self.speculator is not None:
+                self.speculator.budget.follow(seq.seq_id, seq.tokens)
             if not seq.is_finished and seq.n_past >= self.n_ctx_slot:
                 chunks += self._context_full(seq)
             if seq.is_finished:
@@ -381,6 +392,8 @@ class Engine:
             return seq.finish("length")
         n_past = seq.n_past
         n_keep, n_discard = seq.shift(seq.limits.n_keep, seq.limits.n_discard)
+        if self.speculator is not None:
+            self.speculator.budget.shadow_drop(seq.seq_id)  # its position moved
         self.scheduler.cache.forget_checkpoints(seq.seq_id)
         mem = self.ctx.memory
         mem.seq_rm(seq.seq_id, n_keep, n_keep + n_discard)

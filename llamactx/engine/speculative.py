@@ -25,13 +25,18 @@ without the draft-simple type is not used (llama-server 0c1e570 loads it and the
 for only). The other draft-* types (EAGLE-3, MTP, DFlash) need models and contexts llamactx does not have.
 
 How much of a draft to verify is an economic choice llama.cpp does not make (it verifies every draft in full, and
-llama-server with 8 busy slots then serves fewer tokens/s with ngram-simple than without). A decode of a few rows
-costs about what one row costs (the weights are read once), past that each row costs its compute. `DraftBudget`
-keeps each slot's rate of accepted draft tokens and verifies a draft token only while it is expected to pay: free
-while the step has fewer than `free_rows` rows, else only if its chance to be accepted (the rate to the power of
-its place in the draft) times what a generated token costs without drafts (one step of max(free_rows, n) rows
-over n sequences) exceeds one row. A lone stream thus keeps its long drafts, and a batch that already fills the
-CPU verifies only drafts that are nearly always right. Which tokens are verified never changes the output.
+llama-server with 8 busy slots then serves fewer tokens/s with ngram-simple than without). What an extra row of a
+decode costs depends on the CPU: with AVX-512 a decode of 8 rows took about what 1 row takes (the weights are read
+once), with AVX2 each row costs a good part of a token (issue #48: ngram-simple then lost 14% on a copy task whose
+drafts were mostly wrong). So `DecodeCost` measures it on the machine, online: the time of every decode of
+generating sequences only, by its number of rows, fitted by a line (time = fixed + per_row x rows); until two row
+counts are measured it assumes `free_rows` rows for the price of one. `DraftBudget` keeps each slot's rate of
+accepted draft tokens and verifies a draft token only while it is expected to pay: its chance to be accepted (the
+rate to the power of its place in the draft) times what a generated token costs without drafts (one step of the
+n generating sequences, over n) must exceed what its row adds. A lone stream whose drafts are accepted thus keeps
+long drafts, and one whose drafts are mostly wrong stops verifying them; its later drafts are then only followed
+("shadow" drafts: `DraftBudget.follow` compares them with the tokens the sampler picks), so that the rate, and the
+drafts, come back when the model follows the text again. Which tokens are verified never changes the output.
 """
 
 from __future__ import annotations
@@ -89,7 +94,9 @@ class SpecParams:
     ngram_mod_n_match: int = 24  # --spec-ngram-mod-n-match: the n-gram hashed
     ngram_mod_n_min: int = 48  # --spec-ngram-mod-n-min: a shorter draft is dropped
     ngram_mod_n_max: int = 64  # --spec-ngram-mod-n-max
-    free_rows: int = 8  # rows a decode holds for about the price of one (DraftBudget; 0: verify every draft whole)
+    # the cost model's prior until decodes are measured: rows a decode holds for about the price of one
+    # (DecodeCost; 0: verify every draft whole, as llama.cpp does)
+    free_rows: int = 8
 
     def __post_init__(self) -> None:
         if isinstance(self.types, str):
@@ -137,15 +144,71 @@ def _check_int(name: str, value, lo: int, hi: int | None) -> None:
         raise SpecParamsError(f"{name} = {value!r} is outside {limit}")
 
 
-class DraftBudget:
-    """How many tokens of a slot's draft are worth verifying in this step (see the module docstring): per slot, a
-    decayed count of accepted draft tokens and of drafts cut short, from a prior rate of 0.8."""
+class DecodeCost:
+    """Seconds per decode of generating sequences by its number of rows, measured (`observe`): a running mean per
+    row count, and the line through them (least squares, each count weighted by its samples, at most WEIGHT_MAX).
+    Before two row counts are known it is the prior: rows up to `free_rows` cost nothing extra, each past them
+    costs what one decode costs."""
 
-    PRIOR_RATE, PRIOR_WEIGHT, DECAY = 0.8, 2.0, 0.9
+    ALPHA, WEIGHT_MAX, N_ROWS_MAX, CLIP = 0.2, 16, 256, 4.0
 
     def __init__(self, free_rows: int):
         self.free_rows = free_rows
+        self._mean: dict[int, tuple[float, int]] = {}  # rows -> (mean seconds, samples)
+        self._line: tuple[float, float] | None = None  # (fixed, per_row) seconds, None: the prior
+
+    def observe(self, n_rows: int, seconds: float) -> None:
+        """A decode of `n_rows` rows (generating sequences and their drafts only) took `seconds`. A sample more
+        than CLIP times the running mean counts as CLIP times it (a compile, another process)."""
+        if not 0 < n_rows <= self.N_ROWS_MAX or seconds <= 0:
+            return
+        mean, n = self._mean.get(n_rows, (seconds, 0))
+        seconds = min(seconds, self.CLIP * mean)
+        self._mean[n_rows] = (mean + self.ALPHA * (seconds - mean) if n else seconds, n + 1)
+        self._line = self._fit()
+
+    def _fit(self) -> tuple[float, float] | None:
+        pts = [(r, m, min(n, self.WEIGHT_MAX)) for r, (m, n) in self._mean.items() if n >= 2]
+        if len(pts) < 2:
+            return None
+        w = sum(p[2] for p in pts)
+        x = sum(p[0] * p[2] for p in pts) / w
+        y = sum(p[1] * p[2] for p in pts) / w
+        var = sum(p[2] * (p[0] - x) ** 2 for p in pts)
+        slope = max(0.0, sum(p[2] * (p[0] - x) * (p[1] - y) for p in pts) / var)
+        return max(y - slope * x, 1e-9), slope
+
+    @property
+    def measured(self) -> bool:
+        return self._line is not None
+
+    def per_token(self, n_gen: int) -> float:
+        """What one generated token costs in a step of `n_gen` generating sequences without drafts."""
+        n_gen = max(n_gen, 1)
+        if self._line is None:
+            return max(self.free_rows, n_gen) / n_gen
+        fixed, per_row = self._line
+        return (fixed + per_row * n_gen) / n_gen
+
+    def row(self, n_rows: int) -> float:
+        """What the decode's `n_rows`-th row adds to it."""
+        if self._line is None:
+            return 0.0 if n_rows <= self.free_rows else 1.0
+        return self._line[1]
+
+
+class DraftBudget:
+    """How many tokens of a slot's draft are worth verifying in this step (see the module docstring): per slot, a
+    decayed count of accepted draft tokens and of drafts cut short, from a prior rate of 0.8; the decode costs
+    (`cost`, measured by the engine) say what a row adds and what a token is worth."""
+
+    PRIOR_RATE, PRIOR_WEIGHT, DECAY = 0.8, 2.0, 0.9
+
+    def __init__(self, free_rows: int, cost: DecodeCost | None = None):
+        self.free_rows = free_rows
+        self.cost = cost if cost is not None else DecodeCost(free_rows)
         self._counts: dict[int, tuple[float, float]] = {}  # seq_id -> (accepted tokens, rejections), decayed
+        self._shadow: dict[int, tuple[int, tuple[int, ...]]] = {}  # seq_id -> (position, draft) not verified
 
     def rate(self, seq_id: int) -> float:
         """The chance that a slot's next draft token is accepted, given that those before it were."""
@@ -154,14 +217,14 @@ class DraftBudget:
 
     def cap(self, seq_id: int, n_gen: int, used: int, n_max: int) -> int:
         """At most `n_max` draft tokens for `seq_id` in a step of `n_gen` generating sequences whose batch holds
-        `used` rows so far."""
+        `used` rows so far: while the next one's expected saving exceeds what its row adds."""
         if self.free_rows == 0:
             return n_max
-        a, per_token = self.rate(seq_id), max(self.free_rows, n_gen) / max(n_gen, 1)
+        a, value = self.rate(seq_id), self.cost.per_token(n_gen)
         k, p = 0, 1.0
         while k < n_max:
             p *= a
-            if used + k + 1 > self.free_rows and p * per_token <= 1.0:
+            if p * value <= self.cost.row(used + k + 1):
                 break
             k += 1
         return k
@@ -170,19 +233,47 @@ class DraftBudget:
         acc, rej = self._counts.get(seq_id, (0.0, 0.0))
         self._counts[seq_id] = (acc * self.DECAY + n_accepted, rej * self.DECAY + (n_accepted < n_draft))
 
+    def shadow(self, seq_id: int, position: int, draft) -> None:
+        """A draft for the tokens from `position` on that is not verified: `follow` scores it against the tokens
+        sampled there, as if it had been (one at a time per slot)."""
+        if draft and seq_id not in self._shadow:
+            self._shadow[seq_id] = (position, tuple(draft))
+
+    def follow(self, seq_id: int, tokens) -> None:
+        """Slot `seq_id` now holds `tokens`: a shadow draft they contradict or complete is recorded as verified."""
+        pending = self._shadow.get(seq_id)
+        if pending is None:
+            return
+        position, draft = pending
+        got = tuple(tokens[position : position + len(draft)])
+        n = 0
+        while n < len(got) and got[n] == draft[n]:
+            n += 1
+        if n < len(got) or len(got) == len(draft):
+            del self._shadow[seq_id]
+            self.record(seq_id, len(draft), n)
+
+    def has_shadow(self, seq_id: int) -> bool:
+        return seq_id in self._shadow
+
+    def shadow_drop(self, seq_id: int) -> None:
+        self._shadow.pop(seq_id, None)
+
     def forget(self, seq_id: int) -> None:
         self._counts.pop(seq_id, None)
+        self._shadow.pop(seq_id, None)
 
 
 class Speculator:
     """The drafters of one engine and, per slot, which request they began and which drafter made the draft being
     verified (common_speculative). draft-simple needs the `target` model (its vocabulary is checked against the
     draft's), the engine's `n_seq` slots and the draft context's `context_params` (n_ctx, n_batch, threads...).
-    Raises SpecParamsError for a draft model that cannot draft for `target`. Not thread-safe: the engine's
+    `cost`: the decode costs measured so far (a machine's, kept by a new Speculator of the same engine; None: none
+    yet). Raises SpecParamsError for a draft model that cannot draft for `target`. Not thread-safe: the engine's
     thread owns it."""
 
     def __init__(self, params: SpecParams, target: Model | None = None, n_seq: int = 1,
-                 context_params: Mapping[str, object] | None = None):
+                 context_params: Mapping[str, object] | None = None, cost: DecodeCost | None = None):
         if not params.enabled:
             raise SpecParamsError("speculative decoding is off (no type): nothing to draft with")
         self.params = params
@@ -192,7 +283,7 @@ class Speculator:
         self._last: dict[int, object] = {}  # seq_id -> the drafter of its last draft
         # seq_id -> (request, its n_tokens, drafter, draft): the drafts `prepare` made for this step
         self._prepared: dict[int, tuple[int, int, object, list[int]]] = {}
-        self.budget = DraftBudget(params.free_rows)
+        self.budget = DraftBudget(params.free_rows, cost)
 
     def _make(self, name: str, target: Model | None, n_seq: int, context_params: Mapping[str, object]):
         p = self.params

@@ -13,7 +13,15 @@ from llamactx import Model
 from llamactx.cli.args import ArgumentParser, CommandError, add_speculative, spec_params
 from llamactx.engine import Engine, EngineError, Limits
 from llamactx.engine.ngram import NgramMapK, NgramMod, NgramSimple
-from llamactx.engine.speculative import DraftBudget, NgramParams, SpecParams, SpecParamsError, Speculator
+from llamactx.engine.speculative import (
+    DecodeCost,
+    DraftBudget,
+    NgramParams,
+    SpecParams,
+    SpecParamsError,
+    Speculator,
+)
+from llamactx.sampling import SamplerChain, SamplingParams
 from tests.engine.test_engine import chain
 
 CODE = (Path(__file__).parents[1] / "data" / "spec_code.txt").read_text()  # a frozen copy of some Python code
@@ -305,3 +313,69 @@ def test_cli_flags_make_spec_params():
                      (["--spec-type", "nope"], "unknown")):
         with pytest.raises(CommandError, match=msg):
             spec_params(p.parse_args(bad))
+
+
+def test_the_decode_cost_is_measured_on_the_machine():
+    """DecodeCost: the prior (free_rows rows for the price of one) until two row counts are measured, then the
+    line through them: where each row costs half a decode's fixed part (an AVX2 machine, issue #48) a lone stream
+    whose drafts are accepted at the prior rate verifies far fewer, and one whose drafts are mostly wrong none;
+    where rows are nearly free drafts stay long. Outliers (a compile) are clipped."""
+    cost = DecodeCost(8)
+    assert not cost.measured and cost.row(8) == 0.0 and cost.row(9) == 1.0 and cost.per_token(1) == 8.0
+    for n in (1, 4, 10, 1, 4, 10):
+        cost.observe(n, 0.010 + 0.005 * n)
+    assert cost.measured
+    assert cost.row(2) == pytest.approx(0.005) and cost.per_token(1) == pytest.approx(0.015)
+    cost.observe(10, 5.0)  # one decode that waited for a compile counts as 4 times the mean
+    assert cost.row(2) < 0.02
+    steep = DraftBudget(8, DecodeCost(8))
+    for n in (1, 4, 10) * 2:
+        steep.cost.observe(n, 0.010 + 0.005 * n)
+    assert steep.cap(0, 1, 1, 48) == 4  # 0.8**4 * 0.015 > 0.005 > 0.8**5 * 0.015
+    for _ in range(10):
+        steep.record(0, 10, 0)
+    assert steep.rate(0) < 0.3 and steep.cap(0, 1, 1, 48) == 0
+    flat = DraftBudget(8, DecodeCost(8))
+    for n in (1, 4, 10) * 2:
+        flat.cost.observe(n, 0.010 + 0.0001 * n)
+    for _ in range(5):
+        flat.record(0, 30, 30)
+    assert flat.cap(0, 1, 1, 48) == 48
+
+
+def test_a_shadow_draft_is_scored_as_if_verified():
+    """A draft not worth verifying is followed: the tokens sampled after it accept its prefix, and the rate comes
+    back when the model follows the text again."""
+    b = DraftBudget(8)
+    for _ in range(10):
+        b.record(0, 10, 0)
+    low = b.rate(0)
+    b.shadow(0, 3, [7, 8, 9])
+    assert b.has_shadow(0)
+    b.shadow(0, 4, [1])  # one at a time: ignored
+    b.follow(0, [1, 2, 3, 7])
+    assert b.has_shadow(0) and b.rate(0) == low  # still matching
+    b.follow(0, [1, 2, 3, 7, 8, 9])
+    assert not b.has_shadow(0) and b.rate(0) > low  # three accepted, none rejected
+    b.shadow(0, 6, [5, 5])
+    b.follow(0, [1, 2, 3, 7, 8, 9, 4])
+    assert not b.has_shadow(0)
+    b.forget(0)
+    assert b.rate(0) == pytest.approx(0.8)
+
+
+def test_outputs_equal_when_drafts_stop_paying(smollm, smollm_prompt):
+    """An engine whose measured rows are expensive stops verifying drafts that are mostly rejected and still
+    gives the tokens of plain decoding; its shadow drafts keep the rate up to date."""
+    (plain,), _ = generate(smollm, [smollm_prompt], max_tokens=40)
+    engine = Engine(smollm, n_slots=1, n_ctx=512, spec=SIMPLE)
+    cost = engine.speculator.budget.cost
+    for n in (1, 2, 3) * 2:
+        cost.observe(n, 1.0 + 10.0 * n)  # a draft token pays only if accepted > 10 times in 11
+    seq = engine.add_request(smollm_prompt, SamplerChain.default(SamplingParams(temperature=0.0),
+                                                                 smollm.hparams.n_vocab, smollm.vocab, n_ctx=512),
+                             Limits(max_tokens=40))
+    for _ in engine.generate(seq):
+        pass
+    assert seq.output == plain
+    assert engine.speculator.budget.rate(0) != pytest.approx(0.8)  # shadow drafts were scored
