@@ -105,6 +105,21 @@ class HParams:
     # a classifier head (rerankers: pooling rank): its output values per sequence and the pooling before it
     n_cls_out: int = 1  # len(classifier.output_labels) (LLM_KV_CLASSIFIER_OUTPUT_LABELS), 1 without labels
     pooling_type_cls: str = "unspecified"  # classifier.pooling_type (LLM_KV_CLASSIFIER_POOLING_TYPE)
+    # deepseek2's multi-head latent attention (MLA): low-rank Q and KV; the cache holds the KV latent and the shared
+    # rope key (n_embd_head_k = n_lora_kv + n_rot, V its first n_lora_kv values); the heads as trained
+    n_lora_q: int = 0  # attention.q_lora_rank; 0 = a plain attn_q
+    n_lora_kv: int = 0  # attention.kv_lora_rank
+    n_embd_head_k_mla: int = 0  # attention.key_length_mla; 0 = not MLA
+    n_embd_head_v_mla: int = 0  # attention.value_length_mla
+    # DeepSeek-style experts: dense leading layers, shared experts, the router's gating, groups and weights
+    n_layer_dense_lead: int = 0  # leading_dense_block_count
+    n_expert_shared: int = 0  # expert_shared_count
+    expert_gating_func: str = "softmax"  # expert_gating_func: softmax, sigmoid, softmax_weight
+    expert_weights_norm: bool = False
+    expert_weights_scale: float = 0.0  # 0 = no scaling
+    n_expert_groups: int = 0  # expert_group_count; > 1: tokens choose n_group_used groups first
+    n_group_used: int = 0
+    n_layer_nextn: int = 0  # nextn_predict_layers: MTP layers after the n_layer trunk layers (loaded, not run)
 
     def is_recr(self, il: int) -> bool:
         """Whether layer `il` keeps a recurrent state instead of K/V (llama_hparams::is_recr)."""
@@ -247,12 +262,13 @@ def _size_label(meta: dict[str, object], n_params: int) -> str:
 
 def read_hparams(meta: dict[str, object], arch: str, rope_type: int, memory: str,
                  arch_hparams: Callable[[Meta, dict], dict], n_params: int = 0,
-                 per_layer_heads: bool = False) -> HParams:
+                 per_layer_heads: bool = False, v_length_free: bool = False) -> HParams:
     """`HParams` from GGUF metadata: the keys every architecture has, then `arch_hparams(meta, fields)`'s (the
     architecture's own keys and checks, as field values). `memory`: "kv", "recurrent" (no attention: the head
     counts stay 0) or "hybrid" (head_count_kv may be per layer, 0 for a recurrent layer). Raises `HParamsError`
     naming the key for a missing or bad value. `per_layer_heads`: head_count_kv may hold one value per layer (gemma4;
-its `arch_hparams` reads them)."""
+its `arch_hparams` reads them). `v_length_free`: value_length may differ from key_length (deepseek2's MLA cache;
+its `arch_hparams` checks them)."""
     m = Meta(meta, arch)
     n_embd = m.count("embedding_length")
     n_layer = m.count("block_count", hi=LLAMA_MAX_LAYERS)
@@ -268,7 +284,7 @@ its `arch_hparams` reads them)."""
                                f"{n_head_kv}")
         n_embd_head_k = m.count("attention.key_length", n_embd // n_head)
         n_embd_head_v = m.count("attention.value_length", n_embd // n_head)
-        if n_embd_head_v != n_embd_head_k:  # the graphs assert n_embd_head_k == n_embd_head_v
+        if n_embd_head_v != n_embd_head_k and not v_length_free:  # the graphs assert n_embd_head_k == n_embd_head_v
             raise HParamsError(f"'{arch}.attention.value_length' = {n_embd_head_v} differs from key_length = "
                                f"{n_embd_head_k}; {arch} needs them equal")
         n_rot = m.count("rope.dimension_count", n_embd_head_k, hi=n_embd_head_k)

@@ -27,6 +27,7 @@ from llamactx.memory.base import Memory
 from llamactx.models import (
     create_memory,
     expected_tensors,
+    kv_bytes_per_token,
     layer_kinds,
     load_hparams,
     memory_description,
@@ -275,6 +276,11 @@ class Model:
                          f"n_head {hp.ssm_dt_rank}, n_group {hp.ssm_n_group}, d_conv {hp.ssm_d_conv}")
         if memory_type(hp.arch) == "hybrid":
             lines.append(f"layer kinds:    {layer_kinds(hp)}")
+        if hp.n_embd_head_k_mla:  # deepseek2: the cache holds the latent and the rope key, V is part of it
+            lines.append(f"attention:      MLA, q_lora_rank {hp.n_lora_q}, kv_lora_rank {hp.n_lora_kv}, heads "
+                         f"{hp.n_embd_head_k_mla} (K) / {hp.n_embd_head_v_mla} (V), RoPE over {hp.n_rot}")
+        if kv_bytes_per_token(hp):
+            lines.append(f"KV per token:   {kv_bytes_per_token(hp)} bytes (f16 K/V cache, {hp.n_layer} layers)")
         return "\n".join(lines)
 
     def close(self) -> None:

@@ -20,7 +20,15 @@ from llamactx.ggml.cpu import arithmetic
 from llamactx.ggml.flash_attn import flash_attn_f16_cells
 from llamactx.ggml.inputs import ROPE_TYPE_NEOX, RopeParams, VisibleCells
 from llamactx.ggml.moe import add_id as moe_add_id
-from llamactx.ggml.moe import argsort_desc, expert, group_by_expert, norm_weights, sigmoid_rows, soft_max_rows
+from llamactx.ggml.moe import (
+    argsort_desc,
+    expert,
+    group_by_expert,
+    group_mask,
+    norm_weights,
+    sigmoid_rows,
+    soft_max_rows,
+)
 from llamactx.ggml.moe import swiglu_oai as moe_swiglu_oai
 from llamactx.ggml.mrope import imrope_text_cache
 from llamactx.ggml.quants_cpu import fake_quant, vec_dot_type
@@ -126,17 +134,23 @@ class ReferenceOps:
     # -- mixture of experts (llamactx.ggml.moe) -----------------------------------------------------------------
 
     @staticmethod
-    def moe_route(logits: np.ndarray, n_expert_used: int, gating: str, norm_w: bool,
-                  w_scale: float) -> tuple[np.ndarray, np.ndarray]:
+    def moe_route(logits: np.ndarray, n_expert_used: int, gating: str, norm_w: bool, w_scale: float,
+                  probs_b: np.ndarray | None = None, groups: tuple[int, int] = (0, 0)) -> tuple[np.ndarray, np.ndarray]:
         """build_moe_ffn's router: probabilities (ggml_soft_max, or ggml_sigmoid), the top n_expert_used by
         ggml_argsort_top_k (llama.cpp's tie order), their probabilities (re-softmaxed for "softmax_weight"),
-        normalized to sum 1 (norm_w) and scaled (w_scale, unless 0 or 1). logits (n, n_expert) ->
+        normalized to sum 1 (norm_w) and scaled (w_scale, unless 0 or 1). DeepSeek-V3's selection: probs_b
+        (exp_probs_b, (n_expert,)) is added to the probabilities the choice is made on (not to the weights), and
+        with groups = (n_expert_groups > 1, n_group_used) only the experts of each token's n_group_used groups of
+        best top-2 sum compete (llamactx.ggml.moe.group_mask). logits (n, n_expert) ->
         (selected (n, k) int32, weights (n, k) float32)"""
         if gating == "softmax_weight":
             probs = np.ascontiguousarray(logits, np.float32)
         else:
             probs = soft_max_rows(logits) if gating == "softmax" else sigmoid_rows(logits)  # (n, n_expert)
-        selected = argsort_desc(probs, n_expert_used)  # (n, k)
+        selection = probs if probs_b is None else np.add(probs, probs_b, dtype=np.float32)  # (n, n_expert)
+        if groups[0] > 1 and len(selection):
+            selection = group_mask(selection, *groups)
+        selected = argsort_desc(selection, n_expert_used)  # (n, k)
         weights = np.take_along_axis(probs, selected, axis=1)  # ggml_get_rows: (n, k)
         if gating == "softmax_weight":
             weights = soft_max_rows(weights)

@@ -261,6 +261,23 @@ def argsort_desc(x: np.ndarray, k: int | None = None) -> np.ndarray:
     return out
 
 
+def group_mask(selection: np.ndarray, n_groups: int, n_group_used: int) -> np.ndarray:
+    """build_moe_ffn's expert groups (DeepSeek-V3): the experts, n_expert / n_groups per group in order, scored per
+    group by the sum of its top two (ggml_argsort_top_k of 2, ggml_get_rows, ggml_sum_rows: a double sum rounded
+    to float); the top n_group_used groups (ggml_argsort_top_k) keep their values, the others become -inf
+    (ggml_fill, ggml_set_rows). (n, n_expert) float32 -> same"""
+    n, n_expert = selection.shape
+    per = n_expert // n_groups
+    grouped = np.ascontiguousarray(selection, np.float32).reshape(n * n_groups, per)  # (n * groups, per)
+    top2 = np.take_along_axis(grouped, argsort_desc(grouped, 2), axis=1).astype(np.float64)  # (n * groups, 2)
+    scores = (top2[:, 0] + top2[:, 1]).astype(np.float32).reshape(n, n_groups)  # (n, groups)
+    keep = argsort_desc(scores, n_group_used)  # (n, n_group_used)
+    out = np.full((n, n_groups, per), -np.inf, np.float32)  # (n, groups, per)
+    rows = np.arange(n)[:, None]
+    out[rows, keep] = grouped.reshape(n, n_groups, per)[rows, keep]
+    return out.reshape(n, n_expert)
+
+
 def norm_weights(w: np.ndarray) -> np.ndarray:
     """ggml_div(w, ggml_clamp(ggml_sum_rows(w), 6.103515625e-5, inf)): each row over its double sum rounded to
     float (ggml_vec_sum_f32), clamped to the smallest normal f16. (n, k) float32 -> same"""

@@ -1,8 +1,10 @@
 """The KV cache: one implementation of `Memory` (src/llama-kv-cache.*).
 
 Per layer it stores the keys and values of every cell in `type_k` / `type_v` (f16 by default; q8_0 and q4_0 keep
-quantized ggml blocks, f32 plain floats). Cell bookkeeping lives in `KVCells`. All layers share one set of cells,
-so a sequence's tokens sit in the same cells in every layer, and sequences share cells after `seq_cp`.
+quantized ggml blocks, f32 plain floats). A multi-head latent attention model (deepseek2, `hparams.is_mla()`) has
+K-only storage: each K row is the KV latent then the rope key, and V is a view of the latent (`v_of_k`). Cell
+bookkeeping lives in `KVCells`. All layers share one set of cells, so a sequence's tokens sit in the same cells in
+every layer, and sequences share cells after `seq_cp`.
 
 The cache owns placement, as `llama_kv_cache::prepare` / `apply_ubatch` do: `prepare(ubatches)` finds cells for
 every ubatch of a decode before anything is computed, `apply(ubatch, slot)` occupies them and hands the forward a
@@ -103,11 +105,13 @@ class KVView:
         return self, self
 
     def store(self, il: int, k: np.ndarray, v: np.ndarray) -> None:
-        """Write the ubatch's keys (n, n_embd_k_gqa) and values (n, n_embd_v_gqa) of model layer `il`."""
+        """Write the ubatch's keys (n, n_embd_k_gqa) and values (n, n_embd_v_gqa) of model layer `il`. An MLA
+        cache stores only K (build_attn of llm_graph_input_attn_k never calls cpy_v): its V is part of K."""
         c = self._cache
         i = c.layer_index[il]
         c.k[i, self.idx] = _encode(c.type_k, k)
-        c.v[i, self.idx] = _encode(c.type_v, v)
+        if not c.v_of_k:
+            c.v[i, self.idx] = _encode(c.type_v, v)
 
     def k_rows(self, il: int) -> np.ndarray:
         """Keys of cells [0, n_kv) of model layer `il` as float32 (n_kv, n_embd_k_gqa)."""
@@ -115,14 +119,20 @@ class KVView:
 
     def v_rows(self, il: int) -> np.ndarray:
         """Values of cells [0, n_kv) of model layer `il` as float32 (n_kv, n_embd_v_gqa)."""
-        return _decode(self.type_v, self.v_stored(il), self._cache.n_embd_v_gqa)
+        return _decode(self.type_v, self.v_stored(il), self._cache.v_of_k or self._cache.n_embd_v_gqa)
 
     def k_stored(self, il: int) -> np.ndarray:
         """Keys of cells [0, n_kv) of layer `il` as stored (read in place by kernels that decode it themselves)."""
         return self._cache.k[self._cache.layer_index[il], : self.n_kv]
 
     def v_stored(self, il: int) -> np.ndarray:
-        return self._cache.v[self._cache.layer_index[il], : self.n_kv]
+        """Values as stored; an MLA cache's are a contiguous copy of each K row's first v_of_k values (the latent:
+        llama_graph's ggml_view_4d of K in build_attn with llm_graph_input_attn_k)."""
+        c = self._cache
+        if c.v_of_k:
+            return np.ascontiguousarray(self.k_stored(il)[:, : kv_row_nbytes(c.type_k, c.v_of_k)
+                                                          if c.type_k in _QUANTIZE else c.v_of_k])
+        return c.v[c.layer_index[il], : self.n_kv]
 
     def k_layers(self) -> np.ndarray:
         """Keys of every layer of this cache and every cell as stored, (n_layers held, size, n_embd_k_gqa): for a
@@ -157,8 +167,10 @@ class KVCache(Memory):
 
     def __init__(self, n_layer: int, size: int, n_seq_max: int, n_embd_k_gqa: int, n_embd_v_gqa: int,
                  type_k: str = "f16", type_v: str = "f16", can_shift: bool = True, n_ctx_seq: int | None = None,
-                 layers: Sequence[int] | None = None):
-        """`n_ctx_seq`: the most cells one sequence may hold (llama.cpp's per-sequence stream with kv_unified=False);
+                 layers: Sequence[int] | None = None, v_of_k: int = 0):
+        """`v_of_k` > 0: an MLA cache (llama_kv_cache with hparams.is_mla()): no V storage (n_embd_v_gqa must be
+        0), V is the first v_of_k values of each K row and the RoPE'd values follow them (K-shift).
+        `n_ctx_seq`: the most cells one sequence may hold (llama.cpp's per-sequence stream with kv_unified=False);
         None = `size` (unified: any sequence may use every cell). `layers`: the model layers this cache holds,
         in order (llama.cpp's layer filter; an iSWA memory splits them between two caches); None = 0..n_layer-1.
         Raises KVCacheAllocError (a MemoryError) naming the sizes when the K/V arrays cannot be allocated."""
@@ -167,6 +179,11 @@ class KVCache(Memory):
                 raise ValueError(f"{name} = {t!r} is not one of {', '.join(KV_GGML_TYPES)}")
             if n % block_format(KV_GGML_TYPES[t]).block_size:
                 raise ValueError(f"{name} = {t!r} needs a row width that is a multiple of its block size, got {n}")
+        if v_of_k and (n_embd_v_gqa or type_v != type_k or v_of_k >= n_embd_k_gqa
+                       or v_of_k % block_format(KV_GGML_TYPES[type_k]).block_size):
+            raise ValueError(f"an MLA cache (v_of_k = {v_of_k}) needs type_v = type_k (got {type_k}/{type_v}), no V "
+                             f"storage and a latent of whole blocks inside the K row of {n_embd_k_gqa}")
+        self.v_of_k = v_of_k
         self.layers = tuple(range(n_layer)) if layers is None else tuple(layers)
         if len(self.layers) != n_layer:
             raise ValueError(f"layers lists {len(self.layers)} layers, n_layer = {n_layer}")
@@ -245,7 +262,11 @@ class KVCache(Memory):
         idx, shift = shifted
         for i, il in enumerate(self.layers):
             rows = _decode(self.type_k, self.k[i, idx], self.n_embd_k_gqa)
-            self.k[i, idx] = _encode(self.type_k, rope_shift(rows, shift, il))
+            if self.v_of_k:  # MLA: the rope key follows the latent (build_graph_shift's n_embd_nope offset)
+                rows = np.roll(rope_shift(np.roll(rows, -self.v_of_k, axis=1), shift, il), self.v_of_k, axis=1)
+            else:
+                rows = rope_shift(rows, shift, il)
+            self.k[i, idx] = _encode(self.type_k, rows)
 
     # -- Memory -----------------------------------------------------------------------------------------------
 

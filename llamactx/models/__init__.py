@@ -15,15 +15,16 @@ from __future__ import annotations
 import functools
 from types import ModuleType
 
-from llamactx.cparams import ResolvedParams
+from llamactx.cparams import ContextParamsError, ResolvedParams
 from llamactx.hparams import HParams, HParamsError, read_hparams
 from llamactx.memory.base import Memory
 from llamactx.memory.hybrid import HybridMemory
-from llamactx.memory.kv_cache import KVCache
+from llamactx.memory.kv_cache import KVCache, kv_row_nbytes
 from llamactx.memory.kv_cache_iswa import KVCacheISWA
 from llamactx.memory.recurrent import RecurrentMemory
 from llamactx.models import (
     bert,
+    deepseek2,
     gemma2,
     gemma3,
     gemma4,
@@ -41,7 +42,7 @@ from llamactx.models import (
 )
 
 MODULES = (llama, gemma3, mamba2, lfm2, phi3, gemma2, smollm3, granite, bert, gpt_oss, qwen35, mistral3,
-           gemma4, granite_hybrid, nemotron_h)
+           gemma4, deepseek2, granite_hybrid, nemotron_h)
 ARCHITECTURES: dict[str, ModuleType] = {name: module for module in MODULES for name in module.ARCHS}
 
 
@@ -61,7 +62,8 @@ def load_hparams(meta: dict[str, object], n_params: int = 0) -> HParams:
     if hasattr(module, "common_meta"):  # nemotron_h: per-layer values its arch_hparams reads from the file's keys
         meta, read_arch = module.common_meta(meta), functools.partial(module.arch_hparams, meta)
     return read_hparams(meta, arch, module.ARCHS[arch], module.MEMORY, read_arch, n_params,
-                        per_layer_heads=getattr(module, "PER_LAYER_HEADS", False))
+                        per_layer_heads=getattr(module, "PER_LAYER_HEADS", False),
+                        v_length_free=getattr(module, "V_LENGTH_FREE", False))
 
 
 def expected_tensors(hp: HParams) -> dict[str, tuple[tuple[int, ...], bool]]:
@@ -101,6 +103,12 @@ def create_memory(hp: HParams, p: ResolvedParams) -> Memory | None:
                            n_embd_gqa_swa=hp.layer_n_embd_gqa(hp.swa_layers.index(True)),
                            reuse={il: hp.kv_reuse(il) for il in range(hp.n_layer) if hp.kv_reuse(il) >= 0},
                            k_shift=not per_layer)
+    if hp.n_embd_head_k_mla:  # MLA (deepseek2): K-only storage, V the latent part of each K row
+        if p.type_k != p.type_v:  # llama_init_from_model refuses it
+            raise ContextParamsError(f"type_k = {p.type_k!r} and type_v = {p.type_v!r}: {hp.arch} (MLA) needs the "
+                                     f"same K and V cache types")
+        return KVCache(len(attn), p.n_ctx, p.n_seq_max, hp.n_embd_k_gqa, 0, p.type_k, p.type_v, can_shift=True,
+                       n_ctx_seq=p.n_ctx_seq, v_of_k=hp.n_embd_v_gqa)
     kv = KVCache(len(attn), p.n_ctx, p.n_seq_max, hp.n_embd_k_gqa, hp.n_embd_v_gqa, p.type_k, p.type_v,
                  can_shift=True, n_ctx_seq=p.n_ctx_seq)
     if kind == "hybrid":
@@ -129,6 +137,16 @@ def memory_description(hp: HParams, swa_full: bool = False) -> str:
             return f"llama_kv_cache ({split}; swa_full: every layer keeps the whole context)"
         return f"llama_kv_cache_iswa ({split}; swa_full keeps a full-size SWA cache)"
     return f"llama_kv_cache ({hp.n_layer} layers)"
+
+
+def kv_bytes_per_token(hp: HParams, type_k: str = "f16", type_v: str = "f16") -> int:
+    """The K and V bytes one token takes in a KV cache holding every layer (llama_kv_cache's per-cell rows:
+    n_embd_k_gqa + n_embd_v_gqa per layer; an MLA cache only its K row, the latent and the rope key), 0 for the
+    memories whose size is not per token (recurrent, hybrid, iSWA, none)."""
+    if memory_type(hp.arch) != "kv" or (hp.n_swa > 0 and any(hp.swa_layers)):
+        return 0
+    n_v = 0 if hp.n_embd_head_k_mla else hp.n_embd_v_gqa
+    return hp.n_layer * (kv_row_nbytes(type_k, hp.n_embd_k_gqa) + (kv_row_nbytes(type_v, n_v) if n_v else 0))
 
 
 def layer_kinds(hp: HParams) -> str:

@@ -6,8 +6,10 @@ swiglu_oai).
 The graph, as llama.cpp builds it: router logits = ffn_gate_inp x; probabilities (softmax); the top
 n_expert_used (ggml_argsort_top_k); their probabilities as weights, normalized to sum 1; gate and up of each
 selected expert (ggml_mul_mat_id: each expert's rows together), SwiGLU, down; the outputs times their weights,
-added slot by slot. With biases (gpt-oss) the router's bias is added to its logits (ggml_add) and each expert
-matmul's output gets its expert's bias row (ggml_add_id). The ops (llamactx.ggml.moe) give each step llama.cpp's
+added slot by slot. With a selection bias (`exp_probs_b`, DeepSeek-V3) the choice is made on the biased
+probabilities, and with expert groups among the best groups only; the weights stay unbiased. With biases
+(gpt-oss) the router's bias is added to its logits (ggml_add) and each expert matmul's output gets its expert's
+bias row (ggml_add_id). The ops (llamactx.ggml.moe) give each step llama.cpp's
 bits.
 """
 
@@ -52,7 +54,12 @@ def build_moe_ffn(model, ops, cur: np.ndarray, b: str, norm_w: bool = True, w_sc
     logits = ops.matmul(cur, w(b + "ffn_gate_inp.weight"))  # (n, n_expert)
     if biases:
         logits = logits + model.tensors[b + "ffn_gate_inp.bias"]
-    selected, weights = ops.moe_route(logits, hp.n_expert_used, gating, norm_w, w_scale)  # (n, k) each
+    probs_b = model.tensors.get(b + "exp_probs_b.bias")  # DeepSeek-V3's selection bias (deepseek2, glm4moe)
+    if probs_b is None and hp.n_expert_groups <= 1:
+        selected, weights = ops.moe_route(logits, hp.n_expert_used, gating, norm_w, w_scale)  # (n, k) each
+    else:
+        selected, weights = ops.moe_route(logits, hp.n_expert_used, gating, norm_w, w_scale, probs_b=probs_b,
+                                          groups=(hp.n_expert_groups, hp.n_group_used))
 
     def experts_of(x, part: str) -> np.ndarray:  # ggml_mul_mat_id, then ggml_add_id of the bias rows
         y = ops.matmul_id(x, w(f"{b}ffn_{part}_exps.weight"), selected)  # (n, k, ne1)
