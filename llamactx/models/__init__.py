@@ -28,6 +28,7 @@ from llamactx.models import (
     gemma2,
     gemma3,
     gemma4,
+    glm4moe,
     gpt_oss,
     granite,
     granite_hybrid,
@@ -42,7 +43,7 @@ from llamactx.models import (
 )
 
 MODULES = (llama, gemma3, mamba2, lfm2, phi3, gemma2, smollm3, granite, bert, gpt_oss, qwen35, mistral3,
-           gemma4, deepseek2, granite_hybrid, nemotron_h)
+           gemma4, deepseek2, granite_hybrid, nemotron_h, glm4moe)
 ARCHITECTURES: dict[str, ModuleType] = {name: module for module in MODULES for name in module.ARCHS}
 
 
