@@ -139,10 +139,11 @@ def _check_int(name: str, value: object, lo: int, hi: int) -> None:
 
 
 def _yarn_attn_factor(attn_factor: float, ext_factor: float, freq_scale: float, log_mul: float,
-                      rope_attn_factor: float) -> float:
+                      rope_attn_factor: float, deepseek2: bool = False) -> float:
     """llama_context's YaRN magnitude correction, in float32 with libm's logf and fmaf as GCC compiles it:
     get_mscale(factor) (or its log-multiplier ratio), divided by the 1 + 0.1 ln(factor) that ggml's rope_yarn
-    multiplies back in, times the model's rope attn_factor."""
+    multiplies back in, times the model's rope attn_factor. `deepseek2`: its mscale is the log multiplier itself
+    unless that is 1 (TAG_DEEPSEEK2_YARN_LOG_MUL_FIX; deepseek2's graph puts mscale into its KQ scale)."""
     if ext_factor != 0.0:
         libm = ggml_libm()
         factor = libm.f32(1.0 / libm.f32(freq_scale))
@@ -150,7 +151,8 @@ def _yarn_attn_factor(attn_factor: float, ext_factor: float, freq_scale: float, 
         def mscale(m: float) -> float:
             return 1.0 if factor <= 1.0 else libm.fmaf(libm.f32(0.1 * m), libm.logf(factor), 1.0)
 
-        attn_factor = libm.f32(mscale(1.0) / mscale(log_mul)) if log_mul != 0.0 else mscale(1.0)
+        m_num = log_mul if deepseek2 and log_mul != 1.0 else 1.0
+        attn_factor = libm.f32(mscale(m_num) / mscale(log_mul)) if log_mul != 0.0 else mscale(1.0)
         attn_factor = libm.f32(attn_factor * libm.f32(1.0 / libm.fmaf(0.1, libm.logf(factor), 1.0)))
     return float(np.float32(attn_factor) * np.float32(rope_attn_factor))
 
@@ -180,7 +182,8 @@ def _resolve(p: ContextParams, hp: HParams, flash: str) -> ResolvedParams:
     if ext_factor < 0:  # not set: on exactly for YaRN
         ext_factor = 1.0 if scaling == "yarn" else 0.0
     attn_factor = _yarn_attn_factor(p.yarn_attn_factor if p.yarn_attn_factor >= 0 else hp.yarn_attn_factor,
-                                    ext_factor, freq_scale, hp.rope_yarn_log_mul, hp.rope_attn_factor)
+                                    ext_factor, freq_scale, hp.rope_yarn_log_mul, hp.rope_attn_factor,
+                                    deepseek2=hp.arch == "deepseek2")
     # llama.cpp's "auto" turns flash attention on wherever the device runs it, which a CPU does for every model
     # (llama_context's probe of the FA op): the same here. A quantized V cache requires it.
     flash_attn = flash != "disabled"

@@ -147,3 +147,16 @@ def test_key_length_disagreeing_with_ranks_is_refused(tmp_path):
     f.close()
     with pytest.raises(HParamsError, match=r"'deepseek2\.attention\.key_length' = 72: MLA's cache needs 80"):
         Model.load(tmp_path / "bad.gguf")
+
+
+def test_yarn_log_multiplier_bit_identical():
+    """DeepSeek-V2-Lite's YaRN: the converter's yarn_log_multiplier (0.1 * mscale_all_dim) is divided back by 0.1,
+    llama_context's deepseek2 case makes yarn_attn_factor mscale / mscale (1) before the 1 + 0.1 ln(factor)
+    correction, and the graph's KQ scale carries mscale^2: every prompt is llama.cpp's (tiny-deepseek2-yarn)."""
+    if VARIANT == "avx2" and not (TINY_REF / "deepseek2-yarn.json").exists():
+        pytest.fail("no AVX2 reference for tiny deepseek2-yarn (tests/data/tiny/avx2/deepseek2-yarn.json)")
+    _, model, ref, arrays = load_tiny("deepseek2-yarn")
+    assert model.hparams.rope_yarn_log_mul == float(np.float32(np.float32(0.0707) / np.float32(0.1)))
+    for i, prompt in enumerate(ref["prompts"]):
+        got = decode_all(new_ctx(model, ops=ReferenceOps()), prompt["tokens"])
+        np.testing.assert_array_equal(got, arrays[f"prompt_{i}"], err_msg=f"{i}")

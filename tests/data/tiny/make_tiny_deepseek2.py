@@ -10,6 +10,8 @@ KV latent 64 wide (kv_lora_rank), so the cache row is 80 (key_length) and V 64 (
 - `tiny-deepseek2-lite.gguf`: a plain attn_q (q_lora_rank 0), softmax gating without bias or groups, weights
   neither normalized nor scaled (V2-Lite's router), and YaRN (factor 4 over 128 positions, no log multiplier): the
   KQ scale carries YaRN's mscale.
+- `tiny-deepseek2-yarn.gguf`: low-rank Q, V2-Lite's router, YaRN with DeepSeek-V2-Lite's log multiplier (0.0707,
+  mscale_all_dim 0.707 times the converter's 0.1): llama_context's deepseek2 case of yarn_attn_factor.
 Matrices are Q8_0 (the per-head attn_k_b / attn_v_b too), routers and norms F32. The vocabulary is
 make_tiny_models.py's.
 
@@ -36,7 +38,8 @@ N_EXPERT, N_EXPERT_USED, N_FF_EXP, N_SHARED = 8, 2, 32, 1
 
 
 def deepseek2(name: str = "deepseek2", seed: int = 31, q_lora: int = Q_LORA, v3_router: bool = True,
-              yarn: bool = False, path: Path | None = None, kv_lora_meta: int | None = None) -> Path:
+              yarn: bool = False, path: Path | None = None, kv_lora_meta: int | None = None,
+              yarn_log_mul: float = 0.0) -> Path:
     """One tiny deepseek2. `kv_lora_meta`: the kv_lora_rank the metadata states, if not the tensors' (a
     malformed file the load refuses)."""
     v = smollm2_vocab()
@@ -61,6 +64,8 @@ def deepseek2(name: str = "deepseek2", seed: int = 31, q_lora: int = Q_LORA, v3_
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(4.0)
         w.add_rope_scaling_orig_ctx_len(128)
+        if yarn_log_mul:  # as the converter writes it: 0.1 * mscale_all_dim
+            w.add_float32(f"{arch}.rope.scaling.yarn_log_multiplier", yarn_log_mul)
     w.add_uint32(f"{arch}.leading_dense_block_count", N_DENSE)
     w.add_expert_count(N_EXPERT)
     w.add_expert_used_count(N_EXPERT_USED)
@@ -125,3 +130,4 @@ def experts(wt: Weights, b: str, probs_b: bool) -> None:
 if __name__ == "__main__":
     print(deepseek2())
     print(deepseek2("deepseek2-lite", seed=32, q_lora=0, v3_router=False, yarn=True))
+    print(deepseek2("deepseek2-yarn", seed=33, v3_router=False, yarn=True, yarn_log_mul=0.0707))
