@@ -150,8 +150,12 @@ class ModelRouter:
     """The entries, the --models-max rule and the loads; runs on the server's event loop. `build_app(spec)`
     makes a model's app (app.py's create_app for its config)."""
 
-    def __init__(self, specs: list[ModelSpec], models_max: int, autoload: bool, build_app: Callable):
+    def __init__(self, specs: list[ModelSpec], models_max: int, autoload: bool, build_app: Callable,
+                 debug_delay_s: float = 0.0):
         self.entries = {s.name: ModelEntry(s) for s in specs}
+        # LLAMA_SERVER_DEBUG_FAKE_TIMING (llama-server's test knob): every load and every forwarded request
+        # waits this long first, a request counted on its model meanwhile, so the suite can catch models busy
+        self.debug_delay_s = debug_delay_s
         self.models_max, self.autoload = models_max, autoload
         self._build_app = build_app
         self._names = {a: s.name for s in specs for a in (s.name, *s.aliases)}
@@ -228,6 +232,7 @@ class ModelRouter:
     # -- loading and unloading -----------------------------------------------------------------------------------
 
     async def _load(self, entry: ModelEntry, victim: ModelEntry | None) -> None:
+        await asyncio.sleep(self.debug_delay_s)
         if victim is not None:
             log.info("models-max %d reached: unloading %s (least recently used)", self.models_max, victim.spec.name)
             await self._stop(victim)

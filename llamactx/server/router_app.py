@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
@@ -53,7 +54,8 @@ def create_router_app(config: ServerConfig, specs: list[ModelSpec], models_max: 
                       url="", model_source=shared.get)
         return create_app(cfg, load_in_background=False)
 
-    router = ModelRouter(specs, models_max, autoload, build_app)
+    fake_timing = bool(os.environ.get("LLAMA_SERVER_DEBUG_FAKE_TIMING"))  # llama-server's test suite sets it
+    router = ModelRouter(specs, models_max, autoload, build_app, debug_delay_s=2.0 if fake_timing else 0.0)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -210,6 +212,7 @@ class Forward:
 
         child_scope = {k: v for k, v in scope.items() if k not in _ROUTING_KEYS}
         try:
+            await asyncio.sleep(self.router.debug_delay_s)
             await entry.app(child_scope, replay, send)
         finally:
             await self.router.release(entry)
