@@ -1,6 +1,7 @@
 """The `llamactx` command line, llama.cpp's tools/ in one command: commands.py builds the parser and runs the small
 commands, args.py holds the flags the tools share (llama.cpp's common/arg.cpp); completion.py (run), chat.py,
-bench.py, perplexity.py, embedding.py, quantize.py and serve.py are the larger tools."""
+bench.py, perplexity.py (kld.py: its KL-divergence file and statistics), embedding.py, quantize.py and serve.py are the
+larger tools."""
 
 from llamactx.cli.commands import main
 

@@ -221,9 +221,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_arguments(bench)
     bench.set_defaults(func=cmd_bench)
 
+    from llamactx.cli.perplexity import add_arguments as add_perplexity_arguments
+
     ppl = sub.add_parser("perplexity", help="llama-perplexity over a text file")
-    ppl.add_argument("-f", "--file", required=True)
+    ppl.add_argument("-f", "--file", help="the text to evaluate (not read with --kl-divergence)")
     ppl.add_argument("--chunks", type=int, default=-1, help="max chunks (-1 = all)")
+    add_perplexity_arguments(ppl)
     add_common(ppl)
     add_context(ppl, n_ctx=512)
     add_llama_cpp_flags(ppl)
