@@ -159,7 +159,7 @@ def test_ngram_types_are_tried_first(smollm, smollm_prompt, smollm_plain, smollm
     assert engine.stats.n_draft_accepted > 0  # the n-gram drafts of the copied code; the 2-layer draft has none
 
 
-@pytest.mark.parametrize("name", ["mamba2", "lfm2"])
+@pytest.mark.parametrize("name", ["mamba2", "lfm2", "qwen35", "qwen35moe"])
 def test_a_recurrent_target_rolls_back_a_draft_models_tokens(name, smollm_draft2):
     """A recurrent target with a draft model of its vocabulary (the tiny llama3, whose random weights draft nearly
     always wrong): every rejection restores the target's snapshot and replays, so the outputs of 2 slots are those
