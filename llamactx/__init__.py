@@ -18,8 +18,7 @@ from llamactx.lora import LoraAdapter, LoraError
 from llamactx.memory.base import Memory
 from llamactx.model import Model, ModelLoadError
 from llamactx.state_io import StateError
-
-__version__ = "0.1.0"
+from llamactx.version import __version__ as __version__  # re-exported
 
 _LLAMA_CPP_PYTHON_NAMES = ("Llama", "LlamaGrammar", "LlamaPromptLookupDecoding", "LlamaState", "LogitsProcessorList",
                            "StoppingCriteriaList")

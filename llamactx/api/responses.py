@@ -12,11 +12,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from llamactx import __version__, chat_parse
+from llamactx import chat_parse
 from llamactx.api import protocol as P
 from llamactx.chat_parse.message import new_call_id
 from llamactx.engine import Chunk
 from llamactx.engine import Sequence as EngineSequence
+from llamactx.version import __version__
 
 FINGERPRINT = f"b{__version__}-llamactx"  # llama-server's "b<build>-<commit>"
 

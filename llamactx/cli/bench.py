@@ -230,7 +230,7 @@ def _cpu_info() -> str:
 def _row(model, t: BenchTest, secs: list[float]) -> dict:
     """llama-bench's JSON record (test::get_fields, then samples), with the values of llamactx's single CPU
     backend where llama-bench has a setting llamactx lacks."""
-    from llamactx import __version__
+    from llamactx.version import __version__
 
     ts = [(t.n_prompt + t.n_gen) / s for s in secs]
     return {

@@ -21,7 +21,6 @@ import argparse
 import math
 import sys
 
-from llamactx import __version__
 from llamactx.cli.args import (
     ArgumentParser,
     CommandError,
@@ -43,8 +42,8 @@ from llamactx.cli.args import (
 from llamactx.cli.bench import add_arguments as add_bench_arguments
 from llamactx.embedded import ModelNotInstalledError
 from llamactx.errors import LlamactxError
+from llamactx.version import LLAMA_CPP_BUILD, __version__
 
-LLAMA_CPP_BUILD = "0c1e570"  # the llama.cpp build whose logits llamactx reproduces (tests/data/REFERENCE.md)
 EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as llama.cpp's tools exit
 
 

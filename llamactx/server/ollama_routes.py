@@ -23,7 +23,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from llamactx import __version__
 from llamactx.api import ollama as O
 from llamactx.api import protocol as P
 from llamactx.api.ollama_responses import ChatRenderer, GenerateRenderer, ModelCard
@@ -31,6 +30,7 @@ from llamactx.errors import LlamactxError
 from llamactx.server.completions import chat_parse_params, with_reasoning
 from llamactx.server.lifecycle import Phase
 from llamactx.server.prompts import render_chat
+from llamactx.version import __version__
 
 # the routes that never wake a sleeping model (they answer from the card read while it was loaded)
 FREE = ("/api/tags", "/api/ps", "/api/version", "/api/show", "/api/pull", "/api/push", "/api/create",

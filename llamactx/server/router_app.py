@@ -27,7 +27,6 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from llamactx import __version__
 from llamactx.api import ollama as O
 from llamactx.api import protocol as P
 from llamactx.server.app import STATIC, create_app
@@ -35,6 +34,7 @@ from llamactx.server.config import ServerConfig
 from llamactx.server.http import return_large_buffers
 from llamactx.server.middleware import CanonicalHeaders, Cors, Guard
 from llamactx.server.model_router import LOADED, ModelRouter, ModelSpec, RouterError, SharedModels, body_model
+from llamactx.version import __version__
 
 # the scope keys Starlette's routing adds: the model's own app sets its own
 _ROUTING_KEYS = ("app", "router", "endpoint", "path_params", "route_root_path", "state")
