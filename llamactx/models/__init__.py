@@ -38,12 +38,13 @@ from llamactx.models import (
     mistral3,
     nemotron_h,
     phi3,
+    qwen3next,
     qwen35,
     smollm3,
 )
 
 MODULES = (llama, gemma3, mamba2, lfm2, phi3, gemma2, smollm3, granite, bert, gpt_oss, qwen35, mistral3,
-           gemma4, deepseek2, granite_hybrid, nemotron_h, glm4moe)
+           gemma4, deepseek2, granite_hybrid, nemotron_h, glm4moe, qwen3next)
 ARCHITECTURES: dict[str, ModuleType] = {name: module for module in MODULES for name in module.ARCHS}
 
 
