@@ -21,7 +21,7 @@ from llamactx.hparams import HParams
 
 LLAMA_MAX_SEQ = 256
 N_CTX_MAX = 1 << 24  # the largest context llamactx accepts, asked for (n_ctx) or taken from the model (n_ctx = 0)
-KV_TYPES = ("f32", "f16", "q8_0", "q4_0")
+KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
 POOLING_TYPES = ("unspecified", "none", "mean", "cls", "last", "rank")
 ATTENTION_TYPES = ("unspecified", "causal", "non_causal")
 ROPE_SCALING_TYPES = ("unspecified", "none", "linear", "yarn")
@@ -187,7 +187,7 @@ def _resolve(p: ContextParams, hp: HParams, flash: str) -> ResolvedParams:
     # llama.cpp's "auto" turns flash attention on wherever the device runs it, which a CPU does for every model
     # (llama_context's probe of the FA op): the same here. A quantized V cache requires it.
     flash_attn = flash != "disabled"
-    if flash == "disabled" and p.type_v not in ("f16", "f32"):
+    if flash == "disabled" and p.type_v not in ("f16", "f32", "bf16"):
         raise ContextParamsError(f"type_v = {p.type_v!r} requires flash_attn (got flash_attn = 'disabled')")
     return ResolvedParams(
         n_ctx=n_ctx,

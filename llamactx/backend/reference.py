@@ -322,7 +322,7 @@ class ReferenceOps:
                                        self.ggml_single_row, softcap, sinks)
         k = kv.k_rows(il).reshape(kv.n_kv, n_head_kv, -1)  # (n_kv, n_head_kv, d_k)
         v = kv.v_rows(il).reshape(kv.n_kv, n_head_kv, -1)  # (n_kv, n_head_kv, d_v)
-        return self.attention(q, k, v, mask, kq_scale, flash, kv.type_k, softcap, sinks)
+        return self.attention(q, k, v, mask, kq_scale, flash, kv.type_k, softcap, sinks, kv.type_v)
 
     def attention(
         self,
@@ -335,6 +335,7 @@ class ReferenceOps:
         k_type: str = "f16",
         softcap: float = 0.0,
         sinks: np.ndarray | None = None,
+        v_type: str = "f16",
     ) -> np.ndarray:
         """Multi-head attention with grouped KV heads (build_attn_mha).
 
@@ -343,7 +344,8 @@ class ReferenceOps:
         with f16-rounded q, and the softmax probabilities are rounded to f16 before P*V. With flash attention q is
         rounded like the K cache's vec_dot_type and P*V stays in f32. The f16 cache without flash attention follows
         ggml bit for bit (llamactx.ggml.attention); the other cases sum the products in float64 and round, so a
-        token's result does not depend on the other tokens and cells. softcap, sinks: `attention_kv`'s.
+        token's result does not depend on the other tokens and cells. softcap, sinks: `attention_kv`'s. v_type: the
+        V cache's type (a bf16 V rounds the probabilities to bf16 without flash attention, its vec_dot_type).
         -> (n, n_head * d_v)"""
         if k_type == "f16" and not flash and q.shape[-1] % 16 == 0:
             return attention_f16(q, k, v, mask, kq_scale, self.ggml_single_row, softcap, sinks)
@@ -365,7 +367,7 @@ class ReferenceOps:
         sink = None if sinks is None else np.asarray(sinks, np.float32).reshape(n_head_kv, 1, -1, 1)
         probs = _softmax(scores, sink)  # (n_head_kv, n, gqa, n_kv)
         if not flash:
-            probs = probs.astype(np.float16).astype(np.float32)
+            probs = _round_bf16(probs) if v_type == "bf16" else probs.astype(np.float16).astype(np.float32)
         out = np.matmul(
             probs.reshape(n_head_kv, -1, k.shape[0]).astype(np.float64), v.transpose(1, 0, 2).astype(np.float64)
         ).astype(np.float32)  # (n_head_kv, n*gqa, d_v)
@@ -398,7 +400,8 @@ class ReferenceOps:
         return out.reshape(n, -1)
 
 
-_KV_TYPE_IDS = {"f32": T.F32, "f16": T.F16, "q8_0": T.Q8_0, "q4_0": T.Q4_0}
+_KV_TYPE_IDS = {"f32": T.F32, "f16": T.F16, "bf16": T.BF16, "q8_0": T.Q8_0, "q4_0": T.Q4_0, "q4_1": T.Q4_1,
+                "q5_0": T.Q5_0, "q5_1": T.Q5_1, "iq4_nl": T.IQ4_NL}
 
 
 def _softmax(x: np.ndarray, sink: np.ndarray | None = None) -> np.ndarray:

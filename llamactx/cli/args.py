@@ -85,8 +85,10 @@ def add_context(p: argparse.ArgumentParser, n_ctx: int = 4096, engine: bool = Fa
     p.add_argument("-c", "--ctx-size", type=int, default=n_ctx, help=f"context size (default {n_ctx})")
     p.add_argument("-b", "--batch-size", type=int, default=2048, help="logical batch size (default 2048)")
     p.add_argument("-ub", "--ubatch-size", type=int, default=512, help="physical batch size (default 512)")
-    p.add_argument("-ctk", "--cache-type-k", default="f16", help="K cache type: f32, f16, q8_0, q4_0")
-    p.add_argument("-ctv", "--cache-type-v", default="f16", help="V cache type: f32, f16, q8_0, q4_0")
+    p.add_argument("-ctk", "--cache-type-k", default="f16",
+                   help="K cache type: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl")
+    p.add_argument("-ctv", "--cache-type-v", default="f16",
+                   help="V cache type: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl")
     p.add_argument("--swa-full", action="store_true",
                    help="full-size cache for sliding-window layers (default: llama_kv_cache_iswa's small one)")
     if engine:

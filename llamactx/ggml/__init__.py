@@ -11,6 +11,7 @@
     delta_net.py    gated_delta_net (Qwen3.5's delta rule), softplus, the L2 norm of its q / k
     mrope.py        IMRoPE's sections for text tokens (ggml_rope_multi, Qwen3.5)
     quants_cpu.py   the activation / KV-cache quantizers (`from_float`) as built for x86
+    quants_kv.py    every KV cache type's `from_float` (bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl)
     inputs.py       RopeParams, VisibleCells: the plain-data inputs the graph builds (numpy only)
     cpu.py          the target CPU numba compiles for (NUMBA_CPU_NAME), its features, kernel path and arithmetic
                     variant, and the thread counts

@@ -1,7 +1,8 @@
 """The KV cache: one implementation of `Memory` (src/llama-kv-cache.*).
 
-Per layer it stores the keys and values of every cell in `type_k` / `type_v` (f16 by default; q8_0 and q4_0 keep
-quantized ggml blocks, f32 plain floats). A multi-head latent attention model (deepseek2, `hparams.is_mla()`) has
+Per layer it stores the keys and values of every cell in `type_k` / `type_v` (f16 by default; bf16 and the block
+types q8_0 / q4_0 / q4_1 / q5_0 / q5_1 / iq4_nl keep ggml's bytes (llamactx.ggml.quants_kv), f32 plain floats).
+A multi-head latent attention model (deepseek2, `hparams.is_mla()`) has
 K-only storage: each K row is the KV latent then the rope key, and V is a view of the latent (`v_of_k`). Cell
 bookkeeping lives in `KVCells`. All layers share one set of cells, so a sequence's tokens sit in the same cells in
 every layer, and sequences share cells after `seq_cp`.
@@ -28,15 +29,16 @@ from gguf import GGMLQuantizationType as T
 
 from llamactx.batch import UBatch
 from llamactx.errors import LlamactxError
-from llamactx.ggml.quants_cpu import quantize_q4_0, quantize_q8_0
+from llamactx.ggml.quants_kv import KV_QUANTIZE
 from llamactx.gguf.quants import block_format, dequantize
 from llamactx.memory.base import Memory, MemoryOpError
 from llamactx.memory.kv_cells import CellsSnapshot, KVCells
 from llamactx.state_io import StateError, StateReader, pack_str
 
 POS_MAX = int(np.iinfo(np.int32).max)  # llama_pos is int32_t
-KV_GGML_TYPES = {"f32": T.F32, "f16": T.F16, "q8_0": T.Q8_0, "q4_0": T.Q4_0}
-_QUANTIZE = {"q8_0": quantize_q8_0, "q4_0": quantize_q4_0}
+KV_GGML_TYPES = {"f32": T.F32, "f16": T.F16, "bf16": T.BF16, "q8_0": T.Q8_0, "q4_0": T.Q4_0, "q4_1": T.Q4_1,
+                 "q5_0": T.Q5_0, "q5_1": T.Q5_1, "iq4_nl": T.IQ4_NL}
+_QUANTIZE = KV_QUANTIZE  # bf16 and the block types are stored as bytes
 
 # (n, n_embd_gqa) float32 rows, shift (n,), layer -> rotated rows: supplied by the context's forward (K-shift)
 RopeShift = Callable[[np.ndarray, np.ndarray, int], np.ndarray]
