@@ -30,7 +30,8 @@ StoppingCriteria = Callable[[np.ndarray, np.ndarray], bool]
 ROPE_SCALING = {-1: "unspecified", 0: "none", 1: "linear", 2: "yarn"}
 POOLING = {-1: "unspecified", 0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
 ATTENTION = {-1: "unspecified", 0: "causal", 1: "non_causal"}
-GGML_TYPES = {0: "f32", 1: "f16", 2: "q4_0", 8: "q8_0"}  # the KV cache types llamactx stores
+GGML_TYPES = {0: "f32", 1: "f16", 2: "q4_0", 3: "q4_1", 6: "q5_0", 7: "q5_1", 8: "q8_0", 20: "iq4_nl",
+              30: "bf16"}  # ggml_type ids of the KV cache types llamactx stores
 
 
 class LogitsProcessorList(list):
