@@ -69,7 +69,7 @@ llama-server-suite: $(STAMP)
 	$(VPY) bench/llama_server_suite.py $(ARGS)
 
 lint: $(STAMP)
-	$(VPY) -m ruff check llamactx tests bench
+	$(VPY) -m ruff check llamactx llama_cpp tests bench
 
 bench: $(STAMP)
 	$(VENV)/bin/llamactx bench -p 512 -n 128 -r 3
