@@ -6,8 +6,9 @@ outer loop over `n_seqs` does. The arithmetic follows ggml's x86 (AVX-512) build
 `a*b + c` into one fused multiply-add (`-ffp-contract=fast`, see llamactx.ggml.vec):
 
 - ssm_conv: per channel and token a float sum over the d_conv taps in order, `sumf += s*c` fused in the AVX-512
-  build, a rounded product then an add in the AVX2 build (GCC vectorizes the loop over channels differently;
-  measured on each build's tensors). ggml does not use ggml_vec_dot_f32 here, so no double accumulation.
+  build; in the AVX2 build the taps of whole groups of 4 are a rounded product then an add, the rest fused (GCC
+  vectorizes the products 4 at a time; measured on each build's tensors: d_conv 4 unfused, lfm2's 3 fused).
+  ggml does not use ggml_vec_dot_f32 here, so no double accumulation.
 - ssm_scan (Mamba-2, one scalar decay per head): `dt_soft_plus = x > 20 ? x : logf(1 + expf(x))`,
   `dA = expf(dt_soft_plus * A)`; per state element `state = s0*dA + B*x_dt` (the first product fused into the
   add) and `y += state*C` fused. The first d_state & ~(4 F32_EPR - 1) elements run in 4 x F32_EPR SIMD
@@ -36,13 +37,14 @@ _F32 = np.float32
 def _ssm_conv(conv_x, w, out):  # pragma: no cover - compiled
     n_ch, d_conv = w.shape
     n_t = out.shape[0]
+    n_unfused = d_conv // 4 * 4  # AVX2: the taps GCC multiplies 4 at a time
     for t in range(n_t):
         for c in range(n_ch):
             s = _F32(0.0)
             for i in range(d_conv):
-                if F32_EPR == 16:
+                if F32_EPR == 16 or i >= n_unfused:
                     s = fma32(conv_x[c, t + i], w[c, i], s)
-                else:  # the AVX2 build does not fuse them (measured on its tensors)
+                else:  # the AVX2 build's groups of 4 taps are not fused (measured on its tensors)
                     s = s + conv_x[c, t + i] * w[c, i]
             out[t, c] = s
 

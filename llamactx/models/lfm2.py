@@ -11,7 +11,10 @@ A layer is `head_count_kv[il] == 0` ? short convolution : attention. Both are pr
 then a SwiGLU FFN. Attention RMS-norms q and k per head, NEOX RoPE, 1/sqrt(head) scale. The short convolution
 projects to B | C | x, convolves B*x with the sequence's conv state (kernel l_cache, state l_cache - 1 tokens),
 gates the result with C and projects back. The final norm is `token_embd_norm` (llama.cpp's name for LFM2's
-output norm). The dense FFN only: LFM2-MoE (lfm2moe) and the sliding-window variant are not supported.
+output norm). LFM2-MoE (`lfm2moe`, src/models/lfm2moe.cpp, the same graph) keeps the dense FFN in its first
+`leading_dense_block_count` layers and routes the others' tokens to experts (build_moe_ffn with the
+`expert_gating_func` of the file, sigmoid for the released models, the selection bias `exp_probs_b` and weights
+normalized to sum 1). The sliding-window variant is not supported.
 """
 
 from __future__ import annotations
@@ -21,18 +24,38 @@ import math
 import numpy as np
 
 from llamactx.ggml.inputs import ROPE_TYPE_NEOX
-from llamactx.hparams import HParams, Meta
+from llamactx.hparams import HParams, HParamsError, Meta
 from llamactx.models.graph_inputs import ForwardResult, HybridInput, RecurrentInput, RopeConfig
 from llamactx.models.llama import output_weight_name
+from llamactx.models.moe import build_moe_ffn, expert_tensor_shapes
 
-ARCHS = {"lfm2": ROPE_TYPE_NEOX}  # llama_model_rope_type
+ARCHS = {"lfm2": ROPE_TYPE_NEOX, "lfm2moe": ROPE_TYPE_NEOX}  # llama_model_rope_type
 MEMORY = "hybrid"  # llama_model::create_memory: llama_memory_hybrid
+LAYER_KINDS = ("short convolution", "attention")
+GATING = {1: "softmax", 2: "sigmoid", 3: "softmax_weight"}  # llama_expert_gating_func_type (lfm2moe's key)
 
 
 def arch_hparams(m: Meta, hp: dict) -> dict:
     """llama_model_lfm2::load_arch_hparams: the short convolution's kernel length (the per-layer head_count_kv
-    that marks its layers is read with the common keys, as MEMORY is hybrid)."""
-    return {"n_shortconv_l_cache": m.count("shortconv.l_cache", lo=2)}
+    that marks its layers is read with the common keys, as MEMORY is hybrid); every layer dense. lfm2moe
+    (llama_model_lfm2moe::load_arch_hparams): the dense leading layers (0 if absent), an expert's width and the
+    router's gating function, both required, and experts for its other layers."""
+    fields = {"n_shortconv_l_cache": m.count("shortconv.l_cache", lo=2), "n_layer_dense_lead": hp["n_layer"]}
+    if m.arch != "lfm2moe":
+        return fields
+    n_dense = m.count("leading_dense_block_count", 0, lo=0, hi=hp["n_layer"])
+    if n_dense < hp["n_layer"] and not hp["n_expert"]:  # load_arch_tensors: GGML_ASSERT(n_expert && n_expert_used)
+        raise HParamsError(f"'{m.arch}.expert_count' is missing or 0: layers {n_dense}-{hp['n_layer'] - 1} are "
+                           f"mixture-of-experts layers (leading_dense_block_count = {n_dense})")
+    if n_dense and not hp["n_ff"]:
+        raise HParamsError(f"'{m.arch}.feed_forward_length' is missing or 0: the {n_dense} leading dense layers "
+                           f"need it")
+    gating = m.get("expert_gating_func", int)
+    if gating not in GATING:
+        raise HParamsError(f"'{m.arch}.expert_gating_func' = {gating} is not supported (1 softmax, 2 sigmoid, "
+                           f"3 softmax_weight)")
+    return fields | {"n_layer_dense_lead": n_dense, "n_ff_exp": m.count("expert_feed_forward_length"),
+                     "expert_gating_func": GATING[gating]}
 
 
 def tensor_shapes(hp: HParams) -> dict[str, tuple[tuple[int, ...], bool]]:
@@ -47,10 +70,16 @@ def tensor_shapes(hp: HParams) -> dict[str, tuple[tuple[int, ...], bool]]:
         shapes.update({
             b + "attn_norm.weight": ((hp.n_embd,), True),
             b + "ffn_norm.weight": ((hp.n_embd,), True),
-            b + "ffn_gate.weight": ((hp.n_embd, hp.n_ff), True),
-            b + "ffn_up.weight": ((hp.n_embd, hp.n_ff), True),
-            b + "ffn_down.weight": ((hp.n_ff, hp.n_embd), True),
         })
+        if il >= hp.n_layer_dense_lead:  # lfm2moe: routed experts and their selection bias
+            shapes.update(expert_tensor_shapes(hp, b))
+            shapes[b + "exp_probs_b.bias"] = ((hp.n_expert,), True)
+        else:
+            shapes.update({
+                b + "ffn_gate.weight": ((hp.n_embd, hp.n_ff), True),
+                b + "ffn_up.weight": ((hp.n_embd, hp.n_ff), True),
+                b + "ffn_down.weight": ((hp.n_ff, hp.n_embd), True),
+            })
         if hp.is_recr(il):
             shapes.update({
                 b + "shortconv.conv.weight": ((hp.n_shortconv_l_cache, hp.n_embd), True),
@@ -88,6 +117,9 @@ def forward(model, ops, token: np.ndarray | None, embd: np.ndarray | None, pos: 
             cur, x = cur[out_ids], x[out_ids]
         x = x + cur
         ffn = ops.rms_norm(x, t[b + "ffn_norm.weight"], eps)
+        if il >= hp.n_layer_dense_lead:  # lfm2moe: expert_weights_scale is not read (0), weights normalized
+            x = x + build_moe_ffn(model, ops, ffn, b, norm_w=True, gating=hp.expert_gating_func)  # (n, n_embd)
+            continue
         gate, up = ops.matmuls(ffn, [w(b + "ffn_gate.weight"), w(b + "ffn_up.weight")])  # (n, n_ff) each
         x = x + ops.matmul(ops.swiglu(gate, up), w(b + "ffn_down.weight"))  # (n, n_embd)
     x = ops.rms_norm(x, t["token_embd_norm.weight"], eps)  # (n_out, n_embd)

@@ -12,6 +12,19 @@ from tests.gguf.tiny_model import rewrite_gguf
 from tests.models.tiny import TINY
 
 BAD = [
+    ("lfm2moe", {}, {"blk.2.shortconv.conv.weight": None}, ModelLoadError,
+     r"tensor 'blk.2.shortconv.conv.weight' is missing"),
+    ("lfm2moe", {}, {"blk.1.exp_probs_b.bias": None}, ModelLoadError, r"tensor 'blk.1.exp_probs_b.bias' is missing"),
+    ("lfm2moe", {"lfm2moe.attention.head_count_kv": [2, 2, 0, 2]}, {}, ModelLoadError,
+     r"tensor 'blk.0.attn_q_norm.weight' is missing"),
+    ("lfm2moe", {"lfm2moe.leading_dense_block_count": 0}, {}, ModelLoadError,
+     r"tensor 'blk.0.ffn_gate_inp.weight' is missing"),
+    ("lfm2moe", {"lfm2moe.expert_gating_func": None}, {}, HParamsError,
+     r"'lfm2moe.expert_gating_func' is missing"),
+    ("lfm2moe", {"lfm2moe.expert_gating_func": 4}, {}, HParamsError,
+     r"'lfm2moe.expert_gating_func' = 4 is not supported"),
+    ("lfm2moe", {"lfm2moe.expert_count": None, "lfm2moe.expert_used_count": None}, {}, HParamsError,
+     r"'lfm2moe.expert_count' is missing or 0: layers 1-3"),
     ("granitehybrid", {}, {"blk.2.ssm_conv1d.weight": None}, ModelLoadError,
      r"tensor 'blk.2.ssm_conv1d.weight' is missing"),
     ("granitehybrid", {}, {"blk.0.ssm_conv1d.bias": None}, ModelLoadError,
@@ -47,7 +60,9 @@ BAD = [
 
 
 @pytest.mark.parametrize("name, meta, tensors, error, match", BAD,
-                         ids=["granitehybrid-no-conv", "granitehybrid-no-conv-bias",
+                         ids=["lfm2moe-no-conv", "lfm2moe-no-probs-b", "lfm2moe-layer-pattern-vs-tensors",
+                              "lfm2moe-dense-lead-vs-tensors", "lfm2moe-no-gating", "lfm2moe-gating-4",
+                              "lfm2moe-no-experts", "granitehybrid-no-conv", "granitehybrid-no-conv-bias",
                               "granitehybrid-no-ssm_a", "granitehybrid-layer-pattern-vs-tensors",
                               "granitehybrid-no-pattern", "granitehybrid-inner-size", "granitehybrid-groups",
                               "granitehybrid-moe-no-shexp", "nemotron_h-no-conv", "nemotron_h-no-ssm_d",

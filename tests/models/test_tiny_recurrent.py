@@ -168,6 +168,8 @@ def test_info_names_the_memory_type(tiny, capsys):
             "gran": "memory:         KV cache + recurrent states (llama_memory_hybrid)",
             "nemo": "memory:         KV cache + recurrent states (llama_memory_hybrid)"}[name.split("-")[0][:4]]
     assert want in out
+    if name.startswith("lfm2"):  # both arrangements: conv, attention, conv, attention
+        assert "layer kinds:    short convolution x2 (0, 2); attention x2 (1, 3)" in out
     if name.startswith("granitehybrid"):
         assert "layer kinds:    mamba2 x3 (0, 2-3); attention x1 (1)" in out
     if name == "nemotron_h":  # the pattern "M*-M-"
