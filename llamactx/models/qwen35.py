@@ -42,9 +42,19 @@ LAYER_KINDS = ("gated delta net", "full attention")  # (recurrent, attention): `
 
 
 def arch_hparams(m: Meta, hp: dict) -> dict:
-    """llama_model_qwen35::load_arch_hparams: the ssm.* keys of the delta-net layers, IMRoPE's sections and which
-    layers are recurrent, with the consistency the graph needs (d_inner = d_state * time_step_rank, value heads a
-    multiple of key heads), each refused naming its key."""
+    """llama_model_qwen35::load_arch_hparams: the delta-net layers' keys (delta_net_hparams) and IMRoPE's
+    sections; qwen35moe's expert widths."""
+    out = delta_net_hparams(m, hp)
+    out["rope_sections"] = _rope_sections(m, hp)
+    if m.arch == "qwen35moe":
+        out.update(_expert_widths(m, hp))
+    return out
+
+
+def delta_net_hparams(m: Meta, hp: dict) -> dict:
+    """The ssm.* keys of the delta-net layers and which layers are recurrent (qwen35, qwen35moe and qwen3next
+    alike), with the consistency the graph needs (d_inner = d_state * time_step_rank, value heads a multiple of key
+    heads), each refused naming its key; the NextN / MTP blocks at the end are not run."""
     out = {"ssm_d_conv": m.count("ssm.conv_kernel", lo=2), "ssm_d_inner": m.count("ssm.inner_size"),
            "ssm_d_state": m.count("ssm.state_size"), "ssm_dt_rank": m.count("ssm.time_step_rank"),
            "ssm_n_group": m.count("ssm.group_count")}
@@ -58,10 +68,8 @@ def arch_hparams(m: Meta, hp: dict) -> dict:
     n_layer_all = hp["n_layer"]
     nextn = m.count("nextn_predict_layers", 0, lo=0, hi=n_layer_all - 1)
     n_layer = n_layer_all - nextn
-    out.update(n_layer=n_layer, swa_layers=(False,) * n_layer, rope_sections=_rope_sections(m, hp))
+    out.update(n_layer=n_layer, swa_layers=(False,) * n_layer)
     out["recurrent_layers"] = _recurrent_layers(m, n_layer, n_layer_all)
-    if m.arch == "qwen35moe":
-        out.update(_expert_widths(m, hp))
     return out
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from llamactx.ggml.inputs import ROPE_TYPE_NEOX
-from llamactx.hparams import HParams, HParamsError, Meta
+from llamactx.hparams import HParams, Meta
 from llamactx.models import qwen35
 from llamactx.models.graph_inputs import ForwardResult, HybridInput, RecurrentInput, RopeConfig
 from llamactx.models.llama import output_weight_name
@@ -37,21 +37,7 @@ LAYER_KINDS = qwen35.LAYER_KINDS
 def arch_hparams(m: Meta, hp: dict) -> dict:
     """llama_model_qwen3next::load_arch_hparams: the delta-net's ssm.* keys (checked as for qwen35), which layers
     are recurrent, the experts' widths; experts required (load_arch_tensors refuses zero)."""
-    out = {"ssm_d_conv": m.count("ssm.conv_kernel", lo=2), "ssm_d_inner": m.count("ssm.inner_size"),
-           "ssm_d_state": m.count("ssm.state_size"), "ssm_dt_rank": m.count("ssm.time_step_rank"),
-           "ssm_n_group": m.count("ssm.group_count")}
-    if out["ssm_d_inner"] != out["ssm_d_state"] * out["ssm_dt_rank"]:
-        raise HParamsError(f"'{m.arch}.ssm.inner_size' = {out['ssm_d_inner']} must be ssm.state_size * "
-                           f"ssm.time_step_rank = {out['ssm_d_state']} * {out['ssm_dt_rank']} (value heads of "
-                           f"state_size)")
-    if out["ssm_dt_rank"] % out["ssm_n_group"]:
-        raise HParamsError(f"'{m.arch}.ssm.group_count' = {out['ssm_n_group']} does not divide "
-                           f"'{m.arch}.ssm.time_step_rank' = {out['ssm_dt_rank']}")
-    n_layer_all = hp["n_layer"]
-    nextn = m.count("nextn_predict_layers", 0, lo=0, hi=n_layer_all - 1)
-    n_layer = n_layer_all - nextn
-    out.update(n_layer=n_layer, swa_layers=(False,) * n_layer)
-    out["recurrent_layers"] = qwen35._recurrent_layers(m, n_layer, n_layer_all)
+    out = qwen35.delta_net_hparams(m, hp)
     out.update(qwen35._expert_widths(m, hp))
     return out
 
