@@ -47,7 +47,7 @@ test: $(STAMP) $(SDIST_STAMP) chromium
 # AVX-512 machine), with its own numba cache: CI runs it after `make test` (about 6 min with a cold cache)
 CPU ?= haswell
 EXACT_TESTS := tests/test_reference.py tests/test_flash_attn.py tests/models
-test-target: $(STAMP)
+test-target: $(STAMP) $(SDIST_STAMP)
 	NUMBA_CPU_NAME=$(CPU) NUMBA_CACHE_DIR=$(CURDIR)/.numba-$(CPU) $(VPY) -m pytest $(EXACT_TESTS)
 
 # the fuzz targets (tests/fuzz/) run 10 s each inside `make test`; here FUZZ_SECONDS each (make fuzz FUZZ_SECONDS=600)
