@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from llamactx.chat_spans import MessageDelimiters
 from llamactx.chat_template import ChatTemplate
 from llamactx.embedded import resolve_model_path
 from llamactx.embedding import Embedder
@@ -78,13 +79,18 @@ class Runtime:
         self.params = params
         self.model = model or Model.load(resolve_model_path(params.model), vocab_only=params.vocab_only)
         self.lora = () if params.vocab_only else load_adapters(self.model, params.lora)  # (LoraAdapter, scale)
+        self._template: ChatTemplate | None = None
+        # checkpoints at user-message starts follow the template the prompts are rendered with: --chat-template's
+        # when given (else the engine reads the model's own on first use)
+        delimiters = (MessageDelimiters.from_template(self.template, self.model.vocab)
+                      if params.chat_template is not None and not params.vocab_only else None)
         self.engine = None if params.vocab_only else Engine(self.model, n_slots=params.n_slots, n_ctx=params.n_ctx,
                                                             lora=self.lora, spec=params.spec,
                                                             n_ctx_checkpoints=params.n_ctx_checkpoints,
                                                             checkpoint_min_step=params.checkpoint_min_step,
                                                             session=params.session,
+                                                            message_delimiters=delimiters,
                                                             **params.context_params())
-        self._template: ChatTemplate | None = None
         self._embedder: Embedder | None = None
         self._reranker: Embedder | None = None
 

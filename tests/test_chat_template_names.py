@@ -196,6 +196,20 @@ def test_the_runtime_resolves_a_chat_format_name():
         Runtime(RuntimeParams(model="smollm2", vocab_only=True, chat_template="llama-22")).template  # noqa: B018
 
 
+def test_checkpoints_follow_the_chat_template_given():
+    """The engine's user-message delimiters (where checkpoints go) come from --chat-template when one is given: the
+    prompts are rendered with it, not with the model's own."""
+    from llamactx.runtime import Runtime, RuntimeParams
+
+    def user_start(runtime) -> bytes:
+        vocab = runtime.model.vocab
+        return b"".join(vocab.token_to_piece(t, special=True) for t in runtime.engine.message_delimiters.user)
+
+    assert user_start(Runtime(RuntimeParams(model="smollm2", n_ctx=256, n_slots=1))) == b"<|im_start|>user"
+    assert user_start(Runtime(RuntimeParams(model="smollm2", n_ctx=256, n_slots=1,
+                                            chat_template="llama2"))) == b"[INST]"
+
+
 # -- unknown names -----------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["llama", "LLAMA2", "INVALID TEMPLATE", "mistral", "phi-3", "x" * 500])
