@@ -188,6 +188,15 @@ def forward(model, ops, token: np.ndarray | None, embd: np.ndarray | None, pos: 
             inp: HybridInput, rope: RopeConfig, out_ids: np.ndarray, want_logits: bool) -> ForwardResult:
     """One ubatch through the network (llama_model_qwen35::graph). inp: attention for the attention layers, the
     recurrent view for the delta-net layers."""
+    return hybrid_trunk(model, ops, token, embd, pos, inp, rope, out_ids, want_logits, delta_net_block,
+                        attention_block)
+
+
+def hybrid_trunk(model, ops, token, embd, pos, inp: HybridInput, rope: RopeConfig, out_ids: np.ndarray,
+                 want_logits: bool, delta_block, attn_block) -> ForwardResult:
+    """The layers shared by qwen35, qwen35moe and qwen3next: a pre-norm delta-net or attention block (the
+    architecture's own), the post-attention norm and ffn_block, residuals around each; the final norm on the output
+    rows and the output head."""
     hp = model.hparams
     w, t = model.weight, model.tensors
     eps = hp.f_norm_rms_eps
@@ -196,9 +205,9 @@ def forward(model, ops, token: np.ndarray | None, embd: np.ndarray | None, pos: 
         b = f"blk.{il}."
         cur = ops.rms_norm(x, t[b + "attn_norm.weight"], eps)  # (n, n_embd)
         if hp.is_recr(il):
-            cur = delta_net_block(model, ops, inp.rs, cur, il)
+            cur = delta_block(model, ops, inp.rs, cur, il)
         else:
-            cur = attention_block(model, ops, inp.attn, cur, pos, rope, il)
+            cur = attn_block(model, ops, inp.attn, cur, pos, rope, il)
         x = cur + x  # (n, n_embd)
         ffn = ops.rms_norm(x, t[b + "post_attention_norm.weight"], eps)
         x = ffn_block(model, ops, ffn, b) + x  # (n, n_embd)

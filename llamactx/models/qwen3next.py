@@ -27,7 +27,6 @@ from llamactx.ggml.inputs import ROPE_TYPE_NEOX
 from llamactx.hparams import HParams, Meta
 from llamactx.models import qwen35
 from llamactx.models.graph_inputs import ForwardResult, HybridInput, RecurrentInput, RopeConfig
-from llamactx.models.llama import output_weight_name
 
 ARCHS = {"qwen3next": ROPE_TYPE_NEOX}  # llama_model_rope_type: LLAMA_ROPE_TYPE_NEOX
 MEMORY = "hybrid"  # llama_model::create_memory: llama_memory_hybrid
@@ -66,24 +65,10 @@ def refused_tensors(hp: HParams) -> dict[str, str]:
 
 def forward(model, ops, token: np.ndarray | None, embd: np.ndarray | None, pos: np.ndarray,
             inp: HybridInput, rope: RopeConfig, out_ids: np.ndarray, want_logits: bool) -> ForwardResult:
-    """One ubatch through the network (llama_model_qwen3next::graph)."""
-    hp = model.hparams
-    w, t = model.weight, model.tensors
-    eps = hp.f_norm_rms_eps
-    x = ops.get_rows(w("token_embd.weight"), token) if token is not None else embd  # (n, n_embd)
-    for il in range(hp.n_layer):
-        b = f"blk.{il}."
-        cur = ops.rms_norm(x, t[b + "attn_norm.weight"], eps)  # (n, n_embd)
-        if hp.is_recr(il):
-            cur = delta_net_block(model, ops, inp.rs, cur, il)
-        else:
-            cur = attention_block(model, ops, inp.attn, cur, pos, rope, il)
-        x = cur + x  # (n, n_embd)
-        ffn = ops.rms_norm(x, t[b + "post_attention_norm.weight"], eps)
-        x = qwen35.ffn_block(model, ops, ffn, b) + x  # (n, n_embd): experts + the sigmoid-gated shared expert
-    x = ops.rms_norm(x, t["output_norm.weight"], eps)[out_ids]  # (n_out, n_embd)
-    logits = ops.matmul(x, w(output_weight_name(model))) if want_logits else None  # (n_out, n_vocab)
-    return ForwardResult(logits=logits, embd=x)
+    """One ubatch through the network (llama_model_qwen3next::graph): qwen35's trunk with qwen3next's delta-net
+    and attention blocks (its FFN: experts + the sigmoid-gated shared expert, as qwen35moe)."""
+    return qwen35.hybrid_trunk(model, ops, token, embd, pos, inp, rope, out_ids, want_logits, delta_net_block,
+                               attention_block)
 
 
 def attention_block(model, ops, attn, cur: np.ndarray, pos: np.ndarray, rope: RopeConfig, il: int) -> np.ndarray:
