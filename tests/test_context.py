@@ -251,7 +251,7 @@ def test_params_are_validated_and_frozen(smollm):
     assert ctx.params.n_ctx_seq == 256
     with pytest.raises(AttributeError):
         ctx.params.n_ctx = 1  # type: ignore[misc]
-    for field, value, msg in [("n_seq_max", 300, "n_seq_max = 300 is outside"), ("type_k", "q5_1", "type_k"),
+    for field, value, msg in [("n_seq_max", 300, "n_seq_max = 300 is outside"), ("type_k", "q6_k", "type_k"),
                               ("pooling_type", "max", "pooling_type"), ("n_batch", 0, "n_batch = 0"),
                               ("rope_freq_base", float("nan"), "rope_freq_base")]:
         with pytest.raises(ContextParamsError, match=msg):
