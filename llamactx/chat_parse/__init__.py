@@ -15,6 +15,7 @@ Modules:
                 Nemotron Nano 2, Apriel, Apertus
     tagged_calls  Kimi K2 and GLM 4.5 / 4.6 / 4.7 calls (names and arguments between special tags)
     pythonic    LFM2 / LFM2.5's [f(a=1)] calls
+    json_prefix how far a text begins a JSON value (the arguments a stream may send of a call being written)
     stream      parse_partial: the message of an unfinished reply, which only grows (for streamed deltas)
 
 `parse(params, text)` never raises for what a model wrote: output that does not follow its format (malformed

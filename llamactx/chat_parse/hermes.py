@@ -11,13 +11,20 @@ or {"tool_calls": [...]}, or {"response": "..."} for a plain answer), as common/
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from llamactx.chat_parse.message import ChatMsg, ToolCall
-from llamactx.chat_parse.parse_params import ChatParams, arguments_of, json_at, split_reasoning
+from llamactx.chat_parse.parse_params import ChatParams, arguments_of, json_at, json_text, split_reasoning
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
+# a call's JSON up to its arguments, name first: {"name": "f", "arguments": (the arguments are passed on as the
+# model wrote them, as llama.cpp's mapper does, so that a stream can send them while they are written)
+CALL_HEAD = r'\{\s*"name"\s*:\s*"((?:[^"\\\n]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*'
+BLOCK_HEAD = re.compile(re.escape(OPEN) + r"\s*" + CALL_HEAD)
+JSON_HEAD = re.compile(r"\s*" + CALL_HEAD)
 
 
 def parse_content(params: ChatParams, text: str) -> ChatMsg:
@@ -30,7 +37,7 @@ def parse_hermes(params: ChatParams, text: str) -> ChatMsg:
     reasoning, rest = split_reasoning(params, params.prefixed(text))
     if not params.has_tools:
         return ChatMsg(rest, reasoning)
-    content, calls = hermes_calls(rest, params.parallel_tool_calls)
+    content, calls = hermes_calls(rest, params.parallel_tool_calls, params.partial)
     return ChatMsg(content, reasoning, calls)
 
 
@@ -38,14 +45,14 @@ def parse_generic(params: ChatParams, text: str) -> ChatMsg:
     reasoning, rest = split_reasoning(params, params.prefixed(text))
     if not params.has_tools:
         return ChatMsg(rest, reasoning)
-    content, calls = generic_calls(rest)
+    content, calls = generic_calls(rest, params.partial)
     return ChatMsg(content, reasoning, calls if params.parallel_tool_calls else calls[:1])
 
 
-def generic_calls(text: str) -> tuple[str, list[ToolCall]]:
+def generic_calls(text: str, partial: bool = False) -> tuple[str, list[ToolCall]]:
     """(content, calls) of llamactx's generic format: Hermes blocks, else a reply that is one JSON object (a
     call, a {"tool_calls": [...]} list, or {"response": "..."}); anything else is content."""
-    content, calls = hermes_calls(text, True)
+    content, calls = hermes_calls(text, True, partial)
     if calls:
         return content, calls
     found = json_at(text)
@@ -53,15 +60,16 @@ def generic_calls(text: str) -> tuple[str, list[ToolCall]]:
         obj = found[0]
         if isinstance(obj.get("response"), str) and len(obj) == 1:
             return obj["response"], []
-        calls = calls_of(obj)
+        calls = _as_written(calls_of(obj), text, JSON_HEAD.match(text), found[1])
         if calls:
             return "", calls
     return text, []
 
 
-def hermes_calls(text: str, parallel: bool) -> tuple[str, list[ToolCall]]:
+def hermes_calls(text: str, parallel: bool, partial: bool = False) -> tuple[str, list[ToolCall]]:
     """(content, calls): the text before the first `<tool_call>` block and the calls of the blocks. A block
-    whose JSON is not a call leaves the whole text as content (the model's words are never lost)."""
+    whose JSON is not a call leaves the whole text as content (the model's words are never lost). When
+    `partial`, a block still being written ends the calls (stream.parse_partial sends it as it grows)."""
     first = text.find(OPEN)
     if first < 0:
         return text, []
@@ -69,8 +77,10 @@ def hermes_calls(text: str, parallel: bool) -> tuple[str, list[ToolCall]]:
     while pos >= 0:
         found = json_at(text, pos + len(OPEN))
         if found is None:
+            if partial and calls:
+                break
             return text, []
-        block_calls = calls_of(found[0])
+        block_calls = _as_written(calls_of(found[0]), text, BLOCK_HEAD.match(text, pos), found[1])
         end = text.find(CLOSE, found[1])
         if not block_calls or (end >= 0 and text[found[1]:end].strip()):
             return text, []
@@ -82,6 +92,17 @@ def hermes_calls(text: str, parallel: bool) -> tuple[str, list[ToolCall]]:
         calls = calls[:1]
     rest = "".join(tail).strip()
     return text[:first] + (("\n" + rest) if rest else ""), calls
+
+
+def _as_written(calls: list[ToolCall], text: str, head: re.Match | None, end: int) -> list[ToolCall]:
+    """`calls` with the one call's arguments as the model wrote them, when its JSON starts with `head`."""
+    if len(calls) != 1 or head is None:
+        return calls
+    raw = json_text(text, head.end())
+    if raw is None or raw[1] > end or not raw[0].startswith("{") or json.loads(raw[0]) != json.loads(
+            calls[0].arguments):
+        return calls
+    return [ToolCall(calls[0].name, raw[0], calls[0].id)]
 
 
 def calls_of(obj: Any) -> list[ToolCall]:

@@ -98,7 +98,9 @@ def test_a_tool_call_after_thinking(client, stream):
 def test_malformed_tool_json_comes_back_as_content(client, stream):
     bad = '<tool_call>{"name": "get_weather", "arguments": {"city": </tool_call>'
     content, reasoning, calls, finish = _chat(client, stream, "root ::= " + _literal(bad))
-    assert (content, reasoning, calls, finish) == (bad, None, [], "stop")
+    # a stream sends a call while it is written, as long as its arguments begin a JSON object: the name and
+    # '{"city":' went out before the model broke the JSON; the final parse still gives the text as content
+    assert (content, reasoning, calls, finish) == (bad, None, [("get_weather", '{"city":')] if stream else [], "stop")
 
 
 def _literal(text: str) -> str:
