@@ -69,8 +69,6 @@ class Completions:
                           logit_bias: Mapping[int, float] | None = None) -> dict | Iterator[dict]:
         """A `text_completion` dict, or with `stream` an iterator of chunks. Raises ProtocolError (a
         ValueError) for an invalid option, naming it."""
-        if suffix:
-            raise P.ProtocolError("suffix: infill is not supported")
         body = self._body(max_tokens, temperature, top_p, min_p, typical_p, frequency_penalty, presence_penalty,
                           repeat_penalty, top_k, stop, seed, mirostat_mode, mirostat_tau, mirostat_eta, grammar,
                           logit_bias)
@@ -80,9 +78,33 @@ class Completions:
             else P.check_tokens([int(t) for t in prompt], self.n_vocab(), "prompt")
         gen = P.GenerationRequest.from_fields(req, self._model.vocab, logprobs if logprobs is not None else -1)
         text = prompt if isinstance(prompt, str) else self._model.vocab.detokenize(tokens)
+        after = ""
+        if suffix is not None:
+            tokens, after = self._infill_tokens(prompt, tokens, suffix)
         renderer = Renderer(model or self.model_path, self._model.vocab, text, gen, echo=echo)
         run = self._run(tokens, gen, renderer, logits_processor, stopping_criteria)
-        return _chunks(run) if stream else _last(run)
+        return _chunks(run) if stream else _with_suffix(_last(run), after)
+
+    def _infill_tokens(self, prompt: str | Sequence[int], tokens: list[int], suffix: str) -> tuple[list[int], str]:
+        """llama-cpp-python's fill-in-the-middle prompt, [BOS] PRE prompt SUF suffix MID (SUF suffix PRE prompt
+        MID with spm_infill), with the model's FIM tokens (llama_vocab_fim_pre / fim_suf / fim_mid, which
+        llama-cpp-python 0.3.36 means to call: it passes token 0 for each, a TODO in its code). A model without
+        them completes the prompt alone and the suffix is appended to the text, as llama-cpp-python does for
+        negative ids. Returns (the prompt's tokens, the text to append)."""
+        vocab = self._model.vocab
+        pre, suf, mid = vocab.fim_pre, vocab.fim_suf, vocab.fim_mid
+        if min(pre, suf, mid) < 0:
+            return tokens, suffix
+        body = self.tokenize(prompt.encode("utf-8"), add_bos=False, special=False) if isinstance(prompt, str) \
+            else tokens
+        tail = self.tokenize(suffix.encode("utf-8"), add_bos=False, special=False)
+        if vocab.add_space_prefix and suffix:  # no space before the suffix (llama-cpp-python's "☺" prefix)
+            mark = self.tokenize("☺".encode(), add_bos=False, special=False)
+            tail = self.tokenize(("☺" + suffix).encode("utf-8"), add_bos=False, special=False)[len(mark):]
+        bos = [vocab.bos] if vocab.add_bos and vocab.bos >= 0 else []
+        eos = [vocab.eos] if vocab.add_eos and vocab.eos >= 0 else []
+        first, second = ([suf, *tail], [pre, *body]) if self.spm_infill else ([pre, *body], [suf, *tail])
+        return [*bos, *first, *second, mid, *eos], ""
 
     def create_chat_completion(self, messages: list[dict[str, Any]], functions: list | None = None,
                                function_call: Any = None, tools: list | None = None, tool_choice: Any = None,
@@ -244,6 +266,12 @@ def _chunks(run: Iterator[dict]) -> Iterator[dict]:
     for item in run:
         if not isinstance(item, _Final):
             yield item
+
+
+def _with_suffix(response: dict, after: str) -> dict:
+    if after:
+        response["choices"][0]["text"] += after
+    return response
 
 
 def _last(run: Iterator[dict]) -> dict:

@@ -11,6 +11,7 @@ llama_context_default_params) or is refused with a ValueError naming it; an unkn
 from __future__ import annotations
 
 import abc
+import inspect
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -203,6 +204,18 @@ DEFAULTS: dict[str, Any] = dict(
     numa=False, chat_format=None, chat_handler=None, draft_model=None, tokenizer=None, type_k=None, type_v=None,
     spm_infill=False, verbose=True,
 )
+
+
+
+
+def init_signature() -> inspect.Signature:
+    """`Llama.__init__`'s signature as llama-cpp-python 0.3.36 declares it (model_path, then its keywords with
+    their defaults), for help() and inspect. Its trailing **kwargs, which llama-cpp-python ignores, is left out:
+    an unknown keyword is a TypeError here."""
+    kw = inspect.Parameter.KEYWORD_ONLY
+    return inspect.Signature([inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+                              inspect.Parameter("model_path", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+                              *(inspect.Parameter(name, kw, default=value) for name, value in DEFAULTS.items())])
 
 
 # llama-cpp-python chat formats that are a template plus a tool-call handler: here the template, with llamactx's

@@ -40,6 +40,7 @@ from llamactx.llama_cpp_options import (
     LlamaTokenizer,
     LogitsProcessorList,
     StoppingCriteriaList,
+    init_signature,
     runtime_params,
 )
 from llamactx.model import Model
@@ -115,6 +116,7 @@ class Llama(Completions):
         self.lora_path, self.lora_scale, self.lora_base = opts["lora_path"], opts["lora_scale"], None
         self.chat_format, self.chat_handler = opts["chat_format"], opts["chat_handler"]
         self.draft_model = opts["draft_model"]
+        self.spm_infill = bool(opts["spm_infill"])
         self.cache = None
         self._logits_all = bool(opts["logits_all"]) or self.draft_model is not None  # drafts need every row
         self._embedding = opts["embedding"]
@@ -457,8 +459,9 @@ class Llama(Completions):
         return np.array(ctx.get_embeddings_seq(0), np.float32)  # (n_embd,)
 
     def create_embedding(self, input: str | list[str], model: str | None = None) -> dict[str, Any]:
-        """An OpenAI embedding list; the vectors are normalised, as llama-cpp-python's create_embedding does."""
-        vecs, n = self.embed(input, normalize=True, return_count=True)
+        """An OpenAI embedding list of `embed`'s vectors, not normalised (llama-cpp-python's create_embedding calls
+        embed with its default normalize=False)."""
+        vecs, n = self.embed(input, return_count=True)
         vecs = [vecs] if isinstance(input, str) else vecs
         return {"object": "list", "model": model or self.model_path,
                 "data": [{"object": "embedding", "embedding": v, "index": i} for i, v in enumerate(vecs)],
@@ -488,3 +491,6 @@ class Llama(Completions):
             huggingface_hub.hf_hub_download(repo_id=repo_id, filename=extra, local_dir=local_dir,
                                             cache_dir=cache_dir)
         return cls(model_path=path, **kwargs)
+
+
+Llama.__init__.__signature__ = init_signature()  # type: ignore[attr-defined] -- help() shows its keywords

@@ -1,16 +1,16 @@
 """`python -m llama_cpp.server --model model.gguf [--n_ctx 2048] [--host localhost] [--port 8000] ...`: llamactx's
 server with llama-cpp-python's command line (one --flag per setting, as its cli.py derives them; or
---config_file / $CONFIG_FILE, a JSON file of ServerSettings plus one entry in "models")."""
+--config_file / $CONFIG_FILE, a JSON file of ServerSettings plus one entry in "models"). A setting no flag gives
+is read from the environment variable of its name (MODEL=..., as llama-cpp-python's BaseSettings read it)."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import typing
 
-from .settings import ConfigFileSettings, ServerSettings, Settings
+from .settings import ServerSettings, Settings, config_file_settings, from_env
 
 
 def _flag_type(annotation):
@@ -48,15 +48,14 @@ def main(argv: list[str] | None = None) -> int:
     config_file = os.environ.get("CONFIG_FILE", args.config_file)
     try:
         if config_file:
-            with open(config_file, encoding="utf-8") as f:
-                file_settings = ConfigFileSettings.model_validate(json.load(f))
+            file_settings = config_file_settings(config_file)
             server = ServerSettings.model_validate(file_settings.model_dump(exclude={"models"}))
             if len(file_settings.models) != 1:
                 raise ValueError(f"models: {len(file_settings.models)} model configs; llamactx serves one model")
             model = file_settings.models[0]
         else:
             given = {k: v for k, v in vars(args).items() if v is not None and k != "config_file"}
-            model = Settings.model_validate(given)
+            model = from_env(Settings, given)  # what the flags leave unset, from the environment
             server = model
         config = server_config(model, server)
     except (ValueError, OSError) as e:  # pydantic's ValidationError is a ValueError

@@ -4,12 +4,13 @@ maps llama-cpp-python's settings onto llamactx.server's ServerConfig through the
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
 from llamactx.llama_cpp_options import LlamaPromptLookupDecoding, runtime_params
 from llamactx.server.config import ServerConfig
 
-from .settings import ModelSettings, ServerSettings, Settings
+from .settings import ModelSettings, ServerSettings, Settings, config_file_settings, from_env
 
 # settings whose llama-cpp-python meaning llamactx's server does not have: refused unless left at their default
 _REFUSED = {
@@ -57,13 +58,19 @@ def server_config(settings: Settings | ModelSettings, server: ServerSettings | N
 
 def create_app(settings: Settings | None = None, server_settings: ServerSettings | None = None,
                model_settings: list[ModelSettings] | None = None):
-    """The llamactx server app for llama-cpp-python's settings (one model: a list of several is refused)."""
+    """The llamactx server app for llama-cpp-python's settings, read as llama-cpp-python's create_app reads them:
+    $CONFIG_FILE first, else `settings`, else Settings from the environment (MODEL=...). One model: a list of
+    several is refused (ValueError), as are settings llamactx has no counterpart for (server_config)."""
     from llamactx.server.app import create_app as llamactx_app
 
-    if model_settings is not None:
-        if len(model_settings) != 1:
-            raise ValueError(f"models: {len(model_settings)} model configs; llamactx's server serves one model")
-        return llamactx_app(server_config(model_settings[0], server_settings))
-    if settings is None:
-        raise ValueError("create_app: give settings (or server_settings and model_settings)")
-    return llamactx_app(server_config(settings))
+    config_file = os.environ.get("CONFIG_FILE")
+    if config_file is not None:
+        file_settings = config_file_settings(config_file)
+        server_settings = ServerSettings.model_validate(file_settings.model_dump(exclude={"models"}))
+        model_settings = file_settings.models
+    if server_settings is None and model_settings is None:
+        settings = settings if settings is not None else from_env(Settings)
+        return llamactx_app(server_config(settings))
+    if model_settings is None or len(model_settings) != 1:
+        raise ValueError(f"models: {len(model_settings or [])} model configs; llamactx's server serves one model")
+    return llamactx_app(server_config(model_settings[0], server_settings))

@@ -1,10 +1,17 @@
 """llama-cpp-python's server settings (llama_cpp/server/settings.py): the model's (the Llama keywords plus the
 server's model options) and the HTTP server's, with its field names and defaults. A setting llamactx's server has
-no counterpart for is refused at start-up by `app.server_config` with its name (ValueError)."""
+no counterpart for is refused at start-up by `app.server_config` with its name (ValueError).
+
+llama-cpp-python's settings are pydantic-settings' BaseSettings, which fill a field not given from the environment
+variable of its name (MODEL=..., N_CTX=...); here that is `from_env`, which `create_app()` and the command line use,
+and `config_file_settings` reads $CONFIG_FILE / --config_file (JSON, or YAML when PyYAML is installed)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import json
+import os
+import typing
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field
 
@@ -79,3 +86,40 @@ class Settings(ServerSettings, ModelSettings):
 
 class ConfigFileSettings(ServerSettings):
     models: list[ModelSettings] = Field(default_factory=list)
+
+
+S = TypeVar("S", bound=BaseModel)
+
+
+def _is_complex(annotation: Any) -> bool:
+    """A field pydantic-settings decodes from JSON text (lists, dicts, models)."""
+    kinds = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
+    return any(typing.get_origin(k) in (list, dict) or k in (list, dict) for k in kinds)
+
+
+def from_env(cls: type[S], given: dict[str, Any] | None = None, environ: typing.Mapping[str, str] | None = None) -> S:
+    """`cls` from `given`, each field not given read from the environment variable of its name in any case
+    (pydantic-settings' BaseSettings, as llama-cpp-python's settings read it); list and dict fields as JSON.
+    Raises pydantic's ValidationError (a ValueError) naming a bad value."""
+    given = dict(given or {})
+    env = {k.lower(): v for k, v in (os.environ if environ is None else environ).items()}
+    for name, field in cls.model_fields.items():
+        if name not in given and name in env:
+            raw = env[name]
+            try:
+                given[name] = json.loads(raw) if _is_complex(field.annotation) else raw
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{name.upper()} = {raw!r}: a JSON value is expected ({e})") from None
+    return cls.model_validate(given)
+
+
+def config_file_settings(path: str) -> ConfigFileSettings:
+    """The settings of a config file: JSON, or YAML for a .yaml / .yml name (as llama-cpp-python reads them)."""
+    if not os.path.exists(path):
+        raise ValueError(f"Config file {path} not found!")
+    with open(path, "rb") as f:
+        if path.endswith((".yaml", ".yml")):
+            import yaml
+
+            return ConfigFileSettings.model_validate_json(json.dumps(yaml.safe_load(f)))
+        return ConfigFileSettings.model_validate_json(f.read())

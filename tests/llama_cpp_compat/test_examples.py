@@ -1,45 +1,162 @@
-"""llama-cpp-python 0.3.36's high-level examples (examples/high_level_api of its sdist), run unchanged on the
-embedded SmolLM2 with this repository's llama_cpp. (examples/low_level_api calls llama_eval and llama_sample_*,
-which llama.h no longer has, and builds ctypes arrays: the real 0.3.36 cannot run it either.)"""
+"""llama-cpp-python 0.3.36's examples (examples/ of its sdist), run unchanged as their users run them, each in its
+own Python process with this repository's `llama_cpp` first on the path and the embedded SmolLM2 as their model
+argument. Their generation is kept short by a runner that caps `max_tokens` (Llama.create_completion patched in
+the child, never the example's file); what they print is checked against `Llama` called here with the same
+arguments.
+
+examples/high_level_api: high_level_api_inference, _streaming, _embedding, _infill and fastapi_server run here.
+langchain_custom_llm needs the `langchain` package (0.0.x's `langchain.llms.base`), which this project does not
+install. examples/low_level_api cannot run on llama-cpp-python 0.3.36 either: its scripts call `llama_eval` and
+`llama_sample_*`, which llama.h removed (0.3.36 raises AttributeError: no attribute 'llama_eval'), and sample
+through ctypes arrays of llama_token_data handed to C by pointer; quantize.py writes a quantized model
+(`llamactx quantize` does that here).
+"""
 
 from __future__ import annotations
 
 import json
-import runpy
+import os
+import subprocess
 import sys
+import time
+from pathlib import Path
 
+import httpx
+import llama_cpp
+import numpy as np
 import pytest
 
 from llamactx.embedded import smollm2_path
 from tests.conftest import LLAMACPP_SDIST
+from tests.server.conftest import free_port
 
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = LLAMACPP_SDIST / "examples" / "high_level_api"
 QUESTION = "Question: What are the names of the planets in the solar system? Answer: "
+MAX_TOKENS = 8  # the cap on every completion an example asks for
+TIMEOUT_S = 180
+
+# runs the example at argv[1] as __main__ with the rest of argv, after capping Llama.create_completion's max_tokens
+RUNNER = r"""
+import os, runpy, sys
+import llama_cpp
+cap = int(os.environ["EXAMPLE_MAX_TOKENS"])
+create = llama_cpp.Llama.create_completion
+def capped(self, *args, **kwargs):
+    kwargs["max_tokens"] = min(kwargs.get("max_tokens") or cap, cap)
+    return create(self, *args, **kwargs)
+llama_cpp.Llama.create_completion = capped
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
 
 
-def run_example(name: str, monkeypatch, capsys) -> str:
+def example(name: str) -> Path:
     path = EXAMPLES / name
     if not path.exists():
         pytest.fail(f"{path} is missing: `make test` unpacks llama-cpp-python 0.3.36's sdist there")
-    monkeypatch.setattr(sys, "argv", [str(path), "-m", str(smollm2_path())])
-    runpy.run_path(str(path), run_name="__main__")
-    return capsys.readouterr().out
+    return path
 
 
-def test_high_level_api_inference(monkeypatch, capsys):
-    out = json.loads(run_example("high_level_api_inference.py", monkeypatch, capsys))
+def child_env(**extra: str) -> dict[str, str]:
+    """This repository first on the path (its llama_cpp, not an installed llama-cpp-python)."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, "EXAMPLE_MAX_TOKENS": str(MAX_TOKENS), **extra}
+
+
+def run_example(name: str, *args: str) -> str:
+    """The example's standard output; a failure with its standard error when it exits non-zero."""
+    cmd = [sys.executable, "-c", RUNNER, str(example(name)), "-m", str(smollm2_path()), *args]
+    out = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=TIMEOUT_S, cwd=EXAMPLES)
+    if out.returncode != 0:
+        pytest.fail(f"{name} exited with {out.returncode}:\n{out.stderr[-4000:]}")
+    return out.stdout
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return llama_cpp.Llama(str(smollm2_path()), verbose=False)
+
+
+def test_high_level_api_inference(llm):
+    out = json.loads(run_example("high_level_api_inference.py"))  # sampled at temperature 0.8, a random seed
     text = out["choices"][0]["text"]
     assert out["object"] == "text_completion" and text.startswith(QUESTION) and "\n" not in text  # echo, stop
+    assert 0 < out["usage"]["completion_tokens"] <= MAX_TOKENS
+    assert out["usage"]["prompt_tokens"] == len(llm.tokenize(QUESTION.encode(), special=True))
 
 
-def test_high_level_api_streaming(monkeypatch, capsys):
-    printed = run_example("high_level_api_streaming.py", monkeypatch, capsys)
+def test_high_level_api_streaming():
+    printed = run_example("high_level_api_streaming.py")
     chunks = [json.loads(c) for c in printed.replace("}\n{", "}\x00{").split("\x00")]
     assert len(chunks) > 1 and all(c["object"] == "text_completion" for c in chunks)
     assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
-    assert "".join(c["choices"][0]["text"] for c in chunks).strip()
+    assert len({c["id"] for c in chunks}) == 1
+    text = "".join(c["choices"][0]["text"] for c in chunks)
+    assert text.strip() and not text.startswith(QUESTION)  # no echo
 
 
-def test_high_level_api_embedding(monkeypatch, capsys):
-    printed = run_example("high_level_api_embedding.py", monkeypatch, capsys)
-    assert printed.startswith("{'object': 'list'") and "'embedding': [" in printed
+def test_high_level_api_embedding(llm):
+    """SmolLM2's pooling type is none: one vector per token, not normalised (llama-cpp-python's create_embedding),
+    the same as Llama.embed's here."""
+    printed = run_example("high_level_api_embedding.py")
+    out = eval(printed, {})  # noqa: S307 -- the example prints the response dict's repr
+    n_tokens = len(llm.tokenize(b"Hello world!"))
+    assert out["object"] == "list" and out["usage"]["prompt_tokens"] == n_tokens
+    rows = np.array(out["data"][0]["embedding"])  # (n_tokens, n_embd)
+    assert rows.shape == (n_tokens, llm.n_embd()) and np.abs(np.linalg.norm(rows, axis=1) - 1.0).min() > 1e-3
+    here = llama_cpp.Llama(str(smollm2_path()), embedding=True, verbose=False).embed("Hello world!")
+    np.testing.assert_allclose(rows, np.array(here), rtol=1e-5, atol=1e-5)
+
+
+def test_high_level_api_infill(llm):
+    """SmolLM2 has no fill-in-the-middle tokens: the prompt is completed and the suffix appended to the text,
+    which the example recognises and shows as filtered."""
+    printed = run_example("high_level_api_infill.py")
+    assert printed.startswith("Fill-in-Middle completion (filtered):\n\ndef add(\x1b[32m")
+    assert printed.endswith("\x1b[33m\n    return sum\n\n\x1b[0m\n")
+
+
+def test_infill_prompt_puts_the_fim_tokens_in_llama_cpp_pythons_order(llamacpp_src):
+    """A vocabulary with FIM tokens (StarCoder's): PRE prompt SUF suffix MID, or SUF suffix PRE prompt MID."""
+    vocab_file = str(llamacpp_src / "models" / "ggml-vocab-starcoder.gguf")
+    for spm, want in ((False, "<fim_prefix>def add(<fim_suffix>\n    return sum<fim_middle>"),
+                      (True, "<fim_suffix>\n    return sum<fim_prefix>def add(<fim_middle>")):
+        vocab_llm = llama_cpp.Llama(vocab_file, vocab_only=True, spm_infill=spm, verbose=False)
+        tokens, after = vocab_llm._infill_tokens("def add(", [], "\n    return sum")
+        assert after == "" and vocab_llm.detokenize(tokens, special=True).decode() == want
+
+
+def test_fastapi_server_example():
+    """examples/high_level_api/fastapi_server.py: create_app() reads its settings from the environment (MODEL),
+    as llama-cpp-python's BaseSettings do, and uvicorn serves it on $HOST:$PORT."""
+    port = free_port()
+    env = child_env(MODEL=str(smollm2_path()), HOST="127.0.0.1", PORT=str(port), N_CTX="512", N_PARALLEL="1")
+    proc = subprocess.Popen([sys.executable, str(example("fastapi_server.py"))], env=env, cwd=EXAMPLES,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"fastapi_server.py exited with {proc.returncode}:\n{proc.stderr.read()[-4000:]}")
+            try:
+                if httpx.get(url + "/health", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail("fastapi_server.py did not start")
+            time.sleep(0.2)
+        body = {"prompt": "The quick brown fox jumps over the lazy dog. The quick brown fox", "max_tokens": 6,
+                "temperature": 0.0}
+        out = httpx.post(url + "/v1/completions", json=body, timeout=120).json()
+        assert out["choices"][0]["text"] == " is a classic example of a"  # Llama.create_completion's (SmolLM2)
+        assert out["model"] == str(smollm2_path())  # the model setting, no alias
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
