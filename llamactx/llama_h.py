@@ -239,6 +239,11 @@ def llama_model_meta_count(model: Model) -> int:
 # -- vocab ----------------------------------------------------------------------------------------------------
 
 
+def _token(token: Any) -> int:
+    """A token id passed as a Python int, a numpy integer or a ctypes llama_token (c_int32), as C takes any."""
+    return int(token.value if hasattr(token, "value") else token)
+
+
 def llama_vocab_n_tokens(vocab) -> int:
     return vocab.n_tokens
 
@@ -280,23 +285,23 @@ def llama_vocab_get_add_eos(vocab) -> bool:
 
 
 def llama_vocab_is_eog(vocab, token: int) -> bool:
-    return vocab.is_eog(int(token))
+    return vocab.is_eog(_token(token))
 
 
 def llama_vocab_is_control(vocab, token: int) -> bool:
-    return vocab.is_control(int(token))
+    return vocab.is_control(_token(token))
 
 
 def llama_vocab_get_text(vocab, token: int) -> bytes:
-    return vocab.token_get_text(int(token)).encode()
+    return vocab.token_get_text(_token(token)).encode()
 
 
 def llama_vocab_get_score(vocab, token: int) -> float:
-    return float(vocab.token_get_score(int(token)))
+    return float(vocab.token_get_score(_token(token)))
 
 
 def llama_vocab_get_attr(vocab, token: int) -> int:
-    return int(vocab.token_get_attr(int(token)))
+    return int(vocab.token_get_attr(_token(token)))
 
 
 def llama_tokenize(vocab, text: bytes, text_len: int, tokens, n_tokens_max: int, add_special: bool,
@@ -314,7 +319,7 @@ def llama_tokenize(vocab, text: bytes, text_len: int, tokens, n_tokens_max: int,
 
 def llama_token_to_piece(vocab, token: int, buf, length: int, lstrip: int = 0, special: bool = False) -> int:
     """Write the token's text into `buf`; its length, or minus it when `length` is too small."""
-    piece = vocab.token_to_piece(int(token), special=bool(special))
+    piece = vocab.token_to_piece(_token(token), special=bool(special))
     if lstrip:
         piece = piece[min(lstrip, len(piece) - len(piece.lstrip(b" "))):]
     return _write(piece, buf, length)

@@ -6,10 +6,11 @@ arguments.
 
 examples/high_level_api: high_level_api_inference, _streaming, _embedding, _infill and fastapi_server run here.
 langchain_custom_llm needs the `langchain` package (0.0.x's `langchain.llms.base`), which this project does not
-install. examples/low_level_api cannot run on llama-cpp-python 0.3.36 either: its scripts call `llama_eval` and
-`llama_sample_*`, which llama.h removed (0.3.36 raises AttributeError: no attribute 'llama_eval'), and sample
-through ctypes arrays of llama_token_data handed to C by pointer; quantize.py writes a quantized model
-(`llamactx quantize` does that here).
+install. Of examples/low_level_api, quantize.py runs here (llama_model_quantize is `llamactx quantize`); the
+others cannot run on llama-cpp-python 0.3.36 either: low_level_api_llama_cpp.py and low_level_api_chat_cpp.py (which
+Chat.py, Miku.py and ReasonAct.py run) call `llama_eval` and `llama_sample_*`, which llama.h removed (0.3.36 raises
+AttributeError: no attribute 'llama_eval'), and sample through ctypes arrays of llama_token_data handed to C by
+pointer (`ctypes.pointer(llama_token_data_array(...))`), C memory that llamactx does not have.
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-def example(name: str) -> Path:
-    path = EXAMPLES / name
+def example(name: str, folder: Path = EXAMPLES) -> Path:
+    path = folder / name
     if not path.exists():
         pytest.fail(f"{path} is missing: `make test` unpacks llama-cpp-python 0.3.36's sdist there")
     return path
@@ -160,3 +161,41 @@ def test_fastapi_server_example():
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def test_low_level_quantize_example(tmp_path):
+    """examples/low_level_api/quantize.py IN OUT 7: llama_model_quantize writes a Q8_0 file, as `llamactx
+    quantize IN OUT Q8_0` does."""
+    from gguf import GGMLQuantizationType, GGUFReader
+
+    src = REPO / "tests" / "data" / "tiny" / "tiny-llama3.gguf"
+    if not src.exists():
+        pytest.fail(f"{src} is missing (tests/data/tiny/make_tiny_models.py makes it)")
+    out = tmp_path / "q8.gguf"
+    script = example("quantize.py", LLAMACPP_SDIST / "examples" / "low_level_api")
+    done = subprocess.run([sys.executable, str(script), str(src), str(out), "7"], env=child_env(),
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-4000:]
+    reader = GGUFReader(out)
+    assert int(reader.fields["general.file_type"].parts[-1][0]) == 7  # LLAMA_FTYPE_MOSTLY_Q8_0
+    assert GGMLQuantizationType.Q8_0 in {t.tensor_type for t in reader.tensors}
+    again = tmp_path / "cli.gguf"
+    cli = subprocess.run([sys.executable, "-m", "llamactx", "quantize", str(src), str(again), "Q8_0"],
+                         env=child_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert cli.returncode == 0, cli.stderr[-4000:]
+    assert out.read_bytes() == again.read_bytes()
+    failed = subprocess.run([sys.executable, str(script), str(src), str(tmp_path / "bad.gguf"), "4"],
+                            env=child_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert failed.returncode != 0 and "ftype = 4 is not one llamactx writes" in failed.stderr
+
+
+@pytest.mark.parametrize(("name", "stdin"), [("low_level_api_llama_cpp.py", ""), ("Miku.py", "Hi\n")])
+def test_low_level_examples_stop_where_llama_cpp_python_does(name, stdin):
+    """They load the model, tokenize (into ctypes llama_token arrays) and print as with llama-cpp-python 0.3.36,
+    then call llama_eval, which neither has: an AttributeError naming it and llama.h's replacement."""
+    script = example(name, LLAMACPP_SDIST / "examples" / "low_level_api")
+    env = child_env(MODEL=str(smollm2_path()), N_PREDICTS="4")
+    done = subprocess.run([sys.executable, str(script)], env=env, input=stdin, capture_output=True, text=True,
+                          timeout=TIMEOUT_S, cwd=script.parent)
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 1 and last.startswith("AttributeError: llama_cpp.llama_eval: llama.h no longer has")

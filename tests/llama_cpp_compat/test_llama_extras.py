@@ -59,7 +59,7 @@ def test_low_level_buffers_and_sampler_chain():
     buf = (ctypes.c_int32 * 4)()
     n = llama_cpp.llama_tokenize(vocab, text, len(text), buf, 4, True, False)
     assert n < -4  # too small: minus the count, as llama.h
-    buf = (ctypes.c_int32 * -n)()
+    buf = (llama_cpp.llama_token * -n)()  # llama.h's typedef, as llama-cpp-python binds it (c_int32)
     assert llama_cpp.llama_tokenize(vocab, text, len(text), buf, -n, True, False) == -n
     tokens = list(buf)
     piece = ctypes.create_string_buffer(32)
