@@ -168,3 +168,58 @@ def test_llama_level_keywords():
     assert llm.create_chat_completion(messages=[]) == {"handled": True}
     assert (llm.last_n_tokens_size, llm.spm_infill, llm.verbose, llm.n_ctx()) == (7, True, False, 256)
     assert llm._ctx.ctx.params.n_threads == 1 and os.fspath(llm.model_path) == MODEL
+
+
+def _default(node: ast.expr | None, consts: dict[str, Any]) -> Any:
+    """A Field's default as upstream writes it: a literal, arithmetic on literals, or `llama_cpp.NAME`; calls
+    (llama_supports_mmap(), cpu_count()) come back as their source text."""
+    if node is None:
+        return "<required>"
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "llama_cpp":
+        return consts[node.attr]
+    try:
+        return ast.literal_eval(node)
+    except ValueError:
+        if isinstance(node, ast.BinOp) and all(isinstance(n, ast.Constant) for n in (node.left, node.right)):
+            return eval(compile(ast.Expression(node), "<default>", "eval"), {"__builtins__": {}})  # noqa: S307
+        return ast.unparse(node)
+
+
+def upstream_settings() -> dict[str, dict[str, Any]]:
+    """{class name: {field: default}} of llama_cpp/server/settings.py's ModelSettings and ServerSettings."""
+    consts = _constants()
+    out = {}
+    for cls in _source("server/settings.py").body:
+        if isinstance(cls, ast.ClassDef) and cls.name in ("ModelSettings", "ServerSettings"):
+            fields = {}
+            for node in cls.body:
+                if isinstance(node, ast.AnnAssign):
+                    value = node.value
+                    if isinstance(value, ast.Call) and getattr(value.func, "id", "") == "Field":
+                        value = next((k.value for k in value.keywords if k.arg == "default"), None)
+                    fields[node.target.id] = _default(value, consts)
+            out[cls.name] = fields
+    return out
+
+
+# settings whose default is not upstream's literal: upstream computes it (the same value here: n_threads None is
+# half the cores, n_threads_batch all, as llama_cpp_options.runtime_params computes), or llamactx cannot do it
+SETTING_DEFAULTS = {"use_mmap": ("llama_cpp.llama_supports_mmap()", True),
+                    "use_mlock": ("llama_cpp.llama_supports_mlock()", False),  # mlock is refused here
+                    "n_threads": ("max(multiprocessing.cpu_count() // 2, 1)", None),
+                    "n_threads_batch": ("max(multiprocessing.cpu_count(), 1)", None)}
+
+
+def test_server_settings_have_llama_cpp_pythons_fields_and_defaults():
+    from llama_cpp.server.settings import ModelSettings, ServerSettings
+
+    for ours, theirs in ((ModelSettings, upstream_settings()["ModelSettings"]),
+                         (ServerSettings, upstream_settings()["ServerSettings"])):
+        fields = {n: f for n, f in ours.model_fields.items() if n != "n_parallel"}  # n_parallel: llamactx's own
+        assert list(fields) == list(theirs)
+        for name, default in theirs.items():
+            mine = "<required>" if fields[name].is_required() else fields[name].default
+            if name in SETTING_DEFAULTS:
+                assert (default, mine) == SETTING_DEFAULTS[name], name
+            else:
+                assert (type(mine), mine) == (type(default), default), name
