@@ -1,20 +1,18 @@
-"""`llamactx quantize IN.gguf [OUT.gguf] TYPE`: llama-quantize (tools/quantize, src/llama-quant.cpp) for the types
-llamactx writes bit-exactly: F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1.
+"""`llamactx quantize IN.gguf [OUT.gguf] TYPE`: llama-quantize (tools/quantize, src/llama-quant.cpp
+`llama_model_quantize_impl`) for F16, BF16, F32, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and the K-quant mixes Q2_K, Q2_K_S,
+Q3_K_S/M/L, Q4_K_S/M, Q5_K_S/M, Q6_K, byte for byte.
 
-Which tensors change type follows `llama_model_quantize_impl` without an imatrix: only 2-D and 3-D tensors whose
-name ends in "weight" and is not one of the kinds llama.cpp keeps (norms, expert gates, position and token-type
-embeddings, ... `tensor_allows_quantization`) are converted; the others are copied as they are. The type of each
-follows `llama_tensor_get_type` for these file types: output.weight (token_embd.weight when there is no
-output.weight: tied embeddings) gets Q6_K, or Q8_0 when its rows are not whole blocks; attn_v / attn_k of an
-8-expert model get Q8_0; a row that Q6_K's 256-blocks do not divide falls back to Q8_0, one that 32-blocks do not
-divide to F16 (`tensor_type_fallback`). The bytes are gguf-py's quantizers' (`gguf.quants.quantize`), which follow
-ggml's reference quantizers (`quantize_row_*_ref`).
+Which tensors change type, and to what, is cli/quantize_types.py (`llama_tensor_get_type`: the mixes, --pure,
+--tensor-type, --output-tensor-type, --token-embedding-type, --leave-output-tensor, the fallbacks of rows that a
+type's blocks do not divide). The bytes: the source tensor is decoded to float32 as ggml's `to_float` does, then
+quantized as `ggml_quantize_chunk`: the K-quants, and with an importance matrix (--imatrix, llamactx.gguf
+.imatrix_file) the 32-block types too, by ggml's quantizers (llamactx.ggml.kernels.quantize_rows); Q8_0, F16, BF16
+and the 32-block types without an imatrix by gguf-py's (`gguf.quants.quantize`, which follows ggml's
+`quantize_row_*_ref`). An imatrix adds llama-quantize's quantize.imatrix.* keys.
 
-One difference: where llama-quantize would write Q6_K (the output tensor of a Q4_x / Q5_x file whose rows are
-multiples of 256), which llamactx does not write bit-exactly, this writes Q8_0 and says so; the file is then what
-`llama-quantize --output-tensor-type q8_0` writes. The metadata is copied with general.quantization_version and
-general.file_type set and the split keys dropped, and the tensors are written in llama-quantize's order (by layer,
-then by name). The output appears only when complete (a temporary file renamed), and never over the input.
+The metadata is copied with general.quantization_version and general.file_type set and the split keys dropped,
+and the tensors are written in llama-quantize's order (by layer, then by name). The output appears only when
+complete (a temporary file renamed), and never over the input.
 """
 
 from __future__ import annotations
@@ -23,29 +21,33 @@ import os
 import re
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter, LlamaFileType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter
 from gguf import quants as gguf_quants
 
 from llamactx.cli.args import CommandError
+from llamactx.cli.quantize_types import (
+    FILE_TYPES,
+    FLOAT_TYPES,
+    ModelFacts,
+    TypeChooser,
+    category,
+    parse_tensor_type,
+    parse_tensor_type_option,
+    requires_imatrix,
+)
+from llamactx.ggml.kernels.quantize_rows import K_TYPES, WEIGHTED_LEGACY_TYPES, quantize_chunk
+from llamactx.gguf import imatrix_file
 from llamactx.gguf.quants import dequantize
 from llamactx.gguf.reader import GGUFFile
+from llamactx.gguf.values import GGUFError
 
 T = GGMLQuantizationType
 GGML_QNT_VERSION = 2  # ggml.h: the quantization format version llama-quantize records
 
-# file type name -> (llama_ftype, its default tensor type): llama-quantize's QUANT_OPTIONS that we write exactly
-FILE_TYPES = {
-    "F16": (LlamaFileType.MOSTLY_F16, T.F16),
-    "Q8_0": (LlamaFileType.MOSTLY_Q8_0, T.Q8_0),
-    "Q4_0": (LlamaFileType.MOSTLY_Q4_0, T.Q4_0),
-    "Q4_1": (LlamaFileType.MOSTLY_Q4_1, T.Q4_1),
-    "Q5_0": (LlamaFileType.MOSTLY_Q5_0, T.Q5_0),
-    "Q5_1": (LlamaFileType.MOSTLY_Q5_1, T.Q5_1),
-}
 # tools/quantize/quantize.cpp QUANT_OPTIONS: every name llama-quantize takes
 LLAMA_QUANTIZE_TYPES = (
     "Q1_0", "Q2_0", "Q4_0", "Q4_1", "MXFP4_MOE", "Q5_0", "Q5_1", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ1_S",
@@ -53,33 +55,22 @@ LLAMA_QUANTIZE_TYPES = (
     "Q3_K_M", "Q3_K_L", "IQ4_NL", "IQ4_XS", "Q4_K", "Q4_K_S", "Q4_K_M", "Q5_K", "Q5_K_S", "Q5_K_M", "Q6_K",
     "Q8_0", "F16", "BF16", "F32", "COPY",
 )
-_FLOAT_TYPES = (T.F32, T.F16, T.BF16)  # not "quantized" for ggml_is_quantized: converting them is not requantizing
 _SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")
-
-# llama-quant.cpp `tensor_allows_quantization`: name parts of the tensors kept as they are (the GLM5-next list,
-# for an architecture llamactx does not run, is left out)
-_KEEP_PARTS = (
-    "_norm.weight", "ffn_gate_inp.weight", "ffn_gate_tid2eid.weight", "altup", "laurel", "per_layer_model_proj",
-    "ssm_conv1d", "shortconv.conv.weight", "indexer.k_proj.weight", "indexer.q_proj.weight",
-    *(f"time_mix_{w}.weight" for w in ("first", "w0", "w1", "w2", "v0", "v1", "v2", "a0", "a1", "a2", "g1", "g2",
-                                      "decay_w1", "decay_w2", "lerp_fused")),
-    "attn_rel_b.weight", ".position_embd", "sam.pos_embd", "sam.neck.", "sam.net_", ".rel_pos", ".patch_embd",
-    ".patch_merger", "a.rvq.codebook", "mm.a.code_embd",
-)
-_KEEP_NAMES = ("position_embd.weight", "token_types.weight")
 
 
 def is_type_name(name: str) -> bool:
     """True for any type llama-quantize's `try_parse_ftype` knows (by name, any case, or llama_ftype number),
     written here or not: what tells `IN TYPE` from `IN OUT TYPE`."""
+    from gguf import LlamaFileType
+
     if name.isdigit():
         return int(name) in {int(f) for f in LlamaFileType}
     return name.upper() in LLAMA_QUANTIZE_TYPES
 
 
 def parse_type(name: str, what: str = "type") -> str:
-    """A file type named as llama-quantize names it (any case) or by its llama_ftype number -> "Q4_0" etc.
-    Raises CommandError for one this command does not write."""
+    """A file type named as llama-quantize names it (any case) or by its llama_ftype number -> "Q4_K_M" etc.
+    (the first QUANT_OPTIONS name of a number). Raises CommandError for one this command does not write."""
     for type_name, (ftype, _) in FILE_TYPES.items():
         if name.upper() == type_name or name == str(int(ftype)):
             return type_name
@@ -94,102 +85,90 @@ class QuantizeOptions:
     file_type: str  # a FILE_TYPES key
     allow_requantize: bool = False
     pure: bool = False  # every converted tensor gets the default type (no mixture rules)
-    output_tensor_type: str | None = None  # a FILE_TYPES key
-    token_embedding_type: str | None = None
+    output_tensor_type: T | None = None
+    token_embedding_type: T | None = None
+    leave_output_tensor: bool = False
+    tensor_types: tuple = ()  # (compiled pattern, type) pairs of --tensor-type, first match wins
+    imatrix: str | None = None  # the --imatrix path as given (recorded in quantize.imatrix.file)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TensorPlan:
     name: str
     shape: tuple[int, ...]  # ggml ne order
     src_type: T
     dst_type: T
-    note: str = ""  # why the type is not llama-quantize's (the Q6_K substitution), printed once
+    imatrix: np.ndarray | None = field(default=None, repr=False)  # (n_mat * ne0,) column weights, or None
 
 
-def n_dims(shape: tuple[int, ...]) -> int:
-    """ggml_n_dims: trailing dimensions of 1 do not count."""
-    n = len(shape)
-    while n > 1 and shape[n - 1] == 1:
-        n -= 1
-    return n
+def _model_facts(gguf: GGUFFile) -> ModelFacts:
+    meta = gguf.meta
+    arch = str(meta.get("general.architecture", ""))
+    n_head = _first(meta.get(f"{arch}.attention.head_count", 0))
+    n_head_kv = _first(meta.get(f"{arch}.attention.head_count_kv", n_head))
+    n_layer = int(meta.get(f"{arch}.block_count", 0) or 0)
+    n_wv = sum(category(n) in ("attn_v", "attn_qkv", "attn_kv_b") for n in gguf.tensors)
+    return ModelFacts(arch=arch, n_gqa=n_head // n_head_kv if n_head_kv else 0,
+                      n_expert=int(meta.get(f"{arch}.expert_count", 0) or 0), n_layer=n_layer,
+                      is_70b=arch == "llama" and n_layer == 80 and n_head != n_head_kv, n_attention_wv=n_wv,
+                      tied="output.weight" not in gguf.tensors)
 
 
-def allows_quantization(name: str, shape: tuple[int, ...]) -> bool:
-    """llama-quant.cpp `tensor_allows_quantization` (quantize_output_tensor on, not only_copy)."""
-    if n_dims(shape) < 2 or not name.endswith("weight"):
-        return False
-    return name not in _KEEP_NAMES and not any(part in name for part in _KEEP_PARTS)
+def _first(value) -> int:
+    """hparams.n_head(0): a per-layer array's first value."""
+    if isinstance(value, (list, np.ndarray)):
+        return int(value[0]) if len(value) else 0
+    return int(value or 0)
 
 
-def _category(name: str) -> str:
-    """llama-quant.cpp `tensor_get_category`, the categories that matter for these file types."""
-    if name == "output.weight":
-        return "output"
-    if name in ("token_embd.weight", "per_layer_token_embd.weight"):
-        return "token_embd"
-    for part, category in (("attn_qkv.weight", "attn_v"), ("attn_kv_b.weight", "attn_v"),
-                           ("attn_v.weight", "attn_v"), ("attn_k.weight", "attn_k")):
-        if part in name:
-            return category
-    return "other"
-
-
-def _block(t: T) -> int:
-    return GGML_QUANT_SIZES[t][0]
-
-
-def target_type(name: str, shape: tuple[int, ...], src: T, opts: QuantizeOptions, tied: bool, arch: str,
-                n_expert: int) -> T:
-    """llama-quant.cpp `llama_tensor_get_type` + `llama_tensor_get_type_impl` + `tensor_type_fallback` for
-    F16 / Q8_0 / Q4_x / Q5_x without an imatrix. May return Q6_K, which `plan` replaces."""
-    if not allows_quantization(name, shape):
-        return src
-    category = _category(name)
-    if opts.token_embedding_type and category == "token_embd":
-        return FILE_TYPES[opts.token_embedding_type][1]
-    if opts.output_tensor_type and category == "output":
-        return FILE_TYPES[opts.output_tensor_type][1]
-    new = FILE_TYPES[opts.file_type][1]
-    if new == T.F16:  # not ggml_is_quantized: no mixture rules, no fallback
-        return new
-    if not opts.pure:
-        if category == "output" or (tied and category == "token_embd"):
-            if opts.output_tensor_type:
-                new = FILE_TYPES[opts.output_tensor_type][1]
-            elif arch == "falcon" or shape[0] % _block(new):
-                new = T.Q8_0
-            elif new != T.Q8_0:
-                new = T.Q6_K
-        elif category in ("attn_v", "attn_k") and n_expert == 8:
-            new = T.Q8_0
-    if shape[0] % _block(new):  # tensor_type_fallback
-        new = T.Q8_0 if new == T.Q6_K else new
-        if shape[0] % _block(new):
-            new = T.F16
-    return new
-
-
-def plan(gguf: GGUFFile, opts: QuantizeOptions) -> list[TensorPlan]:
-    """Each tensor's source and target type, in llama-quantize's order (llama_model_loader's weights_map: by
-    layer number, tensors outside the layers first, then by name). Raises CommandError for a tensor that would
-    need requantizing without --allow-requantize."""
-    arch = str(gguf.meta.get("general.architecture", ""))
-    n_expert = int(gguf.meta.get(f"{arch}.expert_count", 0) or 0)
-    tied = "output.weight" not in gguf.tensors
+def plan(gguf: GGUFFile, opts: QuantizeOptions, weights: dict[str, np.ndarray] | None = None) -> list[TensorPlan]:
+    """Each tensor's source and target type (and imatrix column weights), in llama-quantize's order
+    (llama_model_loader's weights_map: by layer number, tensors outside the layers first, then by name). Raises
+    CommandError for a tensor that would need requantizing without --allow-requantize, a Q2_K_S tensor without
+    an imatrix, or an imatrix entry whose size is not the tensor's."""
+    ftype, default_type = FILE_TYPES[opts.file_type]
+    chooser = TypeChooser(_model_facts(gguf), ftype, default_type, has_imatrix=weights is not None, pure=opts.pure,
+                          quantize_output_tensor=not opts.leave_output_tensor,
+                          output_tensor_type=opts.output_tensor_type, token_embedding_type=opts.token_embedding_type,
+                          overrides=list(opts.tensor_types))
     plans = []
     for name in sorted(gguf.tensors, key=_weight_order):
         info = gguf.tensors[name]
         src = T(info.ggml_type)
-        dst = target_type(name, info.shape, src, opts, tied, arch, n_expert)
-        note = ""
-        if dst == T.Q6_K:
-            dst, note = T.Q8_0, "Q8_0 where llama-quantize writes Q6_K (not written bit-exactly here)"
-        if dst != src and src not in _FLOAT_TYPES and not opts.allow_requantize:
-            raise CommandError(f"quantize: tensor '{name}' is {src.name}: requantizing from {src.name} is disabled "
-                               "(--allow-requantize to convert it anyway, losing precision twice)")
-        plans.append(TensorPlan(name, info.shape, src, dst, note))
+        dst = chooser.choose(name, info.shape, src)
+        p = TensorPlan(name, info.shape, src, dst)
+        if dst != src:
+            p.imatrix = _tensor_imatrix(weights, opts.imatrix, p)
+            if p.imatrix is None and requires_imatrix(name, dst, ftype):
+                raise CommandError(f"quantize: tensor '{name}' ({dst.name} in a {opts.file_type} file) needs an "
+                                   "importance matrix (--imatrix FILE)")
+            if src not in FLOAT_TYPES and not opts.allow_requantize:
+                raise CommandError(f"quantize: tensor '{name}' is {src.name}: requantizing from {src.name} is "
+                                   "disabled (--allow-requantize to convert it anyway, losing precision twice)")
+        plans.append(p)
+    for line in chooser.fallbacks:
+        print(f"llamactx quantize: warning: {line}", file=sys.stderr)
     return plans
+
+
+def _tensor_imatrix(weights: dict[str, np.ndarray] | None, path: str | None, p: TensorPlan) -> np.ndarray | None:
+    """The imatrix entry of a tensor being converted: None when there is none (llama-quantize quantizes it
+    without one), refused when its size is not ne[0] * ne[2] (an imatrix of another model), except for
+    token_embd as llama-quantize."""
+    if weights is None or p.name not in weights:
+        return None
+    e = weights[p.name]
+    n_mat = p.shape[2] if len(p.shape) > 2 else 1
+    if len(e) != p.shape[0] * n_mat:
+        if p.name in ("token_embd.weight", "per_layer_token_embd.weight"):
+            return None
+        raise CommandError(f"quantize: imatrix '{path}': its entry for '{p.name}' has {len(e)} values, the tensor "
+                           f"has {p.shape[0] * n_mat} columns: an importance matrix of another model?")
+    return e
+
+
+def _block(t: T) -> int:
+    return GGML_QUANT_SIZES[t][0]
 
 
 def _weight_order(name: str) -> tuple[int, str]:
@@ -198,19 +177,28 @@ def _weight_order(name: str) -> tuple[int, str]:
 
 
 def convert(gguf: GGUFFile, p: TensorPlan) -> np.ndarray:
-    """The tensor's bytes in its target type: copied, or decoded to float32 and quantized by gguf-py."""
+    """The tensor's bytes in its target type: copied, or decoded to float32 and quantized as ggml_quantize_chunk
+    (one call per expert matrix, each with its own imatrix slice)."""
     raw = gguf.tensor_data(p.name)  # (nbytes,) uint8
     if p.dst_type == p.src_type:
         return raw
-    values = dequantize(raw, p.src_type, p.shape, p.name)  # (..., ne[0]) float32
+    values = dequantize(raw, p.src_type, p.shape, p.name).reshape(-1, p.shape[1], p.shape[0])  # (n_mat, ne1, ne0)
+    if p.dst_type in K_TYPES or (p.imatrix is not None and p.dst_type in WEIGHTED_LEGACY_TYPES):
+        ne0 = p.shape[0]
+        parts = [quantize_chunk(p.dst_type, m, None if p.imatrix is None else p.imatrix[i * ne0:(i + 1) * ne0])
+                 for i, m in enumerate(values)]
+        return np.concatenate([q.reshape(-1) for q in parts])
     return np.ascontiguousarray(gguf_quants.quantize(values, p.dst_type)).view(np.uint8).reshape(-1)
 
 
-def _metadata(gguf: GGUFFile, ftype: int) -> list[tuple[str, object, GGUFValueType, GGUFValueType | None]]:
+def _metadata(gguf: GGUFFile, ftype: int, imatrix_keys=()) -> list[tuple[str, object, GGUFValueType,
+                                                                       GGUFValueType | None]]:
     """The input's KV pairs as llama-quantize writes them: copied in order (general.architecture, which the writer
-    puts first, aside), split keys dropped, then general.quantization_version and general.file_type last."""
+    puts first, aside), split keys dropped, then general.quantization_version and general.file_type, then the
+    --imatrix keys (llama-quantize's kv overrides)."""
     out = []
-    drop = (*_SPLIT_KEYS, "general.architecture", "general.quantization_version", "general.file_type")
+    drop = (*_SPLIT_KEYS, "general.architecture", "general.quantization_version", "general.file_type",
+            *(key[0] for key in imatrix_keys))  # gguf_set_val_*: an existing key is removed, then appended
     for key, value in gguf.meta.items():
         if key in drop:
             continue
@@ -222,7 +210,25 @@ def _metadata(gguf: GGUFFile, ftype: int) -> list[tuple[str, object, GGUFValueTy
         out.append((key, _plain(value), vtype, None if sub is None else GGUFValueType(sub)))
     out.append(("general.quantization_version", GGML_QNT_VERSION, GGUFValueType.UINT32, None))
     out.append(("general.file_type", int(ftype), GGUFValueType.UINT32, None))
+    out += list(imatrix_keys)
     return out
+
+
+def imatrix_keys(path: str, im: imatrix_file.IMatrix) -> list[tuple[str, object, GGUFValueType, None]]:
+    """quantize.cpp's overrides for an imatrix: its path as given and first dataset (each cut to 127 bytes, as
+    the override's val_str), its entry count and chunk count."""
+    keys = [("quantize.imatrix.file", _cut(path), GGUFValueType.STRING, None)]
+    if im.datasets:
+        keys.append(("quantize.imatrix.dataset", _cut(im.datasets[0]), GGUFValueType.STRING, None))
+    keys.append(("quantize.imatrix.entries_count", len(im.entries), GGUFValueType.UINT32, None))
+    if im.chunk_count > 0:
+        keys.append(("quantize.imatrix.chunks_count", im.chunk_count, GGUFValueType.UINT32, None))
+    return keys
+
+
+def _cut(text: str) -> bytes:
+    raw = text.encode("utf-8", "surrogateescape")[:127]
+    return raw.split(b"\0")[0]
 
 
 def _plain(value: object) -> object:
@@ -236,7 +242,7 @@ def _plain(value: object) -> object:
     return value
 
 
-def write(gguf: GGUFFile, plans: list[TensorPlan], ftype: int, out_path: Path, log=None) -> int:
+def write(gguf: GGUFFile, plans: list[TensorPlan], ftype: int, out_path: Path, log=None, extra_keys=()) -> int:
     """Write the quantized model to `out_path` through a temporary file beside it, logging each tensor to `log`
     (default stderr); returns the file's size in bytes."""
     log = log or sys.stderr
@@ -246,7 +252,7 @@ def write(gguf: GGUFFile, plans: list[TensorPlan], ftype: int, out_path: Path, l
     try:
         writer = GGUFWriter(tmp, str(gguf.meta["general.architecture"]))
         writer.data_alignment = gguf.alignment
-        for key, value, vtype, sub in _metadata(gguf, ftype):
+        for key, value, vtype, sub in _metadata(gguf, ftype, extra_keys):
             writer.add_key_value(key, value, vtype, sub)
         for p in plans:
             nbytes = int(np.prod(p.shape)) // _block(p.dst_type) * GGML_QUANT_SIZES[p.dst_type][1]
@@ -273,9 +279,8 @@ def _log_tensor(log, i: int, n: int, p: TensorPlan, size_in: int, size_out: int)
     if p.dst_type == p.src_type:
         print(f"{head}size = {size_in / 2**20:8.3f} MiB", file=log)
     else:
-        note = f" ({p.note})" if p.note else ""
         print(f"{head}converting to {p.dst_type.name.lower()} .. size = {size_in / 2**20:8.2f} MiB -> "
-              f"{size_out / 2**20:8.2f} MiB{note}", file=log)
+              f"{size_out / 2**20:8.2f} MiB", file=log)
 
 
 def parse_positionals(values: list[str]) -> tuple[str, str | None, str]:
@@ -297,22 +302,53 @@ def parse_positionals(values: list[str]) -> tuple[str, str | None, str]:
 
 
 def add_parser(sub):
-    p = sub.add_parser("quantize", help="llama-quantize for F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 (bit-exact)")
+    p = sub.add_parser("quantize", help="llama-quantize: F16/BF16/F32, Q8_0, Q4_x/Q5_x and the K-quant mixes "
+                                        "(bit-exact)")
     p.add_argument("files", nargs="+", metavar="IN [OUT] TYPE", help="input GGUF, output GGUF (default: "
                    "ggml-model-TYPE.gguf beside the input), file type")
     p.add_argument("--allow-requantize", action="store_true", help="convert tensors that are already quantized")
+    p.add_argument("--leave-output-tensor", action="store_true", help="keep output.weight as it is")
     p.add_argument("--pure", action="store_true", help="every converted tensor gets TYPE (no mixture rules)")
+    p.add_argument("--imatrix", default=None, metavar="FILE", help="importance matrix (llamactx / llama-imatrix)")
     p.add_argument("--output-tensor-type", default=None, metavar="TYPE", help="type of output.weight")
     p.add_argument("--token-embedding-type", default=None, metavar="TYPE", help="type of token_embd.weight")
+    p.add_argument("--tensor-type", action="append", default=[], metavar="NAME=TYPE",
+                   help="type of the tensors whose name matches NAME (a regex), e.g. attn_q=q8_0; repeatable")
     return p
+
+
+def _options(args, type_name: str) -> QuantizeOptions:
+    def tensor_type(value, what):
+        return None if value is None else parse_tensor_type(value, what)
+
+    return QuantizeOptions(type_name, args.allow_requantize, args.pure,
+                           tensor_type(args.output_tensor_type, "--output-tensor-type"),
+                           tensor_type(args.token_embedding_type, "--token-embedding-type"),
+                           args.leave_output_tensor, tuple(parse_tensor_type_option(v) for v in args.tensor_type),
+                           args.imatrix)
+
+
+def _load_imatrix(path: str, gguf: GGUFFile) -> imatrix_file.IMatrix:
+    """The --imatrix file, refused when unreadable, without llama-imatrix's metadata, or naming no tensor of
+    this model."""
+    if not Path(path).is_file():
+        raise CommandError(f"quantize: imatrix '{path}' does not exist")
+    try:
+        im = imatrix_file.load(path)
+    except GGUFError as e:
+        raise CommandError(f"quantize: {e}") from None
+    if not im.is_legacy and not im.has_metadata:
+        raise CommandError(f"quantize: imatrix '{path}': missing imatrix metadata (imatrix.datasets, "
+                           "imatrix.chunk_count, imatrix.chunk_size)")
+    if not any(name in gguf.tensors for name in im.entries):
+        raise CommandError(f"quantize: imatrix '{path}' has no entry for any tensor of this model (its first: "
+                           f"'{next(iter(im.entries))}'): an importance matrix of another model?")
+    return im
 
 
 def run_quantize(args) -> int:
     inp, out, type_name = parse_positionals(args.files)
-    opts = QuantizeOptions(type_name, args.allow_requantize, args.pure,
-                           args.output_tensor_type and parse_type(args.output_tensor_type, "--output-tensor-type"),
-                           args.token_embedding_type and parse_type(args.token_embedding_type,
-                                                                    "--token-embedding-type"))
+    opts = _options(args, type_name)
     in_path = Path(inp)
     if not in_path.is_file():
         raise CommandError(f"quantize: input '{inp}' " + ("is a directory" if in_path.is_dir() else "does not exist"))
@@ -327,12 +363,12 @@ def run_quantize(args) -> int:
     with GGUFFile(in_path) as gguf:
         if "general.architecture" not in gguf.meta:
             raise CommandError(f"quantize: '{inp}' has no general.architecture: not a model file")
-        plans = plan(gguf, opts)
+        im = _load_imatrix(opts.imatrix, gguf) if opts.imatrix else None
+        plans = plan(gguf, opts, None if im is None else im.weights())
         print(f"llamactx quantize: quantizing '{in_path}' to '{out_path}' as {type_name}", file=sys.stderr)
-        for note in sorted({f"{p.name}: {p.note}" for p in plans if p.note}):
-            print(f"llamactx quantize: {note}; as llama-quantize --output-tensor-type q8_0", file=sys.stderr)
         size_in = sum(gguf.tensors[p.name].nbytes for p in plans)
-        size_out = write(gguf, plans, ftype, out_path)
+        keys = imatrix_keys(opts.imatrix, im) if im is not None else ()
+        size_out = write(gguf, plans, ftype, out_path, extra_keys=keys)
     print(f"llamactx quantize: model size = {size_in / 2**20:8.2f} MiB, quantized file = {size_out / 2**20:8.2f} MiB",
           file=sys.stderr)
     return 0

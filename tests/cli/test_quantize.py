@@ -155,7 +155,7 @@ def _types(path: Path) -> dict[str, str]:
 
 def test_type_rules(tmp_path, capsys):
     src = _synthetic(tmp_path / "rules.gguf", {
-        "output.weight": ((8, 256), T.F32),  # rows of whole 256-blocks: llama-quantize's Q6_K, here Q8_0
+        "output.weight": ((8, 256), T.F32),  # rows of whole 256-blocks: Q6_K
         "token_embd.weight": ((8, 256), T.F16),  # not tied (output.weight exists): the file type
         "blk.0.attn_v.weight": ((8, 64), T.F32),
         "blk.0.ffn_gate_inp.weight": ((8, 64), T.F32),  # expert gate: kept
@@ -166,8 +166,9 @@ def test_type_rules(tmp_path, capsys):
     })
     out = tmp_path / "q4.gguf"
     assert main(["quantize", str(src), str(out), "Q4_0"]) == 0
-    assert "output.weight: Q8_0 where llama-quantize writes Q6_K" in capsys.readouterr().err
-    assert _types(out) == {"output.weight": "Q8_0", "token_embd.weight": "Q4_0", "blk.0.attn_v.weight": "Q4_0",
+    assert ("blk.0.ffn_down.weight: ncols 48 not divisible by 32 (required for type q4_0) -> falling back to f16"
+            in capsys.readouterr().err)
+    assert _types(out) == {"output.weight": "Q6_K", "token_embd.weight": "Q4_0", "blk.0.attn_v.weight": "Q4_0",
                            "blk.0.ffn_gate_inp.weight": "F32", "blk.0.attn_norm.weight": "F32",
                            "blk.0.ffn_down.weight": "F16", "blk.0.attn_q.bias": "F32", "blk.1.attn_k.weight": "Q4_0"}
     assert main(["quantize", "--pure", str(src), str(out), "Q5_1"]) == 0
@@ -204,15 +205,19 @@ def test_default_output_name_and_errors(f32_model, tmp_path, capsys):
     assert _types(tmp_path / "ggml-model-Q8_0.gguf") == {"blk.0.attn_q.weight": "Q8_0"}
     capsys.readouterr()
     for argv, message in (
-        ([str(src), str(tmp_path / "o.gguf"), "Q4_K_M"], "type 'Q4_K_M' is not one that llamactx writes bit-exactly"),
-        ([str(src), "Q6_K"], "type 'Q6_K' is not one"),
+        ([str(src), str(tmp_path / "o.gguf"), "IQ2_XS"], "type 'IQ2_XS' is not one that llamactx writes bit-exactly"),
+        ([str(src), "TQ1_0"], "type 'TQ1_0' is not one"),
         ([str(src), str(src), "Q4_0"], "input and output files are the same"),
         ([str(src), str(tmp_path / ".." / tmp_path.name / "in.gguf"), "Q4_0"], "input and output files are the same"),
         ([str(tmp_path / "missing.gguf"), str(tmp_path / "o.gguf"), "Q4_0"], "does not exist"),
         ([str(src), str(tmp_path), "Q4_0"], "is a directory"),
         ([str(src), str(tmp_path / "no" / "o.gguf"), "Q4_0"], "the output's directory"),
         ([str(src), str(tmp_path / "o.gguf")], "missing the type"),
-        (["--output-tensor-type", "q6_k", str(src), str(tmp_path / "o.gguf"), "Q4_0"], "--output-tensor-type 'q6_k'"),
+        (["--output-tensor-type", "q7_k", str(src), str(tmp_path / "o.gguf"), "Q4_0"],
+         "--output-tensor-type: unknown type 'q7_k' (known: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_K"),
+        (["--tensor-type", "attn_q", str(src), str(tmp_path / "o.gguf"), "Q4_0"], "expected TENSOR_NAME=TYPE"),
+        (["--tensor-type", "attn_q=iq2_xs", str(src), str(tmp_path / "o.gguf"), "Q4_0"], "unknown type 'iq2_xs'"),
+        (["--imatrix", str(tmp_path / "none.dat"), str(src), str(tmp_path / "o.gguf"), "Q4_0"], "none.dat' does not"),
         ([str(tmp_path / "ggml-model-Q8_0.gguf") + "x", "Q4_0"], "does not exist"),
         ([str(Path(__file__)), str(tmp_path / "o.gguf"), "Q4_0"], "bad magic"),
     ):

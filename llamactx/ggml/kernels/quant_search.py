@@ -1,0 +1,282 @@
+"""The scale searches of ggml's quantizers (ggml-quants.c, ggml-base): `nearest_int`, `make_qx_quants`,
+`make_q3_quants`, `make_qkx2_quants`, `make_qkx3_quants`, `make_qp_quants`, and the float32 -> fp16 rounding
+(`GGML_FP32_TO_FP16`). quantize_rows.py builds the row quantizers of each type from them.
+
+Bit-exact with the C: every operation is a float32 operation in the C's order (ggml-base is compiled with -O3
+for plain x86-64, no -ffast-math and no FMA, so each `a*b + c` rounds twice and no sum is reordered). An int
+multiplying a float is converted to float32 first, as C does; constants are float32 (`0.1f`). nearest_int's
+magic-number trick (add 1.5 * 2^23 in float32) is round-half-to-even, which is `np.rint`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+F32 = np.float32
+GROUP_MAX_EPS = F32(1e-15)
+ZERO = F32(0.0)
+ONE = F32(1.0)
+TENTH = F32(0.1)
+
+
+@njit(cache=True, inline="always")
+def nearest_int(fval):
+    """ggml-quants.c `nearest_int`: round half to even (|fval| <= 4194303)."""
+    return int(np.rint(fval))
+
+
+@njit(cache=True)
+def fp16_round(f):
+    """GGML_FP32_TO_FP16 then GGML_FP16_TO_FP32: (fp16 bits as int, the float32 they hold). Round to nearest even,
+    overflow to inf, subnormals kept (ggml_compute_fp32_to_fp16). NaN is not expected here."""
+    a = abs(float(f))
+    sign = 0x8000 if f < 0 else 0
+    if a == 0.0:
+        return sign, F32(f)
+    m, e = math.frexp(a)  # a = m * 2^e, m in [0.5, 1)
+    ulp = math.ldexp(1.0, max(e - 11, -24))
+    q = np.rint(a / ulp) * ulp  # exact: a power-of-two scale
+    if q > 65504.0:
+        return sign | 0x7C00, F32(-np.inf if sign else np.inf)
+    if q < 6.103515625e-05:  # 2^-14: subnormal
+        bits = int(q / 5.960464477539063e-08)
+    else:
+        m, e = math.frexp(q)
+        bits = ((e - 1 + 15) << 10) | int((m * 2.0 - 1.0) * 1024.0)
+    return sign | bits, F32(-q if sign else q)
+
+
+@njit(cache=True)
+def make_qx_quants(n, nmax, x, L, rmse_type, qw, use_qw):
+    """ggml-quants.c `make_qx_quants`: symmetric levels L in [0, 2*nmax) and their scale; weights qw when
+    use_qw, else x^2 (rmse_type 1)."""
+    mx = ZERO
+    amax = ZERO
+    for i in range(n):
+        ax = abs(x[i])
+        if ax > amax:
+            amax = ax
+            mx = x[i]
+    if amax < GROUP_MAX_EPS:
+        for i in range(n):
+            L[i] = 0
+        return ZERO
+    fnmax = F32(nmax)
+    iscale = F32(-fnmax) / mx
+    sumlx = ZERO
+    suml2 = ZERO
+    for i in range(n):
+        lv = nearest_int(iscale * x[i])
+        lv = max(-nmax, min(nmax - 1, lv))
+        L[i] = lv + nmax
+        w = qw[i] if use_qw else x[i] * x[i]
+        fl = F32(lv)
+        sumlx += w * x[i] * fl
+        suml2 += w * fl * fl
+    scale = sumlx / suml2 if suml2 != 0 else ZERO
+    best = scale * sumlx
+    for is_ in range(-9, 10):
+        if is_ == 0:
+            continue
+        iscale = -(fnmax + TENTH * F32(is_)) / mx
+        sumlx = ZERO
+        suml2 = ZERO
+        for i in range(n):
+            lv = nearest_int(iscale * x[i])
+            lv = max(-nmax, min(nmax - 1, lv))
+            w = qw[i] if use_qw else x[i] * x[i]
+            fl = F32(lv)
+            sumlx += w * x[i] * fl
+            suml2 += w * fl * fl
+        if suml2 > 0 and sumlx * sumlx > best * suml2:
+            for i in range(n):
+                lv = nearest_int(iscale * x[i])
+                L[i] = nmax + max(-nmax, min(nmax - 1, lv))
+            scale = sumlx / suml2
+            best = scale * sumlx
+    return scale
+
+
+@njit(cache=True)
+def make_q3_quants(n, nmax, x, L):
+    """ggml-quants.c `make_q3_quants` with do_rmse (the only way Q3_K's reference quantizer calls it)."""
+    mx = ZERO
+    amax = ZERO
+    for i in range(n):
+        ax = abs(x[i])
+        if ax > amax:
+            amax = ax
+            mx = x[i]
+    if amax < GROUP_MAX_EPS:
+        for i in range(n):
+            L[i] = 0
+        return ZERO
+    iscale = F32(-nmax) / mx
+    sumlx = ZERO
+    suml2 = ZERO
+    for i in range(n):
+        lv = nearest_int(iscale * x[i])
+        lv = max(-nmax, min(nmax - 1, lv))
+        L[i] = lv
+        w = x[i] * x[i]
+        sumlx += w * x[i] * F32(lv)
+        suml2 += w * F32(lv) * F32(lv)
+    for _ in range(5):
+        n_changed = 0
+        for i in range(n):
+            w = x[i] * x[i]
+            li = F32(L[i])
+            slx = sumlx - w * x[i] * li
+            if slx > 0:
+                sl2 = suml2 - w * li * li
+                new_l = nearest_int(x[i] * sl2 / slx)
+                new_l = max(-nmax, min(nmax - 1, new_l))
+                if new_l != L[i]:
+                    slx += w * x[i] * F32(new_l)
+                    sl2 += w * F32(new_l) * F32(new_l)
+                    if sl2 > 0 and slx * slx * suml2 > sumlx * sumlx * sl2:
+                        L[i] = new_l
+                        sumlx = slx
+                        suml2 = sl2
+                        n_changed += 1
+        if n_changed == 0:
+            break
+    for i in range(n):
+        L[i] += nmax
+    return sumlx / suml2 if suml2 > 0 else ZERO
+
+
+@njit(cache=True)
+def make_qkx(n, nmax, x, weights, use_w, L, Laux, rmin, rdelta, nstep, use_mad, x3):
+    """ggml-quants.c `make_qkx2_quants` (x3 False) and `make_qkx3_quants` (x3 True; weights x^2 unless use_w):
+    asymmetric levels L in [0, nmax], returns (scale, the_min)."""
+    mn = x[0]
+    mxv = x[0]
+    sum_w = weights[0] if use_w else x[0] * x[0]
+    sum_x = sum_w * x[0]
+    for i in range(1, n):
+        if x[i] < mn:
+            mn = x[i]
+        if x[i] > mxv:
+            mxv = x[i]
+        w = weights[i] if use_w else x[i] * x[i]
+        sum_w += w
+        sum_x += w * x[i]
+    if mn > 0:
+        mn = ZERO
+    if (mxv <= mn) if x3 else (mxv == mn):
+        for i in range(n):
+            L[i] = 0
+        return ZERO, -mn
+    fnmax = F32(nmax)
+    iscale = fnmax / (mxv - mn)
+    scale = ONE / iscale
+    best_error = ZERO
+    for i in range(n):
+        lv = nearest_int(iscale * (x[i] - mn))
+        L[i] = max(0, min(nmax, lv))
+        diff = scale * F32(L[i]) + mn - x[i]
+        diff = abs(diff) if use_mad else diff * diff
+        w = weights[i] if use_w else x[i] * x[i]
+        best_error += w * diff
+    if nstep < 1:
+        return scale, -mn
+    for is_ in range(nstep + 1):
+        iscale = (rmin + rdelta * F32(is_) + fnmax) / (mxv - mn)
+        sum_l = ZERO
+        sum_l2 = ZERO
+        sum_xl = ZERO
+        for i in range(n):
+            lv = nearest_int(iscale * (x[i] - mn))
+            lv = max(0, min(nmax, lv))
+            Laux[i] = lv
+            w = weights[i] if use_w else x[i] * x[i]
+            fl = F32(lv)
+            sum_l += w * fl
+            sum_l2 += w * fl * fl
+            sum_xl += w * fl * x[i]
+        D = sum_w * sum_l2 - sum_l * sum_l
+        if D > 0:
+            this_scale = (sum_w * sum_xl - sum_x * sum_l) / D
+            this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D
+            if this_min > 0:
+                this_min = ZERO
+                this_scale = sum_xl / sum_l2
+            cur_error = ZERO
+            for i in range(n):
+                diff = this_scale * F32(Laux[i]) + this_min - x[i]
+                diff = abs(diff) if use_mad else diff * diff
+                w = weights[i] if use_w else x[i] * x[i]
+                cur_error += w * diff
+            if cur_error < best_error:
+                for i in range(n):
+                    L[i] = Laux[i]
+                best_error = cur_error
+                scale = this_scale
+                mn = this_min
+    return scale, -mn
+
+
+@njit(cache=True)
+def make_qp_quants(n, nmax, x, L, quant_weights):
+    """ggml-quants.c `make_qp_quants`: levels in [0, nmax] for non-negative x (the sub-block scales / mins)."""
+    mx = ZERO
+    for i in range(n):
+        mx = max(mx, x[i])
+    if mx < GROUP_MAX_EPS:
+        for i in range(n):
+            L[i] = 0
+        return ZERO
+    fnmax = F32(nmax)
+    iscale = fnmax / mx
+    for i in range(n):
+        L[i] = nearest_int(iscale * x[i])
+    scale = ONE / iscale
+    best_mse = ZERO
+    for i in range(n):
+        diff = x[i] - scale * F32(L[i])
+        best_mse += quant_weights[i] * diff * diff
+    for is_ in range(-4, 5):
+        if is_ == 0:
+            continue
+        iscale_is = (TENTH * F32(is_) + fnmax) / mx
+        scale_is = ONE / iscale_is
+        mse = ZERO
+        for i in range(n):
+            lv = min(nmax, nearest_int(iscale_is * x[i]))
+            diff = x[i] - scale_is * F32(lv)
+            mse += quant_weights[i] * diff * diff
+        if mse < best_mse:
+            best_mse = mse
+            iscale = iscale_is
+    sumlx = ZERO
+    suml2 = ZERO
+    for i in range(n):
+        lv = min(nmax, nearest_int(iscale * x[i]))
+        L[i] = lv
+        w = quant_weights[i]
+        sumlx += w * x[i] * F32(lv)
+        suml2 += w * F32(lv) * F32(lv)
+    for _ in range(5):
+        n_changed = 0
+        for i in range(n):
+            w = quant_weights[i]
+            li = F32(L[i])
+            slx = sumlx - w * x[i] * li
+            sl2 = suml2 - w * li * li
+            if slx > 0 and sl2 > 0:
+                new_l = min(nmax, nearest_int(x[i] * sl2 / slx))
+                if new_l != L[i]:
+                    slx += w * x[i] * F32(new_l)
+                    sl2 += w * F32(new_l) * F32(new_l)
+                    if slx * slx * suml2 > sumlx * sumlx * sl2:
+                        L[i] = new_l
+                        sumlx = slx
+                        suml2 = sl2
+                        n_changed += 1
+        if n_changed == 0:
+            break
+    return sumlx / suml2 if suml2 > 0 else ZERO

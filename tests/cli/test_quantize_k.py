@@ -1,0 +1,133 @@
+"""`llamactx quantize` to the K-quant mixes: SmolLM2 (the embedded Q4_1 model, requantized) written byte for byte
+as llama-quantize 0c1e570 writes it (sha256 of its files in tests/data/quantize_k/llama_quantize.json), and the
+quantizers of llamactx.ggml.kernels.quantize_rows against ggml's on small cases; bad input refused."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType
+
+from llamactx.cli import main
+from llamactx.embedded import smollm2_path
+from llamactx.gguf import imatrix_file
+from llamactx.gguf.quants import dequantize
+from llamactx.gguf.reader import GGUFFile
+
+T = GGMLQuantizationType
+DATA = Path(__file__).parents[1] / "data" / "quantize_k"
+REF = json.loads((DATA / "llama_quantize.json").read_text())
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    """A directory holding the model as model.gguf (the names the references were made with)."""
+    d = tmp_path_factory.mktemp("quantize_k")
+    model = smollm2_path()
+    assert _sha256(Path(model)) == REF["input_sha256"], "the embedded model changed: remake the references"
+    os.symlink(model, d / "model.gguf")
+    return d
+
+
+@pytest.fixture(scope="module")
+def quantized(workdir):
+    """case -> the file `llamactx quantize` writes for it (made once per module), run in workdir."""
+    done = {}
+
+    def make(case: str) -> Path:
+        if case not in done:
+            argv = REF["mix_args"] + ["Q4_K_M"] if case == "mix" else [case]
+            cwd = Path.cwd()
+            os.chdir(workdir)
+            try:
+                code = main(["quantize", "--allow-requantize", *argv[:-1], "model.gguf", f"{case}.gguf", argv[-1]])
+            finally:
+                os.chdir(cwd)
+            assert code == 0
+            done[case] = workdir / f"{case}.gguf"
+        return done[case]
+
+    return make
+
+
+@pytest.mark.parametrize("case", ["Q4_K_M", "Q2_K", "mix"])
+def test_smollm2_quantized_as_llama_quantize(quantized, case, capsys):
+    """Q4_K_M: Q4_K / Q6_K ffn_down by use_more_bits, Q5_0 / Q8_0 fallbacks for 576-wide rows, Q8_0 tied
+    embeddings; Q2_K: Q3_K ffn_down, Q4_0 fallbacks; mix (--pure, --tensor-type, --output-tensor-type): every
+    K-quant's reference quantizer and the 32-block fallbacks."""
+    out = quantized(case)
+    assert _sha256(out) == REF["quantize_sha256"][case]
+    err = capsys.readouterr().err
+    assert "falling back to" in err and "converting to q" in err
+
+
+def test_q4_k_m_type_mix(quantized):
+    """llama_tensor_get_type's Q4_K_M choices on SmolLM2 (30 layers): ffn_down Q6_K where use_more_bits (layers
+    0-2, 26-29 and every third between), attn_v likewise but 576-wide rows fall back to Q8_0 / Q5_0."""
+    with GGUFFile(quantized("Q4_K_M")) as f:
+        types = {name: T(info.ggml_type) for name, info in f.tensors.items()}
+        assert f.meta["general.file_type"] == 15
+    more_bits = [i for i in range(30) if i < 3 or i >= 26 or (i - 3) % 3 == 2]
+    assert [i for i in range(30) if types[f"blk.{i}.ffn_down.weight"] == T.Q6_K] == more_bits
+    assert {types[f"blk.{i}.ffn_down.weight"] for i in range(30) if i not in more_bits} == {T.Q4_K}
+    assert [i for i in range(30) if types[f"blk.{i}.attn_v.weight"] == T.Q8_0] == more_bits  # Q6_K -> Q8_0
+    assert types["token_embd.weight"] == T.Q8_0 and types["blk.0.attn_q.weight"] == T.Q5_0
+
+
+def _write_imatrix(path: Path, entries: dict[str, int]) -> Path:
+    sums = {name: (np.ones((1, n), np.float32), np.array([64])) for name, n in entries.items()}
+    imatrix_file.save(path, sums, ["x.txt"], 1, 64)
+    return path
+
+
+def test_an_imatrix_of_another_model_is_refused(workdir, monkeypatch, capsys):
+    other = _write_imatrix(workdir / "other.imatrix.gguf", {"blk.0.attn_q.weight": 64, "blk.0.ffn_down.weight": 64})
+    foreign = _write_imatrix(workdir / "foreign.imatrix.gguf", {"layers.0.wq": 576})
+    monkeypatch.chdir(workdir)
+    for path, message in ((other, "its entry for 'blk.0.attn_q.weight' has 64 values, the tensor has 576 columns"),
+                          (foreign, "has no entry for any tensor of this model")):
+        assert main(["quantize", "--allow-requantize", "--imatrix", path.name, "model.gguf", "o.gguf", "Q4_K_M"]) == 1
+        err = capsys.readouterr().err
+        assert f"imatrix '{path.name}'" in err and message in err and err.count("\n") == 1, err
+    (workdir / "junk.dat").write_bytes(b"\x01\x00")
+    assert main(["quantize", "--imatrix", "junk.dat", "model.gguf", "o.gguf", "Q4_K_M"]) == 1
+    assert "imatrix 'junk.dat'" in capsys.readouterr().err
+    assert not (workdir / "o.gguf").exists()
+
+
+def test_q2_k_s_needs_an_imatrix(workdir, monkeypatch, capsys):
+    monkeypatch.chdir(workdir)
+    assert main(["quantize", "--allow-requantize", "--pure", "model.gguf", "o.gguf", "Q2_K_S"]) == 1
+    assert "needs an importance matrix" in capsys.readouterr().err
+
+
+def test_unknown_type_names_list_the_known_ones(workdir, monkeypatch, capsys):
+    monkeypatch.chdir(workdir)
+    assert main(["quantize", "--token-embedding-type", "q4_k_m", "model.gguf", "o.gguf", "Q4_K_M"]) == 1
+    err = capsys.readouterr().err
+    assert "unknown type 'q4_k_m' (known: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_K, q3_K, q4_K, q5_K, " \
+           "q6_K)" in err
+    assert main(["quantize", "model.gguf", "o.gguf", "Q7_K"]) == 1
+    assert "Q2_K_S, Q3_K, Q3_K_S, Q3_K_M, Q3_K_L, Q4_K, Q4_K_S, Q4_K_M" in capsys.readouterr().err
+
+
+def test_requantized_k_weights_decode_close_to_the_source(workdir, quantized):
+    """The K-quant blocks written decode (llamactx.gguf.quants) to the Q4_1 weights within their step."""
+    with GGUFFile(workdir / "model.gguf") as src, GGUFFile(quantized("mix")) as dst:
+        for i, t in ((0, T.Q2_K), (1, T.Q3_K), (4, T.Q4_K), (2, T.Q5_K), (3, T.Q6_K)):
+            name = f"blk.{i}.ffn_down.weight"
+            info = dst.tensors[name]
+            assert T(info.ggml_type) == t
+            want = dequantize(src.tensor_data(name), T(src.tensors[name].ggml_type), info.shape, name)
+            got = dequantize(dst.tensor_data(name), t, info.shape, name)
+            err = np.abs(got - want).mean() / np.abs(want).mean()
+            assert err < {T.Q2_K: 0.5, T.Q3_K: 0.3, T.Q4_K: 0.15, T.Q5_K: 0.08, T.Q6_K: 0.04}[t], (t, err)
