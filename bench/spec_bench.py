@@ -25,7 +25,7 @@ from pathlib import Path
 from llamactx import Model
 from llamactx.cli.args import ArgumentParser, add_speculative, spec_params
 from llamactx.embedded import resolve_model_path
-from llamactx.engine import Engine, Limits
+from llamactx.engine import Engine, Limits, RequestOptions
 from llamactx.engine.speculative import Speculator
 from llamactx.sampling import SamplerChain, SamplingParams
 
@@ -51,7 +51,8 @@ def run_once(engine: Engine, prompt: list[int], temp: float, seed: int, n: int) 
         engine.speculator = Speculator(engine.spec, cost=engine.speculator.budget.cost)
     n_decode, st = engine.stats.n_decode, engine.stats
     drafted, accepted = st.n_draft_tokens, st.n_draft_accepted
-    seq = engine.add_request(prompt, sampler, Limits(max_tokens=n, ignore_eos=True), cache_prompt=False)
+    seq = engine.add_request(prompt, sampler, Limits(max_tokens=n, ignore_eos=True),
+                             RequestOptions(cache_prompt=False))
     for _ in engine.generate(seq):
         pass
     t = seq.timings

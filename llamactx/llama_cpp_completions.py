@@ -17,7 +17,7 @@ import numpy as np
 from llamactx import chat_parse, tool_calls
 from llamactx.api import protocol as P
 from llamactx.api.responses import ChatRenderer, Choice, Renderer
-from llamactx.engine import GenerationError
+from llamactx.engine import GenerationError, RequestOptions
 from llamactx.llama_cpp_options import LlamaGrammar, LogitsProcessorList, StoppingCriteriaList
 from llamactx.sampling.samplers import SamplerBase
 
@@ -199,7 +199,7 @@ class Completions:
         history = _History(tokens)
         if processors:
             chain.samplers.insert(0, LogitsProcessorSampler(LogitsProcessorList(processors), history))
-        seq = self._engine.add_request(tokens, chain, gen.limits, n_probs=gen.n_probs, id_slot=0)
+        seq = self._engine.add_request(tokens, chain, gen.limits, RequestOptions(id_slot=0, n_probs=gen.n_probs))
         choice = Choice(0, seq)
         yield from renderer.first(choice)
         try:

@@ -21,7 +21,7 @@ import numpy as np
 
 from llamactx.chat_template import ChatTemplate
 from llamactx.cparams import ContextParams
-from llamactx.engine import Chunk, Completion, GenerationError, Limits
+from llamactx.engine import Chunk, Completion, GenerationError, Limits, RequestOptions
 from llamactx.model import Model
 from llamactx.runtime import Runtime, RuntimeParams
 from llamactx.sampling import SamplerChain, SamplingParams
@@ -90,8 +90,8 @@ class LLM:
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         chain = self.sampler(grammar, json_schema, **sampling)
         stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
-        seq = self.engine.add_request(tokens, chain, Limits(max_tokens, stops, context_shift=context_shift,
-                                                            n_keep=n_keep), n_probs=n_probs)
+        limits = Limits(max_tokens, stops, context_shift=context_shift, n_keep=n_keep)
+        seq = self.engine.add_request(tokens, chain, limits, RequestOptions(n_probs=n_probs))
         chunks = self._run(seq)
         if stream:
             return chunks

@@ -21,7 +21,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from llamactx.engine import Chunk, Limits
+from llamactx.engine import Chunk, Limits, RequestOptions
 from llamactx.engine import Sequence as EngineSequence
 from llamactx.errors import LlamactxError
 from llamactx.sampling import SamplingParams
@@ -247,16 +247,21 @@ class GenerationRequest:
     limits: Limits
     grammar: tuple[str, Any] | None  # ("gbnf" | "json_schema", source)
     n: int
-    n_probs: int  # -1: no logprobs
+    options: RequestOptions  # what each choice's engine sequence is added with
     stream: bool
     include_usage: bool
-    id_slot: int
-    cache_prompt: bool
     timings_per_token: bool = False
     verbose: bool = False
-    post_sampling_probs: bool = False
-    return_progress: bool = False
     return_tokens: bool = False
+
+    @property
+    def n_probs(self) -> int:
+        """-1: no logprobs; >= 0: each token's logprob and the top n_probs."""
+        return self.options.n_probs
+
+    @property
+    def post_sampling_probs(self) -> bool:
+        return self.options.post_sampling_probs
 
     @classmethod
     def from_fields(cls, req: SamplingFields, vocab, n_probs: int, context_shift: bool = False) -> GenerationRequest:
@@ -284,11 +289,12 @@ class GenerationRequest:
             raise ProtocolError(str(e)) from None
         limits = Limits(max_tokens, tuple(stops), req.ignore_eos, context_shift, max(req.n_keep, 0), req.n_discard,
                         req.t_max_predict_ms)
-        return cls(sampling, limits,
-                   _grammar_of(req), req.n, n_probs, req.stream,
-                   bool(req.stream_options and req.stream_options.include_usage), req.id_slot, req.cache_prompt,
-                   req.timings_per_token, req.verbose, bool(getattr(req, "post_sampling_probs", False)),
-                   req.return_progress and req.stream, req.return_tokens)
+        options = RequestOptions(id_slot=req.id_slot, cache_prompt=req.cache_prompt, n_probs=n_probs,
+                                 post_sampling_probs=bool(getattr(req, "post_sampling_probs", False)),
+                                 return_progress=req.return_progress and req.stream)
+        return cls(sampling, limits, _grammar_of(req), req.n, options, req.stream,
+                   bool(req.stream_options and req.stream_options.include_usage), req.timings_per_token, req.verbose,
+                   req.return_tokens)
 
     def grammar_args(self) -> dict[str, Any]:
         """The request's constraint as Runtime.grammar's keywords ({} for none)."""

@@ -2,7 +2,7 @@
 nano-vllm's engine/).
 
     text_stream.py   TextStream: token bytes -> printable text, stop strings held back
-    sequence.py      Sequence: one request's state (tokens, n_past, sampler, limits, finish reason)
+    sequence.py      Sequence: one request's state (tokens, n_past, sampler, limits, finish reason); RequestOptions
     prefix_cache.py  PrefixCache: the slots (context sequences), what each holds, prefix sharing, LRU eviction
     session_tier.py  SessionTier: evicted slots' states in RAM, then on disk, restored by token prefix
     state_store.py   StateRam, StateDisk: sequence states in RAM and as files, bounded in bytes, LRU
@@ -10,6 +10,8 @@ nano-vllm's engine/).
     engine.py        Engine.step(): schedule -> one Batch -> decode -> sample -> post-process (and verify drafts)
     speculative.py   SpecParams, Speculator: speculative decoding's drafters and parameters (common/speculative.cpp)
     ngram.py         the n-gram drafters: ngram-simple, ngram-map-k, ngram-mod (common/ngram-map.cpp, ngram-mod.cpp)
+    draft_model.py   the draft-model drafter (draft-simple): a small model drafting in a context of its own
+    checkpoints.py   context checkpoints: snapshots of a slot's non-rollbackable memory (--ctx-checkpoints)
 """
 
 from llamactx.engine.engine import Engine, EngineStats, StepOutput
@@ -19,6 +21,7 @@ from llamactx.engine.sequence import (
     EngineError,
     GenerationError,
     Limits,
+    RequestOptions,
     Sequence,
     SequenceStatus,
     Timings,
@@ -28,5 +31,5 @@ from llamactx.engine.speculative import NgramParams, SpecParams, SpecParamsError
 from llamactx.engine.text_stream import TextStream
 
 __all__ = ["Chunk", "Completion", "Engine", "EngineError", "EngineStats", "GenerationError", "Limits", "NgramParams",
-           "Sequence", "SequenceStatus", "SessionParams", "SpecParams", "SpecParamsError", "StepOutput", "TextStream",
-           "Timings"]
+           "RequestOptions", "Sequence", "SequenceStatus", "SessionParams", "SpecParams", "SpecParamsError",
+           "StepOutput", "TextStream", "Timings"]

@@ -39,7 +39,7 @@ from llamactx.context import Context, DecodeStatus
 from llamactx.cparams import ContextParams
 from llamactx.engine.checkpoints import CheckpointParams
 from llamactx.engine.scheduler import Scheduled, Scheduler
-from llamactx.engine.sequence import Chunk, EngineError, Limits, Sequence
+from llamactx.engine.sequence import Chunk, EngineError, Limits, RequestOptions, Sequence
 from llamactx.engine.session_tier import SessionParams, SessionTier
 from llamactx.engine.speculative import SpecParams, Speculator
 from llamactx.memory import MemoryOpError
@@ -187,11 +187,11 @@ class Engine:
         return self.scheduler.has_work
 
     def add_request(self, prompt: Seq[int], sampler: SamplerChain, limits: Limits | None = None,
-                    **options) -> Sequence:
-        """Queue a request; it joins the running batch at the next step with a free slot. `options`: id_slot,
-        cache_prompt, n_probs, user_starts (Sequence's keywords; user_starts defaults to where
-        `message_delimiters` find user messages, while checkpoints are taken). Raises EngineError for a prompt
-        that cannot fit a slot."""
+                    options: RequestOptions | None = None) -> Sequence:
+        """Queue a request; it joins the running batch at the next step with a free slot. `options` (id_slot,
+        cache_prompt, n_probs, ...) travel with its Sequence; while checkpoints are taken, its prompt chunks also
+        end where `message_delimiters` find user messages. Raises EngineError for a prompt that cannot fit a
+        slot."""
         if self.model.is_embedding_only:
             raise EngineError(f"model '{self.model.arch}' is an encoder (embeddings only: no output layer, no "
                               f"logits to sample; llama_decode runs llama_encode on it): it cannot generate text. "
@@ -204,13 +204,12 @@ class Engine:
         if len(prompt) > self.n_ctx_slot:
             raise EngineError(f"the prompt has {len(prompt)} tokens, more than a slot's context n_ctx = "
                               f"{self.n_ctx_slot}")
-        id_slot = options.get("id_slot", -1)
-        if not -1 <= id_slot < self.n_slots:
-            raise EngineError(f"id_slot {id_slot} is outside [-1, {self.n_slots})")
+        options = options or RequestOptions()
+        if not -1 <= options.id_slot < self.n_slots:
+            raise EngineError(f"id_slot {options.id_slot} is outside [-1, {self.n_slots})")
         prompt = [int(t) for t in prompt]
-        if self.scheduler.cache.checkpointing and "user_starts" not in options:
-            options["user_starts"] = self.message_delimiters.user_starts(prompt)
-        seq = Sequence(prompt, sampler, limits or Limits(), **options)
+        user_starts = self.message_delimiters.user_starts(prompt) if self.scheduler.cache.checkpointing else ()
+        seq = Sequence(prompt, sampler, limits or Limits(), options, user_starts)
         self.scheduler.add(seq)
         return seq
 
@@ -257,7 +256,7 @@ class Engine:
         batch = self._batch(plan)
         # return_progress: a first report before any of the prompt is decoded (processed == cached)
         before = {s.seq: [s.seq.progress()] for s in plan
-                  if s.seq.return_progress and s.seq.n_past == s.seq.n_cached < s.seq.n_prompt}
+                  if s.seq.options.return_progress and s.seq.n_past == s.seq.n_cached < s.seq.n_prompt}
         for s in plan:
             self.scheduler.cache.checkpoint(s.seq)  # before the decode: the state before this chunk
         rollback = {} if self.ctx.memory.partial_prefix else \
@@ -312,7 +311,7 @@ class Engine:
             first, row = row, row + s.n_tokens
             prefill = seq.n_past < seq.n_prompt
             seq.n_past += 1 if s.draft else s.n_tokens  # draft tokens count once accepted (_verify)
-            progress = before.get(seq, []) + ([seq.progress()] if seq.return_progress and prefill else [])
+            progress = before.get(seq, []) + ([seq.progress()] if seq.options.return_progress and prefill else [])
             if not s.sample:
                 if progress:
                     outputs.append(StepOutput(seq, progress))
@@ -375,14 +374,14 @@ class Engine:
         self.speculator.accept(seq.seq_id, n_accepted, n_draft)
 
     def _logprobs(self, seq: Sequence, i: int, token: int) -> tuple[float | None, tuple]:
-        if seq.n_probs < 0:
+        if seq.options.n_probs < 0:
             return None, ()
-        if seq.post_sampling_probs:
-            return _post_sampling(seq.sampler.cur, token, seq.n_probs)
+        if seq.options.post_sampling_probs:
+            return _post_sampling(seq.sampler.cur, token, seq.options.n_probs)
         logits = self.ctx.get_logits_ith(i).astype(np.float64)
         m = logits.max()
         logp = logits - (m + np.log(np.exp(logits - m).sum()))  # (n_vocab,) log-softmax of the raw logits
-        top = np.argsort(-logp, kind="stable")[: seq.n_probs] if seq.n_probs else []
+        top = np.argsort(-logp, kind="stable")[: seq.options.n_probs] if seq.options.n_probs else []
         return float(logp[token]), tuple((int(t), float(logp[t])) for t in top)
 
     def _context_full(self, seq: Sequence) -> list[Chunk]:

@@ -149,17 +149,17 @@ class Scheduler:
         sequences still need (evicting idle caches if that makes it fit; a state the session tier restores takes
         new cells). A request whose prompt starts with what a running request is still prefilling waits for that
         prefill, then shares its cells."""
-        if seq.id_slot >= 0 and self.cache.slots[seq.id_slot].holder is not None:
+        if seq.options.id_slot >= 0 and self.cache.slots[seq.options.id_slot].holder is not None:
             return False  # the slot it asked for is busy: it waits for it
-        have = self.cache.best_prefix(seq.tokens) if seq.cache_prompt else 0
+        have = self.cache.best_prefix(seq.tokens) if seq.options.cache_prompt else 0
         if any(not other.is_generating and common_prefix(seq.tokens, other.tokens) > have + 1
                for other in self.running):
             return False
         needed = sum(len(s.pending) for s in self.running) + len(seq.tokens)
-        while not self.memory.can_fit(needed - self.cache.n_reused(seq.tokens, seq.cache_prompt), 0):
+        while not self.memory.can_fit(needed - self.cache.n_reused(seq.tokens, seq.options.cache_prompt), 0):
             if not self.cache.evict_one():
                 return False
-        self.cache.acquire(seq, seq.id_slot, seq.cache_prompt)
+        self.cache.acquire(seq, seq.options.id_slot, seq.options.cache_prompt)
         if seq.t_admitted is None:
             seq.t_admitted = time.perf_counter()
         self.waiting.popleft()

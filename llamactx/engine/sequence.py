@@ -53,6 +53,23 @@ class Limits:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestOptions:
+    """What a request asks of the engine besides its prompt, sampler and limits (llama-server's `slot_params` and
+    the task's `id_slot`), typed and frozen: it travels unchanged from the front end that reads it off a request
+    (api/protocol.GenerationRequest, LLM, Llama) through the server's worker and `Engine.add_request` to the
+    `Sequence`, whose readers (the scheduler, the engine's sampling step) take it from `seq.options`. A new option
+    is a field here and the line that reads it."""
+
+    id_slot: int = -1  # the slot it must run in (-1: any)
+    cache_prompt: bool = True  # reuse what memory holds of its prompt
+    n_probs: int = -1  # -1: no logprobs; >= 0: the sampled token's logprob and the top n_probs
+    # the probabilities after the sampler chain instead (llama-server's post_sampling_probs): Chunk's logprob and
+    # top_logprobs then hold probabilities, of the candidates the chain left (none at 0)
+    post_sampling_probs: bool = False
+    return_progress: bool = False  # report the prompt's progress before and after each prefill step
+
+
+@dataclass(frozen=True, slots=True)
 class Chunk:
     token: int | None  # None for the final flush of held-back text
     text: str  # the text this token completed ("" while a character or a possible stop string is pending)
@@ -93,11 +110,10 @@ class Completion:
 
 
 class Sequence:
-    """A prompt, its sampler chain and limits, and the state of its generation."""
+    """A prompt, its sampler chain, limits and options, and the state of its generation."""
 
-    def __init__(self, prompt: Seq[int], sampler: SamplerChain, limits: Limits = Limits(), *, id_slot: int = -1,
-                 cache_prompt: bool = True, n_probs: int = -1, post_sampling_probs: bool = False,
-                 return_progress: bool = False, user_starts: Seq[int] = ()):
+    def __init__(self, prompt: Seq[int], sampler: SamplerChain, limits: Limits = Limits(),
+                 options: RequestOptions = RequestOptions(), user_starts: Seq[int] = ()):
         prompt = list(prompt)
         if not prompt:
             raise EngineError("prompt is empty: at least one token is needed to generate")
@@ -111,13 +127,7 @@ class Sequence:
         self.n_cached = 0  # prompt tokens found in memory instead of decoded
         self.sampler = sampler
         self.limits = limits
-        self.id_slot = id_slot  # the slot it must run in (-1: any)
-        self.cache_prompt = cache_prompt  # reuse what memory holds of its prompt
-        self.n_probs = n_probs  # -1: no logprobs; >= 0: the sampled token's logprob and the top n_probs
-        # the probabilities after the sampler chain instead (llama-server's post_sampling_probs): Chunk's logprob
-        # and top_logprobs then hold probabilities, of the candidates the chain left (none at 0)
-        self.post_sampling_probs = post_sampling_probs
-        self.return_progress = return_progress  # report the prompt's progress before and after each prefill step
+        self.options = options
         # where the prompt's user messages start (llama-server's message spans): prompt chunks end there, so that
         # a context checkpoint holds the conversation up to each message (engine/checkpoints.py)
         self.user_starts: tuple[int, ...] = tuple(sorted(p for p in user_starts if 0 < p < len(prompt)))

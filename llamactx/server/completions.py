@@ -86,11 +86,7 @@ async def serve(state, http: HttpRequest, prompts: list[list[int]], gen: P.Gener
             index = p_index * gen.n + k
             grammar_k = grammar.clone() if grammar is not None else None
             sampler = state.runtime.sampler(gen.sampling_for(k), grammar_k)
-            req = Request(prompt, sampler, gen.limits, {"id_slot": gen.id_slot, "cache_prompt": gen.cache_prompt,
-                                                        "n_probs": gen.n_probs,
-                                                        "post_sampling_probs": gen.post_sampling_probs,
-                                                        "return_progress": gen.return_progress},
-                          loop, events, index=index)
+            req = Request(prompt, sampler, gen.limits, gen.options, loop, events, index=index)
             choices.append(LiveChoice(index, request=req))
     if len(choices) > state.worker.max_in_flight:  # would wait forever for room: the request's own mistake
         raise P.ProtocolError(f"n: {len(prompts)} prompt(s) x n = {gen.n} is {len(choices)} choices, more than this "

@@ -19,10 +19,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from llamactx.engine import Chunk, Engine, Limits, Sequence
+from llamactx.engine import Chunk, Engine, Limits, RequestOptions, Sequence
 from llamactx.errors import LlamactxError
 from llamactx.sampling import SamplerChain
 
@@ -37,7 +37,7 @@ class Request:
     prompt: list[int]
     sampler: SamplerChain
     limits: Limits
-    options: dict[str, Any]
+    options: RequestOptions
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue
     index: int = 0
@@ -230,10 +230,10 @@ class EngineWorker:
 
     def _add(self, req: Request) -> None:
         try:
-            if self.prompt_cache is not None and req.options.get("cache_prompt", True):
-                id_slot = req.options.get("id_slot", -1)
-                req.options["id_slot"] = self.prompt_cache.launch(self.engine, req.prompt, id_slot)
-            req.seq = self.engine.add_request(req.prompt, req.sampler, req.limits, **req.options)
+            if self.prompt_cache is not None and req.options.cache_prompt:
+                id_slot = self.prompt_cache.launch(self.engine, req.prompt, req.options.id_slot)
+                req.options = replace(req.options, id_slot=id_slot)
+            req.seq = self.engine.add_request(req.prompt, req.sampler, req.limits, req.options)
         except Exception as e:  # noqa: BLE001 - reported to the handler, which answers 400
             self._done()
             req._post(e, True)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from llamactx import Model
-from llamactx.engine import Engine, Limits
+from llamactx.engine import Engine, Limits, RequestOptions
 from llamactx.engine.checkpoints import CHECKPOINT_TAIL, CheckpointParams, Checkpoints
 from llamactx.engine.sequence import EngineError
 from llamactx.memory.recurrent import RecurrentMemory
@@ -42,7 +42,7 @@ def engine_for(model, **kw) -> Engine:
 def generate(engine: Engine, prompt, n: int, **options):
     """Greedy `n` tokens; returns the sequence and the logits of the prompt's last token (n = 1: the engine's
     last decode is that token's)."""
-    seq = engine.add_request(prompt, greedy(engine.model), Limits(max_tokens=n), **options)
+    seq = engine.add_request(prompt, greedy(engine.model), Limits(max_tokens=n), RequestOptions(**options))
     for _ in range(500):
         if not engine.has_work:
             break

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llamactx.engine import Engine, Limits
+from llamactx.engine import Engine, Limits, RequestOptions
 from llamactx.sampling import SamplerChain, SamplingParams
 from llamactx.state_io import StateError
 
@@ -45,7 +45,7 @@ def generate(engine: Engine, prompt, n: int, **options):
     """Greedy `n` tokens; returns the sequence and the logits of the prompt's last token (n = 1)."""
     sampler = SamplerChain.default(SamplingParams(temperature=0.0), engine.model.hparams.n_vocab, engine.model.vocab,
                                    n_ctx=N_CTX)
-    seq = engine.add_request(prompt, sampler, Limits(max_tokens=n), **options)
+    seq = engine.add_request(prompt, sampler, Limits(max_tokens=n), RequestOptions(**options))
     for _ in range(200):
         if not engine.has_work:
             break

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from llamactx.engine import Engine, EngineError, Limits
+from llamactx.engine import Engine, EngineError, Limits, RequestOptions
 from llamactx.llm import LLM
 from llamactx.sampling import SamplerChain, SamplingParams
 
@@ -123,14 +123,14 @@ def test_requests_that_cannot_fit_are_refused(smollm):
     with pytest.raises(EngineError, match="outside the vocab"):
         engine.add_request([1, 10**6], chain(smollm))
     with pytest.raises(EngineError, match="id_slot 5"):
-        engine.add_request([1, 2], chain(smollm), id_slot=5)
+        engine.add_request([1, 2], chain(smollm), options=RequestOptions(id_slot=5))
     with pytest.raises(EngineError, match="prompt is empty"):
         engine.add_request([], chain(smollm))
 
 
 def test_logprobs_are_the_log_softmax_of_the_logits(smollm, prompts):
     engine = Engine(smollm, n_slots=1, n_ctx=512)
-    seq = engine.add_request(prompts[0], chain(smollm), Limits(max_tokens=3), n_probs=3)
+    seq = engine.add_request(prompts[0], chain(smollm), Limits(max_tokens=3), RequestOptions(n_probs=3))
     chunks = list(engine.generate(seq))
     assert all(c.logprob is not None and c.logprob <= 0 for c in chunks if c.token is not None)
     first = chunks[0]
