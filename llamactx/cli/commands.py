@@ -5,7 +5,8 @@
     llamactx bench -p 512 -n 128 -r 3 [-o json]       llama-bench's pp / tg tests
     llamactx perplexity -f FILE -c 512                llama-perplexity
     llamactx embedding -p TEXT [--embd-output-format json]   llama-embedding (mean pooling)
-    llamactx quantize IN.gguf OUT.gguf Q4_0           llama-quantize (F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1)
+    llamactx quantize IN.gguf OUT.gguf Q4_K_M         llama-quantize (F16, Q8_0, Q4_x, Q5_x, the K-quant mixes)
+    llamactx imatrix -f FILE [-c 512] [-o imatrix.gguf]   llama-imatrix (quantize --imatrix reads it)
     llamactx gguf-split [--merge] IN OUT               llama-gguf-split (byte-identical files)
     llamactx serve [-np 4] [-c 4096] [--port 8080]    llama-server: OpenAI-compatible API and chat page
     llamactx tokenize -p TEXT | info | --version
@@ -247,6 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
     from llamactx.cli.gguf_split import add_parser as add_gguf_split
 
     add_gguf_split(sub)
+    from llamactx.cli.imatrix import add_parser as add_imatrix
+
+    add_imatrix(sub)
 
     from llamactx.cli.serve import add_parser as add_serve
 
