@@ -59,7 +59,8 @@ ALL_METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"]
 class PromptRenderer:
     """A request body's prompt as the engine will see it, before tokenizing: the chat template applied to its
     messages (server/prompts.render_chat), or a completion's prompt text (token ids as the text they stand for:
-    affinity.history_bytes). Needs only the vocabulary and template (a vocab-only model: no weights)."""
+    affinity.history_bytes). Needs only the vocabulary and template (a vocab-only model: no weights), and hands
+    render_chat the template alone."""
 
     def __init__(self, config):
         from llamactx.runtime import Runtime
@@ -78,7 +79,7 @@ class PromptRenderer:
                 to_chat = CHAT_ROUTES[path]
                 req = P.validate(P.ChatCompletionRequest,
                                  {**self.config.request_defaults, **(to_chat(data) if to_chat else data)})
-                return render_chat(self, req)[0].encode("utf-8")
+                return render_chat(self.template, req)[0].encode("utf-8")
             if path in COMPLETION_ROUTES:
                 return self._prompt_bytes(data.get("prompt"))
         except Exception:  # noqa: BLE001 - the replica gives the request its answer (a 400)

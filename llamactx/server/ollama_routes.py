@@ -3,10 +3,11 @@
 model-store routes (/api/pull, /api/push, /api/create, /api/copy, /api/delete, /api/blobs).
 
 Each request is translated (llamactx.api.ollama) and runs through the server's own pipelines: the chat and
-completion handlers of app.py (`chat`, `completion`) and its embedder job (`embed`), with Ollama's renderers
-(llamactx.api.ollama_responses). Their SSE stream is re-framed as NDJSON, one JSON object a line. Errors are
-Ollama's {"error": "..."} with the status. `keep_alive` is left for server/lifecycle.py, which holds every request:
-0 unloads the model once idle (the next request loads it again), < 0 keeps it, N seconds keeps it N seconds idle.
+completion pipelines of routes_generation.py (`chat`, `completion`) and routes_embedding.py's embedder job
+(`embed`), bound to the server's state by app.py, with Ollama's renderers (llamactx.api.ollama_responses). Their
+SSE stream is re-framed as NDJSON, one JSON object a line. Errors are Ollama's {"error": "..."} with the status.
+`keep_alive` is left for server/lifecycle.py, which holds every request: 0 unloads the model once idle (the next
+request loads it again), < 0 keeps it, N seconds keeps it N seconds idle.
 """
 
 from __future__ import annotations
@@ -105,8 +106,8 @@ def _normalized(vec) -> list[float]:
 
 
 def ollama_routes(state, chat: Callable, completion: Callable, embed: Callable) -> list[Route]:
-    """The routes, over app.py's `chat(request, body, renderer_cls)`, `completion(request, renderer_cls, body)`
-    and `embed(request, inputs) -> (vectors, n_tokens) | None`."""
+    """The routes, over the bound pipelines `chat(request, body, renderer_cls)`, `completion(request,
+    renderer_cls, body)` and `embed(request, inputs) -> (vectors, n_tokens) | None`."""
     cfg = state.config
     cards: list[ModelCard] = []
 
@@ -167,7 +168,7 @@ def ollama_routes(state, chat: Callable, completion: Callable, embed: Callable) 
         else:  # the chat endpoint's render and reply parsing, for one user message
             req = with_reasoning(state, P.validate(P.ChatCompletionRequest,
                                                    {"messages": O.generate_messages(body), **think}))
-            text, _ = await asyncio.to_thread(render_chat, state, req)
+            text, _ = await asyncio.to_thread(render_chat, state.template, req)
             parse = await asyncio.to_thread(chat_parse_params, state, req, [])
         fields = {"prompt": [*context, text] if context else text, "stream": O.stream_of(body), **sampling,
                   **O.format_fields(body.get("format")), **O.logprob_fields(body, False)}

@@ -1,18 +1,37 @@
 """A request's input as tokens: prompts, chat renders, embedding and rerank inputs, each refused with a 400 (naming
 the field) when too long for its context, from its length alone where possible (llama-server's
-tokenize_input_prompts, server-common.cpp; `Vocab.min_tokens`). `state` is the server's ServerState.
+tokenize_input_prompts, server-common.cpp; `Vocab.min_tokens`).
+
+Each function takes what it reads: a generation prompt a `PromptFit` (the vocabulary, a slot's context and
+--context-shift), a chat render the `ChatTemplate`, embedding and rerank inputs the vocabulary (or model) and their
+context's n_ctx. The server's routes build these from its state; the cluster's ingress renders chats with its own
+vocab-only template.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from llamactx import tool_calls
 from llamactx.api import protocol as P
 from llamactx.api import rerank as rerank_api
+from llamactx.chat_template import ChatTemplate
+from llamactx.vocab import Vocab
 
 
-def completion_prompts(state, prompt, n_keep: int) -> tuple[list[list[int]], str]:
+@dataclass(frozen=True, slots=True)
+class PromptFit:
+    """What a generation prompt is tokenized with and must fit: the vocabulary, a slot's context (n_ctx) and
+    whether --context-shift truncates a prompt that fills it (else it is refused)."""
+
+    vocab: Vocab
+    n_ctx: int
+    context_shift: bool
+
+
+def completion_prompts(fit: PromptFit, prompt, n_keep: int) -> tuple[list[list[int]], str]:
     """A completion prompt as token lists (one per prompt) and the text of the first (for echo)."""
-    vocab = state.model.vocab
+    vocab = fit.vocab
     if isinstance(prompt, (str, dict)):
         items: list = [prompt]
     elif any(isinstance(p, int) for p in prompt):  # token ids, maybe mixed with texts: one prompt
@@ -22,7 +41,7 @@ def completion_prompts(state, prompt, n_keep: int) -> tuple[list[list[int]], str
             items = [prompt]
         else:
             items = [[t for j, p in enumerate(prompt) for t in (
-                [p] if isinstance(p, int) else prompt_tokens(state, p, True, add_special=j == 0))]]
+                [p] if isinstance(p, int) else prompt_tokens(fit, p, True, add_special=j == 0))]]
     else:
         items = list(prompt)
     out = []
@@ -35,12 +54,12 @@ def completion_prompts(state, prompt, n_keep: int) -> tuple[list[list[int]], str
                 raise P.ProtocolError(f"prompt[{i}].prompt_string must be a string")
             items[i] = p
         if isinstance(p, str):
-            tokens = prompt_tokens(state, p, True)
+            tokens = prompt_tokens(fit, p, True)
         else:
             tokens = P.check_tokens(p, vocab.n_tokens, f"prompt[{i}]" if len(items) > 1 else "prompt")
         if not tokens:
             raise P.ProtocolError(f"prompt[{i}] is empty")
-        out.append(fit_prompt(state, tokens, n_keep))
+        out.append(fit_prompt(fit, tokens, n_keep))
     if len(out) > P.MAX_N:
         raise P.ProtocolError(f"prompt: at most {P.MAX_N} prompts per request")
     first = items[0]
@@ -63,10 +82,10 @@ def content_text(obj: dict, field: str) -> str:
     return "".join(parts)
 
 
-def rerank_prompts(state, req) -> list[list[int]]:
-    """The tokens of every (query, document) pair; a pair longer than the reranker's context is a 400 naming the
-    document."""
-    n_ctx, vocab = state.reranker.n_ctx, state.model.vocab
+def rerank_prompts(model, n_ctx: int, req) -> list[list[int]]:
+    """The tokens of every (query, document) pair for `model`; a pair longer than the reranker's context (`n_ctx`)
+    is a 400 naming the document."""
+    vocab = model.vocab
     n_min_query = vocab.min_tokens(req.query)
     out = []
     for i, doc in enumerate(req.documents):
@@ -74,7 +93,7 @@ def rerank_prompts(state, req) -> list[list[int]]:
         if n_min > n_ctx:  # refused from its length, before tokenizing (see Vocab.min_tokens)
             raise P.ProtocolError(f"documents[{i}]: the query and document have at least {n_min} tokens, more than "
                                   f"the reranking context's n_ctx = {n_ctx}")
-        tokens = rerank_api.format_prompt(state.model, req.query, doc)
+        tokens = rerank_api.format_prompt(model, req.query, doc)
         if not tokens:
             raise P.ProtocolError(f"documents[{i}]: the query and document give no tokens to score")
         if len(tokens) > n_ctx:
@@ -84,21 +103,21 @@ def rerank_prompts(state, req) -> list[list[int]]:
     return out
 
 
-def embedding_tokens(state, inputs: list) -> list[list[int]]:
-    vocab = state.model.vocab
+def embedding_tokens(vocab: Vocab, n_ctx: int, inputs: list) -> list[list[int]]:
+    """The tokens of each embedding input (a text, or token ids); `n_ctx` is the embedding context's."""
     return [P.check_tokens(x, vocab.n_tokens, f"input[{i}]") if isinstance(x, list)
-            else embedding_input(state, x, i) for i, x in enumerate(inputs)]
+            else embedding_input(vocab, n_ctx, x, i) for i, x in enumerate(inputs)]
 
 
-def embedding_input(state, text: str, i: int) -> list[int]:
-    n_min, n_ctx = state.model.vocab.min_tokens(text), state.embedder.n_ctx
+def embedding_input(vocab: Vocab, n_ctx: int, text: str, i: int) -> list[int]:
+    n_min = vocab.min_tokens(text)
     if n_min > n_ctx:  # refused from its length, before tokenizing (see Vocab.min_tokens)
         raise P.ProtocolError(f"input[{i}] has at least {n_min} tokens, more than the embedding context's "
                               f"n_ctx = {n_ctx}")
-    return state.model.vocab.tokenize(text, add_special=True, parse_special=False)
+    return vocab.tokenize(text, add_special=True, parse_special=False)
 
 
-def render_chat(state, req: P.ChatCompletionRequest) -> tuple[str, list[dict]]:
+def render_chat(template: ChatTemplate, req: P.ChatCompletionRequest) -> tuple[str, list[dict]]:
     """The chat prompt, with the tools in it (unless tool_choice is "none"), and the tools' functions.
 
     A final assistant message is continued, not closed (llama-server's prefill_assistant, or vLLM's explicit
@@ -107,7 +126,7 @@ def render_chat(state, req: P.ChatCompletionRequest) -> tuple[str, list[dict]]:
     if req.continue_final_message and req.add_generation_prompt:
         raise P.ProtocolError("continue_final_message and add_generation_prompt cannot both be true")
     fns = tool_calls.functions(req.tools) if req.tool_choice != "none" else []
-    messages, pass_tools = tool_calls.prepare(state.template.source, req.messages, fns)
+    messages, pass_tools = tool_calls.prepare(template.source, req.messages, fns)
     tools = req.tools if pass_tools else None
     last = messages[-1] if messages else {}
     if last.get("role") == "assistant" and isinstance(last.get("content"), str) and not last.get("tool_calls"):
@@ -115,20 +134,19 @@ def render_chat(state, req: P.ChatCompletionRequest) -> tuple[str, list[dict]]:
             raise P.ProtocolError("messages: two assistant messages at the end; the last one is continued, so the "
                                   "one before it must be another role's")
         if len(messages) > 1:
-            head = state.template.render(messages[:-1], True, tools, req.chat_template_kwargs)
+            head = template.render(messages[:-1], True, tools, req.chat_template_kwargs)
             return head + last["content"], fns
     add = True if req.add_generation_prompt is None else req.add_generation_prompt
-    return state.template.render(messages, add, tools, req.chat_template_kwargs), fns
+    return template.render(messages, add, tools, req.chat_template_kwargs), fns
 
 
-def prompt_tokens(state, text: str, parse_special: bool, add_special: bool = True) -> list[int]:
+def prompt_tokens(fit: PromptFit, text: str, parse_special: bool, add_special: bool = True) -> list[int]:
     """A prompt's tokens. Without --context-shift a text too long for a slot is refused from its length alone,
     before it is tokenized (a client's huge input costs no tokenizer time or cache memory: Vocab.min_tokens)."""
-    vocab = state.model.vocab
-    n_min, n_ctx = vocab.min_tokens(text), state.n_ctx_slot()
-    if n_min >= n_ctx and not state.config.context_shift:
+    n_min, n_ctx = fit.vocab.min_tokens(text), fit.n_ctx
+    if n_min >= n_ctx and not fit.context_shift:
         raise exceeds_context(n_min, n_ctx, at_least=True)
-    return vocab.tokenize(text, add_special=add_special, parse_special=parse_special)
+    return fit.vocab.tokenize(text, add_special=add_special, parse_special=parse_special)
 
 
 def exceeds_context(n_tokens: int, n_ctx: int, at_least: bool = False) -> P.ProtocolError:
@@ -137,13 +155,13 @@ def exceeds_context(n_tokens: int, n_ctx: int, at_least: bool = False) -> P.Prot
                            n_prompt_tokens=n_tokens, n_ctx=n_ctx)
 
 
-def fit_prompt(state, tokens: list[int], n_keep: int) -> list[int]:
+def fit_prompt(fit: PromptFit, tokens: list[int], n_keep: int) -> list[int]:
     """A prompt that fills a slot's context is refused (exceed_context_size_error), or with --context-shift
     truncated as llama-server does: the first n_keep tokens, then the last half of the context."""
-    n_ctx = state.n_ctx_slot()
+    n_ctx = fit.n_ctx
     if len(tokens) < n_ctx:
         return tokens
-    if not state.config.context_shift:
+    if not fit.context_shift:
         raise exceeds_context(len(tokens), n_ctx)
     n_keep = max(0, min(n_keep, n_ctx // 2 - 1))
     return tokens[:n_keep] + tokens[len(tokens) - (n_ctx // 2 - n_keep):]
