@@ -8,16 +8,17 @@ import argparse
 import ctypes
 from dataclasses import dataclass
 
-from llamactx import llama_h
+from gguf import LlamaFileType
+
 from llamactx.llama_h import *  # noqa: F403
 
 # llama.h's integer typedefs as llama-cpp-python binds them: callers size C-style out-buffers with them
 # (`(llama_cpp.llama_token * n)()` for llama_tokenize), which llamactx.llama_h fills in place
 llama_pos = llama_token = llama_seq_id = ctypes.c_int32
 llama_token_p = ctypes.POINTER(llama_token)
-# llama_ftype: the file types llama_model_quantize writes here
-LLAMA_FTYPE_ALL_F32, LLAMA_FTYPE_MOSTLY_F16, LLAMA_FTYPE_MOSTLY_Q4_0, LLAMA_FTYPE_MOSTLY_Q4_1 = 0, 1, 2, 3
-LLAMA_FTYPE_MOSTLY_Q8_0, LLAMA_FTYPE_MOSTLY_Q5_0, LLAMA_FTYPE_MOSTLY_Q5_1 = 7, 8, 9
+# llama.h's llama_ftype (gguf-py's LlamaFileType has the same names and values, but for the newest)
+globals().update({f"LLAMA_FTYPE_{ft.name}": int(ft) for ft in LlamaFileType})
+LLAMA_FTYPE_MOSTLY_Q2_0 = 41
 
 
 @dataclass
@@ -46,9 +47,12 @@ def llama_model_quantize_default_params() -> llama_model_quantize_params:
 
 def llama_model_quantize(fname_inp: bytes | str, fname_out: bytes | str,
                          params: llama_model_quantize_params) -> int:
-    """Quantize a GGUF model file with `llamactx quantize` (llamactx.cli.quantize: F16, Q8_0, Q4_0, Q4_1, Q5_0 and
-    Q5_1, bit-exact with llama-quantize); 0 on success, as llama.h. Another file type, or an option that command
-    does not have, raises a ValueError naming it; a bad input file the command's error."""
+    """Quantize a GGUF model file with `llamactx quantize` (llamactx.cli.quantize, bit-exact with llama-quantize
+    for the file types it writes); 0 on success, as llama.h. Another file type, or an option that command does
+    not take from here (imatrix data, kv_overrides, tensor_types, ...), raises a ValueError naming it; a bad input
+    file the command's error."""
+    from gguf import GGMLQuantizationType
+
     from llamactx.cli.quantize import FILE_TYPES, add_parser, run_quantize
 
     names = {int(ftype): name for name, (ftype, _) in FILE_TYPES.items()}
@@ -56,8 +60,7 @@ def llama_model_quantize(fname_inp: bytes | str, fname_out: bytes | str,
         raise ValueError(f"llama_model_quantize: ftype = {params.ftype} is not one llamactx writes "
                          f"({', '.join(f'{k} ({v})' for k, v in sorted(names.items()))})")
     default = llama_model_quantize_params()
-    for field in ("output_tensor_type", "token_embedding_type", "quantize_output_tensor", "only_copy", "keep_split",
-                  "dry_run", "imatrix", "kv_overrides", "tensor_types", "prune_layers"):
+    for field in ("only_copy", "keep_split", "dry_run", "imatrix", "kv_overrides", "tensor_types", "prune_layers"):
         if getattr(params, field) != getattr(default, field):
             raise ValueError(f"llama_model_quantize: {field} = {getattr(params, field)!r} is not supported")
     inp, out = (p.decode() if isinstance(p, bytes) else str(p) for p in (fname_inp, fname_out))
@@ -65,12 +68,15 @@ def llama_model_quantize(fname_inp: bytes | str, fname_out: bytes | str,
     add_parser(parser.add_subparsers(dest="command"))
     argv = ["quantize", inp, out, names[int(params.ftype)]]
     argv += ["--allow-requantize"] * bool(params.allow_requantize) + ["--pure"] * bool(params.pure)
+    argv += ["--leave-output-tensor"] * (not params.quantize_output_tensor)
+    for flag, ggml_type in (("--output-tensor-type", params.output_tensor_type),
+                            ("--token-embedding-type", params.token_embedding_type)):
+        if int(ggml_type) != default.output_tensor_type:  # GGML_TYPE_COUNT: the file type's rule
+            argv += [flag, GGMLQuantizationType(int(ggml_type)).name]
     return run_quantize(parser.parse_args(argv))
 
 
-_NAMES = [n for n in vars(llama_h) if n.startswith(("llama_", "LLAMA_", "GGML_"))]
-__all__ = sorted({*_NAMES, "llama_pos", "llama_token", "llama_seq_id", "llama_token_p", "llama_model_quantize",
-                  "llama_model_quantize_default_params", "llama_model_quantize_params"})
+__all__ = sorted(n for n in globals() if n.startswith(("llama_", "LLAMA_", "GGML_")))
 
 
 # names that llama.h dropped before 0c1e570 (llama-cpp-python 0.3.36 has none of them either), with what replaced them
