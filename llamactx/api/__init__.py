@@ -7,4 +7,8 @@ the HTTP server (llamactx.server) and llama-cpp-python's `Llama` class (llamactx
     ollama.py       Ollama's requests (/api/chat, /api/generate, options, keep_alive, format, think) as chat /
                     completion bodies
     ollama_responses.py  Ollama's answers (whole or NDJSON pieces, thinking, tool calls) and its model card
+    anthropic.py    Anthropic's Messages API over the chat pipeline (/v1/messages, count_tokens)
+    oai_responses.py  OpenAI's Responses API over the chat pipeline (/v1/responses)
+    infill.py       fill-in-the-middle prompts for /infill (format_prompt_infill)
+    rerank.py       /rerank's request, prompt and response (format_prompt_rerank, format_response_rerank)
 """

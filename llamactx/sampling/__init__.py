@@ -10,6 +10,9 @@ common/sampling.cpp).
     rng.py          std::mt19937 and llama.cpp's seeding
     token_data.py   TokenDataArray (llama_token_data_array) and the Sampler protocol
     grammar.py      GrammarSampler on llguidance (GBNF, Lark, JSON schema); imported on first use
+    lazy_grammar.py a lazy grammar: free text until a trigger word, then the grammar (llama-grammar's triggers)
+    reasoning_budget.py  the thinking budget: the end-of-thinking tag forced after N tokens (reasoning-budget.cpp)
+    kernels.py      numba loops of the hot samplers (top-k selection, top-p / min-p cuts, dist's draw)
 """
 
 from llamactx.sampling.chain import *  # noqa: F403

@@ -10,7 +10,26 @@
 
 attention.py runs attention over the f16 KV cache, flash.py flash attention over it (the tiled kernel's
 arithmetic), compute.py a recorded forward graph (llamactx.ggml.graph) in one compiled call; llamactx.backend.fast
-(FastOps) uses all of them.
+(FastOps) uses all of them. The modules:
+
+    matmul.py       matmul: y = x @ W^T for a packed weight, dispatching to the type's kernel and path
+    repack.py       PackedWeight: weights repacked once into the kernels' layouts (pack_weight, pack_weights)
+    legacy.py       the 32-element block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), as x86 vec_dot computes them
+    wide.py         the same types four rows to a 512-bit register (repack.cpp's interleaved rows)
+    kquants.py      Q4_K, Q5_K, Q6_K rows (Q8_K activations)
+    ktile.py        Q4_K / Q6_K for prompt-sized batches, 16 rows per tile (ggml_gemm_q4_K_8x8_q8_K's order)
+    kxquants.py     Q3_K, IQ4_XS, Q5_K in the tiled order, and the repacked IQ4_NL / MXFP4
+    kxtile.py       Q3_K, IQ4_XS and Q5_K for prompt-sized batches
+    bf16.py         BF16 weights (tinyBLAS's order)
+    q8.py           the activation quantizers (float32 rows -> Q8_0 / Q8_1 / Q8_K)
+    quant_search.py the scale searches of ggml's quantizers (make_qx_quants ...), fp32 -> fp16 rounding
+    quantize_rows.py  ggml_quantize_chunk's row quantizers (K-quants; legacy types with an importance matrix)
+    get_rows.py     get_rows: the selected rows of a stored weight, dequantized (embedding lookup)
+    attention.py    attention over the f16 KV cache (the non-flash path)
+    flash.py        flash attention over it (flash_attn_ext's tiled arithmetic)
+    compute.py      plan_graph / GraphPlan: a recorded graph run in one compiled call (ggml_graph_compute)
+    simd.py         vector types and loads as llvmlite intrinsics (numba has none)
+    vnni.py         the integer dot product (vpdpbusd) and the int32 lane arithmetic around it
 
 Results are bit-identical to ggml-cpu's x86 vec_dot for every quantized type (matmul.py). The first matmul of a
 process compiles the kernel of its path (seconds), later processes load numba's on-disk cache. That cache
