@@ -113,7 +113,7 @@ def profile(model, args, graph: bool, clock) -> dict:
         compute.GraphPlan.run = run
     else:
         if hasattr(ops, "compute_graph"):  # op by op: the ReferenceOps behaviour, build computing eagerly
-            ops.compute_graph = lambda build, *a: build(a[0], ops, *a[1:])
+            ops.compute_graph = lambda build, params: build(ops, params)
         for cats, name in ((MATMUL, "matmul"), (ATTENTION, "attention"), (OTHER, "other")):
             for meth in cats:
                 if hasattr(ops, meth):

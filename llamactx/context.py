@@ -16,6 +16,7 @@ from enum import IntEnum
 
 import numpy as np
 
+from llamactx.backend.ops import GraphParams
 from llamactx.backend.reference import F32Rows
 from llamactx.batch import AllocatedBatch, Batch, BatchAllocator, DecodeError, UBatch
 from llamactx.cparams import ContextParams, ResolvedParams
@@ -176,9 +177,12 @@ class Context:
             return HybridInput(LayerMappedAttention(attn, self.memory.attn_layers), view.rs)
         return KVAttention(self.model.hparams, self.params, self.ops, view, ub)
 
-    def _forward(self, ub: UBatch, attn, out_ids: np.ndarray, want_logits: bool):
-        return self._arch.forward(self._forward_model, self.ops, ub.token, ub.embd, ub.pos, attn, self._rope, out_ids,
-                                  want_logits)
+    def _forward(self, ub: UBatch, inp, out_ids: np.ndarray, want_logits: bool):
+        """One ubatch through the architecture's graph (llama_context::process_ubatch -> build_graph): its `build`
+        and the graph params, computed by the ops (eagerly, or as a recorded graph)."""
+        params = GraphParams(model=self._forward_model, token=ub.token, embd=ub.embd, pos=ub.pos, inp=inp,
+                             rope=self._rope, out_ids=out_ids, want_logits=want_logits, loras=self._loras)
+        return self.ops.compute_graph(self._arch.build, params)
 
     def _rope_shift(self, rows: np.ndarray, shift: np.ndarray, il: int) -> np.ndarray:
         hp = self.model.hparams

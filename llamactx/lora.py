@@ -7,6 +7,7 @@ model's, an optional `adapter.lora.alpha` and, for each adapted weight `W` (ggml
 (its arrays are read-only views of the file); which adapters apply, at which scale, is a property of each context
 (`Context.set_adapters_lora`, as llama_set_adapters_lora). The forward pass gets them through `AdaptedModel`, whose
 `weight(name)` returns an `AdaptedWeight` for an adapted matrix; the ops layer's matmul then computes
+(build_lora_mm: llamactx.backend.ops.lora_matmuls)
     res = W x;  for each adapter: res = res + scale * (B (A x)),  scale = user_scale * alpha / rank (alpha != 0)
 with the same ops (and so the same rounding) as llama.cpp's ggml_mul_mat, ggml_scale and ggml_add.
 """
@@ -21,6 +22,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from gguf import GGUFValueType
 
+from llamactx.backend.ops import LoraAdaptedWeight
 from llamactx.errors import LlamactxError
 from llamactx.gguf.reader import GGUFFile
 from llamactx.model import Model, Weight
@@ -162,8 +164,9 @@ def _check_pair(model: Model, base: str, a: Weight, b: Weight, where: str) -> Lo
 
 
 @dataclass(frozen=True, slots=True)
-class AdaptedWeight:
-    """A model weight and the LoRA pairs a context applies to it, each with its final scale (get_scale)."""
+class AdaptedWeight(LoraAdaptedWeight):
+    """A model weight and the LoRA pairs a context applies to it, each with its final scale (get_scale): the ops
+    compute its matmul as build_lora_mm (llamactx.backend.ops.lora_matmuls)."""
 
     base: Weight
     loras: tuple[tuple[LoraWeight, np.float32], ...]
@@ -192,24 +195,6 @@ class AdaptedModel:
 
     def __getattr__(self, name: str):
         return getattr(self._model, name)
-
-
-def lora_matmuls(ops, x: np.ndarray, weights) -> list[np.ndarray]:
-    """`ops.matmuls` of weights some of which are `AdaptedWeight`s, as build_lora_mm: the base products first
-    (fused where the ops can), then for each adapter res = res + (B (A x)) * scale, each step rounded to float32
-    like ggml_mul_mat, ggml_scale and ggml_add. (n, n_in) -> [(n, n_out_i)]"""
-    ys = ops.matmuls(x, [w.base if isinstance(w, AdaptedWeight) else w for w in weights])
-    for i, w in enumerate(weights):
-        if not isinstance(w, AdaptedWeight):
-            continue
-        for lw, scale in w.loras:
-            ab = ops.matmul(ops.matmul(x, lw.a), lw.b)  # (n, rank) -> (n, n_out)
-            ys[i] = ys[i] + ab * scale
-    return ys
-
-
-def is_adapted(weights) -> bool:
-    return any(isinstance(w, AdaptedWeight) for w in weights)
 
 
 def load_adapters(model: Model, specs) -> tuple[tuple[LoraAdapter, float], ...]:

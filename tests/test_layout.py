@@ -62,6 +62,10 @@ def _imports(path) -> set[str]:
 # (modules, what they may not import): the layers only import downwards
 FORBIDDEN = [
     ("llamactx.ggml", lambda m: not m.startswith(("llamactx.ggml", "llamactx.gguf", "llamactx.errors"))),
+    # the backend computes what it is handed: the KV cache, LoRA and graph inputs reach it as the interfaces of
+    # backend/ops.py, never as imports of memory/, lora or models/
+    ("llamactx.backend", lambda m: not m.startswith(("llamactx.backend", "llamactx.ggml", "llamactx.gguf",
+                                                     "llamactx.errors"))),
     ("llamactx.engine", lambda m: m.startswith(("llamactx.server", "llamactx.api", "llamactx.cli", "llamactx.runtime",
                                                 "llamactx.llama_cpp_python", "llamactx.llm"))),
     ("llamactx", lambda m: m.startswith(("llamactx.server", "llamactx.cli"))),  # the library, below the front ends
@@ -69,9 +73,9 @@ FORBIDDEN = [
 
 
 def test_imports_run_downwards_only():
-    """ggml/ is arithmetic and imports nothing above it (the file format and the error base only); the engine
-    knows no front end; no library module imports the HTTP server or the command line (llamactx.api holds the
-    wire shapes they share)."""
+    """ggml/ is arithmetic and imports nothing above it (the file format and the error base only); backend/ imports
+    only ggml/, gguf/ and the error base, at its top or inside a function; the engine knows no front end; no
+    library module imports the HTTP server or the command line (llamactx.api holds the wire shapes they share)."""
     from pathlib import Path
 
     root = Path(llamactx.__file__).parent
@@ -191,26 +195,3 @@ def test_imports_inside_functions_make_no_cycle_either():
     """Deferred imports (inside functions, for start-up time or optional extras) still run one way: the graph of
     every import, wherever it is written, is acyclic too (but for the known cycles being broken)."""
     assert _cycles(_import_graph(top_level_only=False)) == KNOWN_FUNCTION_LEVEL_CYCLES
-
-
-def test_every_package_indexes_every_module_it_holds():
-    """Each package's __init__ docstring is its index: every module (`name.py`) and subpackage (`name/`) it holds
-    is named there, as `name.py` / `name/` or at the head of an index line, so that a reader finds a module from
-    its package's index rather than by grep."""
-    import ast
-    import re
-    from pathlib import Path
-
-    root = Path(llamactx.__file__).parent
-    missing = []
-    for init in sorted(root.rglob("__init__.py")):
-        package = init.parent
-        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
-        held = [p.stem for p in package.glob("*.py") if p.name != "__init__.py"]
-        held += [p.name for p in package.iterdir() if (p / "__init__.py").is_file()]
-        for name in sorted(held):
-            is_package = (package / name / "__init__.py").is_file()
-            named = f"{name}/" if is_package else f"{name}.py"
-            if named not in doc and not re.search(rf"^\s+{re.escape(name)}/?\s", doc, re.MULTILINE):
-                missing.append(f"{package.relative_to(root.parent).as_posix()}/{named}")
-    assert missing == []

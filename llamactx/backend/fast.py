@@ -1,5 +1,5 @@
-"""FastOps: the ops layer on the numba kernels (llamactx.ggml.kernels). Same interface and numbers as `ReferenceOps`
-(reference.py): matmuls run on weights packed once per model, embedding rows come from the packed table,
+"""FastOps: the ops layer on the numba kernels (llamactx.ggml.kernels). Same interface (backend/ops.py) and numbers as
+`ReferenceOps` (reference.py): matmuls run on weights packed once per model, embedding rows come from the packed table,
 attention reads the f16 cache in place (ggml/kernels/attention.py); norms, RoPE and the GLUs are ggml/vec.py's.
 A forward pass runs as a graph recorded once per ubatch shape and executed in one compiled call (ggml/graph.py,
 ggml/kernels/compute.py), op by op where the executor lacks an op it uses.
@@ -14,6 +14,13 @@ import numba
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
+from llamactx.backend.ops import (
+    GraphParams,
+    KVCacheView,
+    LoraAdaptedWeight,
+    is_adapted,
+    lora_matmuls,
+)
 from llamactx.backend.reference import ReferenceOps
 from llamactx.ggml.attention import sink_values
 from llamactx.ggml.cpu import active_path, check_target, set_threads
@@ -30,9 +37,6 @@ from llamactx.ggml.vecdot import EXACT_TYPES, is_repacked_q4_0
 from llamactx.ggml.vecdot_k import is_exact_k
 from llamactx.ggml.vecdot_kx import is_repacked_kx
 from llamactx.ggml.vecdot_nl import NL_TYPES, is_repacked_nl
-from llamactx.lora import AdaptedModel, AdaptedWeight, is_adapted, lora_matmuls
-from llamactx.memory.kv_cache import KVView
-from llamactx.models.graph_inputs import KVAttention
 
 _Q8_0 = int(T.Q8_0)
 _KERNEL_EXACT = frozenset(int(t) for t in EXACT_TYPES)  # 32-block types: bit-identical to ggml in the kernels
@@ -63,41 +67,49 @@ class FastOps(ReferenceOps):
 
     # -- graphs -------------------------------------------------------------------------------------------------
 
-    def compute_graph(self, build, model, token, embd, pos, attn, rope, out_ids, want_logits):
-        """`build(model, ops, ...)` as one compiled program, planned on the first ubatch of its shape and rerun
-        for the next ones (llama.cpp's graph reuse); op by op where the executor lacks something it uses."""
+    def compute_graph(self, build, params: GraphParams):
+        """`build(ops, params)` as one compiled program, planned on the first ubatch of its shape and rerun for
+        the next ones (llama.cpp's graph reuse); op by op where the executor lacks something it uses."""
         # op by op: LoRA (lora_matmuls), and under ggml_single_row one token or flash attention (the reference
         # kernels pick ggml's order from the shape, the program's attention is the row-invariant one)
-        single = self.ggml_single_row and (len(pos) == 1 or getattr(attn, "flash", False))
-        rows = _graph_layer_rows(attn)
-        if rows is None or isinstance(model, AdaptedModel) or single:
-            return build(model, self, token, embd, pos, attn, rope, out_ids, want_logits)
-        key = (build, model, len(pos), len(out_ids), token is None, want_logits)
+        inp = params.inp
+        single = self.ggml_single_row and (len(params.pos) == 1 or getattr(inp, "flash", False))
+        layer_rows = getattr(inp, "layer_rows", None)  # a CompiledAttentionInput (ops.py) has it; other inputs not
+        rows = layer_rows() if layer_rows is not None else None
+        if rows is None or params.loras or single:
+            return build(self, params)
+        key = (build, params.model, len(params.pos), len(params.out_ids), params.token is None, params.want_logits)
         if key not in self._plans:
-            self._plans[key] = self._plan(build, model, token, embd, pos, rope, out_ids, want_logits)
+            self._plans[key] = self._plan(build, params)
             while len(self._plans) > self.MAX_PLANS:
                 self._plans.popitem(last=False)
         self._plans.move_to_end(key)
         entry = self._plans[key]
         if entry is None:
-            return build(model, self, token, embd, pos, attn, rope, out_ids, want_logits)
+            return build(self, params)
         plan, result = entry
         if self._arena.size < plan.arena_size:
             self._arena = np.zeros(plan.arena_size, np.float32)
-        logits, out_embd = plan.run(self, self._weight_table(), self._arena, token, embd, pos, attn, rows, out_ids)
+        logits, out_embd = plan.run(self, self._weight_table(), self._arena, params.token, params.embd, params.pos,
+                                    inp, rows, params.out_ids)
         return dataclasses.replace(result, logits=logits, embd=out_embd)
 
-    def _plan(self, build, model, token, embd, pos, rope, out_ids, want_logits):
+    def _plan(self, build, params: GraphParams):
         """(GraphPlan, the build's result with tensors in place of arrays), or None if it cannot be a graph."""
         # F32 matrices (a MoE router) run in the program on the reference's exact float kernel
-        g = Graph(supports=lambda w: not isinstance(w, AdaptedWeight)
+        g = Graph(supports=lambda w: not isinstance(w, LoraAdaptedWeight)
                   and (self._kernel_order(w) is not None or w.ggml_type == T.F32))
-        inputs = (g.input("token", (len(pos),)) if token is not None else None,
-                  g.input("embd", embd.shape) if embd is not None else None,
-                  g.input("pos", (len(pos),)))
+        n = len(params.pos)
+        recorded = dataclasses.replace(  # the ubatch's arrays as the graph's inputs, bound at each run
+            params,
+            token=g.input("token", (n,)) if params.token is not None else None,
+            embd=g.input("embd", params.embd.shape) if params.embd is not None else None,
+            pos=g.input("pos", (n,)),
+            inp=GraphAttention(g, params.model.hparams),
+            out_ids=g.input("out_ids", (len(params.out_ids),)),
+        )
         try:
-            result = build(model, g, *inputs, GraphAttention(g, model.hparams), rope,
-                           g.input("out_ids", (len(out_ids),)), want_logits)
+            result = build(g, recorded)
             table = self._weight_table()
             plan = plan_graph(g, result.logits, result.embd,
                               lambda ws: table.index(tuple(w.name for w in ws), lambda: self._packed_stack(ws)),
@@ -118,7 +130,7 @@ class FastOps(ReferenceOps):
         # order too (Q3_K/Q5_K/IQ4_XS, repacked Q2_K/IQ4_NL/MXFP4: kxquants), and BF16 in tinyBLAS's (kernels.bf16,
         # read in place); the other weights (F32/F16, BF16 off tinyBLAS's shapes, and Q2_K/IQ4_NL/MXFP4/Q4_K with
         # ne1 % 8 != 0) stay on the reference, which follows llama.cpp for them (vecdot_kx, vecdot_nl, vecdot_bf16).
-        if isinstance(weight, AdaptedWeight):  # LoRA: the base product on the kernels, then the adapters'
+        if isinstance(weight, LoraAdaptedWeight):  # LoRA: the base product on the kernels, then the adapters'
             return lora_matmuls(self, x, [weight])[0]
         order = self._kernel_order(weight)
         if x.shape[0] == 0 or order is None or self._vec_dot_bf16(x, [weight]):
@@ -177,7 +189,7 @@ class FastOps(ReferenceOps):
             return True if bf16.supports(weight) else None
         return True if can_pack(weight.ggml_type) and is_exact_k(weight) else None
 
-    def attention_kv(self, q, kv, il, mask, vis, kq_scale, flash, n_threads=1, softcap=0.0, sinks=None):
+    def attention_kv(self, q, kv: KVCacheView, il, mask, vis, kq_scale, flash, n_threads=1, softcap=0.0, sinks=None):
         # an f16 cache is read in place, only the cells each token sees
         d_v = kv.v_stored(il).shape[1] // (kv.n_embd_k_gqa // q.shape[-1])
         # ggml's kernel picked from the ubatch's shape (vec_dot order for one token; flash attention's three
@@ -206,22 +218,6 @@ class FastOps(ReferenceOps):
         if weight.ggml_type != _Q8_0:
             return get_rows(weight, ids)
         return get_rows_q8_0_packed(self._packed(weight), ids)
-
-
-def _graph_layer_rows(attn) -> np.ndarray | None:
-    """Each layer's row in the cache it reads, (n_layer,) int64, where the executor has this attention input: KV
-    cache views (models.graph_inputs.KVAttention over KVViews: one cache holding every layer, or an iSWA pair whose SWA
-    view may be rotated) in f16, with or without flash attention. None: op by op (recurrent and hybrid memories,
-    quantized caches)."""
-    if not isinstance(attn, KVAttention):
-        return None
-    views = (attn.view, attn.view_swa)
-    if not all(isinstance(v, KVView) and v.type_k == "f16" and v.type_v == "f16" for v in views):
-        return None
-    hp = attn.hp
-    rows = np.array([(attn.view_swa if hp.is_swa(il) else attn.view).layer_row(il) for il in range(hp.n_layer)],
-                    np.int64)  # (n_layer,)
-    return rows if (rows >= 0).all() else None  # each layer in the cache its kind reads
 
 
 def _column_ranges(weights) -> tuple[tuple[int, int], ...]:

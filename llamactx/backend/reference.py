@@ -3,7 +3,8 @@
 `ReferenceOps` is the oracle the fast kernels are tested against: numpy plus plain scalar numba loops that follow,
 operation for operation, the x86 kernel llama.cpp (ggml-cpu, AVX-512 build) runs for each op and shape, so that its
 logits come out bit for bit (docs/numerics.md; llamactx.ggml.vecdot, .vecdot_k, .ggml_vec, .attention_exact). The model
-code (`llamactx/models/*.py`) only calls these methods, so a faster backend replaces them without touching it.
+code (`llamactx/models/*.py`) only calls these methods, the ops interface declared in backend/ops.py, so a faster
+backend replaces them without touching it.
 Where the numbers depend on how ggml computes, the method says which ggml function it follows.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
+from llamactx.backend.ops import GraphParams, KVCacheView, LoraAdaptedWeight, is_adapted, lora_matmuls
 from llamactx.ggml import delta_net as ggml_delta_net
 from llamactx.ggml import ssm as ggml_ssm
 from llamactx.ggml import vec as ggml_vec
@@ -40,7 +42,6 @@ from llamactx.ggml.vecdot_lowbit import matmul_lowbit
 from llamactx.ggml.vecdot_nl import NL_TYPES, matmul_nl
 from llamactx.gguf.quants import dequantize
 from llamactx.gguf.quants_lowbit import LOWBIT_TYPES
-from llamactx.lora import AdaptedWeight, is_adapted, lora_matmuls
 
 
 class ReferenceOps:
@@ -64,10 +65,10 @@ class ReferenceOps:
 
     # -- graphs -------------------------------------------------------------------------------------------------
 
-    def compute_graph(self, build, model, token, embd, pos, attn, rope, out_ids, want_logits):
-        """Run a forward pass's `build(model, ops, ...)` (models/*.py). Here every op computes as it is called;
-        a backend may instead record the graph once and rerun it (FastOps)."""
-        return build(model, self, token, embd, pos, attn, rope, out_ids, want_logits)
+    def compute_graph(self, build, params: GraphParams):
+        """Run an architecture's `build(ops, params)` (models/*.py) for one ubatch. Here every op computes as it
+        is called; a backend may instead record the graph once and rerun it (FastOps)."""
+        return build(self, params)
 
     @staticmethod
     def pos_input(pos: np.ndarray, cols: int, set_input) -> np.ndarray:
@@ -88,9 +89,9 @@ class ReferenceOps:
         F16 (llamactx.ggml.vecdot), Q4_K / Q6_K (llamactx.ggml.vecdot_k), Q2_K / Q3_K / Q5_K / IQ4_XS (.vecdot_kx),
         IQ4_NL / MXFP4 and Q4_K with ne1 % 8 != 0 (.vecdot_nl, .vecdot_kx) and BF16 (.vecdot_bf16) follow the x86
         kernel llama.cpp runs for this shape bit for bit; what remains multiplies in float64 and rounds. A weight
-        with a context's LoRA adapters is an `AdaptedWeight` (llamactx.lora).
+        with a context's LoRA adapters is a `LoraAdaptedWeight` (backend/ops.py; llamactx.lora).
         (n, ne0) -> (n, ne1)"""
-        if isinstance(weight, AdaptedWeight):
+        if isinstance(weight, LoraAdaptedWeight):
             return lora_matmuls(self, x, [weight])[0]
         if x.shape[0] == 0:  # an ubatch without outputs reaches the last FFN with no rows
             return np.zeros((0, weight.n_rows), np.float32)
@@ -301,8 +302,8 @@ class ReferenceOps:
 
     # -- attention ----------------------------------------------------------------------------------------------
 
-    def attention_kv(self, q: np.ndarray, kv, il: int, mask: np.ndarray, vis: VisibleCells, kq_scale: float,
-                     flash: bool, n_threads: int = 1, softcap: float = 0.0,
+    def attention_kv(self, q: np.ndarray, kv: KVCacheView, il: int, mask: np.ndarray, vis: VisibleCells,
+                     kq_scale: float, flash: bool, n_threads: int = 1, softcap: float = 0.0,
                      sinks: np.ndarray | None = None) -> np.ndarray:
         """`attention` over cells [0, kv.n_kv) of layer `il`, through the memory's view of the KV cache
         (llamactx.memory.KVView): the cache is decoded to f32 first. vis: the cells `mask` leaves visible, in

@@ -3,7 +3,8 @@
 In llama.cpp the model code (`llm_build_llama`) calls ggml_mul_mat, ggml_rms_norm, ggml_rope_ext, ... which only
 record `ggml_tensor` nodes; ggml-alloc places them in one buffer and ggml-cpu's `ggml_graph_compute` runs them on one
 thread pool, and an unchanged ubatch shape reuses the graph (`llm_graph_result::can_reuse`). `Graph` plays ggml.c's
-part: it has the ops interface the forward passes call (the same as `ReferenceOps`), and its `Tensor`s support the
+part: it implements the ops interface the forward passes call (llamactx/backend/ops.py; the same as `ReferenceOps`),
+an op without an executor node raising GraphUnsupported, and its `Tensor`s support the
 few numpy operations they use (+, * by a scalar or a per-row factor, / of the same shape, reshape, rows by index),
 so `models/*.py` build a graph with the code that computes eagerly on other ops. llamactx.ggml.kernels.compute
 plans and runs it.
@@ -151,7 +152,11 @@ class Graph:
         self.vectors.append(np.ascontiguousarray(vec, np.float32))
         return len(self.vectors) - 1
 
-    # -- the ops interface (ReferenceOps) ---------------------------------------------------------------------
+    # -- the ops interface (llamactx/backend/ops.py: Ops) -------------------------------------------------------
+
+    def compute_graph(self, build, params) -> object:
+        """A build called while recording: recorded inline, into this graph."""
+        return build(self, params)
 
     def get_rows(self, weight, ids: Tensor) -> Tensor:
         if not (isinstance(ids, Tensor) and ids.params == ("token",)):
@@ -224,12 +229,14 @@ class Graph:
     def add_id(self, x: Tensor, bias, selected: Tensor) -> Tensor:
         raise GraphUnsupported("add_id (per-expert biases)")
 
-    def moe_route(self, logits: Tensor, n_expert_used: int, gating: str, norm_w: bool,
-                  w_scale: float) -> tuple[Tensor, Tensor]:
+    def moe_route(self, logits: Tensor, n_expert_used: int, gating: str, norm_w: bool, w_scale: float,
+                  probs_b=None, groups: tuple[int, int] = (0, 0)) -> tuple[Tensor, Tensor]:
         """One node of (n, 2k): each token's k experts (as floats, exact below 2^24) then their weights; the two
         halves are returned as views, (selected, weights), as the eager ops return them."""
         if gating != "softmax":
             raise GraphUnsupported(f"{gating} gating")
+        if probs_b is not None or groups[0] > 1:
+            raise GraphUnsupported("an expert selection bias or expert groups")
         k = int(n_expert_used)
         route = self.node("moe_route", (logits,), (logits.rows, 2 * k), (k, bool(norm_w), np.float32(w_scale)))
         return self.view(route, (route.rows, k), 0), self.view(route, (route.rows, k), k)
@@ -251,7 +258,7 @@ class Graph:
         n, k, n_embd = experts.shape
         return self.node("moe_sum", (experts, weights.storage), (n, n_embd), (k,))
 
-    def attention(self, il: int, q: Tensor, k: Tensor, v: Tensor, kq_scale: float, swa: bool) -> Tensor:
+    def kv_attention(self, il: int, q: Tensor, k: Tensor, v: Tensor, kq_scale: float, swa: bool) -> Tensor:
         """Store the ubatch's K/V of layer `il` into its cells and attend over the cells each token sees (the
         attention input bound at run time: its view of the cache, its visible cells)."""
         n, n_head, d_k = q.shape
@@ -260,9 +267,50 @@ class Graph:
             raise GraphUnsupported(f"attention with head sizes {d_k} / {d_v}")
         return self.node("attn", (q, k, v), (n, n_head * d_v), (il, swa, n_head, n_head_kv, np.float32(kq_scale)))
 
+    # -- ops the executor has no node for: the ubatch runs op by op -------------------------------------------------
+
+    def layer_norm(self, x: Tensor, weight, bias, eps: float) -> Tensor:
+        raise GraphUnsupported("layer_norm")
+
+    def l2_norm(self, x: Tensor, eps: float) -> Tensor:
+        raise GraphUnsupported("l2_norm")
+
+    def gelu(self, x: Tensor) -> Tensor:
+        raise GraphUnsupported("gelu")
+
+    def sigmoid(self, x: Tensor) -> Tensor:
+        raise GraphUnsupported("sigmoid")
+
+    def softplus(self, x: Tensor) -> Tensor:
+        raise GraphUnsupported("softplus")
+
+    def rope_imrope(self, x: Tensor, pos: Tensor, rp: RopeParams, sections: tuple[int, ...]) -> Tensor:
+        raise GraphUnsupported("rope_imrope")
+
+    def ssm_conv(self, conv_x, weight) -> Tensor:
+        raise GraphUnsupported("ssm_conv")
+
+    def ssm_scan(self, state, x, dt, a, b, c) -> tuple[Tensor, Tensor]:
+        raise GraphUnsupported("ssm_scan")
+
+    def gated_delta_net(self, q, k, v, g, beta, state) -> tuple[Tensor, Tensor]:
+        raise GraphUnsupported("gated_delta_net")
+
+    def attention_kv(self, q: Tensor, kv, il: int, mask, vis, kq_scale: float, flash: bool, n_threads: int = 1,
+                     softcap: float = 0.0, sinks=None) -> Tensor:
+        """Attention in a recorded graph is `kv_attention`, through the GraphAttention input."""
+        raise GraphUnsupported("attention_kv outside a GraphAttention input")
+
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, mask, kq_scale: float, flash: bool, k_type: str = "f16",
+                  softcap: float = 0.0, sinks=None, v_type: str = "f16") -> Tensor:
+        raise GraphUnsupported("attention without a KV cache")
+
+    def attention_no_cache(self, q: Tensor, k: Tensor, v: Tensor, mask, kq_scale: float, flash: bool) -> Tensor:
+        raise GraphUnsupported("attention without a KV cache")
+
 
 class GraphAttention:
-    """The attention input a forward sees while its graph is built: records `Graph.attention` nodes for the
+    """The attention input a forward sees while its graph is built: records `Graph.kv_attention` nodes for the
     attention input the executor binds at run time (models.graph_inputs.KVAttention)."""
 
     def __init__(self, graph: Graph, hparams) -> None:
@@ -275,4 +323,4 @@ class GraphAttention:
             raise GraphUnsupported("attention sinks")
         if k is None:
             raise GraphUnsupported("attention over an earlier layer's KV (shared KV layers)")
-        return self.graph.attention(il, q, k, v, kq_scale, self.hparams.is_swa(il))
+        return self.graph.kv_attention(il, q, k, v, kq_scale, self.hparams.is_swa(il))

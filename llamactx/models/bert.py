@@ -21,11 +21,12 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
+from llamactx.backend.ops import GraphParams
 from llamactx.ggml.inputs import ROPE_TYPE_NEOX, ROPE_TYPE_NORM
 from llamactx.ggml.vecdot import FLOAT_TYPES, matmul_float
 from llamactx.ggml.vecdot_bf16 import matmul_bf16
 from llamactx.hparams import HParams, HParamsError, Meta
-from llamactx.models.graph_inputs import AttentionInput, ForwardResult, RopeConfig
+from llamactx.models.graph_inputs import ForwardResult
 from llamactx.models.llama import linear, linears
 
 # llama_model_rope_type (bert applies none; nomic-bert rotates q and k NEOX-style)
@@ -166,22 +167,23 @@ def _mul_mat(ops, x: np.ndarray, weight) -> np.ndarray:
     return ops.matmul(x, weight)  # the other types take llama.cpp's kernel for the shape already
 
 
-def forward(model, ops, token: np.ndarray | None, embd: np.ndarray | None, pos: np.ndarray,
-            attn: AttentionInput, rope: RopeConfig, out_ids: np.ndarray, want_logits: bool) -> ForwardResult:
-    """One ubatch through the encoder: `build`'s graph computed by the ops (ggml_graph_compute)."""
-    hp = model.hparams
-    if hp.arch == "bert" and len(pos) and (int(pos.min()) < 0 or int(pos.max()) >= hp.n_ctx_train):
+def check_positions(hp: HParams, pos: np.ndarray) -> None:
+    """bert's learned position embeddings have n_ctx_train rows: a position outside them raises
+    EncoderPositionError before any op runs."""
+    if len(pos) and (int(pos.min()) < 0 or int(pos.max()) >= hp.n_ctx_train):
         bad = int(pos.max()) if int(pos.max()) >= hp.n_ctx_train else int(pos.min())
         raise EncoderPositionError(f"position {bad} is outside the model's position embeddings [0, "
                                    f"{hp.n_ctx_train}) ('{hp.arch}.context_length')")
-    return ops.compute_graph(build, model, token, embd, pos, attn, rope, out_ids, want_logits)
 
 
-def build(model, ops, token: np.ndarray | None, embd: np.ndarray | None, pos: np.ndarray,
-          attn: AttentionInput, rope: RopeConfig, out_ids: np.ndarray, want_logits: bool) -> ForwardResult:
+def build(ops, params: GraphParams) -> ForwardResult:
     """The graph of one ubatch (llama_model_bert::graph, for bert and nomic-bert), computed by `ops` as it is
     built. token (n,) or embd (n, n_embd); pos (n,); out_ids: the rows whose output is wanted. Returns no logits:
     embd is the last layer's output (res->t_embd)."""
+    model, token, embd, pos = params.model, params.token, params.embd, params.pos
+    attn, rope, out_ids = params.inp, params.rope, params.out_ids
+    if model.hparams.arch == "bert" and isinstance(pos, np.ndarray):  # (a recording's positions come at run time)
+        check_positions(model.hparams, pos)
     hp = model.hparams
     w, t = model.weight, model.tensors
     eps = hp.f_norm_eps

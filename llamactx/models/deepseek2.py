@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from llamactx.backend.ops import GraphParams
 from llamactx.ggml.inputs import ROPE_TYPE_NORM
 from llamactx.ggml.libm import libm as ggml_libm
 from llamactx.ggml.moe import expert
@@ -183,12 +184,6 @@ def kq_scale(hp: HParams, rope: RopeConfig) -> float:
     return float(_F32(mscale * mscale) / np.sqrt(_F32(hp.n_embd_head_k_mla)))
 
 
-def forward(model, ops, token: np.ndarray | None, embd: np.ndarray | None, pos: np.ndarray,
-            attn: AttentionInput, rope: RopeConfig, out_ids: np.ndarray, want_logits: bool) -> ForwardResult:
-    """One ubatch, op by op (the graph executor has no per-head matmuls of a 3-D weight)."""
-    return build(model, ops, token, embd, pos, attn, rope, out_ids, want_logits)
-
-
 def per_head(ops, x: np.ndarray, weight) -> np.ndarray:
     """ggml_mul_mat of a 3-D weight (ne0, ne1, n_head) with x (n, n_head, ne0): each head's rows times its own
     matrix, as ggml_compute_forward_mul_mat runs one 2-D product per head. -> (n, n_head, ne1)"""
@@ -239,9 +234,12 @@ def ffn(model, ops, cur: np.ndarray, il: int) -> np.ndarray:
     return moe_out + ops.matmul(ops.swiglu(gate, up), w(b + "ffn_down_shexp.weight"))  # (n, n_embd)
 
 
-def build(model, ops, token: np.ndarray | None, embd: np.ndarray | None, pos: np.ndarray,
-          attn: AttentionInput, rope: RopeConfig, out_ids: np.ndarray, want_logits: bool) -> ForwardResult:
-    """The graph of one ubatch (llama_model_deepseek2::graph), computed by `ops` as it is built."""
+def build(ops, params: GraphParams) -> ForwardResult:
+    """The graph of one ubatch (llama_model_deepseek2::graph), computed by `ops` as it is built: the compiled
+    graph has no per-head matmul of a 3-D weight (recording it raises GraphUnsupported), so FastOps runs it op by
+    op."""
+    model, token, embd, pos = params.model, params.token, params.embd, params.pos
+    attn, rope, out_ids, want_logits = params.inp, params.rope, params.out_ids, params.want_logits
     hp = model.hparams
     t = model.tensors
     eps = hp.f_norm_rms_eps

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
+from llamactx.backend.ops import GraphParams
 from llamactx.ggml.inputs import ROPE_TYPE_NEOX
 from llamactx.hparams import HParams, HParamsError, Meta
 from llamactx.models.deepseek2 import GATING, deepseek_experts, ffn, ffn_tensor_shapes
-from llamactx.models.graph_inputs import AttentionInput, ForwardResult, RopeConfig
+from llamactx.models.graph_inputs import ForwardResult
 from llamactx.models.llama import linear, linears, output_weight_name
 
 ARCHS = {"glm4moe": ROPE_TYPE_NEOX}  # llama_model_rope_type (NEOX without rope sections)
@@ -80,15 +79,12 @@ def refused_tensors(hp: HParams) -> dict[str, str]:
     return refused
 
 
-def forward(model, ops, token: np.ndarray | None, embd: np.ndarray | None, pos: np.ndarray,
-            attn: AttentionInput, rope: RopeConfig, out_ids: np.ndarray, want_logits: bool) -> ForwardResult:
-    """One ubatch, op by op (the graph executor has no sigmoid router or selection bias)."""
-    return build(model, ops, token, embd, pos, attn, rope, out_ids, want_logits)
-
-
-def build(model, ops, token: np.ndarray | None, embd: np.ndarray | None, pos: np.ndarray,
-          attn: AttentionInput, rope: RopeConfig, out_ids: np.ndarray, want_logits: bool) -> ForwardResult:
-    """The graph of one ubatch (llama_model_glm4_moe::graph), computed by `ops` as it is built."""
+def build(ops, params: GraphParams) -> ForwardResult:
+    """The graph of one ubatch (llama_model_glm4_moe::graph), computed by `ops` as it is built: the compiled
+    graph has no sigmoid router with a selection bias (Graph.moe_route raises GraphUnsupported), so FastOps runs
+    it op by op."""
+    model, token, embd, pos = params.model, params.token, params.embd, params.pos
+    attn, rope, out_ids, want_logits = params.inp, params.rope, params.out_ids, params.want_logits
     hp = model.hparams
     t = model.tensors
     eps = hp.f_norm_rms_eps

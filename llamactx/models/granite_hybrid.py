@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from llamactx.backend.ops import GraphParams
 from llamactx.ggml.inputs import ROPE_TYPE_NORM
 from llamactx.hparams import HParams, HParamsError, Meta
 from llamactx.models import mamba2
-from llamactx.models.graph_inputs import ForwardResult, HybridInput, RopeConfig
+from llamactx.models.graph_inputs import ForwardResult, RopeConfig
 from llamactx.models.llama import linear, linears, output_weight_name
 from llamactx.models.moe import build_moe_ffn, expert_tensor_shapes
 
@@ -98,10 +99,11 @@ def refused_tensors(hp: HParams) -> dict[str, str]:
     return {f"blk.{il}.rope_freqs.weight": "RoPE frequency factors are not supported" for il in range(hp.n_layer)}
 
 
-def forward(model, ops, token: np.ndarray | None, embd: np.ndarray | None, pos: np.ndarray,
-            inp: HybridInput, rope: RopeConfig, out_ids: np.ndarray, want_logits: bool) -> ForwardResult:
+def build(ops, params: GraphParams) -> ForwardResult:
     """One ubatch through the network (llama_model_granite_hybrid::graph). inp: attention for the attention
     layers, the recurrent view for the Mamba-2 layers."""
+    model, token, embd, pos = params.model, params.token, params.embd, params.pos
+    inp, rope, out_ids, want_logits = params.inp, params.rope, params.out_ids, params.want_logits
     hp = model.hparams
     w, t = model.weight, model.tensors
     eps = hp.f_norm_rms_eps

@@ -1,7 +1,7 @@
 """What a forward pass needs besides the weights: the ubatch's attention input and where outputs go.
 
 Like llama.cpp's llm_graph_input_* objects, these are built by the context for each ubatch and passed explicitly
-to the architecture's `forward`, which never sees the KV cache itself.
+to the architecture's `build` (as `GraphParams.inp`, llamactx/backend/ops.py), which never sees the KV cache itself.
 """
 
 from __future__ import annotations
@@ -156,6 +156,16 @@ class KVAttention:
             view.store(il, k.reshape(n, -1), v.reshape(n, -1))
         return self.ops.attention_kv(q, view, il, mask, vis, kq_scale, self.flash, n_threads=self.n_threads,
                                      softcap=self.hp.f_attn_logit_softcapping, sinks=sinks)
+
+    def layer_rows(self) -> np.ndarray | None:
+        """Each layer's row in the cache it reads, (n_layer,) int64, where a compiled graph binds this input
+        (backend.ops.CompiledAttentionInput): f16 caches, one holding every layer or an iSWA pair whose SWA view
+        may be rotated, with or without flash attention. None: op by op (quantized caches)."""
+        if not all(v.type_k == "f16" and v.type_v == "f16" for v in (self.view, self.view_swa)):
+            return None
+        rows = np.array([(self.view_swa if self.hp.is_swa(il) else self.view).layer_row(il)
+                         for il in range(self.hp.n_layer)], np.int64)  # (n_layer,)
+        return rows if (rows >= 0).all() else None  # each layer in the cache its kind reads
 
 
 def _visible(mask: np.ndarray, cell_pos: np.ndarray, layout_exact: bool) -> VisibleCells:

@@ -23,9 +23,10 @@ import math
 
 import numpy as np
 
+from llamactx.backend.ops import GraphParams
 from llamactx.ggml.inputs import ROPE_TYPE_NEOX
 from llamactx.hparams import HParams, HParamsError, Meta
-from llamactx.models.graph_inputs import ForwardResult, HybridInput, RecurrentInput, RopeConfig
+from llamactx.models.graph_inputs import ForwardResult, RecurrentInput, RopeConfig
 from llamactx.models.llama import output_weight_name
 from llamactx.models.moe import build_moe_ffn, expert_tensor_shapes
 
@@ -98,10 +99,11 @@ def tensor_shapes(hp: HParams) -> dict[str, tuple[tuple[int, ...], bool]]:
     return shapes
 
 
-def forward(model, ops, token: np.ndarray | None, embd: np.ndarray | None, pos: np.ndarray,
-            inp: HybridInput, rope: RopeConfig, out_ids: np.ndarray, want_logits: bool) -> ForwardResult:
+def build(ops, params: GraphParams) -> ForwardResult:
     """One ubatch through the network (llama_model_lfm2::graph<false>). inp: attention for the attention layers,
     the recurrent view for the short-convolution layers."""
+    model, token, embd, pos = params.model, params.token, params.embd, params.pos
+    inp, rope, out_ids, want_logits = params.inp, params.rope, params.out_ids, params.want_logits
     hp = model.hparams
     w, t = model.weight, model.tensors
     eps = hp.f_norm_rms_eps

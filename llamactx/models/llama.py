@@ -13,9 +13,10 @@ from functools import partial
 
 import numpy as np
 
+from llamactx.backend.ops import GraphParams
 from llamactx.ggml.inputs import ROPE_TYPE_NEOX, ROPE_TYPE_NORM
 from llamactx.hparams import HParams, HParamsError, Meta
-from llamactx.models.graph_inputs import AttentionInput, ForwardResult, RopeConfig, attn_temp_scale
+from llamactx.models.graph_inputs import ForwardResult, attn_temp_scale
 from llamactx.models.moe import build_moe_ffn, expert_tensor_shapes, shared_expert
 
 # the architecture names this module runs, with their RoPE type (llama_model_rope_type): llama rotates adjacent
@@ -104,17 +105,12 @@ def linears(model, ops, x: np.ndarray, *prefixes: str) -> list[np.ndarray]:
     return [y if bias is None else y + bias for y, bias in zip(ys, biases, strict=True)]
 
 
-def forward(model, ops, token: np.ndarray | None, embd: np.ndarray | None, pos: np.ndarray,
-            attn: AttentionInput, rope: RopeConfig, out_ids: np.ndarray, want_logits: bool) -> ForwardResult:
-    """One ubatch through the network: `build`'s graph computed by the ops (ggml_graph_compute)."""
-    return ops.compute_graph(build, model, token, embd, pos, attn, rope, out_ids, want_logits)
-
-
-def build(model, ops, token: np.ndarray | None, embd: np.ndarray | None, pos: np.ndarray,
-          attn: AttentionInput, rope: RopeConfig, out_ids: np.ndarray, want_logits: bool) -> ForwardResult:
+def build(ops, params: GraphParams) -> ForwardResult:
     """The graph of one ubatch (llm_build_llama), computed by `ops` as it is built or recorded. token (n,) or
     embd (n, n_embd); pos (n,); out_ids: indices into the ubatch of the rows whose output is wanted. With a
     graph-recording ops object the arrays are graph tensors (llamactx.ggml.graph)."""
+    model, token, embd, pos = params.model, params.token, params.embd, params.pos
+    attn, rope, out_ids, want_logits = params.inp, params.rope, params.out_ids, params.want_logits
     hp = model.hparams
     w = model.weight
     n = len(pos)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from llamactx.backend.ops import GraphParams
 from llamactx.ggml.inputs import ROPE_TYPE_NORM
 from llamactx.hparams import HParams, HParamsError, Meta
 from llamactx.models.graph_inputs import ForwardResult, RecurrentInput
@@ -62,10 +63,11 @@ def tensor_shapes(hp: HParams) -> dict[str, tuple[tuple[int, ...], bool]]:
     return shapes
 
 
-def forward(model, ops, token: np.ndarray | None, embd: np.ndarray | None, pos: np.ndarray,
-            rs: RecurrentInput, rope, out_ids: np.ndarray, want_logits: bool) -> ForwardResult:
+def build(ops, params: GraphParams) -> ForwardResult:
     """One ubatch through the network (llama_model_mamba::graph). token (n,) or embd (n, n_embd); pos is not
     used; rs: the ubatch's view of the recurrent memory."""
+    model, token, embd = params.model, params.token, params.embd
+    rs, out_ids, want_logits = params.inp, params.out_ids, params.want_logits
     hp = model.hparams
     w, t = model.weight, model.tensors
     eps = hp.f_norm_rms_eps

@@ -19,7 +19,6 @@ from llamactx.models import llama
 ARCHS = {"mistral3": ROPE_TYPE_NORM}  # llama_model_rope_type
 MEMORY = "kv"  # llama_model::create_memory: llama_kv_cache
 
-forward = llama.forward
 build = llama.build
 
 

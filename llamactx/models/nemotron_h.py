@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from llamactx.backend.ops import GraphParams
 from llamactx.ggml.inputs import ROPE_TYPE_NORM
 from llamactx.hparams import HParams, HParamsError, Meta
 from llamactx.models import mamba2
-from llamactx.models.graph_inputs import ForwardResult, HybridInput
+from llamactx.models.graph_inputs import ForwardResult
 from llamactx.models.llama import linear, linears, output_weight_name
 
 ARCHS = {"nemotron_h": ROPE_TYPE_NORM}  # llama_model_rope_type: LLAMA_ROPE_TYPE_NONE, never used (no RoPE)
@@ -99,10 +100,11 @@ def tensor_shapes(hp: HParams) -> dict[str, tuple[tuple[int, ...], bool]]:
     return shapes
 
 
-def forward(model, ops, token: np.ndarray | None, embd: np.ndarray | None, pos: np.ndarray,
-            inp: HybridInput, rope, out_ids: np.ndarray, want_logits: bool) -> ForwardResult:
+def build(ops, params: GraphParams) -> ForwardResult:
     """One ubatch through the network (llama_model_nemotron_h::graph). inp: attention for the attention layers,
     the recurrent view for the Mamba-2 layers; pos and rope are not used (no RoPE)."""
+    model, token, embd = params.model, params.token, params.embd
+    inp, out_ids, want_logits = params.inp, params.out_ids, params.want_logits
     hp = model.hparams
     w, t = model.weight, model.tensors
     eps = hp.f_norm_rms_eps

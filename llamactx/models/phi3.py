@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from llamactx.backend.ops import GraphParams
 from llamactx.ggml.inputs import ROPE_TYPE_NEOX
 from llamactx.hparams import HParams, HParamsError, Meta
-from llamactx.models.graph_inputs import AttentionInput, ForwardResult, RopeConfig
+from llamactx.models.graph_inputs import ForwardResult
 from llamactx.models.llama import output_weight_name
 
 ARCHS = {"phi3": ROPE_TYPE_NEOX}  # llama_model_rope_type
@@ -83,15 +84,10 @@ def _qkv(model, ops, cur: np.ndarray, b: str, hp: HParams) -> tuple:
     return qkv[:, :n_q], qkv[:, n_q:n_k], qkv[:, n_k:]
 
 
-def forward(model, ops, token: np.ndarray | None, embd: np.ndarray | None, pos: np.ndarray,
-            attn: AttentionInput, rope: RopeConfig, out_ids: np.ndarray, want_logits: bool) -> ForwardResult:
-    """One ubatch through the network: `build`'s graph computed by the ops (ggml_graph_compute)."""
-    return ops.compute_graph(build, model, token, embd, pos, attn, rope, out_ids, want_logits)
-
-
-def build(model, ops, token: np.ndarray | None, embd: np.ndarray | None, pos: np.ndarray,
-          attn: AttentionInput, rope: RopeConfig, out_ids: np.ndarray, want_logits: bool) -> ForwardResult:
+def build(ops, params: GraphParams) -> ForwardResult:
     """The graph of one ubatch (llama_model_phi3::graph<false>), computed by `ops` as it is built or recorded."""
+    model, token, embd, pos = params.model, params.token, params.embd, params.pos
+    attn, rope, out_ids, want_logits = params.inp, params.rope, params.out_ids, params.want_logits
     hp = model.hparams
     w, t = model.weight, model.tensors
     eps = hp.f_norm_rms_eps

@@ -28,9 +28,10 @@ import dataclasses
 
 import numpy as np
 
+from llamactx.backend.ops import GraphParams
 from llamactx.ggml.inputs import ROPE_TYPE_NEOX
 from llamactx.hparams import HParams, HParamsError, Meta
-from llamactx.models.graph_inputs import ForwardResult, HybridInput, RecurrentInput, RopeConfig
+from llamactx.models.graph_inputs import ForwardResult, RecurrentInput, RopeConfig
 from llamactx.models.llama import output_weight_name
 from llamactx.models.moe import build_moe_ffn, expert_tensor_shapes
 
@@ -184,19 +185,18 @@ def refused_tensors(hp: HParams) -> dict[str, str]:
     return out
 
 
-def forward(model, ops, token: np.ndarray | None, embd: np.ndarray | None, pos: np.ndarray,
-            inp: HybridInput, rope: RopeConfig, out_ids: np.ndarray, want_logits: bool) -> ForwardResult:
+def build(ops, params: GraphParams) -> ForwardResult:
     """One ubatch through the network (llama_model_qwen35::graph). inp: attention for the attention layers, the
     recurrent view for the delta-net layers."""
-    return hybrid_trunk(model, ops, token, embd, pos, inp, rope, out_ids, want_logits, delta_net_block,
-                        attention_block)
+    return hybrid_trunk(ops, params, delta_net_block, attention_block)
 
 
-def hybrid_trunk(model, ops, token, embd, pos, inp: HybridInput, rope: RopeConfig, out_ids: np.ndarray,
-                 want_logits: bool, delta_block, attn_block) -> ForwardResult:
+def hybrid_trunk(ops, params: GraphParams, delta_block, attn_block) -> ForwardResult:
     """The layers shared by qwen35, qwen35moe and qwen3next: a pre-norm delta-net or attention block (the
     architecture's own), the post-attention norm and ffn_block, residuals around each; the final norm on the output
-    rows and the output head."""
+    rows and the output head. params.inp: a HybridInput."""
+    model, token, embd, pos = params.model, params.token, params.embd, params.pos
+    inp, rope, out_ids, want_logits = params.inp, params.rope, params.out_ids, params.want_logits
     hp = model.hparams
     w, t = model.weight, model.tensors
     eps = hp.f_norm_rms_eps

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from llamactx.backend.ops import GraphParams
 from llamactx.ggml.inputs import ROPE_TYPE_NEOX
 from llamactx.hparams import HParams, Meta
 from llamactx.models import qwen35
-from llamactx.models.graph_inputs import ForwardResult, HybridInput, RecurrentInput, RopeConfig
+from llamactx.models.graph_inputs import ForwardResult, RecurrentInput, RopeConfig
 
 ARCHS = {"qwen3next": ROPE_TYPE_NEOX}  # llama_model_rope_type: LLAMA_ROPE_TYPE_NEOX
 MEMORY = "hybrid"  # llama_model::create_memory: llama_memory_hybrid
@@ -63,12 +64,10 @@ def refused_tensors(hp: HParams) -> dict[str, str]:
     return out
 
 
-def forward(model, ops, token: np.ndarray | None, embd: np.ndarray | None, pos: np.ndarray,
-            inp: HybridInput, rope: RopeConfig, out_ids: np.ndarray, want_logits: bool) -> ForwardResult:
+def build(ops, params: GraphParams) -> ForwardResult:
     """One ubatch through the network (llama_model_qwen3next::graph): qwen35's trunk with qwen3next's delta-net
     and attention blocks (its FFN: experts + the sigmoid-gated shared expert, as qwen35moe)."""
-    return qwen35.hybrid_trunk(model, ops, token, embd, pos, inp, rope, out_ids, want_logits, delta_net_block,
-                               attention_block)
+    return qwen35.hybrid_trunk(ops, params, delta_net_block, attention_block)
 
 
 def attention_block(model, ops, attn, cur: np.ndarray, pos: np.ndarray, rope: RopeConfig, il: int) -> np.ndarray:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from llamactx.backend.ops import GraphParams
 from llamactx.ggml.inputs import ROPE_TYPE_NORM
 from llamactx.hparams import HParams, HParamsError, Meta
 from llamactx.models import llama
-from llamactx.models.graph_inputs import AttentionInput, ForwardResult, RopeConfig
+from llamactx.models.graph_inputs import ForwardResult
 from llamactx.models.llama import linears, output_weight_name
 
 ARCHS = {"smollm3": ROPE_TYPE_NORM}  # llama_model_rope_type
@@ -39,15 +40,10 @@ def tensor_shapes(hp: HParams) -> dict[str, tuple[tuple[int, ...], bool]]:
     return shapes
 
 
-def forward(model, ops, token: np.ndarray | None, embd: np.ndarray | None, pos: np.ndarray,
-            attn: AttentionInput, rope: RopeConfig, out_ids: np.ndarray, want_logits: bool) -> ForwardResult:
-    """One ubatch through the network: `build`'s graph computed by the ops (ggml_graph_compute)."""
-    return ops.compute_graph(build, model, token, embd, pos, attn, rope, out_ids, want_logits)
-
-
-def build(model, ops, token: np.ndarray | None, embd: np.ndarray | None, pos: np.ndarray,
-          attn: AttentionInput, rope: RopeConfig, out_ids: np.ndarray, want_logits: bool) -> ForwardResult:
+def build(ops, params: GraphParams) -> ForwardResult:
     """The graph of one ubatch (llama_model_smollm3::graph), computed by `ops` as it is built or recorded."""
+    model, token, embd, pos = params.model, params.token, params.embd, params.pos
+    attn, rope, out_ids, want_logits = params.inp, params.rope, params.out_ids, params.want_logits
     hp = model.hparams
     w, t = model.weight, model.tensors
     eps = hp.f_norm_rms_eps

@@ -527,7 +527,7 @@ def test_fast_ops_runs_repacked_q4_0_on_the_kernels():
         for i, prompt in enumerate(ref["prompts"]):
             ops = FastOps(model)
             if not graph:  # op by op, as ReferenceOps.compute_graph runs a build
-                ops.compute_graph = lambda build, model, *args, ops=ops: build(model, ops, *args)
+                ops.compute_graph = lambda build, params, ops=ops: build(ops, params)
             ctx = Context(model, ContextParams(n_ctx=512, n_batch=512, n_threads=2, flash_attn="disabled"), ops=ops)
             batch = Batch(len(prompt["tokens"]))
             for pos, tok in enumerate(prompt["tokens"]):
