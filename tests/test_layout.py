@@ -195,3 +195,26 @@ def test_imports_inside_functions_make_no_cycle_either():
     """Deferred imports (inside functions, for start-up time or optional extras) still run one way: the graph of
     every import, wherever it is written, is acyclic too (but for the known cycles being broken)."""
     assert _cycles(_import_graph(top_level_only=False)) == KNOWN_FUNCTION_LEVEL_CYCLES
+
+
+def test_every_package_indexes_every_module_it_holds():
+    """Each package's __init__ docstring is its index: every module (`name.py`) and subpackage (`name/`) it holds
+    is named there, as `name.py` / `name/` or at the head of an index line, so that a reader finds a module from
+    its package's index rather than by grep."""
+    import ast
+    import re
+    from pathlib import Path
+
+    root = Path(llamactx.__file__).parent
+    missing = []
+    for init in sorted(root.rglob("__init__.py")):
+        package = init.parent
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+        held = [p.stem for p in package.glob("*.py") if p.name != "__init__.py"]
+        held += [p.name for p in package.iterdir() if (p / "__init__.py").is_file()]
+        for name in sorted(held):
+            is_package = (package / name / "__init__.py").is_file()
+            named = f"{name}/" if is_package else f"{name}.py"
+            if named not in doc and not re.search(rf"^\s+{re.escape(name)}/?\s", doc, re.MULTILINE):
+                missing.append(f"{package.relative_to(root.parent).as_posix()}/{named}")
+    assert missing == []

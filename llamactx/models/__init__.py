@@ -9,6 +9,28 @@ Each architecture is declared once, by its module:
   (llamactx/backend/ops.py); the context runs it as `ops.compute_graph(module.build, params)`.
 Adding an architecture is one module and one entry in MODULES. `llm_arch` names every architecture llama.cpp
 knows: those load with `vocab_only` whether or not a module here runs them.
+
+    llm_arch.py     every architecture name llama.cpp knows (LLM_ARCH_NAMES), for vocab_only loading
+    graph_inputs.py what a forward pass needs besides the weights (llm_graph_input_*): attention input, outputs
+    moe.py          the mixture-of-experts FFN block (build_moe_ffn), shared by the MoE architectures
+    llama.py        llama, and qwen2 / qwen3 / qwen3moe ... (src/models/llama.cpp): SmolLM2, Llama 2/3, Mistral
+    mistral3.py     mistral3 (Ministral 3): llama's graph with its own hparams
+    smollm3.py      smollm3: llama's graph without RoPE on every fourth layer
+    granite.py      granite (Granite 3.x dense): llama's graph with four scalars
+    phi3.py         phi3 (Phi-3 / 3.5 / 4 mini): fused qkv, LongRoPE
+    gemma2.py       gemma2: the iSWA graph, logit soft-capping
+    gemma3.py       gemma3: the iSWA graph, q / k norms
+    gemma4.py       gemma4: per-layer head sizes, per-layer embeddings
+    gpt_oss.py      gpt-oss (openai-moe): iSWA, attention sinks, experts
+    deepseek2.py    deepseek2 (DeepSeek-V2 / V3, Kimi K2): multi-head latent attention (MLA), experts
+    glm4moe.py      glm4moe (GLM-4.5 / 4.6 / 4.7): experts with a shared expert
+    bert.py         bert, nomic-bert: encoders (embeddings only)
+    mamba2.py       mamba2: state-space layers (recurrent memory)
+    lfm2.py         lfm2, lfm2moe: short convolutions and attention (hybrid memory)
+    granite_hybrid.py  granitehybrid (Granite 4.0 H): Mamba-2 and attention layers
+    nemotron_h.py   nemotron_h (Nemotron-H, Nano 2): Mamba-2, attention and FFN layers
+    qwen35.py       qwen35, qwen35moe (Qwen3.5): gated delta-net and gated attention layers
+    qwen3next.py    qwen3next (Qwen3-Next): Qwen3.5's hybrid in its first arrangement
 """
 
 from __future__ import annotations
