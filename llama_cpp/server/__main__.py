@@ -42,8 +42,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from llamactx.server.http import uvicorn_config
 
-    from .app import server_config
+    from .app import passive_omp_wait, server_config
 
+    passive_omp_wait()
     args = parser().parse_args(argv)
     config_file = os.environ.get("CONFIG_FILE", args.config_file)
     try:
