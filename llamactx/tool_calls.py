@@ -7,6 +7,11 @@ Hermes `<tool_call>` format and the generic JSON format).
 - `call_schema(tools, tool_choice)`: when a call is required ("required", or a named function), the JSON
   schema the output must follow: {"name": one of the tools, "arguments": its parameters}. Sampled under that
   schema (the grammar sampler), the output always parses as a call.
+- `call_grammar(fns, fmt, tool_choice, parallel)`: the grammar that keeps a call valid JSON for its tool's
+  schema (llama.cpp: the template's tool-call grammar, json-schema-to-grammar of each tool's parameters): for the
+  Hermes `<tool_call>` formats a lazy one triggered at the call's start when the model may also answer in words
+  ("auto"), from the first token when it must call ("required", a named function); one call unless
+  `parallel_tool_calls`. Other formats get the bare JSON call for "required" and no grammar for "auto".
 - `parse(text)`: (content, calls) from the model's text in llamactx's generic format: `<tool_call>{json}
   </tool_call>` blocks (Hermes, Qwen 2.5, SmolLM2's tool tuning), or a whole JSON object with `tool_calls` /
   `tool_call` / `name` + `arguments`, or {"response": "..."} (the generic format's plain answer). Anything else
@@ -17,13 +22,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from llamactx.chat_parse.hermes import generic_calls
 from llamactx.chat_parse.message import ToolCall, new_call_id
 from llamactx.errors import LlamactxError
 
-__all__ = ["ToolCall", "ToolCallError", "call_schema", "functions", "parse", "prepare", "required_function"]
+__all__ = ["ToolCall", "ToolCallError", "ToolGrammar", "call_grammar", "call_schema", "functions", "parse", "prepare",
+           "required_function"]
+
+# common/json-schema-to-grammar.cpp SPACE_RULE: nothing, a space, or one or two newlines and an indent
+JSON_SPACE = r"(?: |\n{1,2}[ \t]{0,20})?"
+BLOCK_FORMATS = ("hermes", "generic")  # formats whose calls are <tool_call>{json}</tool_call> blocks
 
 class ToolCallError(LlamactxError, ValueError):
     """Malformed `tools` / `tool_choice` in a request (names the field)."""
@@ -70,6 +81,30 @@ def call_schema(fns: list[dict[str, Any]]) -> dict[str, Any]:
                 "required": ["name", "arguments"], "additionalProperties": False} for f in fns]
     schema = options[0] if len(options) == 1 else {"anyOf": options}
     return {**schema, "x-guidance": {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}}
+
+
+@dataclass(frozen=True, slots=True)
+class ToolGrammar:
+    """A tool-call grammar in llguidance's Lark; lazy (applied from the first trigger word on) when `triggers`."""
+
+    lark: str
+    triggers: tuple[str, ...] = ()
+
+
+def call_grammar(fns: list[dict[str, Any]], fmt: str, tool_choice: Any, parallel: bool) -> ToolGrammar | None:
+    """The grammar of this request's calls (common_chat_params grammar / grammar_lazy / grammar_triggers), or None
+    when nothing is constrained ("none", no tools, a format without a grammar here for "auto")."""
+    required = required_function(tool_choice, fns)
+    if not fns or tool_choice == "none" or (required is None and fmt not in BLOCK_FORMATS):
+        return None
+    schema = {k: v for k, v in call_schema(required or fns).items() if k != "x-guidance"}
+    schema["x-guidance"] = {"whitespace_flexible": True, "whitespace_pattern": JSON_SPACE}
+    if fmt not in BLOCK_FORMATS:  # the bare JSON call (the parse goes generic)
+        return ToolGrammar(f"%llguidance {{}}\nstart: call\ncall: %json {json.dumps(schema)}\n")
+    start = "start: block (WS? block)*" if parallel else "start: block"
+    lark = (f'%llguidance {{}}\n{start}\nblock: "<tool_call>" WS? call WS? "</tool_call>"\n'
+            f"WS: /[ \\t\\r\\n]+/\ncall: %json {json.dumps(schema)}\n")
+    return ToolGrammar(lark, () if required else ("<tool_call>",))
 
 
 def _closed(params: dict[str, Any]) -> dict[str, Any]:

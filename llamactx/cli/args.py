@@ -182,7 +182,8 @@ def add_reasoning(p: argparse.ArgumentParser) -> None:
     p.add_argument("-rea", "--reasoning", default="auto", choices=("on", "off", "auto"),
                    help="thinking on, off, or the template's default (auto)")
     p.add_argument("--reasoning-budget", type=_budget, default=-1, metavar="N",
-                   help="-1: unrestricted, 0: no thinking (other budgets are not enforced yet)")
+                   help="token budget for thinking: -1 unrestricted, 0 no thinking, N > 0: after N thinking "
+                        "tokens the end-of-thinking tag is forced (default -1)")
 
 
 def runtime_params(args: argparse.Namespace, **fields):

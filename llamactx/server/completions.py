@@ -18,7 +18,7 @@ from typing import Any
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from llamactx import chat_parse, tool_calls
+from llamactx import chat_parse, chat_sampling, tool_calls
 from llamactx.api import protocol as P
 from llamactx.api.responses import Choice, Renderer
 from llamactx.engine import Chunk
@@ -80,12 +80,16 @@ async def serve(state, http: HttpRequest, prompts: list[list[int]], gen: P.Gener
     events: asyncio.Queue = asyncio.Queue()
     loop = asyncio.get_running_loop()
     grammar = await _grammar(state, gen)
+    budget = chat_sampling.reasoning_budget(state.model.vocab, getattr(renderer, "parse", None),
+                                            state.config.runtime.reasoning_budget)
     choices = []
     for p_index, prompt in enumerate(prompts):
         for k in range(gen.n):
             index = p_index * gen.n + k
             grammar_k = grammar.clone() if grammar is not None else None
             sampler = state.runtime.sampler(gen.sampling_for(k), grammar_k)
+            if budget is not None:  # first in the chain, as common_sampler_sample applies rbudget
+                sampler.samplers.insert(0, budget.clone())
             req = Request(prompt, sampler, gen.limits, gen.options, loop, events, index=index)
             choices.append(LiveChoice(index, request=req))
     if len(choices) > state.worker.max_in_flight:  # would wait forever for room: the request's own mistake
@@ -108,6 +112,8 @@ async def serve(state, http: HttpRequest, prompts: list[list[int]], gen: P.Gener
 async def _grammar(state, gen: P.GenerationRequest):
     if gen.grammar is None:
         return None
+    if gen.grammar[0] == "tool_calls":  # (tool_calls.ToolGrammar, the chat's ChatParams)
+        return await asyncio.to_thread(chat_sampling.tool_grammar_sampler, state.model.vocab, *gen.grammar[1])
     return await asyncio.to_thread(state.runtime.grammar, **gen.grammar_args())  # llguidance compiles off the loop
 
 

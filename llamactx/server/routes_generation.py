@@ -122,12 +122,12 @@ async def chat(state: ServerState, request: HttpRequest, body: dict, renderer_cl
     tokens = fit_prompt(fit, tokens, req.n_keep)
     n_probs = (req.top_logprobs or 0) if req.logprobs else -1
     gen = P.GenerationRequest.from_fields(req, state.model.vocab, n_probs, cfg.context_shift)
-    required = tool_calls.required_function(req.tool_choice, fns)
-    if required:
-        if gen.grammar is not None:
-            raise P.ProtocolError("tool_choice: a required tool call cannot be combined with grammar / "
-                                  "json_schema / response_format")
-        gen.grammar = ("json_schema", tool_calls.call_schema(required))
+    calls = tool_calls.call_grammar(fns, parse.format, req.tool_choice, req.parallel_tool_calls)
+    if calls is not None and gen.grammar is None:  # keeps the calls valid JSON for their tools (lazy: "auto")
+        gen.grammar = ("tool_calls", (calls, parse))
+    elif calls is not None and tool_calls.required_function(req.tool_choice, fns):
+        raise P.ProtocolError("tool_choice: a required tool call cannot be combined with grammar / "
+                              "json_schema / response_format")
     extra = {"n_prompt": len(tokens)} if renderer_cls in (anthropic.MessagesRenderer,
                                                            oai_responses.ResponsesRenderer) else {}
     renderer = renderer_cls(state.alias, state.model.vocab, prompt_text, gen, tools=bool(fns), parse=parse,

@@ -126,10 +126,13 @@ def test_a_required_tool_call_is_parsed_into_tool_calls(client, stream):
     if stream:
         chunks = list(client.chat.completions.create(stream=True, **kw))
         deltas = [c.choices[0].delta for c in chunks if c.choices]
-        calls = [tc for d in deltas for tc in d.tool_calls or []]
+        pieces = [tc for d in deltas for tc in d.tool_calls or []]  # the name, then the arguments in pieces
+        assert {tc.index for tc in pieces} == {0} and pieces[0].function.arguments == "" and len(pieces) > 2
+        calls = [(pieces[0].function.name, "".join(tc.function.arguments or "" for tc in pieces))]
         finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     else:
         out = client.chat.completions.create(**kw)
-        calls, finish = out.choices[0].message.tool_calls, [out.choices[0].finish_reason]
+        calls = [(c.function.name, c.function.arguments) for c in out.choices[0].message.tool_calls]
+        finish = [out.choices[0].finish_reason]
     assert finish == ["tool_calls"] and len(calls) == 1
-    assert calls[0].function.name == "get_weather" and isinstance(json.loads(calls[0].function.arguments)["city"], str)
+    assert calls[0][0] == "get_weather" and isinstance(json.loads(calls[0][1])["city"], str)
