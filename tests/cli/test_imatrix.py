@@ -16,9 +16,13 @@ from llamactx.cli import main
 from llamactx.cli.imatrix import Collector
 from llamactx.embedded import smollm2_path
 from llamactx.gguf import imatrix_file
+from tests.conftest import VARIANT_DIR
 
 DATA = Path(__file__).parents[1] / "data"
 REF = json.loads((DATA / "quantize_k" / "llama_quantize.json").read_text())
+# the imatrix is made of this arithmetic's activations: llama-imatrix's hashes on the build of the same arithmetic
+IMATRIX_SHA256 = REF["imatrix_sha256"][VARIANT_DIR]
+QUANTIZE_SHA256 = REF["imatrix_quantize_sha256"][VARIANT_DIR]
 
 
 def _sha256(path: Path) -> str:
@@ -53,7 +57,7 @@ def imatrix(workdir) -> Path:
 
 
 def test_imatrix_file_is_llama_imatrixs(imatrix, capsys):
-    assert _sha256(imatrix) == REF["imatrix_sha256"]
+    assert _sha256(imatrix) == IMATRIX_SHA256
     im = imatrix_file.load(imatrix)
     assert (im.datasets, im.chunk_count, im.chunk_size) == (["zen.txt"], 3, 64)
     assert len(im.entries) == 30 * 7 and "output.weight" not in im.entries  # 7 matmuls a layer, no output
@@ -61,15 +65,15 @@ def test_imatrix_file_is_llama_imatrixs(imatrix, capsys):
     assert sums.shape == (1536,) and list(counts) == [192] and (sums > 0).all()
 
 
-@pytest.mark.parametrize("case", ["Q4_K_M", "mix"])
+@pytest.mark.parametrize("case", ["Q4_K_M", "mix", "iq4"])
 def test_quantize_with_the_imatrix_is_llama_quantizes(workdir, imatrix, case):
     """ggml's imatrix-weighted quantizers (quantize_row_q*_K_impl, the weighted Q4_0 / Q5_0 / Q5_1) and the
-    quantize.imatrix.* keys."""
-    args = [*REF["mix_args"], "Q4_K_M"] if case == "mix" else [case]
+    quantize.imatrix.* keys; iq4: IQ4_NL / IQ4_XS with weights."""
+    args = {"mix": [*REF["mix_args"], "Q4_K_M"], "iq4": [*REF["iq4_args"], "Q8_0"]}.get(case, [case])
     out = f"{case}-imatrix.gguf"
     assert _run(workdir, "quantize", "--allow-requantize", "--imatrix", imatrix.name, *args[:-1], "model.gguf", out,
                 args[-1]) == 0
-    assert _sha256(workdir / out) == REF["quantize_sha256"][f"{case}_imatrix"]
+    assert _sha256(workdir / out) == QUANTIZE_SHA256[case]
 
 
 def test_collector_sums_rows_in_order_and_skips_small_batches():
