@@ -15,6 +15,7 @@ from numba import njit
 from numba.extending import overload
 
 from llamactx.ggml.intrinsics import fma32
+from llamactx.ggml.kernels.kgemv import q4k_gemv_rows
 from llamactx.ggml.kernels.legacy import prefetch_ahead, prefetch_distance
 from llamactx.ggml.kernels.simd import (
     Tag,
@@ -288,16 +289,13 @@ def _k4_chunk(path, lo, hi, s0, s1, xq, i, j):
 def q4k_x8_rows(path, W, a, r0, r1, out):
     """Q4_K as llama.cpp runs it repacked to block_q4_Kx8 (vecdot_k `_q4_k_repacked`): activation rows in groups
     of four (ggml_gemm_q4_K_8x8_q8_K) convert every 64-element chunk, acc = fma(float(isum), d_w*d_x, acc) and
-    the mins likewise with dmin_w*d_x; the last n % 4 rows (ggml_gemv_q4_K_8x8_q8_K) once per super-block.
-    The result is acc - acc_min."""
+    the mins likewise with dmin_w*d_x; the last n % 4 rows (ggml_gemv_q4_K_8x8_q8_K) once per super-block
+    (kgemv.q4k_gemv_rows). The result is acc - acc_min."""
     qs, qh, sc, mn, d, dmin = W
     xq, xd, bsums, _ = a
     n = xq.shape[0]
     n_gemm = n - n % 4
-    ahead = prefetch_distance(W[0], W[1], W[2]) if n < 4 else 0  # decode streams the weights (legacy.x4_rows)
     for r in range(r0, r1):
-        if ahead:
-            prefetch_ahead(W[0], W[1], W[2], r, r0, r1, ahead, 1)
         for i in range(0, n_gemm, 4):
             a0, a1, a2, a3 = _F0, _F0, _F0, _F0
             m0, m1, m2, m3 = _F0, _F0, _F0, _F0
@@ -315,19 +313,7 @@ def q4k_x8_rows(path, W, a, r0, r1, out):
                     m2 = fma32(np.float32(_k_min_lane(mn, r, bsums, i + 2, b, c)), mw * xd[i + 2, b], m2)
                     m3 = fma32(np.float32(_k_min_lane(mn, r, bsums, i + 3, b, c)), mw * xd[i + 3, b], m3)
             out[i, r], out[i + 1, r], out[i + 2, r], out[i + 3, r] = a0 - m0, a1 - m1, a2 - m2, a3 - m3
-        for i in range(n_gemm, n):
-            acc, acc_min = _F0, _F0
-            for b in range(d.shape[1]):
-                isum = izero()
-                imin = 0
-                for c in range(4):
-                    lo, hi = decode_k(DEC_Q4K, qs, qh, r, b, c)
-                    s0, s1 = sc[r, b * 8 + 2 * c], sc[r, b * 8 + 2 * c + 1]
-                    isum = _k_step(path, isum, lo, hi, s0, s1, xq, i, b * 256 + c * 64)
-                    imin += _k_min_lane(mn, r, bsums, i, b, c)
-                acc = fma32(np.float32(ihsum(isum)), d[r, b] * xd[i, b], acc)
-                acc_min = fma32(np.float32(imin), dmin[r, b] * xd[i, b], acc_min)
-            out[i, r] = acc - acc_min
+    q4k_gemv_rows(path, W, a, n_gemm, r0, r1, out)
 
 
 @njit(cache=True, inline="always")
