@@ -8,6 +8,9 @@ Prints each run as a JSON line, then the medians and the ratios real / ours (abo
         [--real-python /tmp/lcpp-venv/bin/python] [--real-path /path/to/llama_cpp_python-0.3.36] \
         [--lib ~/.cache/llamactx-llamacpp/bin] [--threads 2]
 
+Both servers get this process's environment: ours sets OMP_WAIT_POLICY=PASSIVE unless it is set (llama_cpp.server
+.app.passive_omp_wait); export OMP_WAIT_POLICY=PASSIVE to give llama-cpp-python's OpenMP build the same.
+
 The real server needs fastapi, uvicorn, sse_starlette, starlette_context, pydantic_settings, jinja2, numpy and
 diskcache; install them into a separate venv (--real-python), not this project's:
 
