@@ -37,3 +37,24 @@ def test_the_servers_sampling_flags_are_every_requests_defaults():
         longer = c.post("/completion", json={"prompt": "The capital of France is", "n_predict": 9}).json()
     assert plain["content"] == named["content"] and plain["tokens_predicted"] == 6
     assert longer["tokens_predicted"] == 9 and longer["content"].startswith(plain["content"])
+
+
+@pytest.mark.parametrize("fields, stream", [({}, False), ({"id_slot": 1, "cache_prompt": False}, False),
+                                            ({"post_sampling_probs": True, "return_progress": True}, True),
+                                            ({"return_progress": True}, False)])
+def test_a_requests_engine_options_are_read_once_into_request_options(smollm, fields, stream):
+    """The fields a request sets for its engine sequence arrive as one frozen RequestOptions (llama-server's
+    slot_params), the same object the worker hands to Engine.add_request; return_progress only on a stream."""
+    import dataclasses
+
+    from llamactx.engine import RequestOptions
+
+    req = P.validate(P.CompletionRequest, {"prompt": "x", "stream": stream, **fields})
+    gen = P.GenerationRequest.from_fields(req, smollm.vocab, n_probs=3)
+    expected = {"id_slot": -1, "cache_prompt": True, "post_sampling_probs": False, "return_progress": False,
+                **fields, "n_probs": 3}
+    expected["return_progress"] = expected["return_progress"] and stream
+    assert gen.options == RequestOptions(**expected)
+    assert (gen.n_probs, gen.post_sampling_probs) == (3, expected["post_sampling_probs"])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        gen.options.id_slot = 0  # type: ignore[misc]
