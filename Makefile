@@ -39,8 +39,12 @@ run: $(STAMP)
 chat: $(STAMP)
 	$(VENV)/bin/llamactx chat
 
+# two pytest-xdist workers: a cold numba cache is mostly compilation, one core per compile, so two files compile
+# side by side; each file's tests stay on one worker, and tests/cluster/ on one (tests/conftest.py's scheduler);
+# OMP_WAIT_POLICY=PASSIVE: a worker's idle numba threads sleep instead of spinning on the core the other one needs
+TEST_WORKERS ?= 2
 test: $(STAMP) $(SDIST_STAMP) chromium
-	$(VPY) -m pytest
+	OMP_WAIT_POLICY=PASSIVE $(VPY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # the exactness tests (both models, flash attention, every tiny architecture and quant type) once more, compiled
 # for another CPU (an AVX2 one by default; any target this CPU can run, e.g. make test-target CPU=znver4 on an

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -33,6 +34,44 @@ def reference_path(base: Path, name: str) -> Path:
 # tests, unpacked from its PyPI sdist into the venv by `make test` (the Makefile's SDIST_STAMP)
 LLAMACPP_SDIST = Path(sys.prefix) / "share" / "llamactx" / "llama_cpp_python-0.3.36"
 LLAMACPP_SRC = LLAMACPP_SDIST / "vendor" / "llama.cpp"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Under `make test` (pytest-xdist, `-n 2 --dist loadfile`): one work unit per test file, so a module's
+    fixtures (servers, models, written files) start once, on one worker; and one for all of tests/cluster/, so two
+    local Rays never run at once. (Not xdist_group marks: on pytest 9 they no longer reach the scheduler.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class FileScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return "tests/cluster/" if scope.startswith("tests/cluster/") else scope
+
+    return FileScheduling(config, log)
+
+
+# the order of `make test`'s queue of files (under xdist only): first one that compiles the kernels most tests run
+# (llamactx run, perplexity with and without flash attention, both models), then files that compile none, which the
+# other worker runs meanwhile instead of compiling the same kernels beside it; then the rest, in collection order
+XDIST_FIRST = ("cli/test_cli.py",)
+XDIST_NO_KERNELS = ("cli/test_args.py", "cli/test_bench_args.py", "vocab/", "test_chat_template.py",
+                    "test_chat_template_names.py", "test_chat_parse.py", "test_tool_calls.py", "test_layout.py",
+                    "gguf/test_reader.py", "sampling/test_grammar.py")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return
+    root = Path(__file__).parent
+
+    def rank(item) -> int:
+        rel = Path(item.path).relative_to(root).as_posix() if Path(item.path).is_relative_to(root) else ""
+        return 0 if rel in XDIST_FIRST else 1 if rel.startswith(XDIST_NO_KERNELS) else 2
+
+    items.sort(key=rank)  # stable: each file's tests stay together and in order
 
 
 @pytest.fixture(scope="session")
