@@ -2,8 +2,8 @@
 `llama_tensor_get_type_impl` (the file-type mixes: Q4_K_M's Q6_K attn_v / ffn_down in the layers `use_more_bits`
 picks, Q2_K's Q3_K / Q4_K bumps, the output / token_embd rules, ...), `tensor_type_fallback` and
 `tensor_allows_quantization`, for the file types llamactx writes (cli/quantize.py): F16, BF16, F32, Q8_0, the
-legacy 32-blocks, the K-quant mixes, IQ4_NL and IQ4_XS. The branches of llama.cpp for the other IQ types, TQ and
-MXFP4 are left out with their types.
+legacy 32-blocks, the K-quant mixes, IQ3_S, IQ4_NL and IQ4_XS. The branches of llama.cpp for the other IQ
+types, TQ and MXFP4 are left out with their types.
 
 `TypeChooser` holds llama-quant.cpp's `quantize_state_impl` counters (i_attention_wv, i_ffn_down, ...): it must see
 the tensors in llama-quantize's order, each once.
@@ -29,13 +29,14 @@ FILE_TYPES = {
     "Q3_K_L": (F.MOSTLY_Q3_K_L, T.Q3_K), "Q4_K": (F.MOSTLY_Q4_K_M, T.Q4_K), "Q4_K_S": (F.MOSTLY_Q4_K_S, T.Q4_K),
     "Q4_K_M": (F.MOSTLY_Q4_K_M, T.Q4_K), "Q5_K": (F.MOSTLY_Q5_K_M, T.Q5_K), "Q5_K_S": (F.MOSTLY_Q5_K_S, T.Q5_K),
     "Q5_K_M": (F.MOSTLY_Q5_K_M, T.Q5_K), "Q6_K": (F.MOSTLY_Q6_K, T.Q6_K), "Q8_0": (F.MOSTLY_Q8_0, T.Q8_0),
-    "IQ4_NL": (F.MOSTLY_IQ4_NL, T.IQ4_NL), "IQ4_XS": (F.MOSTLY_IQ4_XS, T.IQ4_XS), "F16": (F.MOSTLY_F16, T.F16),
-    "BF16": (F.MOSTLY_BF16, T.BF16), "F32": (F.ALL_F32, T.F32),
+    "IQ3_S": (F.MOSTLY_IQ3_S, T.IQ3_S), "IQ4_NL": (F.MOSTLY_IQ4_NL, T.IQ4_NL),
+    "IQ4_XS": (F.MOSTLY_IQ4_XS, T.IQ4_XS), "F16": (F.MOSTLY_F16, T.F16), "BF16": (F.MOSTLY_BF16, T.BF16),
+    "F32": (F.ALL_F32, T.F32),
 }
 # ggml type names (ggml_type_name) a --tensor-type / --output-tensor-type / --token-embedding-type may name
 TENSOR_TYPES = {t.name.lower() if t.name[-2:] != "_K" else t.name[:-1].lower() + "K": t for t in
                 (T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K,
-                 T.Q6_K, T.IQ4_NL, T.IQ4_XS)}
+                 T.Q6_K, T.IQ3_S, T.IQ4_NL, T.IQ4_XS)}
 FLOAT_TYPES = (T.F32, T.F16, T.BF16)  # ggml_is_quantized is false for them
 
 # llama-quant.cpp `tensor_allows_quantization`: name parts of the tensors kept as they are (the GLM5-next list,
@@ -50,7 +51,8 @@ _KEEP_PARTS = (
 )
 _KEEP_NAMES = ("position_embd.weight", "token_types.weight")
 # tensor_type_fallback: a 256-block type whose rows it does not divide -> a 32-block type
-_FALLBACK = {T.Q2_K: T.Q4_0, T.Q3_K: T.Q4_0, T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0, T.IQ4_XS: T.IQ4_NL}
+_FALLBACK = {T.Q2_K: T.Q4_0, T.Q3_K: T.Q4_0, T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0, T.IQ3_S: T.IQ4_NL,
+             T.IQ4_XS: T.IQ4_NL}
 
 
 def parse_tensor_type(name: str, what: str) -> T:
@@ -193,6 +195,8 @@ class TypeChooser:
                 new = T.Q4_K if m.n_gqa >= 4 else T.Q3_K
             elif ft == F_.MOSTLY_Q2_K_S and m.n_gqa >= 4:
                 new = T.Q4_K
+            elif ft == F_.MOSTLY_IQ3_S and m.n_gqa >= 4:
+                new = T.Q4_K
             elif ft == F_.MOSTLY_Q3_K_M:
                 new = T.Q5_K if self.i_attention_wv < 2 else T.Q4_K
             elif ft == F_.MOSTLY_Q3_K_L:
@@ -218,7 +222,7 @@ class TypeChooser:
             if m.arch != "falcon":
                 if m.n_expert == 8:
                     if ft in (F_.MOSTLY_Q2_K, F_.MOSTLY_Q3_K_S, F_.MOSTLY_Q3_K_M, F_.MOSTLY_Q4_K_S, F_.MOSTLY_Q4_K_M,
-                              F_.MOSTLY_IQ4_NL, F_.MOSTLY_IQ4_XS):
+                              F_.MOSTLY_IQ4_NL, F_.MOSTLY_IQ4_XS, F_.MOSTLY_IQ3_S):
                         new = T.Q5_K
                 else:
                     new = {F_.MOSTLY_Q2_K: T.Q3_K, F_.MOSTLY_Q3_K_M: T.Q4_K, F_.MOSTLY_Q3_K_L: T.Q5_K}.get(ft, new)

@@ -61,18 +61,20 @@ def quantized(workdir):
 
 def _argv(case: str) -> list[str]:
     """llama-quantize's arguments of a reference case, the file type last."""
-    return {"mix": [*REF["mix_args"], "Q4_K_M"], "iq4": [*REF["iq4_args"], "Q8_0"]}.get(case, [case])
+    return {"mix": [*REF["mix_args"], "Q4_K_M"], "iq4": [*REF["iq4_args"], "Q8_0"],
+            "iq3s": [*REF["iq3s_args"], "Q8_0"]}.get(case, [case])
 
 
-@pytest.mark.parametrize("case", ["Q4_K_M", "Q2_K", "mix", "iq4"])
+@pytest.mark.parametrize("case", ["Q4_K_M", "Q2_K", "mix", "iq4", "iq3s"])
 def test_smollm2_quantized_as_llama_quantize(quantized, case, capsys):
     """Q4_K_M: Q4_K / Q6_K ffn_down by use_more_bits, Q5_0 / Q8_0 fallbacks for 576-wide rows, Q8_0 tied
     embeddings; Q2_K: Q3_K ffn_down, Q4_0 fallbacks; mix (--pure, --tensor-type, --output-tensor-type): every
-    K-quant's reference quantizer and the 32-block fallbacks; iq4: IQ4_NL and IQ4_XS tensors in a Q8_0 file."""
+    K-quant's reference quantizer and the 32-block fallbacks; iq4 / iq3s: IQ4_NL, IQ4_XS and IQ3_S tensors in a
+    Q8_0 file (an IQ3_S attn_q falls back to IQ4_NL)."""
     out = quantized(case)
     assert _sha256(out) == REF["quantize_sha256"][case]
     err = capsys.readouterr().err
-    assert "converting to" in err and ("falling back to" in err) == (case != "iq4")
+    assert "converting to" in err and ("falling back to" in err) == (case not in ("iq4",))
 
 
 def test_q4_k_m_type_mix(quantized):
@@ -88,7 +90,7 @@ def test_q4_k_m_type_mix(quantized):
     assert types["token_embd.weight"] == T.Q8_0 and types["blk.0.attn_q.weight"] == T.Q5_0
 
 
-def test_iq4_type_rules():
+def test_iq_type_rules():
     """IQ4_NL / IQ4_XS files: ffn_down of the first n_layer/8 layers is Q5_K unless an imatrix is given; IQ4_XS
     rows that 256-blocks do not divide fall back to IQ4_NL; the tied embeddings get Q8_0."""
     from llamactx.cli.quantize_types import FILE_TYPES, ModelFacts, TypeChooser
@@ -102,6 +104,11 @@ def test_iq4_type_rules():
         assert got == [want_first] * 3 + [default] * 27, (file_type, has_imatrix)
         assert chooser.choose("blk.0.attn_q.weight", (576, 576), T.Q4_1) == T.IQ4_NL
         assert chooser.choose("token_embd.weight", (576, 49152), T.Q4_1) == T.Q8_0
+    chooser = TypeChooser(facts, *FILE_TYPES["IQ3_S"])  # IQ3_S: 256-blocks, IQ4_NL where they do not fit
+    assert chooser.choose("blk.0.ffn_down.weight", (1536, 576), T.Q4_1) == T.IQ3_S
+    assert chooser.choose("blk.0.attn_v.weight", (576, 192), T.Q4_1) == T.IQ4_NL  # n_gqa 3: no Q4_K
+    gqa4 = TypeChooser(ModelFacts("llama", 4, 0, 30, False, 30, True), *FILE_TYPES["IQ3_S"])
+    assert gqa4.choose("blk.0.attn_v.weight", (512, 128), T.F16) == T.Q4_K
 
 
 def _write_imatrix(path: Path, entries: dict[str, int]) -> Path:
@@ -136,7 +143,7 @@ def test_unknown_type_names_list_the_known_ones(workdir, monkeypatch, capsys):
     assert main(["quantize", "--token-embedding-type", "q4_k_m", "model.gguf", "o.gguf", "Q4_K_M"]) == 1
     err = capsys.readouterr().err
     assert "unknown type 'q4_k_m' (known: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_K, q3_K, q4_K, q5_K, " \
-           "q6_K, iq4_nl, iq4_xs)" in err
+           "q6_K, iq3_s, iq4_nl, iq4_xs)" in err
     assert main(["quantize", "model.gguf", "o.gguf", "Q7_K"]) == 1
     assert "Q2_K_S, Q3_K, Q3_K_S, Q3_K_M, Q3_K_L, Q4_K, Q4_K_S, Q4_K_M" in capsys.readouterr().err
 
