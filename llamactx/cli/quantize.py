@@ -1,14 +1,14 @@
 """`llamactx quantize IN.gguf [OUT.gguf] TYPE`: llama-quantize (tools/quantize, src/llama-quant.cpp
-`llama_model_quantize_impl`) for F16, BF16, F32, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and the K-quant mixes Q2_K, Q2_K_S,
-Q3_K_S/M/L, Q4_K_S/M, Q5_K_S/M, Q6_K, byte for byte.
+`llama_model_quantize_impl`) for F16, BF16, F32, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, the K-quant mixes Q2_K, Q2_K_S,
+Q3_K_S/M/L, Q4_K_S/M, Q5_K_S/M, Q6_K, and IQ3_S, IQ4_NL, IQ4_XS, byte for byte.
 
 Which tensors change type, and to what, is cli/quantize_types.py (`llama_tensor_get_type`: the mixes, --pure,
 --tensor-type, --output-tensor-type, --token-embedding-type, --leave-output-tensor, the fallbacks of rows that a
 type's blocks do not divide). The bytes: the source tensor is decoded to float32 as ggml's `to_float` does, then
-quantized as `ggml_quantize_chunk`: the K-quants, and with an importance matrix (--imatrix, llamactx.gguf
-.imatrix_file) the 32-block types too, by ggml's quantizers (llamactx.ggml.kernels.quantize_rows); Q8_0, F16, BF16
-and the 32-block types without an imatrix by gguf-py's (`gguf.quants.quantize`, which follows ggml's
-`quantize_row_*_ref`). An imatrix adds llama-quantize's quantize.imatrix.* keys.
+quantized as `ggml_quantize_chunk`: the K-quants and IQ types, and with an importance matrix (--imatrix,
+llamactx.gguf.imatrix_file) the 32-block types too, by ggml's quantizers (llamactx.ggml.kernels.quantize_rows);
+Q8_0, F16, BF16 and the 32-block types without an imatrix by gguf-py's (`gguf.quants.quantize`, which follows
+ggml's `quantize_row_*_ref`). An imatrix adds llama-quantize's quantize.imatrix.* keys.
 
 The metadata is copied with general.quantization_version and general.file_type set and the split keys dropped,
 and the tensors are written in llama-quantize's order (by layer, then by name). The output appears only when
@@ -302,8 +302,8 @@ def parse_positionals(values: list[str]) -> tuple[str, str | None, str]:
 
 
 def add_parser(sub):
-    p = sub.add_parser("quantize", help="llama-quantize: F16/BF16/F32, Q8_0, Q4_x/Q5_x and the K-quant mixes "
-                                        "(bit-exact)")
+    p = sub.add_parser("quantize", help="llama-quantize: F16/BF16/F32, Q8_0, Q4_x/Q5_x, the K-quant mixes, IQ3_S, "
+                                        "IQ4_NL/XS (bit-exact)")
     p.add_argument("files", nargs="+", metavar="IN [OUT] TYPE", help="input GGUF, output GGUF (default: "
                    "ggml-model-TYPE.gguf beside the input), file type")
     p.add_argument("--allow-requantize", action="store_true", help="convert tensors that are already quantized")
