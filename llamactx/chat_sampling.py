@@ -19,6 +19,10 @@ from llamactx.sampling.reasoning_budget import ReasoningBudgetSampler
 from llamactx.tool_calls import ToolGrammar
 from llamactx.vocab import Vocab
 
+# formats whose llama.cpp parser gives the budget more end tags than the parse needs; the first is the one forced
+# (common/parsers/qwen3-coder.cpp: "the newline variant comes first so it is included in the forced message")
+BUDGET_END_TAGS = {"qwen3-coder": ("\n</think>", "</think>", "<tool_call>")}
+
 
 def opens_thinking(params: ChatParams | None) -> bool:
     """Whether the generation prompt leaves the reply inside a thinking block (Qwen3.5's "<think>\\n")."""
@@ -44,5 +48,6 @@ def reasoning_budget(vocab: Vocab, params: ChatParams | None, budget: int,
     """The budget sampler for `params`' thinking tags, None without tags or with budget -1 (no limit)."""
     if params is None or budget < 0 or not params.thinking_start or not params.thinking_end:
         return None
-    return ReasoningBudgetSampler.from_tags(vocab, params.thinking_start, params.thinking_end, budget, message,
+    ends = BUDGET_END_TAGS.get(params.format, params.thinking_end)
+    return ReasoningBudgetSampler.from_tags(vocab, params.thinking_start, ends, budget, message,
                                             params.generation_prompt)
