@@ -200,6 +200,11 @@ class ChatCompletionRequest(SamplingFields):
     parallel_tool_calls: bool = False
     add_generation_prompt: bool | None = None  # None: true, unless the last message is continued
     continue_final_message: bool = False
+    # llama-server's thinking budget for this request (-1: the server's --reasoning-budget) and the text forced
+    # before the end-of-thinking tag when it runs out
+    reasoning_budget_tokens: int | None = Field(default=None, ge=-1)
+    thinking_budget_tokens: int | None = Field(default=None, ge=-1)
+    reasoning_budget_message: str | None = Field(default=None, max_length=4096)
 
 
 class EmbeddingRequest(BaseModel):

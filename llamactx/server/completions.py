@@ -75,13 +75,14 @@ def chat_parse_params(state, req: P.ChatCompletionRequest, fns: list[dict]) -> c
 
 
 async def serve(state, http: HttpRequest, prompts: list[list[int]], gen: P.GenerationRequest,
-                renderer: Renderer) -> Response:
-    """Run a request's choices on the engine; a JSON response, or an SSE stream when gen.stream."""
+                renderer: Renderer, reasoning_budget: tuple[int, str] | None = None) -> Response:
+    """Run a request's choices on the engine; a JSON response, or an SSE stream when gen.stream.
+    `reasoning_budget`: (tokens, message) of a chat's thinking budget (default: the server's)."""
     events: asyncio.Queue = asyncio.Queue()
     loop = asyncio.get_running_loop()
     grammar = await _grammar(state, gen)
-    budget = chat_sampling.reasoning_budget(state.model.vocab, getattr(renderer, "parse", None),
-                                            state.config.runtime.reasoning_budget)
+    n_budget, message = reasoning_budget or (state.config.runtime.reasoning_budget, "")
+    budget = chat_sampling.reasoning_budget(state.model.vocab, getattr(renderer, "parse", None), n_budget, message)
     choices = []
     for p_index, prompt in enumerate(prompts):
         for k in range(gen.n):

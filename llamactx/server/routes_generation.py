@@ -132,4 +132,7 @@ async def chat(state: ServerState, request: HttpRequest, body: dict, renderer_cl
                                                            oai_responses.ResponsesRenderer) else {}
     renderer = renderer_cls(state.alias, state.model.vocab, prompt_text, gen, tools=bool(fns), parse=parse,
                             **extra)
-    return await serve(state, request, [tokens], gen, renderer)
+    budget = next(n for n in (req.reasoning_budget_tokens, req.thinking_budget_tokens, -1) if n is not None)
+    if budget == -1:  # server-common.cpp: reasoning_budget_tokens, else thinking_budget_tokens, else the server's
+        budget = cfg.runtime.reasoning_budget
+    return await serve(state, request, [tokens], gen, renderer, (budget, req.reasoning_budget_message or ""))

@@ -64,3 +64,28 @@ def test_the_thinking_comes_back_apart(client, reference, stream):
     # llama.cpp's Qwen 3.5 parser keeps the newline before "</think>" in the reasoning; ours strips it
     assert (content, reasoning, finish) == (native["message"]["content"],
                                             native["message"]["reasoning_content"].strip(), native["finish_reason"])
+
+
+def _thinking(client, reference, **extra) -> str:
+    body = reference["request"]
+    out = client.chat.completions.create(model="smollm2", messages=body["messages"], temperature=0,
+                                         max_tokens=body["max_tokens"], extra_body={"reasoning_format": "none",
+                                                                                    **extra})
+    text = out.choices[0].message.content
+    assert text.startswith("<think>") and "\n</think>" in text
+    return text[:text.index("\n</think>")]
+
+
+def test_a_request_sets_its_own_budget(client, reference):
+    """reasoning_budget_tokens (or thinking_budget_tokens) instead of --reasoning-budget; -1 keeps the server's;
+    the message goes before the forced end tag."""
+    native = reference["responses"]["none"]["message"]["content"]
+    native_thinking = native[:native.index("\n</think>")]
+    short = _thinking(client, reference, reasoning_budget_tokens=4)
+    assert len(short) < len(native_thinking) and native_thinking.startswith(short)
+    assert _thinking(client, reference, thinking_budget_tokens=4) == short
+    assert _thinking(client, reference, reasoning_budget_tokens=-1) == native_thinking
+    with_message = _thinking(client, reference, reasoning_budget_tokens=4, reasoning_budget_message=" Done.")
+    assert with_message == short + " Done."
+    with pytest.raises(openai.BadRequestError, match="reasoning_budget_tokens"):
+        _thinking(client, reference, reasoning_budget_tokens=-2)
