@@ -2,7 +2,7 @@
 `llama_tensor_get_type_impl` (the file-type mixes: Q4_K_M's Q6_K attn_v / ffn_down in the layers `use_more_bits`
 picks, Q2_K's Q3_K / Q4_K bumps, the output / token_embd rules, ...), `tensor_type_fallback` and
 `tensor_allows_quantization`, for the file types llamactx writes (cli/quantize.py): F16, BF16, F32, Q8_0, the
-legacy 32-blocks, the K-quant mixes, IQ3_S, IQ4_NL and IQ4_XS. The branches of llama.cpp for the other IQ
+legacy 32-blocks, the K-quant mixes, IQ2_XS, IQ3_S, IQ4_NL and IQ4_XS. The branches of llama.cpp for the other IQ
 types, TQ and MXFP4 are left out with their types.
 
 `TypeChooser` holds llama-quant.cpp's `quantize_state_impl` counters (i_attention_wv, i_ffn_down, ...): it must see
@@ -29,14 +29,14 @@ FILE_TYPES = {
     "Q3_K_L": (F.MOSTLY_Q3_K_L, T.Q3_K), "Q4_K": (F.MOSTLY_Q4_K_M, T.Q4_K), "Q4_K_S": (F.MOSTLY_Q4_K_S, T.Q4_K),
     "Q4_K_M": (F.MOSTLY_Q4_K_M, T.Q4_K), "Q5_K": (F.MOSTLY_Q5_K_M, T.Q5_K), "Q5_K_S": (F.MOSTLY_Q5_K_S, T.Q5_K),
     "Q5_K_M": (F.MOSTLY_Q5_K_M, T.Q5_K), "Q6_K": (F.MOSTLY_Q6_K, T.Q6_K), "Q8_0": (F.MOSTLY_Q8_0, T.Q8_0),
-    "IQ3_S": (F.MOSTLY_IQ3_S, T.IQ3_S), "IQ4_NL": (F.MOSTLY_IQ4_NL, T.IQ4_NL),
+    "IQ2_XS": (F.MOSTLY_IQ2_XS, T.IQ2_XS), "IQ3_S": (F.MOSTLY_IQ3_S, T.IQ3_S), "IQ4_NL": (F.MOSTLY_IQ4_NL, T.IQ4_NL),
     "IQ4_XS": (F.MOSTLY_IQ4_XS, T.IQ4_XS), "F16": (F.MOSTLY_F16, T.F16), "BF16": (F.MOSTLY_BF16, T.BF16),
     "F32": (F.ALL_F32, T.F32),
 }
 # ggml type names (ggml_type_name) a --tensor-type / --output-tensor-type / --token-embedding-type may name
 TENSOR_TYPES = {t.name.lower() if t.name[-2:] != "_K" else t.name[:-1].lower() + "K": t for t in
                 (T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K,
-                 T.Q6_K, T.IQ3_S, T.IQ4_NL, T.IQ4_XS)}
+                 T.Q6_K, T.IQ2_XS, T.IQ3_S, T.IQ4_NL, T.IQ4_XS)}
 FLOAT_TYPES = (T.F32, T.F16, T.BF16)  # ggml_is_quantized is false for them
 
 # llama-quant.cpp `tensor_allows_quantization`: name parts of the tensors kept as they are (the GLM5-next list,
@@ -51,8 +51,8 @@ _KEEP_PARTS = (
 )
 _KEEP_NAMES = ("position_embd.weight", "token_types.weight")
 # tensor_type_fallback: a 256-block type whose rows it does not divide -> a 32-block type
-_FALLBACK = {T.Q2_K: T.Q4_0, T.Q3_K: T.Q4_0, T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0, T.IQ3_S: T.IQ4_NL,
-             T.IQ4_XS: T.IQ4_NL}
+_FALLBACK = {T.Q2_K: T.Q4_0, T.Q3_K: T.Q4_0, T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0, T.IQ2_XS: T.IQ4_NL,
+             T.IQ3_S: T.IQ4_NL, T.IQ4_XS: T.IQ4_NL}
 
 
 def parse_tensor_type(name: str, what: str) -> T:
@@ -187,9 +187,15 @@ class TypeChooser:
                 return self.output_tensor_type
             if m.arch == "falcon" or shape[0] % GGML_QUANT_SIZES[new][0]:
                 return T.Q8_0
+            if ft == F_.MOSTLY_IQ2_XS:
+                return T.Q5_K
             return new if new == T.Q8_0 else T.Q6_K
         if cat == "token_embd":
-            return self.token_embedding_type if self.token_embedding_type is not None else new
+            if self.token_embedding_type is not None:
+                return self.token_embedding_type
+            return T.Q2_K if ft == F_.MOSTLY_IQ2_XS else new
+        if ft == F_.MOSTLY_IQ2_XS:
+            return self._iq2(new, cat)
         if cat in ("attn_v", "attn_qkv", "attn_kv_b"):
             if ft == F_.MOSTLY_Q2_K:
                 new = T.Q4_K if m.n_gqa >= 4 else T.Q3_K
@@ -234,6 +240,22 @@ class TypeChooser:
         elif cat == "ffn_up":
             self._layer(self.i_ffn_up, name)
             self.i_ffn_up += 1
+        return new
+
+    def _iq2(self, new: T, cat: str) -> T:
+        """llama_tensor_get_type_impl's branch of the IQ2 / IQ1 file types, for IQ2_XS."""
+        m = self.model
+        if cat in ("attn_v", "attn_qkv", "attn_kv_b"):
+            new = T.Q4_K if m.n_gqa >= 4 or m.n_expert >= 4 else T.Q2_K
+            self.i_attention_wv += 1
+        elif m.n_expert == 8 and cat == "attn_k":
+            new = T.Q4_K
+        elif cat == "ffn_down":
+            if self.i_ffn_down < m.n_layer // 8:
+                new = T.Q2_K
+            self.i_ffn_down += 1
+        elif cat == "attn_output" and m.n_expert == 8:
+            new = T.Q5_K
         return new
 
     def _ffn_down(self, new: T, name: str) -> T:
@@ -282,7 +304,7 @@ class TypeChooser:
 
 
 def requires_imatrix(name: str, dst: T, ftype: F) -> bool:
-    """tensor_requires_imatrix, for the types written here: Q2_K tensors of a Q2_K_S file."""
+    """tensor_requires_imatrix, for the types written here: IQ2_XS, and Q2_K tensors of a Q2_K_S file."""
     if name in ("token_embd.weight", "per_layer_token_embd.weight", "output.weight"):
         return False
-    return dst == T.Q2_K and ftype == LlamaFileType.MOSTLY_Q2_K_S
+    return dst == T.IQ2_XS or (dst == T.Q2_K and ftype == LlamaFileType.MOSTLY_Q2_K_S)

@@ -65,12 +65,12 @@ def test_imatrix_file_is_llama_imatrixs(imatrix, capsys):
     assert sums.shape == (1536,) and list(counts) == [192] and (sums > 0).all()
 
 
-@pytest.mark.parametrize("case", ["Q4_K_M", "mix", "iq4", "iq3s"])
+@pytest.mark.parametrize("case", ["Q4_K_M", "mix", "iq4", "iq3s", "iq2xs"])
 def test_quantize_with_the_imatrix_is_llama_quantizes(workdir, imatrix, case):
     """ggml's imatrix-weighted quantizers (quantize_row_q*_K_impl, the weighted Q4_0 / Q5_0 / Q5_1) and the
-    quantize.imatrix.* keys; iq4 / iq3s: IQ4_NL / IQ4_XS / IQ3_S with weights."""
+    quantize.imatrix.* keys; iq4 / iq3s / iq2xs: IQ4_NL / IQ4_XS / IQ3_S / IQ2_XS with weights."""
     args = {"mix": [*REF["mix_args"], "Q4_K_M"], "iq4": [*REF["iq4_args"], "Q8_0"],
-            "iq3s": [*REF["iq3s_args"], "Q8_0"]}.get(case, [case])
+            "iq3s": [*REF["iq3s_args"], "Q8_0"], "iq2xs": [*REF["iq2xs_args"], "Q8_0"]}.get(case, [case])
     out = f"{case}-imatrix.gguf"
     assert _run(workdir, "quantize", "--allow-requantize", "--imatrix", imatrix.name, *args[:-1], "model.gguf", out,
                 args[-1]) == 0

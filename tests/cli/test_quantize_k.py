@@ -109,6 +109,13 @@ def test_iq_type_rules():
     assert chooser.choose("blk.0.attn_v.weight", (576, 192), T.Q4_1) == T.IQ4_NL  # n_gqa 3: no Q4_K
     gqa4 = TypeChooser(ModelFacts("llama", 4, 0, 30, False, 30, True), *FILE_TYPES["IQ3_S"])
     assert gqa4.choose("blk.0.attn_v.weight", (512, 128), T.F16) == T.Q4_K
+    # IQ2_XS: Q2_K ffn_down for the first n_ffn_down/8 (by count), Q2_K attn_v (n_gqa < 4), Q5_K output
+    chooser = TypeChooser(ModelFacts("llama", 3, 0, 30, False, 30, False), *FILE_TYPES["IQ2_XS"], has_imatrix=True)
+    assert [chooser.choose(f"blk.{i}.ffn_down.weight", (1536, 576), T.Q4_1) for i in range(5)] == \
+        [T.Q2_K] * 3 + [T.IQ2_XS] * 2
+    assert chooser.choose("blk.0.attn_v.weight", (512, 128), T.F16) == T.Q2_K
+    assert chooser.choose("output.weight", (512, 1000), T.F16) == T.Q5_K
+    assert chooser.choose("token_embd.weight", (512, 1000), T.F16) == T.Q2_K
 
 
 def _write_imatrix(path: Path, entries: dict[str, int]) -> Path:
@@ -132,10 +139,12 @@ def test_an_imatrix_of_another_model_is_refused(workdir, monkeypatch, capsys):
     assert not (workdir / "o.gguf").exists()
 
 
-def test_q2_k_s_needs_an_imatrix(workdir, monkeypatch, capsys):
+def test_q2_k_s_and_iq2_xs_need_an_imatrix(workdir, monkeypatch, capsys):
     monkeypatch.chdir(workdir)
-    assert main(["quantize", "--allow-requantize", "--pure", "model.gguf", "o.gguf", "Q2_K_S"]) == 1
-    assert "needs an importance matrix" in capsys.readouterr().err
+    for file_type in ("Q2_K_S", "IQ2_XS"):
+        assert main(["quantize", "--allow-requantize", "--pure", "model.gguf", "o.gguf", file_type]) == 1
+        err = capsys.readouterr().err
+        assert f"in a {file_type} file) needs an importance matrix" in err, err
 
 
 def test_unknown_type_names_list_the_known_ones(workdir, monkeypatch, capsys):
@@ -143,7 +152,7 @@ def test_unknown_type_names_list_the_known_ones(workdir, monkeypatch, capsys):
     assert main(["quantize", "--token-embedding-type", "q4_k_m", "model.gguf", "o.gguf", "Q4_K_M"]) == 1
     err = capsys.readouterr().err
     assert "unknown type 'q4_k_m' (known: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_K, q3_K, q4_K, q5_K, " \
-           "q6_K, iq3_s, iq4_nl, iq4_xs)" in err
+           "q6_K, iq2_xs, iq3_s, iq4_nl, iq4_xs)" in err
     assert main(["quantize", "model.gguf", "o.gguf", "Q7_K"]) == 1
     assert "Q2_K_S, Q3_K, Q3_K_S, Q3_K_M, Q3_K_L, Q4_K, Q4_K_S, Q4_K_M" in capsys.readouterr().err
 

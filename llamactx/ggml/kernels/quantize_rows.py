@@ -1,7 +1,7 @@
 """Row quantizers of ggml-quants.c for the K-quants and, with an importance matrix, the legacy 32-blocks:
 `quantize_chunk(type, rows, imatrix)` is `ggml_quantize_chunk` for Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS
-(quantize_iq4.py), IQ3_S (quantize_iq3s.py), and Q4_0, Q4_1, Q5_0, Q5_1 when an imatrix is given (without one
-those are the `_ref` quantizers gguf-py also has).
+(quantize_iq4.py), IQ3_S (quantize_iq3s.py), IQ2_XS (quantize_iq2xs.py), and Q4_0, Q4_1, Q5_0, Q5_1 when an
+imatrix is given (without one those are the `_ref` quantizers gguf-py also has).
 
 Without an imatrix ggml_quantize_chunk calls `quantize_row_q{2..6}_K_ref`; with one, `quantize_row_*_impl` with
 the tensor's column weights (different scale searches: make_qkx3 / make_qp instead of make_qkx2 and a max). The
@@ -26,6 +26,7 @@ from llamactx.ggml.kernels.quant_search import (
     make_qx_quants,
     nearest_int,
 )
+from llamactx.ggml.kernels.quantize_iq2xs import quantize_rows_iq2xs
 from llamactx.ggml.kernels.quantize_iq3s import quantize_rows_iq3s
 from llamactx.ggml.kernels.quantize_iq4 import quantize_rows_iq4
 
@@ -392,7 +393,7 @@ def quantize_rows_k(rows, out, qw, use_qw, kind):
 
 
 _KIND = {T.Q2_K: 2, T.Q3_K: 3, T.Q4_K: 4, T.Q5_K: 5, T.Q6_K: 6, T.Q4_0: 10, T.Q4_1: 11, T.Q5_0: 12, T.Q5_1: 13}
-K_TYPES = (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS, T.IQ3_S)  # with or without an imatrix
+K_TYPES = (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS, T.IQ3_S, T.IQ2_XS)  # IQ2_XS: imatrix only
 WEIGHTED_LEGACY_TYPES = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1)
 
 
@@ -407,7 +408,11 @@ def quantize_chunk(qtype: T, rows: np.ndarray, imatrix: np.ndarray | None) -> np
     nrow, n = rows.shape
     out = np.zeros((nrow, n // block * type_size), np.uint8)  # (nrow, row_size)
     qw = np.zeros(n, np.float32) if imatrix is None else np.ascontiguousarray(imatrix, dtype=np.float32)
-    if qtype == T.IQ3_S:
+    if qtype == T.IQ2_XS:
+        if imatrix is None:
+            raise ValueError("quantize_chunk: IQ2_XS needs an importance matrix")
+        quantize_rows_iq2xs(rows, out, qw)
+    elif qtype == T.IQ3_S:
         quantize_rows_iq3s(rows, out, qw, imatrix is not None)
     elif qtype in (T.IQ4_NL, T.IQ4_XS):
         quantize_rows_iq4(rows, out, qw, imatrix is not None, block)

@@ -1,0 +1,226 @@
+"""ggml-quants.c's IQ2_XS quantizer: `iq2xs_init_impl(GGML_TYPE_IQ2_XS)` (the 512-point grid of 8 levels in
+{1, 3, 5}, the map from octets of 2-bit levels to grid points, and for each octet off the grid its neighbours at
+the two nearest distances) and `quantize_row_iq2_xs_impl` (16-element blocks, an importance matrix required).
+The grid is ggml-common.h iq2xs_grid (llamactx.gguf.iq_grids), the layout `block_iq2_xs`; arithmetic as
+quant_search.py says. quantize_rows.py's `quantize_chunk` dispatches here.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+from numba import njit
+
+from llamactx.ggml.kernels.quant_search import F32, GROUP_MAX_EPS, ONE, ZERO, fp16_round, nearest_int
+from llamactx.gguf.iq_grids import IQ2XS_GRID
+
+K_MAX_Q = 3
+KMAP_SIZE = 43692
+NWANT = 2
+TYPE_SIZE = 74  # sizeof(block_iq2_xs): d, qs[32] (uint16), scales[8]
+FLT_MAX = F32(np.finfo(np.float32).max)
+
+
+@lru_cache(maxsize=1)
+def iq2xs_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """iq2xs_init_impl: grid (512, 8) int8, kmap (43692,) int32 (grid index, or -(offset + 1) into neighbours),
+    neighbours (uint16: a count, then grid indices sorted by (distance, index) up to the second distinct
+    distance)."""
+    magnitudes = IQ2XS_GRID.view(np.uint8).reshape(512, 8)  # ggml-common.h's 0x08, 0x19, 0x2b
+    grid = np.select([magnitudes == 8, magnitudes == 25], [1, 3], 5).astype(np.int8)  # kgrid_2bit_512's 2l + 1
+    g32 = grid.astype(np.int32)  # (512, 8)
+    shifts = 2 * np.arange(8)
+    kmap = np.full(KMAP_SIZE, -1, np.int32)
+    kmap[((g32 - 1) // 2 << shifts).sum(axis=1)] = np.arange(512)
+    missing = np.nonzero(kmap < 0)[0]
+    neighbours: list[int] = []
+    for start in range(0, len(missing), 2048):
+        ids = missing[start:start + 2048]
+        pos = 2 * ((ids[:, None] >> shifts) & 3) + 1  # (m, 8)
+        d2 = ((g32[None, :, :] - pos[:, None, :]) ** 2).sum(axis=2)  # (m, 512)
+        ranked = np.argsort(d2 * 512 + np.arange(512), axis=1)  # iq2_compare_func: distance, then index
+        dists = np.take_along_axis(d2, ranked, axis=1)  # (m, 512) ascending
+        for i, row, dist in zip(ids, ranked, dists, strict=True):
+            n = int((dist <= np.unique(dist)[:NWANT][-1]).sum())
+            kmap[i] = -(len(neighbours) + 1)
+            neighbours += [n, *row[:n].tolist()]
+    return grid, kmap, np.array(neighbours, np.uint16)
+
+
+@njit(cache=True)
+def _best_neighbour(neigh, off, grid, xval, weight, scale, L):
+    """iq2_find_best_neighbour: the neighbour minimizing the weighted squared error; its levels into L."""
+    best_d2 = FLT_MAX
+    grid_index = -1
+    for j in range(1, int(neigh[off]) + 1):
+        g = int(neigh[off + j])
+        d2 = ZERO
+        for i in range(8):
+            diff = scale * F32(grid[g, i]) - xval[i]
+            d2 += weight[i] * diff * diff
+        if d2 < best_d2:
+            best_d2 = d2
+            grid_index = g
+    for i in range(8):
+        L[i] = (grid[grid_index, i] - 1) // 2
+    return grid_index
+
+
+@njit(cache=True)
+def _octet(L, k):
+    u = 0
+    for i in range(8):
+        u |= int(L[8 * k + i]) << (2 * i)
+    return u
+
+
+@njit(cache=True)
+def iq2xs_superblock(xbl, y, qw, grid, kmap, neigh, scales, weight, waux, xval, L, Laux, q2):
+    """quantize_row_iq2_xs_impl for one super-block of 256 into y (74 bytes)."""
+    y[:] = 0
+    q2[:] = 0
+    on_grid = np.ones(2, np.bool_)
+    on_aux = np.ones(2, np.bool_)
+    block_signs = np.zeros(2, np.int64)
+    max_scale = ZERO
+    sumx2 = ZERO
+    for i in range(256):
+        sumx2 += xbl[i] * xbl[i]
+    sigma2 = sumx2 / F32(256.0)
+    for ib in range(16):
+        xb = xbl[16 * ib:16 * ib + 16]
+        for i in range(16):
+            weight[i] = qw[16 * ib + i] * np.sqrt(sigma2 + xb[i] * xb[i])
+        for i in range(16):
+            waux[i] = np.sqrt(weight[i])
+        for k in range(2):
+            nflip = 0
+            s = 0
+            for i in range(8):
+                if xb[8 * k + i] >= 0:
+                    xval[8 * k + i] = xb[8 * k + i]
+                else:
+                    xval[8 * k + i] = -xb[8 * k + i]
+                    nflip += 1
+                    s |= 1 << i
+            if nflip % 2:
+                imin = 0
+                mn = weight[8 * k] * xb[8 * k] * xb[8 * k]
+                for i in range(1, 8):
+                    ax = weight[8 * k + i] * xb[8 * k + i] * xb[8 * k + i]
+                    if ax < mn:
+                        mn = ax
+                        imin = i
+                xval[8 * k + imin] = -xval[8 * k + imin]
+                s ^= 1 << imin
+            block_signs[k] = s & 127
+        mx = xval[0]
+        for i in range(1, 16):
+            mx = mx if mx > xval[i] else xval[i]
+        L[:] = 0
+        if mx < GROUP_MAX_EPS:
+            scales[ib] = ZERO
+            continue
+        best = ZERO
+        scale = mx / F32(2 * K_MAX_Q - 1)
+        on_grid[:] = True
+        for is_ in range(-9, 10):
+            id_ = (F32(2 * K_MAX_Q - 1) + F32(is_) * F32(0.1)) / mx
+            this_scale = ONE / id_
+            for k in range(2):
+                for i in range(8):
+                    lv = nearest_int(F32(0.5) * (id_ * xval[8 * k + i] - ONE))
+                    Laux[8 * k + i] = max(0, min(K_MAX_Q - 1, lv))
+                u = _octet(Laux, k)
+                on_aux[k] = True
+                if kmap[u] < 0:
+                    on_aux[k] = False
+                    _best_neighbour(neigh, -kmap[u] - 1, grid, xval[8 * k:8 * k + 8], waux[8 * k:8 * k + 8],
+                                    this_scale, Laux[8 * k:8 * k + 8])
+            sumqx = ZERO
+            sumq2 = ZERO
+            for i in range(16):
+                q = F32(2 * int(Laux[i]) + 1)
+                sumqx += weight[i] * xval[i] * q
+                sumq2 += weight[i] * q * q
+            if sumq2 > 0 and sumqx * sumqx > best * sumq2:
+                scale = sumqx / sumq2
+                best = scale * sumqx
+                L[:] = Laux
+                on_grid[:] = on_aux
+        n_not_ongrid = 0
+        for k in range(2):
+            if not on_grid[k]:
+                n_not_ongrid += 1
+        if n_not_ongrid > 0 and scale > 0:
+            id_ = ONE / scale
+            for k in range(2):
+                if on_grid[k]:
+                    continue
+                u = 0
+                for i in range(8):
+                    lv = max(0, min(K_MAX_Q - 1, nearest_int(F32(0.5) * (id_ * xval[8 * k + i] - ONE))))
+                    u |= lv << (2 * i)
+                    L[8 * k + i] = lv
+                if kmap[u] < 0:
+                    _best_neighbour(neigh, -kmap[u] - 1, grid, xval[8 * k:8 * k + 8], waux[8 * k:8 * k + 8], scale,
+                                    L[8 * k:8 * k + 8])
+            sumqx = ZERO
+            sumq2 = ZERO
+            for i in range(16):
+                q = F32(2 * int(L[i]) + 1)
+                sumqx += weight[i] * xval[i] * q
+                sumq2 += weight[i] * q * q
+            if sumq2 > 0:
+                scale = sumqx / sumq2
+        if scale < 0:
+            scale = -scale
+            for k in range(2):
+                block_signs[k] = ~block_signs[k] & 127
+        for k in range(2):
+            g = kmap[_octet(L, k)]
+            if g < 0:
+                raise ValueError("quantize_row_iq2_xs_impl: found a point not on the grid")
+            q2[2 * ib + k] = g | (block_signs[k] << 9)
+        scales[ib] = scale
+        max_scale = max_scale if max_scale > scale else scale
+    if max_scale == 0:
+        return
+    d = max_scale / F32(31.0)
+    bits, _ = fp16_round(d)
+    y[0] = bits & 0xFF
+    y[1] = bits >> 8
+    id_ = ONE / d
+    for ib in range(16):
+        lv = max(0, min(15, nearest_int(F32(0.5) * (id_ * scales[ib] - ONE))))
+        if ib % 2 == 0:
+            y[66 + ib // 2] = lv
+        else:
+            y[66 + ib // 2] = int(y[66 + ib // 2]) | (lv << 4)
+    for j in range(32):
+        y[2 + 2 * j] = q2[j] & 0xFF
+        y[3 + 2 * j] = q2[j] >> 8
+
+
+@njit(cache=True)
+def quantize_rows_iq2xs_kernel(rows, out, qw, grid, kmap, neigh):
+    nrow, n = rows.shape
+    scales = np.zeros(16, np.float32)
+    weight = np.zeros(16, np.float32)
+    waux = np.zeros(16, np.float32)
+    xval = np.zeros(16, np.float32)
+    L = np.zeros(16, np.int8)
+    Laux = np.zeros(16, np.int8)
+    q2 = np.zeros(32, np.int64)
+    for r in range(nrow):
+        for ibl in range(n // 256):
+            iq2xs_superblock(rows[r, 256 * ibl:256 * ibl + 256], out[r, TYPE_SIZE * ibl:TYPE_SIZE * ibl + TYPE_SIZE],
+                             qw[256 * ibl:256 * ibl + 256], grid, kmap, neigh, scales, weight, waux, xval, L, Laux,
+                             q2)
+
+
+def quantize_rows_iq2xs(rows: np.ndarray, out: np.ndarray, qw: np.ndarray) -> None:
+    """quantize_iq2_xs: rows (nrow, n) float32 with their imatrix weights qw (n,) -> out (nrow, n / 256 * 74)."""
+    grid, kmap, neigh = iq2xs_tables()
+    quantize_rows_iq2xs_kernel(rows, out, qw, grid, kmap, neigh)
