@@ -25,6 +25,9 @@ arithmetic), compute.py a recorded forward graph (llamactx.ggml.graph) in one co
     q8.py           the activation quantizers (float32 rows -> Q8_0 / Q8_1 / Q8_K)
     quant_search.py the scale searches of ggml's quantizers (make_qx_quants ...), fp32 -> fp16 rounding
     quantize_rows.py  ggml_quantize_chunk's row quantizers (K-quants; legacy types with an importance matrix)
+    quantize_iq4.py   IQ4_NL / IQ4_XS quantizers (quantize_row_iq4_nl_impl)
+    quantize_iq3s.py  the IQ3_S quantizer: iq3xs grid map and neighbours, quantize_row_iq3_s_impl
+    quantize_iq2xs.py the IQ2_XS quantizer: iq2xs grid map and neighbours, quantize_row_iq2_xs_impl
     get_rows.py     get_rows: the selected rows of a stored weight, dequantized (embedding lookup)
     attention.py    attention over the f16 KV cache (the non-flash path)
     flash.py        flash attention over it (flash_attn_ext's tiled arithmetic)
