@@ -113,12 +113,15 @@ def _closed(params: dict[str, Any]) -> dict[str, Any]:
     return params
 
 
-def prepare(template_source: str, messages: list[dict[str, Any]], fns: list[dict[str, Any]]
-            ) -> tuple[list[dict[str, Any]], bool]:
+def prepare(template_source: str, messages: list[dict[str, Any]], fns: list[dict[str, Any]],
+            tool_choice: Any = "auto") -> tuple[list[dict[str, Any]], bool]:
     """(messages, pass_tools): the messages to render and whether the template takes `tools` itself. A template
-    that never mentions tools gets a system message describing them."""
+    that never mentions tools gets a system message describing them, unless tool_choice is "none" (a template that
+    takes them still renders them then, as llama-server's prompt has them whatever the tool_choice)."""
     if not fns or "tools" in template_source:
         return messages, bool(fns)
+    if tool_choice == "none":
+        return messages, False
     spec = json.dumps([{"type": "function", "function": f} for f in fns], ensure_ascii=False)
     note = ("You can call these tools:\n" + spec + "\nTo call one, answer only with <tool_call>{\"name\": "
             "\"...\", \"arguments\": {...}}</tool_call>.")

@@ -118,15 +118,17 @@ def embedding_input(vocab: Vocab, n_ctx: int, text: str, i: int) -> list[int]:
 
 
 def render_chat(template: ChatTemplate, req: P.ChatCompletionRequest) -> tuple[str, list[dict]]:
-    """The chat prompt, with the tools in it (unless tool_choice is "none"), and the tools' functions.
+    """The chat prompt, with the tools in it, and the functions a reply may call (none for tool_choice "none",
+    whose prompt still has the tools where the template takes them, as llama-server's has).
 
     A final assistant message is continued, not closed (llama-server's prefill_assistant, or vLLM's explicit
     continue_final_message): the prompt is the conversation before it with the generation prompt, then its
     text. Two assistant messages at the end, or continue_final_message with add_generation_prompt, are a 400."""
     if req.continue_final_message and req.add_generation_prompt:
         raise P.ProtocolError("continue_final_message and add_generation_prompt cannot both be true")
-    fns = tool_calls.functions(req.tools) if req.tool_choice != "none" else []
-    messages, pass_tools = tool_calls.prepare(template.source, req.messages, fns)
+    fns = tool_calls.functions(req.tools)
+    messages, pass_tools = tool_calls.prepare(template.source, req.messages, fns, req.tool_choice)
+    fns = fns if req.tool_choice != "none" else []  # rendered (llama-server's prompt) but never parsed
     tools = req.tools if pass_tools else None
     last = messages[-1] if messages else {}
     if last.get("role") == "assistant" and isinstance(last.get("content"), str) and not last.get("tool_calls"):

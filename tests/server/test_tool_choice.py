@@ -7,16 +7,18 @@ blocks, the tools in its system prompt), temperature 0.
 - "auto" steered into a call (the marker's first tokens favoured by logit_bias): the lazy grammar takes over at
   <tool_call> and the arguments are valid JSON for the tool.
 - parallel_tool_calls: the grammar allows more than one call; without it, one.
-- "none": no call, no grammar.
+- "none": no call, no grammar, the tools still in the prompt: llama-server's answer
+  (tests/data/tool_calls/llama_server_none.json, recorded by make_tool_choice_reference.py there).
 
-Native llama-server 0c1e570 with the same model, template and flags (--jinja --chat-template-file) was asked the
-same: it derives no tool-call format for these templates and constrains nothing (the answer to "required" is
-prose), so there is no reference answer to compare calls with here.
+Native llama-server 0c1e570 with the same model, template and flags (--jinja --chat-template-file) derives no
+tool-call format for these templates and constrains nothing (its answer to "required" is prose), so its calls are
+no reference here.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import openai
 import pytest
@@ -30,6 +32,7 @@ WEATHER = {"type": "function", "function": {
 TIME = {"type": "function", "function": {
     "name": "get_time", "description": "Local time in a timezone",
     "parameters": {"type": "object", "properties": {"timezone": {"type": "string"}}, "required": ["timezone"]}}}
+REFERENCE_NONE = Path(__file__).parents[1] / "data" / "tool_calls" / "llama_server_none.json"
 REQUIRED_KEYS = {"get_weather": {"city"}, "get_time": {"timezone"}}
 BASE = {"messages": [{"role": "user", "content": "What is the weather in Paris?"}], "temperature": 0,
         "max_tokens": 64, "tools": [WEATHER, TIME]}
@@ -105,6 +108,10 @@ def test_parallel_calls_are_allowed_only_when_asked(client):
     assert [p.index for p in many["pieces"]] == sorted(p.index for p in many["pieces"])
 
 
-def test_none_calls_nothing(client):
-    got = _both(client, tool_choice="none", max_tokens=16)
-    assert got["calls"] == [] and got["finish"] == "length" and got["content"]
+def test_none_calls_nothing_and_answers_as_llama_server(client):
+    if not REFERENCE_NONE.exists():
+        pytest.fail(f"{REFERENCE_NONE} is missing: run tests/data/tool_calls/make_tool_choice_reference.py")
+    native = json.loads(REFERENCE_NONE.read_text())
+    got = _both(client, tool_choice="none", max_tokens=native["request"]["max_tokens"])
+    assert (got["content"], got["calls"], got["finish"]) == (native["message"]["content"], [],
+                                                              native["finish_reason"])
