@@ -82,6 +82,9 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
     for key in P.LLAMA_SERVER_FIELDS:  # llama-server's own request fields pass through
         if key in body:
             chat[key] = body[key]
+    thinking = body.get("thinking")
+    if isinstance(thinking, dict) and thinking.get("type") == "enabled":  # server-chat.cpp: a thinking budget
+        chat["thinking_budget_tokens"] = thinking.get("budget_tokens", 10000)
     if body.get("tools"):
         if not isinstance(body["tools"], list):
             raise P.ProtocolError("tools must be an array")

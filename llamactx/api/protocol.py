@@ -170,7 +170,8 @@ class SamplingFields(BaseModel):
 
 # llama-server's extensions that /v1/messages and /v1/responses carry over to the chat they run as
 LLAMA_SERVER_FIELDS = ("grammar", "json_schema", "seed", "min_p", "logit_bias", "reasoning_format",
-                       "chat_template_kwargs", "parallel_tool_calls", "n_probs", "cache_prompt", "id_slot")
+                       "chat_template_kwargs", "parallel_tool_calls", "n_probs", "cache_prompt", "id_slot",
+                       "reasoning_budget_tokens", "thinking_budget_tokens", "reasoning_budget_message")
 
 
 class CompletionRequest(SamplingFields):

@@ -89,3 +89,13 @@ def test_a_request_sets_its_own_budget(client, reference):
     assert with_message == short + " Done."
     with pytest.raises(openai.BadRequestError, match="reasoning_budget_tokens"):
         _thinking(client, reference, reasoning_budget_tokens=-2)
+
+
+def test_an_anthropic_thinking_budget(client, reference):
+    """/v1/messages' thinking {"type": "enabled", "budget_tokens": N} is the chat's thinking_budget_tokens
+    (llama-server's server-chat.cpp)."""
+    short = _thinking(client, reference, reasoning_budget_tokens=4).removeprefix("<think>").strip()
+    body = {"model": "smollm2", "max_tokens": reference["request"]["max_tokens"], "temperature": 0,
+            "messages": reference["request"]["messages"], "thinking": {"type": "enabled", "budget_tokens": 4}}
+    out = client.post("/messages", cast_to=object, body=body)
+    assert out["content"][0] == {"type": "thinking", "thinking": short, "signature": ""}
