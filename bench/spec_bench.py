@@ -2,11 +2,13 @@
 
 Two tasks, each run alternately without and with speculation (so a machine whose load drifts hurts both alike):
 (a) input-grounded: the model repeats ~500 tokens of code with a variable renamed, greedy (drafts from the prompt
-    should be accepted for long stretches); (b) free generation at temperature 1 (few drafts: the cost of looking).
+    should be accepted for long stretches); (b) free generation at temperature 1 (few drafts: the cost of looking);
+(c) the same code repeated verbatim, greedy: a copy the model follows even where arithmetic makes it leave (a)'s
+    text early (SmolLM2 compiled for AVX2 wanders from (a) after ~140 characters).
 tg t/s is the request's generation rate (llama-server's timings: generated tokens after the first over the time
 since the first), the prompt is not counted. The issue's targets: >= 2x on (a), <= 5% loss on (b).
 
-Usage: python bench/spec_bench.py [-m smollm2] [-t 2] [-n 256] [--runs 3] [--task a,b]
+Usage: python bench/spec_bench.py [-m smollm2] [-t 2] [-n 256] [--runs 3] [--task a,b,c]
            [--spec-type ngram-simple] [--spec-ngram-simple-size-n N] [--spec-ngram-simple-size-m N] ... (every
            llama-server --spec-* flag of cli/args.py; default --spec-type ngram-simple)
            [--draft-model FNAME] (= --spec-type draft-simple -md FNAME: speculation with a draft model; a test
@@ -36,6 +38,9 @@ def task_prompt(model: Model, task: str) -> str:
     if task == "a":  # the chat's answer starts with the code fence, so the copy begins at once
         return ("<|im_start|>user\nRewrite this code with the variable `seq` renamed to `s`. Output only the "
                 f"code.\n```python\n{CODE}```<|im_end|>\n<|im_start|>assistant\n```python\n")
+    if task == "c":  # a verbatim copy: followed longer where the arithmetic makes (a)'s model wander (AVX2)
+        return ("<|im_start|>user\nRepeat this code exactly, without any change.\n```python\n"
+                f"{CODE}```<|im_end|>\n<|im_start|>assistant\n```python\n")
     return "<|im_start|>user\nWrite a long story about a lighthouse keeper.<|im_end|>\n<|im_start|>assistant\n"
 
 
@@ -88,7 +93,7 @@ def main() -> None:
         print(f"draft model: {d.path} ({d.hparams.n_layer} layers, {d.size / 2**20:.0f} MiB)")
     for task in args.task.split(","):
         prompt = model.vocab.tokenize(task_prompt(model, task), parse_special=True)
-        temp = 0.0 if task == "a" else 1.0
+        temp = 1.0 if task == "b" else 0.0
         res: dict[bool, list[dict]] = {False: [], True: []}
         for r in range(args.runs + 1):  # run 0 plans the graphs of this task's shapes: not counted
             for on in (False, True):
