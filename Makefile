@@ -48,11 +48,13 @@ test: $(STAMP) $(SDIST_STAMP) chromium
 
 # the exactness tests (both models, flash attention, every tiny architecture and quant type) once more, compiled
 # for another CPU (an AVX2 one by default; any target this CPU can run, e.g. make test-target CPU=znver4 on an
-# AVX-512 machine), with its own numba cache: CI runs it after `make test` (about 6 min with a cold cache)
+# AVX-512 machine), with its own numba cache, on `make test`'s workers: CI runs it after `make test` (about 6 min
+# with a cold cache on one worker)
 CPU ?= haswell
 EXACT_TESTS := tests/test_reference.py tests/test_flash_attn.py tests/models
 test-target: $(STAMP) $(SDIST_STAMP)
-	NUMBA_CPU_NAME=$(CPU) NUMBA_CACHE_DIR=$(CURDIR)/.numba-$(CPU) $(VPY) -m pytest $(EXACT_TESTS)
+	NUMBA_CPU_NAME=$(CPU) NUMBA_CACHE_DIR=$(CURDIR)/.numba-$(CPU) OMP_WAIT_POLICY=PASSIVE $(VPY) -m pytest \
+	  -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(EXACT_TESTS)
 
 # the fuzz targets (tests/fuzz/) run 10 s each inside `make test`; here FUZZ_SECONDS each (make fuzz FUZZ_SECONDS=600)
 FUZZ_SECONDS ?= 60
