@@ -13,6 +13,11 @@ from gguf import GGMLQuantizationType
 
 from llamactx.ggml.cpu import arithmetic
 
+# The tests' local Rays bind 127.0.0.1 only (llamactx/cluster/loopback.py), which Ray reads once, when it is first
+# imported; under `make test`'s workers a file run before tests/cluster/ may import it first (any llamactx.cluster
+# module does), so the setting is made before any test runs
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
 DATA = Path(__file__).parent / "data"
 # llama.cpp's outputs differ between its AVX-512 and AVX2 builds (docs/numerics.md): each reference folder holds the
 # AVX-512 build's, and avx2/ the AVX2 build's; the tests compare with the one of the arithmetic they run
