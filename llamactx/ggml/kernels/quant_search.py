@@ -280,3 +280,34 @@ def make_qp_quants(n, nmax, x, L, quant_weights):
         if n_changed == 0:
             break
     return sumlx / suml2 if suml2 > 0 else ZERO
+
+
+@njit(cache=True)
+def best_neighbour(neigh, off, grid, xval, weight, scale, L):
+    """iq2_find_best_neighbour / iq3_find_best_neighbour: among the grid rows listed at neigh[off] (a count, then
+    the indices), the one minimizing sum_i weight_i (scale * grid_i - xval_i)^2 over its width (8 for IQ2, 4 for
+    IQ3), summed in element order; its levels (grid - 1) / 2 into L. -> its grid index."""
+    best_d2 = F32(np.finfo(np.float32).max)
+    grid_index = -1
+    width = grid.shape[1]
+    for j in range(1, int(neigh[off]) + 1):
+        g = int(neigh[off + j])
+        d2 = ZERO
+        for i in range(width):
+            diff = scale * F32(grid[g, i]) - xval[i]
+            d2 += weight[i] * diff * diff
+        if d2 < best_d2:
+            best_d2 = d2
+            grid_index = g
+    for i in range(width):
+        L[i] = (grid[grid_index, i] - 1) // 2
+    return grid_index
+
+
+@njit(cache=True)
+def grid_code(L, k, width, bits):
+    """The kmap key of group k of L: its `width` levels packed `bits` apiece, first level lowest."""
+    u = 0
+    for i in range(width):
+        u |= int(L[width * k + i]) << (bits * i)
+    return u

@@ -12,14 +12,22 @@ from functools import lru_cache
 import numpy as np
 from numba import njit
 
-from llamactx.ggml.kernels.quant_search import F32, GROUP_MAX_EPS, ONE, ZERO, fp16_round, nearest_int
+from llamactx.ggml.kernels.quant_search import (
+    F32,
+    GROUP_MAX_EPS,
+    ONE,
+    ZERO,
+    best_neighbour,
+    fp16_round,
+    grid_code,
+    nearest_int,
+)
 from llamactx.gguf.iq_grids import IQ2XS_GRID
 
 K_MAX_Q = 3
 KMAP_SIZE = 43692
 NWANT = 2
 TYPE_SIZE = 74  # sizeof(block_iq2_xs): d, qs[32] (uint16), scales[8]
-FLT_MAX = F32(np.finfo(np.float32).max)
 
 
 @lru_cache(maxsize=1)
@@ -46,33 +54,6 @@ def iq2xs_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             kmap[i] = -(len(neighbours) + 1)
             neighbours += [n, *row[:n].tolist()]
     return grid, kmap, np.array(neighbours, np.uint16)
-
-
-@njit(cache=True)
-def _best_neighbour(neigh, off, grid, xval, weight, scale, L):
-    """iq2_find_best_neighbour: the neighbour minimizing the weighted squared error; its levels into L."""
-    best_d2 = FLT_MAX
-    grid_index = -1
-    for j in range(1, int(neigh[off]) + 1):
-        g = int(neigh[off + j])
-        d2 = ZERO
-        for i in range(8):
-            diff = scale * F32(grid[g, i]) - xval[i]
-            d2 += weight[i] * diff * diff
-        if d2 < best_d2:
-            best_d2 = d2
-            grid_index = g
-    for i in range(8):
-        L[i] = (grid[grid_index, i] - 1) // 2
-    return grid_index
-
-
-@njit(cache=True)
-def _octet(L, k):
-    u = 0
-    for i in range(8):
-        u |= int(L[8 * k + i]) << (2 * i)
-    return u
 
 
 @njit(cache=True)
@@ -132,11 +113,11 @@ def iq2xs_superblock(xbl, y, qw, grid, kmap, neigh, scales, weight, waux, xval, 
                 for i in range(8):
                     lv = nearest_int(F32(0.5) * (id_ * xval[8 * k + i] - ONE))
                     Laux[8 * k + i] = max(0, min(K_MAX_Q - 1, lv))
-                u = _octet(Laux, k)
+                u = grid_code(Laux, k, 8, 2)
                 on_aux[k] = True
                 if kmap[u] < 0:
                     on_aux[k] = False
-                    _best_neighbour(neigh, -kmap[u] - 1, grid, xval[8 * k:8 * k + 8], waux[8 * k:8 * k + 8],
+                    best_neighbour(neigh, -kmap[u] - 1, grid, xval[8 * k:8 * k + 8], waux[8 * k:8 * k + 8],
                                     this_scale, Laux[8 * k:8 * k + 8])
             sumqx = ZERO
             sumq2 = ZERO
@@ -164,7 +145,7 @@ def iq2xs_superblock(xbl, y, qw, grid, kmap, neigh, scales, weight, waux, xval, 
                     u |= lv << (2 * i)
                     L[8 * k + i] = lv
                 if kmap[u] < 0:
-                    _best_neighbour(neigh, -kmap[u] - 1, grid, xval[8 * k:8 * k + 8], waux[8 * k:8 * k + 8], scale,
+                    best_neighbour(neigh, -kmap[u] - 1, grid, xval[8 * k:8 * k + 8], waux[8 * k:8 * k + 8], scale,
                                     L[8 * k:8 * k + 8])
             sumqx = ZERO
             sumq2 = ZERO
@@ -179,7 +160,7 @@ def iq2xs_superblock(xbl, y, qw, grid, kmap, neigh, scales, weight, waux, xval, 
             for k in range(2):
                 block_signs[k] = ~block_signs[k] & 127
         for k in range(2):
-            g = kmap[_octet(L, k)]
+            g = kmap[grid_code(L, k, 8, 2)]
             if g < 0:
                 raise ValueError("quantize_row_iq2_xs_impl: found a point not on the grid")
             q2[2 * ib + k] = g | (block_signs[k] << 9)

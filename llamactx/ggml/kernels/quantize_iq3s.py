@@ -12,7 +12,7 @@ from functools import lru_cache
 import numpy as np
 from numba import njit
 
-from llamactx.ggml.kernels.quant_search import F32, ONE, ZERO, fp16_round, nearest_int
+from llamactx.ggml.kernels.quant_search import F32, ONE, ZERO, best_neighbour, fp16_round, grid_code, nearest_int
 from llamactx.gguf.iq_grids import IQ3S_GRID
 
 K_MAX_Q = 8
@@ -20,7 +20,6 @@ BLOCK = 32  # IQ3S_BLOCK_SIZE
 BS4 = BLOCK // 4  # quadruples of a block
 BS8 = BLOCK // 8  # sign bytes of a block
 TYPE_SIZE = 110  # sizeof(block_iq3_s): d, qs[64], qh[8], signs[32], scales[4]
-FLT_MAX = F32(np.finfo(np.float32).max)
 
 
 @lru_cache(maxsize=1)
@@ -45,33 +44,6 @@ def iq3s_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         kmap[i] = -(len(neighbours) + 1)
         neighbours += [n, *ranked[:n].tolist()]
     return grid, kmap, np.array(neighbours, np.uint16)
-
-
-@njit(cache=True)
-def _best_neighbour(neigh, off, grid, xval, weight, scale, L):
-    """iq3_find_best_neighbour: the neighbour minimizing the weighted squared error; its levels into L."""
-    best_d2 = FLT_MAX
-    grid_index = -1
-    for j in range(1, int(neigh[off]) + 1):
-        g = int(neigh[off + j])
-        d2 = ZERO
-        for i in range(4):
-            diff = scale * F32(grid[g, i]) - xval[i]
-            d2 += weight[i] * diff * diff
-        if d2 < best_d2:
-            best_d2 = d2
-            grid_index = g
-    for i in range(4):
-        L[i] = (grid[grid_index, i] - 1) // 2
-    return grid_index
-
-
-@njit(cache=True)
-def _quadruple(L, k):
-    u = 0
-    for i in range(4):
-        u |= int(L[4 * k + i]) << (3 * i)
-    return u
 
 
 @njit(cache=True)
@@ -118,11 +90,11 @@ def iq3s_superblock(xbl, y, qw, use_qw, grid, kmap, neigh, scales, weight, waux,
                 for i in range(4):
                     lv = nearest_int(F32(0.5) * (id_ * xval[4 * k + i] - ONE))
                     Laux[4 * k + i] = max(0, min(K_MAX_Q - 1, lv))
-                u = _quadruple(Laux, k)
+                u = grid_code(Laux, k, 4, 3)
                 on_aux[k] = True
                 if kmap[u] < 0:
                     on_aux[k] = False
-                    _best_neighbour(neigh, -kmap[u] - 1, grid, xval[4 * k:4 * k + 4], waux[4 * k:4 * k + 4],
+                    best_neighbour(neigh, -kmap[u] - 1, grid, xval[4 * k:4 * k + 4], waux[4 * k:4 * k + 4],
                                     this_scale, Laux[4 * k:4 * k + 4])
             sumqx = ZERO
             sumq2 = ZERO
@@ -148,7 +120,7 @@ def iq3s_superblock(xbl, y, qw, use_qw, grid, kmap, neigh, scales, weight, waux,
                     u |= lv << (3 * i)
                 g = kmap[u]
                 if g < 0:
-                    g = _best_neighbour(neigh, -kmap[u] - 1, grid, xval[4 * k:4 * k + 4], waux[4 * k:4 * k + 4],
+                    g = best_neighbour(neigh, -kmap[u] - 1, grid, xval[4 * k:4 * k + 4], waux[4 * k:4 * k + 4],
                                         scale, L[4 * k:4 * k + 4])
                 for i in range(4):
                     L[4 * k + i] = (grid[g, i] - 1) // 2
@@ -165,7 +137,7 @@ def iq3s_superblock(xbl, y, qw, use_qw, grid, kmap, neigh, scales, weight, waux,
             for k in range(BS8):
                 block_signs[k] = ~block_signs[k] & 0xFF
         for k in range(BS4):
-            g = kmap[_quadruple(L, k)]
+            g = kmap[grid_code(L, k, 4, 3)]
             if g < 0:
                 raise ValueError("quantize_row_iq3_s_impl: found a point not on the grid")
             y[qs_off + k] = g & 255
