@@ -20,7 +20,7 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -91,6 +91,8 @@ def _raise_exception(message: str) -> None:
 
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
             separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:  # fmt: skip
+    if isinstance(value, Iterator):  # `map(...)` / `select(...)` are lists in llama.cpp's jinja
+        value = list(value)
     return json.dumps(
         value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
     )
@@ -98,6 +100,19 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
 
 def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
+
+
+class _Undefined(jinja2.Undefined):
+    """An undefined variable added to a string is the string, as in llama.cpp's jinja (common/jinja: undefined
+    values concatenate as ""); any other use fails as jinja2's does."""
+
+    __slots__ = ()
+
+    def __add__(self, other: Any) -> Any:
+        return other if isinstance(other, str) else self._fail_with_undefined_error()
+
+    def __radd__(self, other: Any) -> Any:
+        return other if isinstance(other, str) else self._fail_with_undefined_error()
 
 
 class _GenerationTag(Extension):
@@ -172,7 +187,8 @@ class _Budget:
 
 def _environment() -> ImmutableSandboxedEnvironment:
     env = _BoundedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, "jinja2.ext.loopcontrols"]
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, "jinja2.ext.loopcontrols"],
+        undefined=_Undefined,
     )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception

@@ -114,6 +114,13 @@ class _Evaluator:
         return tok
 
     def expr(self) -> Any:
+        value = self.primary()
+        while self.peek()[1] == "+":  # std::string concatenation
+            self.take()
+            value = value + self.primary()
+        return value
+
+    def primary(self) -> Any:
         kind, value = self.peek()
         if kind == "str":
             parts = []
@@ -266,7 +273,10 @@ def load_cases(llamacpp_src: Path) -> list[ParseCase]:
     loop_paths: list[str] = []
     cases = []
     for m in re.finditer(r"for \(const auto & path\s*:\s*\{(.*?)\}\)|auto (\w+)\s*=\s*peg_tester\((\"[^\"]*\"|path)"
-                         r"|\b(\w+)\.test\(", body, re.S):
+                         r"|\b(\w+)\.test\(|" + _DECLARATION + "|" + _MEMBER, body, re.S):
+        if m.group("decl") or m.group("obj"):
+            _declare(m, body, env)
+            continue
         if m.group(1) is not None:
             loop_paths = re.findall(r'"([^"]+)"', m.group(1))
             continue
@@ -281,6 +291,56 @@ def load_cases(llamacpp_src: Path) -> list[ParseCase]:
         for template in testers[name].split("|"):
             cases.append(_case(template, line, body[m.start() + len(name):stmt_end], env))
     return cases
+
+
+# the test body's own variables: `const std::string x = ...;`, `common_chat_msg m;` then `m.role = ...;`,
+# `static common_chat_tool t{...};` (read in file order, so a later block's variable of the same name wins)
+_DECLARATION = (r"(?:static\s+)?(?:const\s+)?(?P<type>std::string|auto|common_chat_msg|common_chat_tool)\s+"
+                r"(?P<decl>\w+)\s*(?P<how>=|\{|;)")
+_MEMBER = r"\b(?P<obj>\w+)\.(?P<field>role|content|reasoning_content|tool_call_id)\s*="
+
+
+def _declare(m: re.Match, body: str, env: dict[str, Any]) -> None:
+    """Evaluate one declaration or member assignment into `env` (one the evaluator cannot read is left out: a
+    case that uses it then reports the identifier)."""
+    end = _expression_end(body, m.end())
+    try:
+        if m.group("obj"):
+            if isinstance(env.get(m.group("obj")), dict):
+                env[m.group("obj")][m.group("field")] = _Evaluator(tokenize(body[m.end():end]), env).expr()
+            return
+        name, how = m.group("decl"), m.group("how")
+        env.pop(name, None)
+        if how == ";":
+            if m.group("type") == "common_chat_msg":
+                env[name] = {"role": "", "content": "", "reasoning_content": "", "tool_calls": []}
+        elif how == "{":
+            args = _Evaluator(tokenize("{" + body[m.end():end]), env).brace()
+            env[name] = _tool(*args[:3]) if m.group("type") == "common_chat_tool" else args
+        else:
+            env[name] = _Evaluator(tokenize(body[m.end():end]), env).expr()
+    except (Unsupported, KeyError, IndexError, TypeError, json.JSONDecodeError):
+        pass
+
+
+def _expression_end(body: str, pos: int) -> int:
+    """The index of the `;` that ends the statement at `pos` (strings skipped, brackets balanced)."""
+    depth = 0
+    while pos < len(body):
+        m = _TOKEN.match(body, pos)
+        if m is None:
+            pos += 1
+            continue
+        tok = m.group(0)
+        if m.lastgroup == "op":
+            if tok in "({[":
+                depth += 1
+            elif tok in ")}]":
+                depth -= 1
+            elif tok == ";" and depth <= 0:
+                return pos
+        pos = m.end()
+    return pos
 
 
 def _statement_end(body: str, pos: int) -> int:

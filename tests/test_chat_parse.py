@@ -52,8 +52,6 @@ def _scope(case) -> str:
         return f"case not read: {case.unsupported}"
     if stem not in PARSED:
         return "family not parsed by llamactx yet"
-    if case.continuation or not case.add_generation_prompt:
-        return "continuation of a prefilled message"
     if case.json_schema:
         return "response format"
     if case.is_partial:
@@ -63,16 +61,29 @@ def _scope(case) -> str:
 
 # cases whose template llamactx's jinja does not render yet (llamactx/chat_template.py): the generation prompt,
 # and so the thinking prefix, cannot be computed
-RENDER_GAPS = {
-    "fireworks-ai-llama-3-firefunction-v2:5970": "'functions' is undefined (llama.cpp's jinja renders it empty)",
-    "fireworks-ai-llama-3-firefunction-v2:5971": "'functions' is undefined (llama.cpp's jinja renders it empty)",
-    "llama-cpp-deepseek-r1:6029": "tojson of a map() generator",
-}
+RENDER_GAPS: dict[str, str] = {}
 
 ALL_CASES = load_cases(LLAMACPP_SRC) if LLAMACPP_SRC.is_dir() else []
 CASES = [pytest.param(c, id=c.id, marks=[pytest.mark.xfail(strict=True, reason=RENDER_GAPS[c.id])]
                       if c.id in RENDER_GAPS else []) for c in ALL_CASES if not _scope(c)]
 _TEMPLATES: dict[str, ChatTemplate] = {}
+
+
+def _messages(case) -> list[dict]:
+    """The case's messages as llama.cpp hands them to the template (common_chat_msg::to_json_oaicompat, then
+    func_args_not_string: a call's arguments as an object)."""
+    out = []
+    for m in case.messages or [{"role": "user", "content": "Hey there!"}]:
+        msg = {"role": m["role"], "content": m.get("content", "")}
+        if m.get("reasoning_content"):
+            msg["reasoning_content"] = m["reasoning_content"]
+        if m.get("tool_calls"):
+            msg["tool_calls"] = [{"id": c["id"], "type": "function", "function": {
+                "name": c["name"], "arguments": json.loads(c["arguments"] or "{}")}} for c in m["tool_calls"]]
+        if m.get("tool_call_id"):
+            msg["tool_call_id"] = m["tool_call_id"]
+        out.append(msg)
+    return out
 
 
 def _template(path: str) -> ChatTemplate:
@@ -106,14 +117,7 @@ def test_the_cases_are_read(llamacpp_src):
 
 @pytest.mark.parametrize("case", CASES)
 def test_llama_cpp_parse_case(llamacpp_src, case):
-    template = _template(case.template)
-    messages = case.messages or [{"role": "user", "content": "Hey there!"}]
-    extra = {"enable_thinking": case.enable_thinking}
-    gp = generation_prompt(template, messages, case.tools or None, extra)
-    params = chat_params(template.source, gp, tools=case.tools, reasoning_format=case.reasoning_format,
-                         enable_thinking=case.enable_thinking, parallel_tool_calls=case.parallel_tool_calls,
-                         tool_choice=case.tool_choice)
-    _assert_msg_equals(case.expect, parse(params, case.input))
+    _assert_msg_equals(case.expect, parse(_params(case), case.input))
 
 
 @pytest.mark.parametrize(("stem", "fmt"), [
@@ -125,13 +129,21 @@ def test_format_detected_from_template_text(llamacpp_src, stem, fmt):
     assert detect_format((llamacpp_src / "models" / "templates" / f"{stem}.jinja").read_text()) == fmt
 
 
+_CONTINUATION = {"COMMON_CHAT_CONTINUATION_CONTENT": "content",
+                 "COMMON_CHAT_CONTINUATION_REASONING": "reasoning_content"}
+
+
 def _params(case):
+    """The case's ChatParams as common_chat_templates_apply builds them: a continued message is left out of the
+    rendering and spliced back into the generation prompt."""
     template = _template(case.template)
-    messages = case.messages or [{"role": "user", "content": "Hey there!"}]
+    messages = _messages(case)
+    continued = messages.pop() if case.continuation else None
     gp = generation_prompt(template, messages, case.tools or None, {"enable_thinking": case.enable_thinking})
     return chat_params(template.source, gp, tools=case.tools, reasoning_format=case.reasoning_format,
                        enable_thinking=case.enable_thinking, parallel_tool_calls=case.parallel_tool_calls,
-                       tool_choice=case.tool_choice)
+                       tool_choice=case.tool_choice, continue_final_message=_CONTINUATION.get(case.continuation, ""),
+                       continue_msg=continued)
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -66,7 +66,7 @@ PARSERS: dict[str, Callable[[ChatParams, str], ChatMsg]] = {
 
 def parse(params: ChatParams, text: str) -> ChatMsg:
     """The message in `text` (what the model wrote after the prompt) under `params`."""
-    msg = PARSERS[params.format](params, text)
+    msg = PARSERS[params.format](params, params.prefill + text)
     if params.tool_choice == "none" or not params.tools:
         msg.tool_calls = []
     if params.reasoning_format == "deepseek-legacy" and msg.reasoning_content and params.thinking_end:

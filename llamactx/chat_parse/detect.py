@@ -20,7 +20,10 @@ THINKING = {
     "command-r7b": ("<|START_THINKING|>", ("<|END_THINKING|>",)),
     "qwen3-coder": ("<think>", ("</think>",)),
     "apriel": ("Here are my reasoning steps:", ("[BEGIN FINAL RESPONSE]",)),
+    "kimi-k2": ("<think>", ("</think>",)),  # common/parsers/kimi-k2.cpp, whatever the template says
 }
+# what a content continuation writes after the reasoning, where it is more than the end tag
+CONTINUE_CONTENT = {"gpt-oss": "<|end|><|start|>assistant<|channel|>final<|message|>"}
 THINK_TAGS = ("<think>", ("</think>",))
 
 # (format, markers that must all be in the template): the first match wins, in llama.cpp's order
@@ -64,7 +67,7 @@ def thinking_tags(fmt: str, source: str) -> tuple[str, tuple[str, ...]]:
             return "", ()
         if fmt == "qwen3-coder" and "<think>" not in source:
             return "", ()
-        if fmt == "apriel" and "[BEGIN FINAL RESPONSE]" not in source:
+        if fmt == "apriel" and "Here are my reasoning steps" not in source:
             return "", ()
         return start, ends
     if "<think>" in source or fmt == "generic":
@@ -74,9 +77,15 @@ def thinking_tags(fmt: str, source: str) -> tuple[str, tuple[str, ...]]:
 
 def chat_params(source: str, generation_prompt: str, *, tools: Sequence[Mapping[str, Any]] | None = None,
                 reasoning_format: str = "auto", enable_thinking: bool = True, parallel_tool_calls: bool = False,
-                tool_choice: Any = "auto") -> ChatParams:
+                tool_choice: Any = "auto", continue_final_message: str = "",
+                continue_msg: Mapping[str, Any] | None = None) -> ChatParams:
     """The ChatParams of one request on template `source`. A named function as tool_choice parses as
-    "required"; raises ChatParseError for an unknown reasoning format or tool choice."""
+    "required"; raises ChatParseError for an unknown reasoning format or tool choice.
+
+    `continue_final_message` ("content" or "reasoning_content") continues `continue_msg`, the last message,
+    which the caller left out of the rendering of `generation_prompt`: the model's turn then starts with that
+    message's reasoning (and, continuing the content, its end tag and content), as common_chat_templates_apply
+    splices it back."""
     check_reasoning_format(reasoning_format)
     if isinstance(tool_choice, Mapping):
         tool_choice = "required"
@@ -86,5 +95,33 @@ def chat_params(source: str, generation_prompt: str, *, tools: Sequence[Mapping[
         raise ChatParseError(f"tool_choice: {tool_choice!r} is not one of {', '.join(TOOL_CHOICES)} or a function")
     fmt = detect_format(source)
     start, ends = thinking_tags(fmt, source)
+    prefill = ""
+    if continue_final_message:
+        real = start if fmt != "generic" or start in source else ""  # llamactx's own tags are no template's
+        end = CONTINUE_CONTENT.get(fmt, ends[0] if ends else "")
+        generation_prompt, prefill = continued_prompt(generation_prompt, real, end, continue_final_message,
+                                                      continue_msg or {})
     return ChatParams(fmt, generation_prompt, reasoning_format, enable_thinking, tuple(tools or ()), tool_choice,
-                      parallel_tool_calls, start, ends)
+                      parallel_tool_calls, start, ends, prefill=prefill)
+
+
+CONTINUATIONS = ("content", "reasoning_content")
+
+
+def continued_prompt(generation_prompt: str, start: str, end: str, kind: str,
+                     msg: Mapping[str, Any]) -> tuple[str, str]:
+    """(generation prompt, prefill) continuing `msg` (chat-auto-parser-generator.cpp generate_parser's
+    continuation branch): the prompt up to its thinking tag, the tag and the message's reasoning, then for a
+    content continuation the end tag and the content. Without thinking tags the content is the prefill."""
+    if kind not in CONTINUATIONS:
+        raise ChatParseError(f"continue_final_message: {kind!r} is not one of {', '.join(CONTINUATIONS)}")
+    content = msg.get("content") or ""
+    if not isinstance(content, str):  # typed parts: their text, as common_chat_msg::render_content joins them
+        content = "".join(p.get("text", "") for p in content if isinstance(p, Mapping))
+    if not start:
+        return generation_prompt, content if kind == "content" else ""
+    gp = generation_prompt[:generation_prompt.find(start)] if start in generation_prompt else generation_prompt
+    gp += start + (msg.get("reasoning_content") or "")
+    if kind == "content":
+        gp += end + content
+    return gp, ""

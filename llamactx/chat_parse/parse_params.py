@@ -48,6 +48,7 @@ class ChatParams:
     thinking_start: str = ""  # "" when the family has no thinking block
     thinking_end: tuple[str, ...] = field(default=())
     partial: bool = False  # the reply is still being generated (stream.parse_partial)
+    prefill: str = ""  # a continued message's text before what the model adds (continue_final_message)
 
     @property
     def extract_reasoning(self) -> bool:
