@@ -42,6 +42,7 @@ PARSED = {
     "CohereForAI-c4ai-command-r-plus-tool_use", "ibm-granite-granite-3.3-2B-Instruct", "ibm-granite-granite-4.0",
     "ibm-granite-granite-4.1", "NVIDIA-Nemotron-Nano-v2", "unsloth-Apriel-1.5", "Apertus-8B-Instruct",
     "LFM2.5-8B-A1B", "Kimi-K2-Thinking", "moonshotai-Kimi-K2", "Kimi-K2-Instruct", "GLM-4.6", "GLM-4.7-Flash",
+    "Reka-Edge", "Spark2.5",
 }
 
 
@@ -52,20 +53,28 @@ def _scope(case) -> str:
         return f"case not read: {case.unsupported}"
     if stem not in PARSED:
         return "family not parsed by llamactx yet"
-    if case.json_schema:
-        return "response format"
-    if case.is_partial:
-        return "partial parse"
     return ""
 
 
 # cases whose template llamactx's jinja does not render yet (llamactx/chat_template.py): the generation prompt,
 # and so the thinking prefix, cannot be computed
 RENDER_GAPS: dict[str, str] = {}
+# cases llamactx parses differently, with the reason
+KNOWN_GAPS = {
+    "CohereForAI-c4ai-command-r7b-12-2024-tool_use:2847": "a partial Command R7B action list shows no call until "
+                                                          "one is complete (llama.cpp: once its tool_name is)",
+}
 
 ALL_CASES = load_cases(LLAMACPP_SRC) if LLAMACPP_SRC.is_dir() else []
-CASES = [pytest.param(c, id=c.id, marks=[pytest.mark.xfail(strict=True, reason=RENDER_GAPS[c.id])]
-                      if c.id in RENDER_GAPS else []) for c in ALL_CASES if not _scope(c)]
+
+
+def _cases(gaps: dict[str, str]) -> list:
+    return [pytest.param(c, id=c.id, marks=[pytest.mark.xfail(strict=True, reason=gaps[c.id])]
+                         if c.id in gaps else []) for c in ALL_CASES if not _scope(c)]
+
+
+CASES = _cases({**RENDER_GAPS, **KNOWN_GAPS})
+STREAM_CASES = _cases(RENDER_GAPS)
 _TEMPLATES: dict[str, ChatTemplate] = {}
 
 
@@ -94,10 +103,11 @@ def _template(path: str) -> ChatTemplate:
 
 
 def _normal(args: str) -> object:
+    """renormalize_json: arguments compared as JSON, partial (unparseable) ones all alike."""
     try:
         return json.loads(args)
     except json.JSONDecodeError:
-        return args
+        return ""
 
 
 def _assert_msg_equals(expect: dict, msg) -> None:
@@ -117,7 +127,11 @@ def test_the_cases_are_read(llamacpp_src):
 
 @pytest.mark.parametrize("case", CASES)
 def test_llama_cpp_parse_case(llamacpp_src, case):
-    _assert_msg_equals(case.expect, parse(_params(case), case.input))
+    params = _params(case)
+    if case.is_partial:  # a reply cut short: what a stream of it sends (test_peg_parser's msg_accum)
+        _assert_msg_equals(case.expect, _streamed(params, case.input, final=False))
+    else:
+        _assert_msg_equals(case.expect, parse(params, case.input))
 
 
 @pytest.mark.parametrize(("stem", "fmt"), [
@@ -143,25 +157,32 @@ def _params(case):
     return chat_params(template.source, gp, tools=case.tools, reasoning_format=case.reasoning_format,
                        enable_thinking=case.enable_thinking, parallel_tool_calls=case.parallel_tool_calls,
                        tool_choice=case.tool_choice, continue_final_message=_CONTINUATION.get(case.continuation, ""),
-                       continue_msg=continued)
+                       continue_msg=continued, response_format=bool(case.json_schema))
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", STREAM_CASES)
 def test_streamed_deltas_add_up_to_the_message(llamacpp_src, case):
     """As test_peg_parser does: every prefix of the input parsed as a partial reply, the diffs between
     consecutive parses accumulated, then the final parse's: the sum is the whole message (nothing sent twice,
     nothing sent that was later taken back)."""
     params = _params(case)
-    acc = ChatMsg()
-    prev = ChatMsg()
-    for n in range(1, len(case.input) + 1):
-        cur = parse_partial(params, case.input[:n])
-        _accumulate(acc, diffs(prev, cur))
-        prev = cur
-    final = parse(params, case.input)
-    _accumulate(acc, diffs(prev, final))
+    final = parse_partial(params, case.input) if case.is_partial else parse(params, case.input)
+    acc = _streamed(params, case.input, final=not case.is_partial)
     assert (acc.content, acc.reasoning_content) == (final.content, final.reasoning_content)
     assert [(c.name, c.arguments) for c in acc.tool_calls] == [(c.name, c.arguments) for c in final.tool_calls]
+
+
+def _streamed(params, text: str, final: bool) -> ChatMsg:
+    """The sum of the diffs between the partial parses of every prefix of `text` (and the final parse)."""
+    acc = ChatMsg()
+    prev = ChatMsg()
+    for n in range(1, len(text) + 1):
+        cur = parse_partial(params, text[:n])
+        _accumulate(acc, diffs(prev, cur))
+        prev = cur
+    if final:
+        _accumulate(acc, diffs(prev, parse(params, text)))
+    return acc
 
 
 def _accumulate(acc: ChatMsg, deltas) -> None:
@@ -173,6 +194,7 @@ def _accumulate(acc: ChatMsg, deltas) -> None:
                 acc.tool_calls.append(ToolCall("", ""))
             call = acc.tool_calls[d.tool_index]
             call.name = d.name or call.name
+            call.id = d.id or call.id
             call.arguments += d.arguments_delta
 
 

@@ -40,7 +40,13 @@ from llamactx.chat_parse import (
 )
 from llamactx.chat_parse.detect import chat_params, detect_format
 from llamactx.chat_parse.message import ChatMsg, MsgDiff, ToolCall, diffs
-from llamactx.chat_parse.parse_params import REASONING_FORMATS, ChatParams, ChatParseError, check_reasoning_format
+from llamactx.chat_parse.parse_params import (
+    REASONING_FORMATS,
+    ChatParams,
+    ChatParseError,
+    check_reasoning_format,
+    response_content,
+)
 
 __all__ = ["REASONING_FORMATS", "ChatMsg", "ChatParams", "ChatParseError", "MsgDiff", "ToolCall",
            "chat_params", "check_reasoning_format", "detect_format", "diffs", "generation_prompt", "parse",
@@ -67,6 +73,8 @@ PARSERS: dict[str, Callable[[ChatParams, str], ChatMsg]] = {
 def parse(params: ChatParams, text: str) -> ChatMsg:
     """The message in `text` (what the model wrote after the prompt) under `params`."""
     msg = PARSERS[params.format](params, params.prefill + text)
+    if params.response_format and not msg.tool_calls:
+        msg.content = response_content(msg.content, params.partial)
     if params.tool_choice == "none" or not params.tools:
         msg.tool_calls = []
     if params.reasoning_format == "deepseek-legacy" and msg.reasoning_content and params.thinking_end:

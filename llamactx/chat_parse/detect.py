@@ -78,14 +78,14 @@ def thinking_tags(fmt: str, source: str) -> tuple[str, tuple[str, ...]]:
 def chat_params(source: str, generation_prompt: str, *, tools: Sequence[Mapping[str, Any]] | None = None,
                 reasoning_format: str = "auto", enable_thinking: bool = True, parallel_tool_calls: bool = False,
                 tool_choice: Any = "auto", continue_final_message: str = "",
-                continue_msg: Mapping[str, Any] | None = None) -> ChatParams:
+                continue_msg: Mapping[str, Any] | None = None, response_format: bool = False) -> ChatParams:
     """The ChatParams of one request on template `source`. A named function as tool_choice parses as
     "required"; raises ChatParseError for an unknown reasoning format or tool choice.
 
     `continue_final_message` ("content" or "reasoning_content") continues `continue_msg`, the last message,
     which the caller left out of the rendering of `generation_prompt`: the model's turn then starts with that
     message's reasoning (and, continuing the content, its end tag and content), as common_chat_templates_apply
-    splices it back."""
+    splices it back. `response_format`: the request constrains the answer to a JSON schema."""
     check_reasoning_format(reasoning_format)
     if isinstance(tool_choice, Mapping):
         tool_choice = "required"
@@ -102,7 +102,7 @@ def chat_params(source: str, generation_prompt: str, *, tools: Sequence[Mapping[
         generation_prompt, prefill = continued_prompt(generation_prompt, real, end, continue_final_message,
                                                       continue_msg or {})
     return ChatParams(fmt, generation_prompt, reasoning_format, enable_thinking, tuple(tools or ()), tool_choice,
-                      parallel_tool_calls, start, ends, prefill=prefill)
+                      parallel_tool_calls, start, ends, prefill=prefill, response_format=response_format)
 
 
 CONTINUATIONS = ("content", "reasoning_content")

@@ -11,6 +11,7 @@ thinking tag on (the turn header itself carries nothing to parse).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +50,7 @@ class ChatParams:
     thinking_end: tuple[str, ...] = field(default=())
     partial: bool = False  # the reply is still being generated (stream.parse_partial)
     prefill: str = ""  # a continued message's text before what the model adds (continue_final_message)
+    response_format: bool = False  # a json_schema / response_format constrains the answer to one JSON value
 
     @property
     def extract_reasoning(self) -> bool:
@@ -146,3 +148,24 @@ def arguments_of(value: Any) -> str | None:
         found = json_at(value)
         return value if found is not None and isinstance(found[0], Mapping) else None
     return None
+
+
+_FENCED = re.compile(r"\s*```(?:json)?\s*(.*?)\s*```\s*\Z", re.S)
+
+
+def response_content(content: str, partial: bool = False) -> str:
+    """The answer of a response-format reply: its JSON value, out of a ```json fence when the model wrote one
+    (the autoparser's response-format rule: "```json" JSON "```" or JSON alone). When `partial`, a fence being
+    opened or closed is held back, so that the answer only grows."""
+    m = _FENCED.match(content)
+    if m:
+        return m.group(1)
+    body = content.strip()
+    if not partial:
+        return body
+    if "```json".startswith(body):
+        return ""
+    if body.startswith("```json"):
+        body = body[len("```json"):].split("```", 1)[0]
+        return body.rstrip("`").strip()
+    return body

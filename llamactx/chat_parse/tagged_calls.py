@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 
+from llamactx.chat_parse.json_prefix import scan
 from llamactx.chat_parse.message import ChatMsg, ToolCall
 from llamactx.chat_parse.parse_params import ChatParams, dumps, json_text, split_reasoning
 from llamactx.chat_parse.xml_calls import typed_value
@@ -42,6 +43,13 @@ def parse_kimi_k2(params: ChatParams, text: str) -> ChatMsg:
         m = _KIMI_ID.match(rest, pos + len(CALL_BEGIN))
         found = json_text(rest, m.end() + len(ARG_BEGIN)) if m and rest.startswith(ARG_BEGIN, m.end()) else None
         if found is None:
+            if params.partial and m and rest.startswith(ARG_BEGIN, m.end()):  # arguments still being written
+                args_at = m.end() + len(ARG_BEGIN)
+                scanned = scan(rest, args_at)
+                if scanned is not None:
+                    calls.append(ToolCall(m.group(2), rest[args_at:scanned[0]].lstrip(), m.group(1)))
+                    pos = len(rest)
+                break
             if params.partial and calls:
                 break
             return ChatMsg(rest, reasoning)
