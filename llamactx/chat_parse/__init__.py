@@ -15,6 +15,7 @@ Modules:
                 Nemotron Nano 2, Apriel, Apertus
     tagged_calls  Kimi K2 and GLM 4.5 / 4.6 / 4.7 calls (names and arguments between special tags)
     pythonic    LFM2 / LFM2.5's [f(a=1)] calls
+    gemma4      Gemma 4's thought channel and call:f{k:<|"|>v<|"|>} calls
     json_prefix how far a text begins a JSON value (the arguments a stream may send of a call being written)
     stream      parse_partial: the message of an unfinished reply, which only grows (for streamed deltas)
 
@@ -29,6 +30,7 @@ from typing import Any, Protocol
 
 from llamactx.chat_parse import (
     deepseek,
+    gemma4,
     harmony,
     hermes,
     json_calls,
@@ -66,6 +68,7 @@ PARSERS: dict[str, Callable[[ChatParams, str], ChatMsg]] = {
     "kimi-k2": tagged_calls.parse_kimi_k2,
     "glm": tagged_calls.parse_glm,
     "lfm2": pythonic.parse_lfm2,
+    "gemma4": gemma4.parse_gemma4,
     **{name: json_calls.parse_marked_list for name in json_calls.LIST_MARKERS},
 }
 

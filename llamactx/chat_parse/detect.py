@@ -21,6 +21,7 @@ THINKING = {
     "qwen3-coder": ("<think>", ("</think>",)),
     "apriel": ("Here are my reasoning steps:", ("[BEGIN FINAL RESPONSE]",)),
     "kimi-k2": ("<think>", ("</think>",)),  # common/parsers/kimi-k2.cpp, whatever the template says
+    "gemma4": ("<|channel>thought", ("<channel|>",)),
 }
 # what a content continuation writes after the reasoning, where it is more than the end tag
 CONTINUE_CONTENT = {"gpt-oss": "<|end|><|start|>assistant<|channel|>final<|message|>"}
@@ -33,6 +34,7 @@ _RULES: list[tuple[str, tuple[str, ...]]] = [
     ("kimi-k2", ("<|tool_calls_section_begin|>", "<|tool_call_begin|>")),
     ("lfm2", ("<|tool_list_start|>", "<|tool_list_end|>")),
     ("lfm2", ("List of tools: [",)),
+    ("gemma4", ("'<|tool_call>call:'",)),
     ("qwen3-coder", ("<tool_call>", "<function=", "<parameter=")),
     ("deepseek", ("<｜tool▁calls▁begin｜>",)),
     ("command-r7b", ("<|START_ACTION|>", "<|START_THINKING|>")),

@@ -111,6 +111,14 @@ def split_reasoning(params: ChatParams, text: str, also_ends: Sequence[str] = ()
     return body[:best].strip(), body[best + consumed:].lstrip()
 
 
+def held_back(text: str, markers: Sequence[str]) -> str:
+    """`text` less a tail that begins one of `markers` (a partial reply may be cut inside a tag)."""
+    for k in range(min(len(text), max((len(m) for m in markers), default=1) - 1), 0, -1):
+        if any(len(m) > k and m.startswith(text[-k:]) for m in markers):
+            return text[:-k]
+    return text
+
+
 _DECODER = json.JSONDecoder()
 
 
