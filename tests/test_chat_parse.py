@@ -42,7 +42,8 @@ PARSED = {
     "CohereForAI-c4ai-command-r-plus-tool_use", "ibm-granite-granite-3.3-2B-Instruct", "ibm-granite-granite-4.0",
     "ibm-granite-granite-4.1", "NVIDIA-Nemotron-Nano-v2", "unsloth-Apriel-1.5", "Apertus-8B-Instruct",
     "LFM2.5-8B-A1B", "Kimi-K2-Thinking", "moonshotai-Kimi-K2", "Kimi-K2-Instruct", "GLM-4.6", "GLM-4.7-Flash",
-    "Reka-Edge", "Spark2.5", "google-gemma-4-31B-it",
+    "Reka-Edge", "Spark2.5", "google-gemma-4-31B-it", "MiniMax-M3", "MiniMax-M2", "ByteDance-Seed-OSS",
+    "openbmb-MiniCPM5-1B",
 }
 
 

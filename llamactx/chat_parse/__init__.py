@@ -15,7 +15,9 @@ Modules:
                 Nemotron Nano 2, Apriel, Apertus
     tagged_calls  Kimi K2 and GLM 4.5 / 4.6 / 4.7 calls (names and arguments between special tags)
     pythonic    LFM2 / LFM2.5's [f(a=1)] calls
-    gemma4      Gemma 4's thought channel and call:f{k:<|"|>v<|"|>} calls
+    gemma4_calls  Gemma 4's thought channel and call:f{k:<|"|>v<|"|>} calls
+    minimax_m3  MiniMax-M3's namespaced <invoke name=...> calls, values read by the tool's schema
+    xml_invoke  one XML element per parameter: MiniMax-M2, Seed-OSS, MiniCPM5
     json_prefix how far a text begins a JSON value (the arguments a stream may send of a call being written)
     stream      parse_partial: the message of an unfinished reply, which only grows (for streamed deltas)
 
@@ -30,15 +32,17 @@ from typing import Any, Protocol
 
 from llamactx.chat_parse import (
     deepseek,
-    gemma4,
+    gemma4_calls,
     harmony,
     hermes,
     json_calls,
+    minimax_m3,
     mistral,
     pythonic,
     stream,
     tagged_calls,
     xml_calls,
+    xml_invoke,
 )
 from llamactx.chat_parse.detect import chat_params, detect_format
 from llamactx.chat_parse.message import ChatMsg, MsgDiff, ToolCall, diffs
@@ -68,7 +72,9 @@ PARSERS: dict[str, Callable[[ChatParams, str], ChatMsg]] = {
     "kimi-k2": tagged_calls.parse_kimi_k2,
     "glm": tagged_calls.parse_glm,
     "lfm2": pythonic.parse_lfm2,
-    "gemma4": gemma4.parse_gemma4,
+    "gemma4": gemma4_calls.parse_gemma4,
+    "minimax-m3": minimax_m3.parse_minimax_m3,
+    **{name: xml_invoke.parse_xml_invoke for name in xml_invoke.FORMATS},
     **{name: json_calls.parse_marked_list for name in json_calls.LIST_MARKERS},
 }
 

@@ -22,6 +22,9 @@ THINKING = {
     "apriel": ("Here are my reasoning steps:", ("[BEGIN FINAL RESPONSE]",)),
     "kimi-k2": ("<think>", ("</think>",)),  # common/parsers/kimi-k2.cpp, whatever the template says
     "gemma4": ("<|channel>thought", ("<channel|>",)),
+    "minimax-m3": ("<mm:think>", ("</mm:think>",)),
+    "seed-oss": ("<seed:think>", ("</seed:think>",)),
+    "minicpm5": ("<think>", ("</think>",)),
 }
 # what a content continuation writes after the reasoning, where it is more than the end tag
 CONTINUE_CONTENT = {"gpt-oss": "<|end|><|start|>assistant<|channel|>final<|message|>"}
@@ -35,6 +38,10 @@ _RULES: list[tuple[str, tuple[str, ...]]] = [
     ("lfm2", ("<|tool_list_start|>", "<|tool_list_end|>")),
     ("lfm2", ("List of tools: [",)),
     ("gemma4", ("'<|tool_call>call:'",)),
+    ("minimax-m3", ("]<]minimax[>[", "<tool_call>", "<invoke name=")),
+    ("minicpm5", ("Tool usage guidelines:", "<function name=\"", "<param name=\"")),
+    ("minimax-m2", ("<minimax:tool_call>", "<invoke name=")),
+    ("seed-oss", ("<seed:tool_call>", "<function=")),
     ("qwen3-coder", ("<tool_call>", "<function=", "<parameter=")),
     ("deepseek", ("<｜tool▁calls▁begin｜>",)),
     ("command-r7b", ("<|START_ACTION|>", "<|START_THINKING|>")),

@@ -177,3 +177,29 @@ def response_content(content: str, partial: bool = False) -> str:
         body = body[len("```json"):].split("```", 1)[0]
         return body.rstrip("`").strip()
     return body
+
+
+def schema_alternatives(schema: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """A union's alternatives: anyOf / oneOf, or one schema per entry of a list of types ([] otherwise)."""
+    alts = schema.get("anyOf") or schema.get("oneOf")
+    if isinstance(alts, list):
+        return [a for a in alts if isinstance(a, Mapping)]
+    if isinstance(schema.get("type"), list):
+        return [{**schema, "type": t} for t in schema["type"]]
+    return []
+
+
+def may_be_string(schema: Any) -> bool:
+    """common_chat_schema::may_be_string: a string, a string const / enum member, or a union with one."""
+    if not isinstance(schema, Mapping):
+        return False
+    if schema.get("type") == "string":
+        return True
+    if "const" in schema:
+        return isinstance(schema["const"], str)
+    if isinstance(schema.get("enum"), list):
+        return any(isinstance(v, str) for v in schema["enum"])
+    if isinstance(schema.get("allOf"), list):
+        parts = [s for s in schema["allOf"] if isinstance(s, Mapping) and s]
+        return bool(parts) and all(may_be_string(s) for s in parts)
+    return any(may_be_string(a) for a in schema_alternatives(schema))

@@ -1,0 +1,132 @@
+"""Tool calls as XML elements with one element per parameter, for the families whose tags differ only in
+spelling (llama.cpp counterparts: the autoparser's tag-tagged tool parser, build_tool_parser_tag_tagged in
+common/chat-auto-parser-generator.cpp, for MiniMax-M2 and Seed-OSS; common/parsers/minicpm5.cpp):
+
+    MiniMax-M2  <minimax:tool_call><invoke name="f"><parameter name="a">V</parameter></invoke>...</minimax:tool_call>
+    Seed-OSS    <seed:tool_call><function=f><parameter=a>V</parameter></function></seed:tool_call>   (per call)
+    MiniCPM5    <function name="f"><param name="a">V</param></function>   (V may be <![CDATA[...]]>)
+
+A parameter that may be a string (parse_params.may_be_string) is the raw text up to its closing tag; any other is
+JSON. The text before the first call is content; a call that does not parse leaves the whole text as content.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from llamactx.chat_parse.message import ChatMsg, ToolCall
+from llamactx.chat_parse.parse_params import ChatParams, dumps, held_back, may_be_string, split_reasoning
+
+
+@dataclass(frozen=True, slots=True)
+class XmlCalls:
+    section: tuple[str, str]  # around all the calls ("", "" when none)
+    per_call: tuple[str, str]  # around each call
+    call_open: re.Pattern  # group 1: the function's name
+    call_close: str
+    param_open: re.Pattern  # group 1: the parameter's name
+    param_close: str
+    cdata: bool = False  # a string value may be wrapped in <![CDATA[...]]>
+
+    @property
+    def trigger(self) -> str:
+        """Where the calls begin (the grammar trigger)."""
+        return self.section[0] or self.per_call[0] or self.call_open.pattern.split("(")[0].replace("\\", "")
+
+
+FORMATS = {
+    "minimax-m2": XmlCalls(("<minimax:tool_call>", "</minimax:tool_call>"), ("", ""),
+                           re.compile(r'<invoke name="([^"]+)">'), "</invoke>",
+                           re.compile(r'<parameter name="([^"]+)">'), "</parameter>"),
+    "seed-oss": XmlCalls(("", ""), ("<seed:tool_call>", "</seed:tool_call>"),
+                         re.compile(r"<function=([^>\n]+)>"), "</function>",
+                         re.compile(r"<parameter=([^>\n]+)>"), "</parameter>"),
+    "minicpm5": XmlCalls(("", ""), ("", ""), re.compile(r'<function name="([^"]+)">'), "</function>",
+                         re.compile(r'<param name="([^"]+)">'), "</param>", cdata=True),
+}
+_WS = re.compile(r"\s*")
+
+
+def parse_xml_invoke(params: ChatParams, text: str) -> ChatMsg:
+    fmt = FORMATS[params.format]
+    reasoning, rest = split_reasoning(params, params.prefixed(text))
+    if not params.has_tools:
+        return ChatMsg(rest, reasoning)
+    first = rest.find(fmt.trigger)
+    if first < 0:
+        return ChatMsg(held_back(rest, (fmt.trigger,)) if params.partial else rest, reasoning)
+    calls, end = _calls(params, fmt, rest, first)
+    if calls is None or (rest[end:].strip() and not params.partial):
+        return ChatMsg(rest[:first] if params.partial else rest, reasoning)
+    return ChatMsg(rest[:first], reasoning, calls)
+
+
+def _calls(params: ChatParams, fmt: XmlCalls, text: str, pos: int) -> tuple[list[ToolCall] | None, int]:
+    if fmt.section[0]:
+        pos = _WS.match(text, pos + len(fmt.section[0])).end()
+    calls: list[ToolCall] = []
+    while params.parallel_tool_calls or not calls:
+        start = pos
+        if fmt.per_call[0]:
+            if not text.startswith(fmt.per_call[0], pos):
+                break
+            pos = _WS.match(text, pos + len(fmt.per_call[0])).end()
+        found = _call(params, fmt, text, pos)
+        if found is None:
+            if calls and (params.partial or not text[start:].strip()):
+                return calls, len(text)
+            return None, pos
+        calls.append(found[0])
+        pos = _WS.match(text, found[1]).end()
+        if fmt.per_call[1]:
+            if not text.startswith(fmt.per_call[1], pos):
+                return (calls, len(text)) if params.partial else (None, pos)
+            pos = _WS.match(text, pos + len(fmt.per_call[1])).end()
+        if not fmt.per_call[0] and not fmt.call_open.match(text, pos):
+            break
+    if fmt.section[1]:
+        if not text.startswith(fmt.section[1], pos):
+            return (calls, len(text)) if params.partial and calls else (None, pos)
+        pos = _WS.match(text, pos + len(fmt.section[1])).end()
+    return calls or None, pos
+
+
+def _call(params: ChatParams, fmt: XmlCalls, text: str, pos: int) -> tuple[ToolCall, int] | None:
+    m = fmt.call_open.match(text, pos)
+    if m is None or m.group(1).strip() not in params.tool_names():
+        return None
+    name = m.group(1).strip()
+    props = params.parameters(name).get("properties") or {}
+    args: dict = {}
+    pos = _WS.match(text, m.end()).end()
+    while (p := fmt.param_open.match(text, pos)) is not None:
+        key = p.group(1).strip()
+        value = _value(fmt, text, p.end(), props.get(key) if isinstance(props, dict) else None)
+        if value is None:
+            return None
+        args[key], pos = value
+        pos = _WS.match(text, pos).end()
+    if not text.startswith(fmt.call_close, pos):
+        return None
+    return ToolCall(name, dumps(args)), pos + len(fmt.call_close)
+
+
+def _value(fmt: XmlCalls, text: str, pos: int, schema: object) -> tuple[object, int] | None:
+    """(value, end after the closing tag) of a parameter."""
+    if fmt.cdata and may_be_string(schema) and text.startswith("<![CDATA[", pos):
+        end = text.find("]]>", pos)
+        if end < 0 or not text.startswith(fmt.param_close, end + 3):
+            return None
+        return text[pos + len("<![CDATA["):end], end + 3 + len(fmt.param_close)
+    end = text.find(fmt.param_close, pos)
+    if end < 0:
+        return None
+    raw = text[pos:end]
+    if may_be_string(schema):
+        return raw, end + len(fmt.param_close)
+    try:
+        return json.loads(raw), end + len(fmt.param_close)
+    except (json.JSONDecodeError, RecursionError):
+        return raw, end + len(fmt.param_close)
