@@ -24,6 +24,8 @@ THINKING = {
     "gemma4": ("<|channel>thought", ("<channel|>",)),
     "minimax-m3": ("<mm:think>", ("</mm:think>",)),
     "seed-oss": ("<seed:think>", ("</seed:think>",)),
+    "deepseek-v3.2": ("<think>", ("</think>",)),
+    "deepseek-v4": ("<think>", ("</think>",)),
     "minicpm5": ("<think>", ("</think>",)),
 }
 # what a content continuation writes after the reasoning, where it is more than the end tag
@@ -39,6 +41,8 @@ _RULES: list[tuple[str, tuple[str, ...]]] = [
     ("lfm2", ("List of tools: [",)),
     ("gemma4", ("'<|tool_call>call:'",)),
     ("minimax-m3", ("]<]minimax[>[", "<tool_call>", "<invoke name=")),
+    ("deepseek-v3.2", ("dsml_token", "DSML", "function_calls")),
+    ("deepseek-v4", ("dsml_token", "DSML", "tool_calls")),
     ("minicpm5", ("Tool usage guidelines:", "<function name=\"", "<param name=\"")),
     ("minimax-m2", ("<minimax:tool_call>", "<invoke name=")),
     ("seed-oss", ("<seed:tool_call>", "<function=")),

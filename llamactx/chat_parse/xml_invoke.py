@@ -1,10 +1,14 @@
 """Tool calls as XML elements with one element per parameter, for the families whose tags differ only in
 spelling (llama.cpp counterparts: the autoparser's tag-tagged tool parser, build_tool_parser_tag_tagged in
-common/chat-auto-parser-generator.cpp, for MiniMax-M2 and Seed-OSS; common/parsers/minicpm5.cpp):
+common/chat-auto-parser-generator.cpp, for MiniMax-M2 and Seed-OSS; common/parsers/minicpm5.cpp;
+common/parsers/deepseek.cpp for DeepSeek V3.2 / V4's DSML):
 
     MiniMax-M2  <minimax:tool_call><invoke name="f"><parameter name="a">V</parameter></invoke>...</minimax:tool_call>
     Seed-OSS    <seed:tool_call><function=f><parameter=a>V</parameter></function></seed:tool_call>   (per call)
     MiniCPM5    <function name="f"><param name="a">V</param></function>   (V may be <![CDATA[...]]>)
+    DeepSeek    <｜DSML｜function_calls><｜DSML｜invoke name="f"><｜DSML｜parameter name="a" string="true">V
+                </｜DSML｜parameter></｜DSML｜invoke></｜DSML｜function_calls>   (V4: tool_calls; a call may end
+                the thinking block without its </think>)
 
 A parameter that may be a string (parse_params.may_be_string) is the raw text up to its closing tag; any other is
 JSON. The text before the first call is content; a call that does not parse leaves the whole text as content.
@@ -29,6 +33,7 @@ class XmlCalls:
     param_open: re.Pattern  # group 1: the parameter's name
     param_close: str
     cdata: bool = False  # a string value may be wrapped in <![CDATA[...]]>
+    calls_end_thinking: bool = False  # a call may follow the reasoning without its end tag (DeepSeek DSML)
 
     @property
     def trigger(self) -> str:
@@ -43,6 +48,11 @@ FORMATS = {
     "seed-oss": XmlCalls(("", ""), ("<seed:tool_call>", "</seed:tool_call>"),
                          re.compile(r"<function=([^>\n]+)>"), "</function>",
                          re.compile(r"<parameter=([^>\n]+)>"), "</parameter>"),
+    **{name: XmlCalls((f"<｜DSML｜{block}>", f"</｜DSML｜{block}>"), ("", ""),
+                      re.compile(r'<｜DSML｜invoke name="([^"]+)">'), "</｜DSML｜invoke>",
+                      re.compile(r'<｜DSML｜parameter name="([^"]+)" string="(?:true|false)">'), "</｜DSML｜parameter>",
+                      calls_end_thinking=True)
+       for name, block in (("deepseek-v3.2", "function_calls"), ("deepseek-v4", "tool_calls"))},
     "minicpm5": XmlCalls(("", ""), ("", ""), re.compile(r'<function name="([^"]+)">'), "</function>",
                          re.compile(r'<param name="([^"]+)">'), "</param>", cdata=True),
 }
@@ -51,7 +61,18 @@ _WS = re.compile(r"\s*")
 
 def parse_xml_invoke(params: ChatParams, text: str) -> ChatMsg:
     fmt = FORMATS[params.format]
-    reasoning, rest = split_reasoning(params, params.prefixed(text))
+    full = params.prefixed(text)
+    if fmt.calls_end_thinking and params.extract_reasoning and not params.enable_thinking:
+        # thinking off: a bare end tag, or a block the model wrote anyway, is dropped (deepseek.cpp)
+        m = re.match(r"\s*(?:<think>.*?)?</think>", full, re.S)
+        return _finish(params, fmt, "", full[m.end():] if m else full)
+    reasoning, rest = split_reasoning(params, full, (fmt.section[0],) if fmt.calls_end_thinking else ())
+    if params.partial and fmt.calls_end_thinking:  # the section tag that may end the thinking, cut
+        reasoning = held_back(reasoning, (fmt.section[0],)).rstrip()
+    return _finish(params, fmt, reasoning, rest)
+
+
+def _finish(params: ChatParams, fmt: XmlCalls, reasoning: str, rest: str) -> ChatMsg:
     if not params.has_tools:
         return ChatMsg(rest, reasoning)
     first = rest.find(fmt.trigger)
