@@ -13,7 +13,7 @@ Modules:
     deepseek    DeepSeek R1 / V3.1 tool calls
     json_calls  JSON calls between markers: Llama 3.x, Functionary, FireFunction, Command R7B / R+, Granite,
                 Nemotron Nano 2, Apriel, Apertus
-    tagged_calls  Kimi K2 and GLM 4.5 / 4.6 / 4.7 calls (names and arguments between special tags)
+    tagged_calls  Kimi K2, GLM 4.5 / 4.6 / 4.7 and Ling 3 calls (names and arguments between special tags)
     pythonic    LFM2 / LFM2.5's [f(a=1)] calls
     gemma4_calls  Gemma 4's thought channel and call:f{k:<|"|>v<|"|>} calls
     minimax_m3  MiniMax-M3's namespaced <invoke name=...> calls, values read by the tool's schema
@@ -71,6 +71,7 @@ PARSERS: dict[str, Callable[[ChatParams, str], ChatMsg]] = {
     "command-r-plus": json_calls.parse_command_r_plus,
     "kimi-k2": tagged_calls.parse_kimi_k2,
     "glm": tagged_calls.parse_glm,
+    "ling3": tagged_calls.parse_ling3,
     "lfm2": pythonic.parse_lfm2,
     "gemma4": gemma4_calls.parse_gemma4,
     "minimax-m3": minimax_m3.parse_minimax_m3,

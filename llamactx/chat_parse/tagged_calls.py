@@ -6,6 +6,7 @@ tests/test-chat.cpp):
              <|tool_call_end|>...<|tool_calls_section_end|>          (the id is "functions.NAME:IDX")
     GLM      <tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>...</tool_call>   (newlines optional;
              a value is typed by the tool's schema, as Qwen3-Coder's XML values are)
+    Ling 3   GLM's calls after <role>ASSISTANT</role>, ending at <|role_end|> (common/parsers/ling3.cpp)
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import re
 
 from llamactx.chat_parse.json_prefix import scan
 from llamactx.chat_parse.message import ChatMsg, ToolCall
-from llamactx.chat_parse.parse_params import ChatParams, dumps, json_text, split_reasoning
+from llamactx.chat_parse.parse_params import ChatParams, dumps, held_back, json_text, split_reasoning
 from llamactx.chat_parse.xml_calls import typed_value
 
 SECTION_BEGIN, SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
@@ -61,22 +62,58 @@ def parse_kimi_k2(params: ChatParams, text: str) -> ChatMsg:
     return _finish(params, rest[:start], reasoning, calls)
 
 
+def _glm_calls(params: ChatParams, text: str, pos: int) -> tuple[list[ToolCall], int]:
+    """The GLM-style <tool_call>NAME<arg_key>..</arg_key><arg_value>..</arg_value></tool_call> calls from `pos`
+    (separated by whitespace) and the position after them."""
+    calls = []
+    while (m := _GLM_CALL.match(text, pos)) is not None:
+        schema = params.parameters(m.group(1)).get("properties") or {}
+        args = {k.strip(): typed_value(v, schema.get(k.strip())) for k, v in _GLM_ARG.findall(m.group(2))}
+        calls.append(ToolCall(m.group(1), dumps(args)))
+        pos = m.end()
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+    return calls, pos
+
+
+ROLE, ROLE_END = "<role>ASSISTANT</role>", "<|role_end|>"
+
+
+def parse_ling3(params: ChatParams, text: str) -> ChatMsg:
+    """Ling 3.0 / Bailing V3 (common/parsers/ling3.cpp): GLM's calls, a thinking block whose tags are both
+    optional (while the generation prompt leaves it open, a call ends it too), and prose after the calls up to
+    an <|role_end|> the model may spell out."""
+    gp = params.generation_prompt
+    think_open = gp.rfind("<think>") > gp.rfind("</think>")
+    full = params.prefixed(text).removeprefix(ROLE).lstrip()
+    full = full.removeprefix("<think>")
+    ends = [i for i in (full.find("</think>"), full.find("<tool_call>") if think_open else -1) if i >= 0]
+    body_end = min(ends, default=len(full))
+    body, pos = full[:body_end], body_end + (len("</think>") if full.startswith("</think>", body_end) else 0)
+    msg = ChatMsg(reasoning_content=body) if params.extract_reasoning else ChatMsg(body)
+    rest = full[pos:]
+    call_at = rest.find("<tool_call>") if params.has_tools else -1
+    calls, after = _glm_calls(params, rest, call_at) if call_at >= 0 else ([], 0)
+    if calls:
+        msg.content += rest[:call_at]
+        msg.tool_calls = calls if params.parallel_tool_calls else calls[:1]
+        rest = rest[after:]
+        call_at = rest.find("<tool_call>")
+    if params.partial and call_at >= 0:
+        rest = rest[:call_at]  # a call being written shows once complete
+    msg.content += rest.split(ROLE_END, 1)[0]
+    if params.partial:
+        markers = ("</think>", "<tool_call>", ROLE_END)
+        msg.content, msg.reasoning_content = held_back(msg.content, markers), held_back(msg.reasoning_content, markers)
+    return msg
+
+
 def parse_glm(params: ChatParams, text: str) -> ChatMsg:
     reasoning, rest = split_reasoning(params, params.prefixed(text))
     start = rest.find("<tool_call>")
     if not params.has_tools or start < 0:
         return ChatMsg(rest, reasoning)
-    calls, pos = [], start
-    while True:
-        m = _GLM_CALL.match(rest, pos)
-        if m is None:
-            break
-        schema = params.parameters(m.group(1)).get("properties") or {}
-        args = {k.strip(): typed_value(v, schema.get(k.strip())) for k, v in _GLM_ARG.findall(m.group(2))}
-        calls.append(ToolCall(m.group(1), dumps(args)))
-        pos = m.end()
-        while pos < len(rest) and rest[pos].isspace():
-            pos += 1
+    calls, pos = _glm_calls(params, rest, start)
     if not calls or (rest[pos:].strip() and not params.partial):
         return ChatMsg(rest, reasoning)
     return _finish(params, rest[:start], reasoning, calls)
