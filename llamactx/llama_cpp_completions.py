@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from llamactx import chat_parse, tool_calls
 from llamactx.api import protocol as P
 from llamactx.api.responses import ChatRenderer, Choice, Renderer
+from llamactx.chat_request import grammar_sampler, prepare_chat
 from llamactx.engine import GenerationError, RequestOptions
 from llamactx.llama_cpp_options import LlamaGrammar, LogitsProcessorList, StoppingCriteriaList
 from llamactx.sampling.samplers import SamplerBase
@@ -117,13 +116,19 @@ class Completions:
                                model: str | None = None, logits_processor: LogitsProcessorList | None = None,
                                grammar: LlamaGrammar | str | None = None,
                                logit_bias: Mapping[int, float] | None = None, logprobs: bool | None = None,
-                               top_logprobs: int | None = None) -> dict | Iterator[dict]:
-        """A `chat.completion` dict (message with `tool_calls` when the model calls a tool), or with `stream` an
-        iterator of `chat.completion.chunk`s. With a `chat_handler`, that handler answers (llama-cpp-python's
+                               top_logprobs: int | None = None, reasoning_format: str | None = None
+                               ) -> dict | Iterator[dict]:
+        """A `chat.completion` dict, or with `stream` an iterator of `chat.completion.chunk`s. The reply is parsed
+        as llama-server parses it for the model's template family (llamactx.chat_request): thinking into
+        `reasoning_content`, calls into `tool_calls` (streamed as deltas too), and `tool_choice` ("auto",
+        "required", "none", a named function) constrains the calls with the server's grammar (lazy for Hermes
+        formats). `reasoning_format` (llamactx's addition; llama-server's values) defaults to "auto", or to
+        "none" when the Llama was made with an explicit `chat_format` (llama-cpp-python's behaviour: the text as
+        the model wrote it). With a `chat_handler`, that handler answers (llama-cpp-python's
         LlamaChatCompletionHandler protocol: called with llama=self and these keywords)."""
         if self.chat_handler is not None:
             args = dict(locals())
-            del args["self"]
+            del args["self"], args["reasoning_format"]
             return self.chat_handler(llama=self, **args)
         if functions and not tools:  # the legacy form of tools
             tools = [{"type": "function", "function": f} for f in functions]
@@ -136,26 +141,19 @@ class Completions:
         req = P.validate(P.ChatCompletionRequest, {**body, "messages": messages, "tools": tools,
                                                    "tool_choice": tool_choice, "response_format": fmt,
                                                    "logprobs": bool(logprobs), "top_logprobs": top_logprobs})
-        fns = tool_calls.functions(req.tools) if req.tool_choice != "none" else []
-        template = self._runtime.template
-        msgs, pass_tools = tool_calls.prepare(template.source, req.messages, fns)
-        tools_arg = req.tools if pass_tools else None
-        prompt = template.render(msgs, True, tools_arg)
-        tokens = self.tokenize(prompt.encode("utf-8"), add_bos=True, special=True)
+        if reasoning_format is None:
+            reasoning_format = "none" if self.chat_format is not None else "auto"
+        setup = prepare_chat(self._runtime.template, req.messages, req.tools, req.tool_choice,
+                             bool(req.parallel_tool_calls), reasoning_format)
+        tokens = self.tokenize(setup.prompt.encode("utf-8"), add_bos=True, special=True)
         gen = P.GenerationRequest.from_fields(req, self._model.vocab, (top_logprobs or 0) if logprobs else -1)
-        required = tool_calls.required_function(req.tool_choice, fns)
-        if required:
-            gen.grammar = ("json_schema", tool_calls.call_schema(required))
-        # how the reply is parsed into tool calls, as llama-server parses it (server/completions.py
-        # chat_parse_params); reasoning stays in the content, as llama-cpp-python leaves it
-        parse = chat_parse.chat_params(template.source, chat_parse.generation_prompt(template, msgs, tools_arg, {}),
-                                       tools=[{"type": "function", "function": f} for f in fns],
-                                       reasoning_format="none", parallel_tool_calls=bool(req.parallel_tool_calls),
-                                       tool_choice=req.tool_choice if fns else "none")
-        if required:  # the call schema's grammar writes a bare JSON call
-            parse = replace(parse, format="generic")
-        renderer = ChatRenderer(model or self.model_path, self._model.vocab, prompt, gen, tools=bool(fns),
-                                parse=parse)
+        if setup.grammar is not None and gen.grammar is None:  # as llama-server: lazy for "auto"
+            gen.grammar = ("tool_calls", (setup.grammar, setup.parse))
+        elif setup.call_required:
+            raise P.ProtocolError("tool_choice: a required tool call cannot be combined with grammar / "
+                                  "response_format")
+        renderer = ChatRenderer(model or self.model_path, self._model.vocab, setup.prompt, gen,
+                                tools=bool(setup.fns), parse=setup.parse)
         run = self._run(tokens, gen, renderer, logits_processor, None)
         return _chunks(run) if stream else _last(run)
 
@@ -195,7 +193,11 @@ class Completions:
         the whole response last (marked by `_Final`)."""
         self._load_cached(tokens)
         self._hand_to_engine()
-        chain = self._runtime.sampler(gen.sampling_for(), self._runtime.grammar(**gen.grammar_args()))
+        if gen.grammar is not None and gen.grammar[0] == "tool_calls":  # (ToolGrammar, the chat's ChatParams)
+            grammar = grammar_sampler(self._model.vocab, *gen.grammar[1])
+        else:
+            grammar = self._runtime.grammar(**gen.grammar_args())
+        chain = self._runtime.sampler(gen.sampling_for(), grammar)
         history = _History(tokens)
         if processors:
             chain.samplers.insert(0, LogitsProcessorSampler(LogitsProcessorList(processors), history))
