@@ -44,7 +44,7 @@ PARSED = {
     "LFM2.5-8B-A1B", "Kimi-K2-Thinking", "moonshotai-Kimi-K2", "Kimi-K2-Instruct", "GLM-4.6", "GLM-4.7-Flash",
     "Reka-Edge", "Spark2.5", "google-gemma-4-31B-it", "MiniMax-M3", "MiniMax-M2", "ByteDance-Seed-OSS",
     "inclusionai-ling-3.0-flash", "openbmb-MiniCPM5-1B", "deepseek-ai-DeepSeek-V3.2", "deepseek-ai-DeepSeek-V4",
-    "deepseek-ai-DeepSeek-V4-Flash-0731",
+    "deepseek-ai-DeepSeek-V4-Flash-0731", "Cohere2MoE",
 }
 
 
@@ -62,10 +62,7 @@ def _scope(case) -> str:
 # and so the thinking prefix, cannot be computed
 RENDER_GAPS: dict[str, str] = {}
 # cases llamactx parses differently, with the reason
-KNOWN_GAPS = {
-    "CohereForAI-c4ai-command-r7b-12-2024-tool_use:2847": "a partial Command R7B action list shows no call until "
-                                                          "one is complete (llama.cpp: once its tool_name is)",
-}
+KNOWN_GAPS: dict[str, str] = {}
 
 ALL_CASES = load_cases(LLAMACPP_SRC) if LLAMACPP_SRC.is_dir() else []
 

@@ -17,7 +17,8 @@ Modules:
     pythonic    LFM2 / LFM2.5's [f(a=1)] calls
     gemma4_calls  Gemma 4's thought channel and call:f{k:<|"|>v<|"|>} calls
     minimax_m3  MiniMax-M3's namespaced <invoke name=...> calls, values read by the tool's schema
-    xml_invoke  one XML element per parameter: MiniMax-M2, Seed-OSS, MiniCPM5
+    xml_invoke  one XML element per parameter: MiniMax-M2, Seed-OSS, MiniCPM5, DeepSeek V3.2 / V4 (DSML)
+    cohere2moe  Cohere2 MoE's <|START_TEXT|> / <|START_ACTION|> turns, and Cohere's action lists as they stream
     json_prefix how far a text begins a JSON value (the arguments a stream may send of a call being written)
     stream      parse_partial: the message of an unfinished reply, which only grows (for streamed deltas)
 
@@ -31,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from llamactx.chat_parse import (
+    cohere2moe,
     deepseek,
     gemma4_calls,
     harmony,
@@ -72,6 +74,7 @@ PARSERS: dict[str, Callable[[ChatParams, str], ChatMsg]] = {
     "kimi-k2": tagged_calls.parse_kimi_k2,
     "glm": tagged_calls.parse_glm,
     "ling3": tagged_calls.parse_ling3,
+    "cohere2moe": cohere2moe.parse_cohere2moe,
     "lfm2": pythonic.parse_lfm2,
     "gemma4": gemma4_calls.parse_gemma4,
     "minimax-m3": minimax_m3.parse_minimax_m3,

@@ -25,12 +25,14 @@ THINKING = {
     "minimax-m3": ("<mm:think>", ("</mm:think>",)),
     "seed-oss": ("<seed:think>", ("</seed:think>",)),
     "ling3": ("<think>", ("</think>",)),
+    "cohere2moe": ("<|START_THINKING|>", ("<|END_THINKING|>",)),
     "deepseek-v3.2": ("<think>", ("</think>",)),
     "deepseek-v4": ("<think>", ("</think>",)),
     "minicpm5": ("<think>", ("</think>",)),
 }
 # what a content continuation writes after the reasoning, where it is more than the end tag
-CONTINUE_CONTENT = {"gpt-oss": "<|end|><|start|>assistant<|channel|>final<|message|>"}
+CONTINUE_CONTENT = {"gpt-oss": "<|end|><|start|>assistant<|channel|>final<|message|>",
+                    "cohere2moe": "<|END_THINKING|><|START_TEXT|>"}
 THINK_TAGS = ("<think>", ("</think>",))
 
 # (format, markers that must all be in the template): the first match wins, in llama.cpp's order
@@ -42,6 +44,7 @@ _RULES: list[tuple[str, tuple[str, ...]]] = [
     ("lfm2", ("List of tools: [",)),
     ("gemma4", ("'<|tool_call>call:'",)),
     ("minimax-m3", ("]<]minimax[>[", "<tool_call>", "<invoke name=")),
+    ("cohere2moe", ("<|START_TEXT|>", "<|START_ACTION|>")),
     ("ling3", ("<role>ASSISTANT</role>", "<arg_key>")),
     ("deepseek-v3.2", ("dsml_token", "DSML", "function_calls")),
     ("deepseek-v4", ("dsml_token", "DSML", "tool_calls")),

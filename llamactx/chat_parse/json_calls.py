@@ -21,6 +21,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from llamactx.chat_parse.cohere2moe import action_calls
 from llamactx.chat_parse.hermes import calls_of
 from llamactx.chat_parse.message import ChatMsg, ToolCall
 from llamactx.chat_parse.parse_params import ChatParams, arguments_of, json_at, json_text, split_reasoning
@@ -97,6 +98,8 @@ def parse_marked_list_body(params: ChatParams, rest: str, reasoning: str) -> Cha
     if at < 0:
         return ChatMsg(rest, reasoning)
     found = json_at(rest, at + len(opening))
+    if found is None and params.partial and params.format == "command-r7b":  # the action list being written
+        return _finish(params, rest[:at], reasoning, action_calls(rest, at + len(opening), True) or [])
     items = found[0] if found is not None and isinstance(found[0], list) else None
     calls = [c for item in items or [] for c in _call_of(item)]
     if not calls or len(calls) != len(items or []):
