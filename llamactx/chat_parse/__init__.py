@@ -18,6 +18,7 @@ Modules:
     gemma4_calls  Gemma 4's thought channel and call:f{k:<|"|>v<|"|>} calls
     minimax_m3  MiniMax-M3's namespaced <invoke name=...> calls, values read by the tool's schema
     xml_invoke  one XML element per parameter: MiniMax-M2, Seed-OSS, MiniCPM5, DeepSeek V3.2 / V4 (DSML)
+    kimi_k3     Kimi K3's <|open|>section<|sep|> ... <|close|>section<|sep|> replies and calls
     cohere2moe  Cohere2 MoE's <|START_TEXT|> / <|START_ACTION|> turns, and Cohere's action lists as they stream
     json_prefix how far a text begins a JSON value (the arguments a stream may send of a call being written)
     stream      parse_partial: the message of an unfinished reply, which only grows (for streamed deltas)
@@ -38,6 +39,7 @@ from llamactx.chat_parse import (
     harmony,
     hermes,
     json_calls,
+    kimi_k3,
     minimax_m3,
     mistral,
     pythonic,
@@ -75,6 +77,7 @@ PARSERS: dict[str, Callable[[ChatParams, str], ChatMsg]] = {
     "glm": tagged_calls.parse_glm,
     "ling3": tagged_calls.parse_ling3,
     "cohere2moe": cohere2moe.parse_cohere2moe,
+    "kimi-k3": kimi_k3.parse_kimi_k3,
     "lfm2": pythonic.parse_lfm2,
     "gemma4": gemma4_calls.parse_gemma4,
     "minimax-m3": minimax_m3.parse_minimax_m3,

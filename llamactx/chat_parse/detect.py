@@ -26,13 +26,15 @@ THINKING = {
     "seed-oss": ("<seed:think>", ("</seed:think>",)),
     "ling3": ("<think>", ("</think>",)),
     "cohere2moe": ("<|START_THINKING|>", ("<|END_THINKING|>",)),
+    "kimi-k3": ("<|open|>think<|sep|>", ("<|close|>think<|sep|>",)),
     "deepseek-v3.2": ("<think>", ("</think>",)),
     "deepseek-v4": ("<think>", ("</think>",)),
     "minicpm5": ("<think>", ("</think>",)),
 }
 # what a content continuation writes after the reasoning, where it is more than the end tag
 CONTINUE_CONTENT = {"gpt-oss": "<|end|><|start|>assistant<|channel|>final<|message|>",
-                    "cohere2moe": "<|END_THINKING|><|START_TEXT|>"}
+                    "cohere2moe": "<|END_THINKING|><|START_TEXT|>",
+                    "kimi-k3": "<|close|>think<|sep|><|open|>response<|sep|>"}
 THINK_TAGS = ("<think>", ("</think>",))
 
 # (format, markers that must all be in the template): the first match wins, in llama.cpp's order
@@ -40,6 +42,7 @@ _RULES: list[tuple[str, tuple[str, ...]]] = [
     ("gpt-oss", ("<|channel|>",)),
     ("functionary-v3.2", (">>>all",)),
     ("kimi-k2", ("<|tool_calls_section_begin|>", "<|tool_call_begin|>")),
+    ("kimi-k3", ("<|open|>", "<|close|>", "<|end_of_msg|>")),
     ("lfm2", ("<|tool_list_start|>", "<|tool_list_end|>")),
     ("lfm2", ("List of tools: [",)),
     ("gemma4", ("'<|tool_call>call:'",)),
