@@ -28,6 +28,8 @@ from llamactx.ggml.graph import Graph, GraphAttention, GraphUnsupported
 from llamactx.ggml.kernels import bf16
 from llamactx.ggml.kernels.attention import attend
 from llamactx.ggml.kernels.compute import WeightTable, plan_graph
+from llamactx.ggml.kernels.delta_rule import gated_delta_net_
+from llamactx.ggml.kernels.delta_rule import ssm_conv as ssm_conv_blocked
 from llamactx.ggml.kernels.flash import flash_attend
 from llamactx.ggml.kernels.get_rows import get_rows, get_rows_q8_0_packed
 from llamactx.ggml.kernels.matmul import expert_order, matmul, matmul_id
@@ -40,6 +42,7 @@ from llamactx.ggml.vecdot_nl import NL_TYPES, is_repacked_nl
 
 _Q8_0 = int(T.Q8_0)
 _KERNEL_EXACT = frozenset(int(t) for t in EXACT_TYPES)  # 32-block types: bit-identical to ggml in the kernels
+_KERNEL_LOWBIT = frozenset(int(t) for t in (T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M))
 _KERNEL_TILED = frozenset(int(t) for t in (T.Q3_K, T.Q5_K, T.IQ4_XS))  # never repacked by llama.cpp (x86)
 
 
@@ -185,6 +188,8 @@ class FastOps(ReferenceOps):
             return True if is_repacked_kx(weight) else None
         if weight.ggml_type in NL_TYPES:  # the kernels have llama.cpp's repacked order only (ne1 % 8 == 0)
             return True if is_repacked_nl(weight) else None
+        if weight.ggml_type in _KERNEL_LOWBIT:  # vec_dot's order below 8 rows, tiled from 8 (kernels.klowbit)
+            return True
         if weight.ggml_type == T.BF16:  # tinyBLAS's order (llama.cpp's from 2 rows; one row like several, as F32)
             return True if bf16.supports(weight) else None
         return True if can_pack(weight.ggml_type) and is_exact_k(weight) else None
@@ -210,6 +215,17 @@ class FastOps(ReferenceOps):
         else:
             attend(*args, sink_values(sinks, n_head))
         return out
+
+    def ssm_conv(self, conv_x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+        # the reference's sums, 16 channels at a time (kernels.delta_rule)
+        return ssm_conv_blocked(conv_x, weight)
+
+    def gated_delta_net(self, q, k, v, g, beta, state):
+        # the reference's bits, a row of the state at a time, in place in the caller's copy (ops.py) when it is a
+        # writable float32 array (kernels.delta_rule)
+        ok = isinstance(state, np.ndarray) and state.dtype == np.float32 and state.flags.c_contiguous
+        s = state if ok and state.flags.writeable else np.array(state, np.float32)
+        return gated_delta_net_(q, k, v, g, beta, s.reshape(v.shape[1], v.shape[2], v.shape[2])), s
 
     def get_rows(self, weight, ids: np.ndarray) -> np.ndarray:
         """Embedding rows. A Q8_0 table (SmolLM2's and Gemma's, tied to the output matrix) is read from its packed

@@ -209,7 +209,8 @@ class Ops(Protocol):
         """ggml_ssm_scan (Mamba-2) of one sequence -> (y (n_t, n_head, head_dim), the final state)"""
 
     def gated_delta_net(self, q, k, v, g, beta, state) -> tuple[np.ndarray, np.ndarray]:
-        """ggml_gated_delta_net of one sequence -> (output (n_t, H_v, S), the final state (H_v, S, S))"""
+        """ggml_gated_delta_net of one sequence -> (output (n_t, H_v, S), the final state (H_v, S, S)). `state` is
+        the caller's own copy: a backend may update it in place and return it."""
 
     # -- attention (called by the attention inputs of models/graph_inputs.py) ---------------------------------------
 

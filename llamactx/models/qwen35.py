@@ -269,12 +269,15 @@ def delta_net_block(model, ops, rs: RecurrentInput, cur: np.ndarray, il: int) ->
     g = ops.softplus(alpha) * t[b + "ssm_a"]  # (n, n_v_heads): the log-decay, -exp(A_log) * softplus
 
     conv_w = t[b + "ssm_conv1d.weight"]  # (conv_dim, d_conv)
+    whole = len(rs.sets) == 1 and len(rs.sets[0].idx) == n  # one sequence set: every row in order, no gathers
     conv = np.empty((n, conv_dim), np.float32)
     for k, st in enumerate(rs.sets):
-        state = rs.conv_state(il, k).reshape(conv_dim, d_state_conv)
-        conv_x = np.concatenate([state, qkv[st.idx].T], axis=1)  # (conv_dim, d_conv - 1 + n_t)
-        rs.store_conv(il, k, np.ascontiguousarray(conv_x[:, conv_x.shape[1] - d_state_conv :]))
-        conv[st.idx] = ops.ssm_conv(conv_x, conv_w)
+        rows = slice(None) if whole else st.idx
+        conv_x = np.empty((conv_dim, d_state_conv + len(st.idx)), np.float32)  # (conv_dim, d_conv - 1 + n_t)
+        conv_x[:, :d_state_conv] = rs.conv_state(il, k).reshape(conv_dim, d_state_conv)
+        conv_x[:, d_state_conv:] = qkv[rows].T
+        rs.store_conv(il, k, conv_x[:, conv_x.shape[1] - d_state_conv :])
+        conv[rows] = ops.ssm_conv(conv_x, conv_w)
     conv = ops.silu(conv)  # (n, conv_dim)
     q = ops.l2_norm(conv[:, :key_dim].reshape(n, n_k_heads, head), hp.f_norm_rms_eps)  # (n, n_k_heads, head)
     k_ = ops.l2_norm(conv[:, key_dim : 2 * key_dim].reshape(n, n_k_heads, head), hp.f_norm_rms_eps)
@@ -282,8 +285,9 @@ def delta_net_block(model, ops, rs: RecurrentInput, cur: np.ndarray, il: int) ->
 
     y = np.empty((n, n_v_heads, head), np.float32)
     for k, st in enumerate(rs.sets):
-        state = rs.ssm_state(il, k).reshape(n_v_heads, head, head)
-        y[st.idx], state = ops.gated_delta_net(q[st.idx], k_[st.idx], v[st.idx], g[st.idx], beta[st.idx], state)
+        rows = slice(None) if whole else st.idx
+        state = rs.ssm_state(il, k).reshape(n_v_heads, head, head)  # a copy: the op may update it in place
+        y[rows], state = ops.gated_delta_net(q[rows], k_[rows], v[rows], g[rows], beta[rows], state)
         rs.store_ssm(il, k, state)
     y = ops.rms_norm(y, t[b + "ssm_norm.weight"], hp.f_norm_rms_eps)  # (n, n_v_heads, head)
     y = y * ops.silu(z.reshape(n, n_v_heads, head))  # build_norm_gated

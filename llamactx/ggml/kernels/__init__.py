@@ -31,6 +31,7 @@ arithmetic), compute.py a recorded forward graph (llamactx.ggml.graph) in one co
     get_rows.py     get_rows: the selected rows of a stored weight, dequantized (embedding lookup)
     attention.py    attention over the f16 KV cache (the non-flash path)
     flash.py        flash attention over it (flash_attn_ext's tiled arithmetic)
+    delta_rule.py   the Gated DeltaNet's delta rule, its state updated in place, and ssm_conv (Qwen3.5)
     compute.py      plan_graph / GraphPlan: a recorded graph run in one compiled call (ggml_graph_compute)
     simd.py         vector types and loads as llvmlite intrinsics (numba has none)
     vnni.py         the integer dot product (vpdpbusd) and the int32 lane arithmetic around it

@@ -1,0 +1,288 @@
+"""The Gated DeltaNet layer's recurrent kernels, fast: ggml_gated_delta_net (ggml-cpu/ops.cpp,
+ggml_compute_forward_gated_delta_net_one_chunk) and ggml_ssm_conv (ggml_compute_forward_ssm_conv_f32) with the
+bits of llamactx.ggml.delta_net / llamactx.ggml.ssm (the reference, tests/ggml/test_delta_rule_kernels.py compares).
+
+- `gated_delta_net_`: the state is updated in place, one row at a time. Every step of ggml's per-token update
+  touches row j of a head's transposed state alone (s[j] *= e; delta[j] = (v[j] - s[j].k) beta; s[j] += k delta[j];
+  out[j] = s[j].q), so the four passes over the S x S state become two passes over each 512-byte row while it
+  sits in L1, with every element's arithmetic (products, FMAs, the dots' lane order and reduction) unchanged.
+  Heads run on the thread pool, as ggml splits them over its threads.
+- `ssm_conv_rows`: the depthwise causal conv read from the token-major projection (n_t, n_ch) and the conv state
+  (n_ch, d_conv - 1) directly, the new state written in place: no concatenated, transposed copy of the ubatch.
+
+The memory traffic of a decode step (`recurrent_traffic`): per delta-net layer and sequence, the S x S float32
+state of each value head is read once and written once (H_v * S * S * 4 bytes each way), the conv state
+(d_conv - 1) * n_ch floats likewise; bench/profile_forward.py prints the totals.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from llamactx.ggml.cpu import F32_EPR, F32_TAIL_EPILOGUE
+from llamactx.ggml.intrinsics import fma32
+from llamactx.ggml.kernels.simd import f32x8, fmadd, fzero, splat, vload_f32, vstore
+from llamactx.ggml.vec import f32_tail
+
+_F32 = np.float32
+_STEP = 4 * F32_EPR  # GGML_F32_STEP: ggml_vec_dot_f32's lanes
+_V8F32 = ir.VectorType(ir.FloatType(), 8)
+
+
+@intrinsic
+def _vmul_s(typingctx, v, x):
+    """v * x lane-wise, x a float32 scalar (ggml_vec_scale_f32's products)."""
+    sig = f32x8(f32x8, types.float32)
+
+    def codegen(context, builder, sig, args):
+        return builder.fmul(args[0], splat(builder, args[1], 8))
+
+    return sig, codegen
+
+
+@intrinsic
+def _vfma_s(typingctx, a, x, c):
+    """a * x + c lane-wise with one rounding, x a float32 scalar (ggml_vec_mad_f32)."""
+    sig = f32x8(f32x8, types.float32, f32x8)
+
+    def codegen(context, builder, sig, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V8F32, [_V8F32] * 3), "llvm.fma.v8f32")
+        return builder.call(fn, [args[0], splat(builder, args[1], 8), args[2]])
+
+    return sig, codegen
+
+
+@intrinsic
+def _vadd(typingctx, a, b):
+    sig = f32x8(f32x8, f32x8)
+
+    def codegen(context, builder, sig, args):
+        return builder.fadd(args[0], args[1])
+
+    return sig, codegen
+
+
+@intrinsic
+def _lane(typingctx, v, i):
+    sig = types.float32(f32x8, types.intp)
+
+    def codegen(context, builder, sig, args):
+        return builder.extract_element(args[0], args[1])
+
+    return sig, codegen
+
+
+@numba.njit(cache=True, inline="always")
+def _reduce(a0, a1, a2, a3, a4, a5, a6, a7):  # pragma: no cover - compiled
+    """GGML_F32_VEC_REDUCE of ggml_vec_dot_f32's 4 x F32_EPR lanes held as eight (AVX-512) or four (AVX2, a4..a7
+    unused) <8 x float>: registers (0+2), (1+3), then (0+1), then `_mm512_reduce_add_ps` / the two hadds
+    (llamactx.ggml.vec.dot_vec: the same sums, each float addition commutative)."""
+    if F32_EPR == 16:  # register r = (a[2r], a[2r+1])
+        lo = _vadd(_vadd(a0, a4), _vadd(a2, a6))
+        hi = _vadd(_vadd(a1, a5), _vadd(a3, a7))
+        t = _vadd(hi, lo)  # reduce_add16: t_i = r[8 + i] + r[i]
+        u0 = _lane(t, 4) + _lane(t, 0)
+        u1 = _lane(t, 5) + _lane(t, 1)
+        u2 = _lane(t, 6) + _lane(t, 2)
+        u3 = _lane(t, 7) + _lane(t, 3)
+        return (u0 + u2) + (u1 + u3)
+    r = _vadd(_vadd(a0, a2), _vadd(a1, a3))
+    t0 = _lane(r, 0) + _lane(r, 4)
+    t1 = _lane(r, 1) + _lane(r, 5)
+    t2 = _lane(r, 2) + _lane(r, 6)
+    t3 = _lane(r, 3) + _lane(r, 7)
+    return (t0 + t1) + (t2 + t3)
+
+
+@numba.njit(cache=True)
+def _head(s, q, k, v, g, beta, scale, out, h, hk, h_k):  # pragma: no cover - compiled
+    """Value head h (key head hk of h_k) over every token, its state s (S, S) updated in place; q, k
+    (n_t * h_k, S), out (n_t, H_v, S)."""
+    n_t = v.shape[0]
+    s_v = v.shape[2]
+    n_simd = s_v // _STEP * _STEP
+    wide = F32_EPR == 16
+    for t in range(n_t):
+        e = _F32(math.exp(g[t, h]))
+        b = beta[t, h]
+        kr = t * h_k + hk
+        for j in range(s_v):
+            # s[j] *= e, and the dot of the scaled row with k (ggml_vec_scale_f32, then ggml_vec_dot_f32)
+            a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = fzero()
+            for i in range(0, n_simd, _STEP):
+                x0 = _vmul_s(vload_f32(s, j, i), e)
+                x1 = _vmul_s(vload_f32(s, j, i + 8), e)
+                x2 = _vmul_s(vload_f32(s, j, i + 16), e)
+                x3 = _vmul_s(vload_f32(s, j, i + 24), e)
+                vstore(s, j, i, x0)
+                vstore(s, j, i + 8, x1)
+                vstore(s, j, i + 16, x2)
+                vstore(s, j, i + 24, x3)
+                a0 = fmadd(a0, x0, vload_f32(k, kr, i))
+                a1 = fmadd(a1, x1, vload_f32(k, kr, i + 8))
+                a2 = fmadd(a2, x2, vload_f32(k, kr, i + 16))
+                a3 = fmadd(a3, x3, vload_f32(k, kr, i + 24))
+                if wide:
+                    x4 = _vmul_s(vload_f32(s, j, i + 32), e)
+                    x5 = _vmul_s(vload_f32(s, j, i + 40), e)
+                    x6 = _vmul_s(vload_f32(s, j, i + 48), e)
+                    x7 = _vmul_s(vload_f32(s, j, i + 56), e)
+                    vstore(s, j, i + 32, x4)
+                    vstore(s, j, i + 40, x5)
+                    vstore(s, j, i + 48, x6)
+                    vstore(s, j, i + 56, x7)
+                    a4 = fmadd(a4, x4, vload_f32(k, kr, i + 32))
+                    a5 = fmadd(a5, x5, vload_f32(k, kr, i + 40))
+                    a6 = fmadd(a6, x6, vload_f32(k, kr, i + 48))
+                    a7 = fmadd(a7, x7, vload_f32(k, kr, i + 56))
+            sk = _reduce(a0, a1, a2, a3, a4, a5, a6, a7)
+            if n_simd < s_v:
+                for i in range(n_simd, s_v):
+                    s[j, i] = s[j, i] * e
+                sk = f32_tail(s[j], k[kr], n_simd, sk, F32_TAIL_EPILOGUE)
+            dj = (v[t, h, j] - sk) * b
+            # s[j] += k * delta[j] (ggml_vec_mad_f32, one FMA each), and the dot of the new row with q
+            a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = fzero()
+            for i in range(0, n_simd, _STEP):
+                x0 = _vfma_s(vload_f32(k, kr, i), dj, vload_f32(s, j, i))
+                x1 = _vfma_s(vload_f32(k, kr, i + 8), dj, vload_f32(s, j, i + 8))
+                x2 = _vfma_s(vload_f32(k, kr, i + 16), dj, vload_f32(s, j, i + 16))
+                x3 = _vfma_s(vload_f32(k, kr, i + 24), dj, vload_f32(s, j, i + 24))
+                vstore(s, j, i, x0)
+                vstore(s, j, i + 8, x1)
+                vstore(s, j, i + 16, x2)
+                vstore(s, j, i + 24, x3)
+                a0 = fmadd(a0, x0, vload_f32(q, kr, i))
+                a1 = fmadd(a1, x1, vload_f32(q, kr, i + 8))
+                a2 = fmadd(a2, x2, vload_f32(q, kr, i + 16))
+                a3 = fmadd(a3, x3, vload_f32(q, kr, i + 24))
+                if wide:
+                    x4 = _vfma_s(vload_f32(k, kr, i + 32), dj, vload_f32(s, j, i + 32))
+                    x5 = _vfma_s(vload_f32(k, kr, i + 40), dj, vload_f32(s, j, i + 40))
+                    x6 = _vfma_s(vload_f32(k, kr, i + 48), dj, vload_f32(s, j, i + 48))
+                    x7 = _vfma_s(vload_f32(k, kr, i + 56), dj, vload_f32(s, j, i + 56))
+                    vstore(s, j, i + 32, x4)
+                    vstore(s, j, i + 40, x5)
+                    vstore(s, j, i + 48, x6)
+                    vstore(s, j, i + 56, x7)
+                    a4 = fmadd(a4, x4, vload_f32(q, kr, i + 32))
+                    a5 = fmadd(a5, x5, vload_f32(q, kr, i + 40))
+                    a6 = fmadd(a6, x6, vload_f32(q, kr, i + 48))
+                    a7 = fmadd(a7, x7, vload_f32(q, kr, i + 56))
+            sq = _reduce(a0, a1, a2, a3, a4, a5, a6, a7)
+            if n_simd < s_v:
+                for i in range(n_simd, s_v):
+                    s[j, i] = fma32(k[kr, i], dj, s[j, i])
+                sq = f32_tail(s[j], q[kr], n_simd, sq, F32_TAIL_EPILOGUE)
+            out[t, h, j] = sq * scale
+
+
+@numba.njit(parallel=True, cache=True)
+def _gated_delta_net(q, k, v, g, beta, s, scale, out):  # pragma: no cover - compiled
+    h_v = v.shape[1]
+    h_k = q.shape[1]
+    q2 = q.reshape((q.shape[0] * h_k, q.shape[2]))  # (n_t * H_k, S): rows for the vector loads
+    k2 = k.reshape((k.shape[0] * h_k, k.shape[2]))
+    for h in numba.prange(h_v):
+        _head(s[h], q2, k2, v, g, beta, scale, out, h, h % h_k, h_k)
+
+
+def gated_delta_net_(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray,
+                     state: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """llamactx.ggml.delta_net.gated_delta_net with `state` (H_v, S, S) float32 C-contiguous updated in place.
+    q, k (n_t, H_k, S); v (n_t, H_v, S); g, beta (n_t, H_v). -> the output (n_t, H_v, S) float32 (into `out`)"""
+    if state.dtype != np.float32 or not state.flags.c_contiguous or not state.flags.writeable:
+        raise ValueError(f"gated_delta_net_: the state must be a writable C-contiguous float32 array, not "
+                         f"{state.dtype} {state.flags}")
+    if out is None:
+        out = np.empty(v.shape, np.float32)
+    s_v = v.shape[-1]
+    scale = _F32(1.0) / np.sqrt(_F32(s_v))  # 1.0f / sqrtf((float) S_v)
+    f32 = [np.ascontiguousarray(a, np.float32) for a in (q, k, v, g, beta)]
+    _gated_delta_net(*f32, state, scale, out)
+    return out
+
+
+@numba.njit(cache=True)
+def _ssm_conv_rows(state, x, w, out):  # pragma: no cover - compiled
+    """out[t, c] = sum_i conv_x[c, t + i] w[c, i] over conv_x = state | x.T, as llamactx.ggml.ssm._ssm_conv; then
+    the state becomes conv_x's last d_conv - 1 columns."""
+    n_t, n_ch = x.shape
+    d_conv = w.shape[1]
+    d_st = d_conv - 1
+    n_unfused = d_conv // 4 * 4  # AVX2: the taps GCC multiplies 4 at a time
+    for t in range(n_t):
+        for c in range(n_ch):
+            s = _F32(0.0)
+            for i in range(d_conv):
+                j = t + i  # column of conv_x: the state's first, then the tokens'
+                xi = state[c, j] if j < d_st else x[j - d_st, c]
+                if F32_EPR == 16 or i >= n_unfused:
+                    s = fma32(xi, w[c, i], s)
+                else:  # the AVX2 build's groups of 4 taps are not fused
+                    s = s + xi * w[c, i]
+            out[t, c] = s
+    new = np.empty((n_ch, d_st), np.float32)  # conv_x's last d_st columns
+    for i in range(d_st):
+        j = n_t + i
+        for c in range(n_ch):
+            new[c, i] = state[c, j] if j < d_st else x[j - d_st, c]
+    state[:, :] = new
+
+
+def ssm_conv_rows(state: np.ndarray, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """ggml_ssm_conv of one sequence from the conv state (n_ch, d_conv - 1), float32 C-contiguous, updated in
+    place, and the new inputs x (n_t, n_ch); weight (n_ch, d_conv). -> (n_t, n_ch) float32"""
+    if state.dtype != np.float32 or not state.flags.c_contiguous or not state.flags.writeable:
+        raise ValueError("ssm_conv_rows: the state must be a writable C-contiguous float32 array")
+    x = np.ascontiguousarray(x, np.float32)
+    out = np.empty(x.shape, np.float32)
+    _ssm_conv_rows(state, x, np.ascontiguousarray(weight, np.float32), out)
+    return out
+
+
+@numba.njit(cache=True)
+def _ssm_conv_blocked(conv_x, w, out):  # pragma: no cover - compiled
+    """llamactx.ggml.ssm._ssm_conv's sums, 16 channels at a time: conv_x's rows read in order, out's written a
+    64-byte line at a time."""
+    n_ch, d_conv = w.shape
+    n_t = out.shape[0]
+    n_unfused = d_conv // 4 * 4  # AVX2: the taps GCC multiplies 4 at a time
+    for c0 in range(0, n_ch, 16):
+        c1 = min(c0 + 16, n_ch)
+        for t in range(n_t):
+            for c in range(c0, c1):
+                s = _F32(0.0)
+                for i in range(d_conv):
+                    if F32_EPR == 16 or i >= n_unfused:
+                        s = fma32(conv_x[c, t + i], w[c, i], s)
+                    else:  # the AVX2 build's groups of 4 taps are not fused
+                        s = s + conv_x[c, t + i] * w[c, i]
+                out[t, c] = s
+
+
+def ssm_conv(conv_x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """llamactx.ggml.ssm.ssm_conv (ggml_ssm_conv of one sequence), cache-friendly for long ubatches.
+    conv_x (n_ch, d_conv - 1 + n_t); weight (n_ch, d_conv). -> (n_t, n_ch) float32"""
+    conv_x = np.ascontiguousarray(conv_x, np.float32)
+    weight = np.ascontiguousarray(weight, np.float32)
+    out = np.empty((conv_x.shape[1] - weight.shape[1] + 1, weight.shape[0]), np.float32)
+    _ssm_conv_blocked(conv_x, weight, out)
+    return out
+
+
+def recurrent_traffic(hp) -> dict[str, int]:
+    """Bytes of recurrent state one decode step reads and writes per sequence, for a delta-net hybrid's hparams:
+    {"ssm": ..., "conv": ..., "layers": n} (each read once and written once)."""
+    n_layers = sum(1 for il in range(hp.n_layer) if hp.is_recr(il))
+    head, n_v = hp.ssm_d_state, hp.ssm_dt_rank
+    conv_dim = 2 * head * hp.ssm_n_group + head * n_v
+    return {"layers": n_layers, "ssm": n_layers * n_v * head * head * 4,
+            "conv": n_layers * conv_dim * (hp.ssm_d_conv - 1) * 4}
