@@ -48,6 +48,8 @@ _RULES: list[tuple[str, tuple[str, ...]]] = [
     ("gemma4", ("'<|tool_call>call:'",)),
     ("minimax-m3", ("]<]minimax[>[", "<tool_call>", "<invoke name=")),
     ("cohere2moe", ("<|START_TEXT|>", "<|START_ACTION|>")),
+    ("gigachat3.1", ("<|role_sep|>", "<|message_sep|>", "<|function_call|>")),
+    ("gigachat3", ("<|role_sep|>", "<|message_sep|>")),
     ("ling3", ("<role>ASSISTANT</role>", "<arg_key>")),
     ("deepseek-v3.2", ("dsml_token", "DSML", "function_calls")),
     ("deepseek-v4", ("dsml_token", "DSML", "tool_calls")),

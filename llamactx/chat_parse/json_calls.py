@@ -13,6 +13,7 @@ the ones tests/test-chat.cpp pins down for each template):
     Apriel           <tool_calls>[{"name", "arguments"}]</tool_calls>
     Apertus          <|tools_prefix|>[{"f": {...}}]<|tools_suffix|>
     Granite 3.x      <|tool_call|>[{"name", "arguments"}]
+    GigaChat 3 / 3.1 <|message_sep|>\n\nfunction call<|role_sep|>\n{"name", "arguments"}  /  <|function_call|>{...}
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 from llamactx.chat_parse.cohere2moe import action_calls
 from llamactx.chat_parse.hermes import calls_of
 from llamactx.chat_parse.message import ChatMsg, ToolCall
-from llamactx.chat_parse.parse_params import ChatParams, arguments_of, json_at, json_text, split_reasoning
+from llamactx.chat_parse.parse_params import ChatParams, arguments_of, held_back, json_at, json_text, split_reasoning
 
 # format -> (opening marker, closing marker) of a JSON list of calls
 LIST_MARKERS = {
@@ -34,6 +35,8 @@ LIST_MARKERS = {
     "apertus": ("<|tools_prefix|>", "<|tools_suffix|>"),
     "granite": ("<|tool_call|>", ""),
     "command-r7b": ("<|START_ACTION|>", "<|END_ACTION|>"),
+    "gigachat3": ("<|message_sep|>\n\nfunction call<|role_sep|>\n", ""),  # common/parsers/gigachat-v3.cpp
+    "gigachat3.1": ("<|function_call|>", ""),
 }
 
 
@@ -67,10 +70,10 @@ def parse_marked_list(params: ChatParams, text: str) -> ChatMsg:
     opening, closing = LIST_MARKERS[params.format]
     at = rest.find(opening)
     if at < 0:
-        return ChatMsg(rest, reasoning)
+        return ChatMsg(held_back(rest, (opening,)) if params.partial else rest, reasoning)
     found = json_at(rest, at + len(opening))
     if found is None:
-        return ChatMsg(rest, reasoning)
+        return ChatMsg(rest[:at] if params.partial else rest, reasoning)  # a call being written is no content
     items = found[0] if isinstance(found[0], list) else [found[0]]
     calls = [c for item in items for c in _call_of(item)]
     tail = rest[found[1]:].strip()
