@@ -19,7 +19,9 @@ THINKING = {
     "mistral": ("[THINK]", ("[/THINK]",)),
     "command-r7b": ("<|START_THINKING|>", ("<|END_THINKING|>",)),
     "qwen3-coder": ("<think>", ("</think>",)),
-    "apriel": ("Here are my reasoning steps:", ("[BEGIN FINAL RESPONSE]",)),
+    # Apriel 1.6: the autoparser takes the marker before the reasoning as its start, so the generation
+    # prompt's "Here are my reasoning steps:" is reasoning
+    "apriel": ("<|begin_assistant|>", ("[BEGIN FINAL RESPONSE]",)),
     "kimi-k2": ("<think>", ("</think>",)),  # common/parsers/kimi-k2.cpp, whatever the template says
     "gemma4": ("<|channel>thought", ("<channel|>",)),
     "minimax-m3": ("<mm:think>", ("</mm:think>",)),
@@ -90,7 +92,7 @@ def thinking_tags(fmt: str, source: str) -> tuple[str, tuple[str, ...]]:
             return "", ()
         if fmt == "qwen3-coder" and "<think>" not in source:
             return "", ()
-        if fmt == "apriel" and "Here are my reasoning steps" not in source:
+        if fmt == "apriel" and "'[BEGIN FINAL RESPONSE]' in asst_text" not in source:
             return "", ()
         return start, ends
     if "<think>" in source or fmt == "generic":
