@@ -45,7 +45,7 @@ PARSED = {
     "Reka-Edge", "Spark2.5", "google-gemma-4-31B-it", "MiniMax-M3", "MiniMax-M2", "ByteDance-Seed-OSS",
     "inclusionai-ling-3.0-flash", "openbmb-MiniCPM5-1B", "deepseek-ai-DeepSeek-V3.2", "deepseek-ai-DeepSeek-V4",
     "deepseek-ai-DeepSeek-V4-Flash-0731", "Cohere2MoE", "Kimi-K3", "GigaChat3-10B-A1.8B", "GigaChat3.1-10B-A1.8B",
-    "Apriel-1.6-15b-Thinker-fixed",
+    "Apriel-1.6-15b-Thinker-fixed", "muse-glimmer",
 }
 
 

@@ -19,6 +19,7 @@ Modules:
     minimax_m3  MiniMax-M3's namespaced <invoke name=...> calls, values read by the tool's schema
     xml_invoke  one XML element per parameter: MiniMax-M2, Seed-OSS, MiniCPM5, DeepSeek V3.2 / V4 (DSML)
     kimi_k3     Kimi K3's <|open|>section<|sep|> ... <|close|>section<|sep|> replies and calls
+    muse_glimmer  Muse Glimmer's " to=recipient" messages and <atem:invoke> calls
     cohere2moe  Cohere2 MoE's <|START_TEXT|> / <|START_ACTION|> turns, and Cohere's action lists as they stream
     json_prefix how far a text begins a JSON value (the arguments a stream may send of a call being written)
     stream      parse_partial: the message of an unfinished reply, which only grows (for streamed deltas)
@@ -42,6 +43,7 @@ from llamactx.chat_parse import (
     kimi_k3,
     minimax_m3,
     mistral,
+    muse_glimmer,
     pythonic,
     stream,
     tagged_calls,
@@ -78,6 +80,7 @@ PARSERS: dict[str, Callable[[ChatParams, str], ChatMsg]] = {
     "ling3": tagged_calls.parse_ling3,
     "cohere2moe": cohere2moe.parse_cohere2moe,
     "kimi-k3": kimi_k3.parse_kimi_k3,
+    "muse-glimmer": muse_glimmer.parse_muse_glimmer,
     "lfm2": pythonic.parse_lfm2,
     "gemma4": gemma4_calls.parse_gemma4,
     "minimax-m3": minimax_m3.parse_minimax_m3,

@@ -29,6 +29,7 @@ THINKING = {
     "ling3": ("<think>", ("</think>",)),
     "cohere2moe": ("<|START_THINKING|>", ("<|END_THINKING|>",)),
     "kimi-k3": ("<|open|>think<|sep|>", ("<|close|>think<|sep|>",)),
+    "muse-glimmer": (" to=self<|message|>", ("<|eom|>",)),
     "deepseek-v3.2": ("<think>", ("</think>",)),
     "deepseek-v4": ("<think>", ("</think>",)),
     "minicpm5": ("<think>", ("</think>",)),
@@ -36,12 +37,14 @@ THINKING = {
 # what a content continuation writes after the reasoning, where it is more than the end tag
 CONTINUE_CONTENT = {"gpt-oss": "<|end|><|start|>assistant<|channel|>final<|message|>",
                     "cohere2moe": "<|END_THINKING|><|START_TEXT|>",
-                    "kimi-k3": "<|close|>think<|sep|><|open|>response<|sep|>"}
+                    "kimi-k3": "<|close|>think<|sep|><|open|>response<|sep|>",
+                    "muse-glimmer": "<|eom|><|start|>assistant to=user<|message|>"}
 THINK_TAGS = ("<think>", ("</think>",))
 
 # (format, markers that must all be in the template): the first match wins, in llama.cpp's order
 _RULES: list[tuple[str, tuple[str, ...]]] = [
     ("gpt-oss", ("<|channel|>",)),
+    ("muse-glimmer", ("<atem:function_calls>", "<|eom|>")),
     ("functionary-v3.2", (">>>all",)),
     ("kimi-k2", ("<|tool_calls_section_begin|>", "<|tool_call_begin|>")),
     ("kimi-k3", ("<|open|>", "<|close|>", "<|end_of_msg|>")),

@@ -78,13 +78,15 @@ def _finish(params: ChatParams, fmt: XmlCalls, reasoning: str, rest: str) -> Cha
     first = rest.find(fmt.trigger)
     if first < 0:
         return ChatMsg(held_back(rest, (fmt.trigger,)) if params.partial else rest, reasoning)
-    calls, end = _calls(params, fmt, rest, first)
+    calls, end = calls_at(params, fmt, rest, first)
     if calls is None or (rest[end:].strip() and not params.partial):
         return ChatMsg(rest[:first] if params.partial else rest, reasoning)
     return ChatMsg(rest[:first], reasoning, calls)
 
 
-def _calls(params: ChatParams, fmt: XmlCalls, text: str, pos: int) -> tuple[list[ToolCall] | None, int]:
+def calls_at(params: ChatParams, fmt: XmlCalls, text: str, pos: int) -> tuple[list[ToolCall] | None, int]:
+    """(the calls from `pos`, at the section or first call's tag, and the position after them); None when they
+    do not parse (when `partial`, the complete calls before one still being written)."""
     if fmt.section[0]:
         pos = _WS.match(text, pos + len(fmt.section[0])).end()
     calls: list[ToolCall] = []
