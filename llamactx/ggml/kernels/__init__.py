@@ -17,6 +17,7 @@ arithmetic), compute.py a recorded forward graph (llamactx.ggml.graph) in one co
     legacy.py       the 32-element block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), as x86 vec_dot computes them
     wide.py         the same types four rows to a 512-bit register (repack.cpp's interleaved rows)
     kgemv.py        Q4_K decode near the memory roof (exact super-block integers, two per step)
+    kblocks.py      Q4_K / Q6_K rows as ggml stores them (one stream per row): field offsets, scale unpacking
     kquants.py      Q4_K, Q5_K, Q6_K rows (Q8_K activations)
     ktile.py        Q4_K / Q6_K for prompt-sized batches, 16 rows per tile (ggml_gemm_q4_K_8x8_q8_K's order)
     kxquants.py     Q3_K, IQ4_XS, Q5_K in the tiled order, and the repacked IQ4_NL / MXFP4

@@ -17,9 +17,11 @@ instead of waiting on integer work:
   `vpmaddwd`); without AVX2, as plain widened vector IR.
 - `q4k_imin2`: the mins of two super-blocks against the activation sums of 32 (`sub_sums16`), one `pmaddwd`.
 
-One weight row at a time: the rows' quants, scales, mins and d are five streams the hardware prefetcher follows;
-four rows at once (twenty streams) measured a third slower from DRAM. Integer sums are exact in any order, so the
-results are bit-identical to llama.cpp's (tests/ggml/test_kernels.py checks them against vecdot_k).
+One weight row at a time, read as ggml stores it (kblocks.py): a row is one stream of 144-byte super-blocks, scales
+beside their quants, which the hardware prefetcher follows across the short rows of a model's matrices (the same
+rows as five separate arrays, or four rows at once, measured markedly slower from DRAM). Integer sums are exact in
+any order, so the results are bit-identical to llama.cpp's (tests/ggml/test_kernels.py checks them against
+vecdot_k).
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ from numba.extending import intrinsic
 
 from llamactx.ggml.cpu import cpu_features
 from llamactx.ggml.intrinsics import fma32
+from llamactx.ggml.kernels.kblocks import Q4K_BYTES, Q4K_D, Q4K_DMIN, Q4K_QS, q4k_blocks, q4k_scales
 from llamactx.ggml.kernels.legacy import prefetch_ahead, prefetch_distance
-from llamactx.ggml.kernels.simd import TagType, lane_index, ptr2d
+from llamactx.ggml.kernels.simd import TagType, lane_index, load_f16, ptr2d
 from llamactx.ggml.kernels.vnni import _pairwise
 
 _I8 = ir.IntType(8)
@@ -91,27 +94,34 @@ def _superblock(builder, vnni, load_w, load_x, scl):
     return acc
 
 
-def _isum_intrinsic(count):
-    """An intrinsic (path, qs, sc, r, b, xp, i) -> UniTuple(int32, count): the isums of super-blocks b .. b+count-1
-    of row r against arranged activation row i (qs: (rows, nb*128) u8 nibbles, ggml's block_q4_K.qs; sc: (rows,
-    nb*8) u8 6-bit scales; xp: (n, k) i8, `arrange_x`)."""
+def _words(builder, tup, count):
+    """A UniTuple of `count` uint64 words (eight bytes each) as <8*count x i16>, byte k of word e in lane 8e + k."""
+    v = ir.Constant(ir.VectorType(_I64, count), None)
+    for e in range(count):
+        v = builder.insert_element(v, builder.extract_value(tup, e), _c(e))
+    return builder.zext(builder.bitcast(v, ir.VectorType(_I8, 8 * count)), ir.VectorType(_I16, 8 * count))
 
-    def typer(typingctx, path, qs, sc, r, b, xp, i):
+
+def _isum_intrinsic(count):
+    """An intrinsic (path, qs, scw, r, b, xp, i) -> UniTuple(int32, count): the isums of super-blocks b .. b+count-1
+    of row r against arranged activation row i (qs: (rows, nb*144) u8, ggml's block_q4_K rows (kblocks.py); scw:
+    UniTuple(uint64, count), each super-block's eight 6-bit scales (`kblocks.q4k_scales`); xp: (n, k) i8,
+    `arrange_x`)."""
+
+    def typer(typingctx, path, qs, scw, r, b, xp, i):
         if not isinstance(path, TagType) or path.tag_name not in ("vnni", "portable"):
             return None
         ret = types.UniTuple(types.int32, count)
 
         def codegen(context, builder, sig, args):
-            _, qs_a, sc_a, r_, b_, xp_a, i_ = args
+            _, qs_a, scw_, r_, b_, xp_a, i_ = args
             vnni = sig.args[0].tag_name == "vnni" and cpu_features()["avx512vnni"]
             v64i8 = ir.VectorType(_I8, 64)
-            scl = builder.load(ptr2d(context, builder, sig.args[2], sc_a, r_, builder.mul(b_, _c(8)),
-                                     ir.VectorType(_I8, 8 * count)), align=1)
-            scl = builder.zext(scl, ir.VectorType(_I16, 8 * count))
+            scl = _words(builder, scw_, count)
             accs = []
             for e in range(count):
                 def load_w(h, e=e):
-                    col = builder.add(builder.mul(b_, _c(128)), _c(128 * e + 64 * h))
+                    col = builder.add(builder.mul(b_, _c(Q4K_BYTES)), _c(Q4K_BYTES * e + Q4K_QS + 64 * h))
                     return builder.load(ptr2d(context, builder, sig.args[1], qs_a, r_, col, v64i8), align=1)
 
                 def load_x(k, e=e):
@@ -131,7 +141,7 @@ def _isum_intrinsic(count):
                     f = _fold(builder, f, f, range(width), range(width, 2 * width))
             return context.make_tuple(builder, ret, [builder.extract_element(f, _c(k)) for k in range(count)])
 
-        return ret(path, qs, sc, types.intp, types.intp, xp, types.intp), codegen
+        return ret(path, qs, scw, types.intp, types.intp, xp, types.intp), codegen
 
     typer.__name__ = typer.__qualname__ = f"q4k_isum{count}"
     return intrinsic(typer)
@@ -142,19 +152,18 @@ q4k_isum2 = _isum_intrinsic(2)
 
 
 def _imin_intrinsic(count):
-    """An intrinsic (mn, r, b, s16, i) -> UniTuple(int32, count): sum_s mn[r, 8b' + s] * s16[i, 8b' + s] for the
-    super-blocks b' = b .. b+count-1 (mn: (rows, nb*8) u8 mins; s16: (n, nb*8) i16, `sub_sums16`)."""
+    """An intrinsic (mnw, b, s16, i) -> UniTuple(int32, count): sum_s mn_b'[s] * s16[i, 8b' + s] for the
+    super-blocks b' = b .. b+count-1 (mnw: UniTuple(uint64, count), their mins as `kblocks.q4k_scales` gives them;
+    s16: (n, nb*8) i16, `sub_sums16`)."""
 
-    def typer(typingctx, mn, r, b, s16, i):
+    def typer(typingctx, mnw, b, s16, i):
         ret = types.UniTuple(types.int32, count)
 
         def codegen(context, builder, sig, args):
-            mn_a, r_, b_, s_a, i_ = args
+            mnw_, b_, s_a, i_ = args
             col = builder.mul(b_, _c(8))
-            m = builder.load(ptr2d(context, builder, sig.args[0], mn_a, r_, col, ir.VectorType(_I8, 8 * count)),
-                             align=1)
-            m = builder.zext(m, ir.VectorType(_I16, 8 * count))
-            s = builder.load(ptr2d(context, builder, sig.args[3], s_a, i_, col, ir.VectorType(_I16, 8 * count)),
+            m = _words(builder, mnw_, count)
+            s = builder.load(ptr2d(context, builder, sig.args[2], s_a, i_, col, ir.VectorType(_I16, 8 * count)),
                              align=2)
             if cpu_features()["avx2"] and count == 2:
                 p = _pairwise(builder, "maddwd", m, s)  # <8 x i32>: super-block b in lanes 0-3, b + 1 in 4-7
@@ -168,7 +177,7 @@ def _imin_intrinsic(count):
                 n //= 2
             return context.make_tuple(builder, ret, [builder.extract_element(p, _c(k)) for k in range(count)])
 
-        return ret(mn, types.intp, types.intp, s16, types.intp), codegen
+        return ret(mnw, types.intp, s16, types.intp), codegen
 
     typer.__name__ = typer.__qualname__ = f"q4k_imin{count}"
     return intrinsic(typer)
@@ -204,9 +213,9 @@ def arrange_x(xq, i0, xp):
 def q4k_gemv_rows(path, W, a, i0, r0, r1, out):
     """out[i0:, r0:r1] for Q4_K weights as ggml_gemv_q4_K_8x8_q8_K computes each activation row (module
     docstring): one weight row at a time, two super-blocks per step."""
-    qs, _, sc, mn, d, dmin = W
+    qs = W[0]
     xq, xd, bsums, _ = a
-    n, nb = xq.shape[0] - i0, d.shape[1]
+    n, nb = xq.shape[0] - i0, q4k_blocks(qs)
     if n <= 0:
         return
     s16 = np.empty((n, nb * 8), np.int16)
@@ -220,15 +229,21 @@ def q4k_gemv_rows(path, W, a, i0, r0, r1, out):
         for i in range(n):
             acc, acc_min = _F0, _F0
             for b in range(0, nb2, 2):
-                i0_, i1_ = q4k_isum2(path, qs, sc, r, b, xp, i)
-                m0, m1 = q4k_imin2(mn, r, b, s16, i)
-                acc = fma32(np.float32(i0_), d[r, b] * xd[i0 + i, b], acc)
-                acc_min = fma32(np.float32(m0), dmin[r, b] * xd[i0 + i, b], acc_min)
-                acc = fma32(np.float32(i1_), d[r, b + 1] * xd[i0 + i, b + 1], acc)
-                acc_min = fma32(np.float32(m1), dmin[r, b + 1] * xd[i0 + i, b + 1], acc_min)
+                sc0, mn0 = q4k_scales(qs, r, b)
+                sc1, mn1 = q4k_scales(qs, r, b + 1)
+                i0_, i1_ = q4k_isum2(path, qs, (sc0, sc1), r, b, xp, i)
+                m0, m1 = q4k_imin2((mn0, mn1), b, s16, i)
+                o0, o1 = b * Q4K_BYTES, (b + 1) * Q4K_BYTES
+                x0, x1 = xd[i0 + i, b], xd[i0 + i, b + 1]
+                acc = fma32(np.float32(i0_), load_f16(qs, r, o0 + Q4K_D) * x0, acc)
+                acc_min = fma32(np.float32(m0), load_f16(qs, r, o0 + Q4K_DMIN) * x0, acc_min)
+                acc = fma32(np.float32(i1_), load_f16(qs, r, o1 + Q4K_D) * x1, acc)
+                acc_min = fma32(np.float32(m1), load_f16(qs, r, o1 + Q4K_DMIN) * x1, acc_min)
             for b in range(nb2, nb):
-                (isum,) = q4k_isum1(path, qs, sc, r, b, xp, i)
-                (imin,) = q4k_imin1(mn, r, b, s16, i)
-                acc = fma32(np.float32(isum), d[r, b] * xd[i0 + i, b], acc)
-                acc_min = fma32(np.float32(imin), dmin[r, b] * xd[i0 + i, b], acc_min)
+                sc, mn = q4k_scales(qs, r, b)
+                (isum,) = q4k_isum1(path, qs, (sc,), r, b, xp, i)
+                (imin,) = q4k_imin1((mn,), b, s16, i)
+                o, x = b * Q4K_BYTES, xd[i0 + i, b]
+                acc = fma32(np.float32(isum), load_f16(qs, r, o + Q4K_D) * x, acc)
+                acc_min = fma32(np.float32(imin), load_f16(qs, r, o + Q4K_DMIN) * x, acc_min)
             out[i0 + i, r] = acc - acc_min

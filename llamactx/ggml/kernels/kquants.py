@@ -15,6 +15,22 @@ from numba import njit
 from numba.extending import overload
 
 from llamactx.ggml.intrinsics import fma32
+from llamactx.ggml.kernels.kblocks import (
+    Q4K_BYTES,
+    Q4K_D,
+    Q4K_DMIN,
+    Q4K_QS,
+    Q6K_BYTES,
+    Q6K_D,
+    Q6K_QH,
+    Q6K_QL,
+    Q6K_SCALES,
+    byte_of,
+    load_u32,
+    q4k_blocks,
+    q4k_scales,
+    q6k_blocks,
+)
 from llamactx.ggml.kernels.kgemv import q4k_gemv_rows
 from llamactx.ggml.kernels.legacy import prefetch_ahead, prefetch_distance
 from llamactx.ggml.kernels.simd import (
@@ -23,6 +39,7 @@ from llamactx.ggml.kernels.simd import (
     fmadd_i,
     fsum,
     fzero,
+    load_f16,
     vfield,
     vhi,
     vlo,
@@ -44,6 +61,7 @@ from llamactx.ggml.kernels.vnni import (
 )
 
 _F0 = np.float32(0.0)
+_S32 = np.uint64(32)
 
 DEC_Q4K = Tag("dec_q4k")  # Q4_K: 128 bytes of nibbles per super-block
 DEC_Q5K = Tag("dec_q5k")  # Q5_K: nibbles + 32 bytes of fifth bits
@@ -62,8 +80,8 @@ def _decode_k(dec, qs, qh, r, b, c):
         return None
     if dec.tag_name == "dec_q4k":
 
-        def q4k(dec, qs, qh, r, b, c):
-            v = vload(qs, r, b * 128 + c * 32)
+        def q4k(dec, qs, qh, r, b, c):  # ggml's block_q4_K rows (kblocks.py)
+            v = vload(qs, r, b * Q4K_BYTES + Q4K_QS + c * 32)
             return vlo(v), vhi(v)
 
         return q4k
@@ -76,6 +94,45 @@ def _decode_k(dec, qs, qh, r, b, c):
 
         return q5k
     return None
+
+
+def k_superblock(dec, W, r, b):
+    """Super-block b of Q4_K / Q5_K row r -> (scales, mins, d, dmin): the 6-bit scales and mins as uint64 words,
+    byte s for sub-block s (kblocks.byte_of), d and dmin as float32."""
+
+
+@overload(k_superblock, jit_options={"cache": True})
+def _k_superblock(dec, W, r, b):
+    if not isinstance(dec, TagType):
+        return None
+    if dec.tag_name == "dec_q4k":
+
+        def q4k(dec, W, r, b):  # ggml's block_q4_K rows (kblocks.py)
+            qs = W[0]
+            sc, mn = q4k_scales(qs, r, b)
+            o = b * Q4K_BYTES
+            return sc, mn, load_f16(qs, r, o + Q4K_D), load_f16(qs, r, o + Q4K_DMIN)
+
+        return q4k
+
+    def q5k(dec, W, r, b):  # repack.py's separate arrays
+        sc, mn = W[2], W[3]
+        o = b * 8
+        scw = load_u32(sc, r, o) | (load_u32(sc, r, o + 4) << _S32)
+        return scw, load_u32(mn, r, o) | (load_u32(mn, r, o + 4) << _S32), W[4][r, b], W[5][r, b]
+
+    return q5k
+
+
+def k_blocks(dec, W):
+    """Super-blocks per row of Q4_K (ggml's rows) / Q5_K (separate arrays) weights."""
+
+
+@overload(k_blocks, jit_options={"cache": True})
+def _k_blocks(dec, W):
+    if isinstance(dec, TagType) and dec.tag_name == "dec_q4k":
+        return lambda dec, W: q4k_blocks(W[0])
+    return lambda dec, W: W[4].shape[1]
 
 
 def _is_q5(dec):
@@ -98,7 +155,7 @@ def _k_step(path, isum, lo, hi, s0, s1, xq, i, j):
 @njit(cache=True)
 def _k_min_lane(mn, r, bsums, i, b, j):
     """mn_2j S_2j + mn_2j+1 S_2j+1, S = activation sums of the 32-element sub-blocks: lane j of ggml's
-    madd(mins, hadd(bsums)) in ggml_vec_dot_q4_K_q8_K."""
+    madd(mins, hadd(bsums)) in ggml_vec_dot_q4_K_q8_K (mn: (rows, nb*8) u8, Q5_K's separate mins)."""
     g = b * 16 + 4 * j
     s0 = bsums[i, g] + bsums[i, g + 1]
     s1 = bsums[i, g + 2] + bsums[i, g + 3]
@@ -106,11 +163,20 @@ def _k_min_lane(mn, r, bsums, i, b, j):
 
 
 @njit(cache=True)
-def _k_mins(is_q5, mn, r, bsums, i, b, dmin, m):
+def _k_min_word(mn, bsums, i, b, j):
+    """`_k_min_lane` with super-block b's mins as one uint64 word (`k_superblock`)."""
+    g = b * 16 + 4 * j
+    s0 = bsums[i, g] + bsums[i, g + 1]
+    s1 = bsums[i, g + 2] + bsums[i, g + 3]
+    return byte_of(mn, 2 * j) * s0 + byte_of(mn, 2 * j + 1) * s1
+
+
+@njit(cache=True)
+def _k_mins(is_q5, mn, bsums, i, b, dmin, m):
     """Add super-block b's min term as ggml does: Q4_K keeps four float lanes (acc_m), Q5_K one float (summs) of
     the integer total. dmin = -dx * dmin_w; m = the (m0, m1, m2, m3) lanes so far."""
-    l0, l1 = _k_min_lane(mn, r, bsums, i, b, 0), _k_min_lane(mn, r, bsums, i, b, 1)
-    l2, l3 = _k_min_lane(mn, r, bsums, i, b, 2), _k_min_lane(mn, r, bsums, i, b, 3)
+    l0, l1 = _k_min_word(mn, bsums, i, b, 0), _k_min_word(mn, bsums, i, b, 1)
+    l2, l3 = _k_min_word(mn, bsums, i, b, 2), _k_min_word(mn, bsums, i, b, 3)
     if is_q5:
         return fma32(dmin, np.float32((l0 + l1) + (l2 + l3)), m[0]), m[1], m[2], m[3]
     f = np.float32
@@ -127,11 +193,11 @@ def _k_total(acc, m):
 def k45_rows(path, dec, W, a, r0, r1, out):
     """Q4_K / Q5_K (x86 ggml_vec_dot_q4_K_q8_K / q5_K, AVX2): int lanes summed over a super-block, then one
     fmadd(d, cvt(lanes), acc) per super-block; the mins separately (`_k_mins`)."""
-    qs, qh, sc, mn, d, dmin = W
+    qs, qh = W[0], W[1]
     xq, xd, bsums, _ = a
     q5 = _is_q5(dec)
     z = (_F0, _F0, _F0, _F0)
-    n = xq.shape[0]
+    n, nb = xq.shape[0], k_blocks(dec, W)
     ahead = prefetch_distance(W[0], W[1], W[2]) if n < 4 else 0  # decode streams the weights (legacy.x4_rows)
     for r in range(r0, r1):
         if ahead:
@@ -139,36 +205,38 @@ def k45_rows(path, dec, W, a, r0, r1, out):
         for i in range(0, n - n % 4, 4):
             a0, a1, a2, a3 = fzero(), fzero(), fzero(), fzero()
             m0, m1, m2, m3 = z, z, z, z
-            for b in range(d.shape[1]):
+            for b in range(nb):
+                sc, mn, dw, mw = k_superblock(dec, W, r, b)
                 i0, i1, i2, i3 = izero(), izero(), izero(), izero()
                 for c in range(4):
                     lo, hi = decode_k(dec, qs, qh, r, b, c)
-                    s0, s1, j = sc[r, b * 8 + 2 * c], sc[r, b * 8 + 2 * c + 1], b * 256 + c * 64
+                    s0, s1, j = byte_of(sc, 2 * c), byte_of(sc, 2 * c + 1), b * 256 + c * 64
                     i0 = _k_step(path, i0, lo, hi, s0, s1, xq, i, j)
                     i1 = _k_step(path, i1, lo, hi, s0, s1, xq, i + 1, j)
                     i2 = _k_step(path, i2, lo, hi, s0, s1, xq, i + 2, j)
                     i3 = _k_step(path, i3, lo, hi, s0, s1, xq, i + 3, j)
-                a0 = fmadd_i(a0, i0, xd[i, b] * d[r, b])
-                a1 = fmadd_i(a1, i1, xd[i + 1, b] * d[r, b])
-                a2 = fmadd_i(a2, i2, xd[i + 2, b] * d[r, b])
-                a3 = fmadd_i(a3, i3, xd[i + 3, b] * d[r, b])
-                m0 = _k_mins(q5, mn, r, bsums, i, b, -xd[i, b] * dmin[r, b], m0)
-                m1 = _k_mins(q5, mn, r, bsums, i + 1, b, -xd[i + 1, b] * dmin[r, b], m1)
-                m2 = _k_mins(q5, mn, r, bsums, i + 2, b, -xd[i + 2, b] * dmin[r, b], m2)
-                m3 = _k_mins(q5, mn, r, bsums, i + 3, b, -xd[i + 3, b] * dmin[r, b], m3)
+                a0 = fmadd_i(a0, i0, xd[i, b] * dw)
+                a1 = fmadd_i(a1, i1, xd[i + 1, b] * dw)
+                a2 = fmadd_i(a2, i2, xd[i + 2, b] * dw)
+                a3 = fmadd_i(a3, i3, xd[i + 3, b] * dw)
+                m0 = _k_mins(q5, mn, bsums, i, b, -xd[i, b] * mw, m0)
+                m1 = _k_mins(q5, mn, bsums, i + 1, b, -xd[i + 1, b] * mw, m1)
+                m2 = _k_mins(q5, mn, bsums, i + 2, b, -xd[i + 2, b] * mw, m2)
+                m3 = _k_mins(q5, mn, bsums, i + 3, b, -xd[i + 3, b] * mw, m3)
             out[i, r], out[i + 1, r] = _k_total(a0, m0), _k_total(a1, m1)
             out[i + 2, r], out[i + 3, r] = _k_total(a2, m2), _k_total(a3, m3)
         for i in range(n - n % 4, n):
             acc = fzero()
             mins = z
-            for b in range(d.shape[1]):
+            for b in range(nb):
+                sc, mn, dw, mw = k_superblock(dec, W, r, b)
                 isum = izero()
                 for c in range(4):
                     lo, hi = decode_k(dec, qs, qh, r, b, c)
-                    s0, s1 = sc[r, b * 8 + 2 * c], sc[r, b * 8 + 2 * c + 1]
-                    isum = _k_step(path, isum, lo, hi, s0, s1, xq, i, b * 256 + c * 64)
-                acc = fmadd_i(acc, isum, xd[i, b] * d[r, b])
-                mins = _k_mins(q5, mn, r, bsums, i, b, -xd[i, b] * dmin[r, b], mins)
+                    isum = _k_step(path, isum, lo, hi, byte_of(sc, 2 * c), byte_of(sc, 2 * c + 1), xq, i,
+                                   b * 256 + c * 64)
+                acc = fmadd_i(acc, isum, xd[i, b] * dw)
+                mins = _k_mins(q5, mn, bsums, i, b, -xd[i, b] * mw, mins)
             out[i, r] = _k_total(acc, mins)
 
 
@@ -176,12 +244,14 @@ def k45_rows(path, dec, W, a, r0, r1, out):
 
 
 @njit(cache=True)
-def _q6k_quants(ql, qh, r, b, h):
+def _q6k_quants(qs, r, b, h):
     """The four 32-element quarters of half h of super-block b of row r (elements 128h + 32t): 4 low bits from
-    ql, 2 high bits from qh (ggml-quants.c dequantize_row_q6_K) -> four i8x32 in 0..63."""
-    l0 = vload(ql, r, b * 128 + h * 64)
-    l1 = vload(ql, r, b * 128 + h * 64 + 32)
-    hb = vload(qh, r, b * 64 + h * 32)
+    ql, 2 high bits from qh (ggml-quants.c dequantize_row_q6_K; qs: ggml's block_q6_K rows, kblocks.py) -> four
+    i8x32 in 0..63."""
+    o = b * Q6K_BYTES
+    l0 = vload(qs, r, o + Q6K_QL + h * 64)
+    l1 = vload(qs, r, o + Q6K_QL + h * 64 + 32)
+    hb = vload(qs, r, o + Q6K_QH + h * 32)
     return (
         vor(vlo(l0), vfield(hb, 0, 3)),
         vor(vlo(l1), vfield(hb, 2, 3)),
@@ -191,10 +261,10 @@ def _q6k_quants(ql, qh, r, b, h):
 
 
 @njit(cache=True)
-def _q6k_scales(sc, r, b, h):
+def _q6k_scales(qs, r, b, h):
     """The int8 scales of the four quarters of half h, each as i32x8 [s_2t x 4, s_2t+1 x 4] (vdot's lanes)."""
-    g = b * 16 + h * 8
-    return vscales_pair(sc, r, g, 0), vscales_pair(sc, r, g, 1), vscales_pair(sc, r, g, 2), vscales_pair(sc, r, g, 3)
+    g = b * Q6K_BYTES + Q6K_SCALES + h * 8
+    return vscales_pair(qs, r, g, 0), vscales_pair(qs, r, g, 1), vscales_pair(qs, r, g, 2), vscales_pair(qs, r, g, 3)
 
 
 @njit(cache=True)
@@ -208,28 +278,28 @@ def _q6k_half(path, isum, w, s, xq, i, b, h):
 
 
 @njit(cache=True, inline="always")  # a call per super-block would pass (and reference-count) every array
-def _q6k_offset(isum, sc, r, bsums, i, b):
+def _q6k_offset(isum, qs, r, bsums, i, b):
     """Super-block b's lanes for activation row i less ggml's q8sclsub (lane j = 32 * (sc_2j bsum_2j +
     sc_2j+1 bsum_2j+1): how ggml_vec_dot_q6_K_q8_K spreads the -32 offset over its lanes)."""
-    g = b * 16
-    lo = imul(vload_i32(bsums, i, g), vload_s8(sc, r, g))
-    hi = imul(vload_i32(bsums, i, g + 8), vload_s8(sc, r, g + 8))
+    g, o = b * 16, b * Q6K_BYTES + Q6K_SCALES
+    lo = imul(vload_i32(bsums, i, g), vload_s8(qs, r, o))
+    hi = imul(vload_i32(bsums, i, g + 8), vload_s8(qs, r, o + 8))
     return isub(isum, imuladd(izero(), ipairs(lo, hi), 32))  # (x 32: a shift)
 
 
 @njit(cache=True, inline="always")
-def _q6k_close(acc, isum, sc, r, bsums, xd, i, b, db):
+def _q6k_close(acc, isum, qs, r, bsums, xd, i, b, db):
     """End of super-block b for activation row i: the offset lanes (`_q6k_offset`), then fmadd(d, cvt(lanes), acc)."""
-    return fmadd_i(acc, _q6k_offset(isum, sc, r, bsums, i, b), xd[i, b] * db)
+    return fmadd_i(acc, _q6k_offset(isum, qs, r, bsums, i, b), xd[i, b] * db)
 
 
 @njit(cache=True)
-def _q6k_lanes4(path, ql, qh, sc, xq, r, b, i):
+def _q6k_lanes4(path, qs, xq, r, b, i):
     """Integer lanes of super-block b of weight row r against activation rows i..i+3 (each weight half decoded
     once for the four rows)."""
     i0, i1, i2, i3 = izero(), izero(), izero(), izero()
     for h in range(2):
-        w, s = _q6k_quants(ql, qh, r, b, h), _q6k_scales(sc, r, b, h)
+        w, s = _q6k_quants(qs, r, b, h), _q6k_scales(qs, r, b, h)
         i0 = _q6k_half(path, i0, w, s, xq, i, b, h)
         i1 = _q6k_half(path, i1, w, s, xq, i + 1, b, h)
         i2 = _q6k_half(path, i2, w, s, xq, i + 2, b, h)
@@ -238,11 +308,11 @@ def _q6k_lanes4(path, ql, qh, sc, xq, r, b, i):
 
 
 @njit(cache=True)
-def _q6k_lanes1(path, ql, qh, sc, xq, r, b, i):
+def _q6k_lanes1(path, qs, xq, r, b, i):
     """Integer lanes of super-block b of weight row r against activation row i."""
     isum = izero()
     for h in range(2):
-        w, s = _q6k_quants(ql, qh, r, b, h), _q6k_scales(sc, r, b, h)
+        w, s = _q6k_quants(qs, r, b, h), _q6k_scales(qs, r, b, h)
         isum = _q6k_half(path, isum, w, s, xq, i, b, h)
     return isum
 
@@ -250,27 +320,28 @@ def _q6k_lanes1(path, ql, qh, sc, xq, r, b, i):
 @njit(cache=True)
 def q6k_rows(path, W, a, r0, r1, out):
     """Q6_K (x86 ggml_vec_dot_q6_K_q8_K, AVX2): int lanes over a super-block, offsets subtracted per lane."""
-    ql, qh, sc, _, d, _ = W
+    qs = W[0]  # ggml's block_q6_K rows (kblocks.py)
     xq, xd, bsums, _ = a
-    n = xq.shape[0]
+    n, nb = xq.shape[0], q6k_blocks(qs)
     ahead = prefetch_distance(W[0], W[1], W[2]) if n < 4 else 0  # decode streams the weights (legacy.x4_rows)
     for r in range(r0, r1):
         if ahead:
             prefetch_ahead(W[0], W[1], W[2], r, r0, r1, ahead, 1)
         for i in range(0, n - n % 4, 4):
             a0, a1, a2, a3 = fzero(), fzero(), fzero(), fzero()
-            for b in range(d.shape[1]):
-                i0, i1, i2, i3 = _q6k_lanes4(path, ql, qh, sc, xq, r, b, i)
-                a0 = _q6k_close(a0, i0, sc, r, bsums, xd, i, b, d[r, b])
-                a1 = _q6k_close(a1, i1, sc, r, bsums, xd, i + 1, b, d[r, b])
-                a2 = _q6k_close(a2, i2, sc, r, bsums, xd, i + 2, b, d[r, b])
-                a3 = _q6k_close(a3, i3, sc, r, bsums, xd, i + 3, b, d[r, b])
+            for b in range(nb):
+                i0, i1, i2, i3 = _q6k_lanes4(path, qs, xq, r, b, i)
+                dw = load_f16(qs, r, b * Q6K_BYTES + Q6K_D)
+                a0 = _q6k_close(a0, i0, qs, r, bsums, xd, i, b, dw)
+                a1 = _q6k_close(a1, i1, qs, r, bsums, xd, i + 1, b, dw)
+                a2 = _q6k_close(a2, i2, qs, r, bsums, xd, i + 2, b, dw)
+                a3 = _q6k_close(a3, i3, qs, r, bsums, xd, i + 3, b, dw)
             out[i, r], out[i + 1, r], out[i + 2, r], out[i + 3, r] = fsum(a0), fsum(a1), fsum(a2), fsum(a3)
         for i in range(n - n % 4, n):
             acc = fzero()
-            for b in range(d.shape[1]):
-                isum = _q6k_lanes1(path, ql, qh, sc, xq, r, b, i)
-                acc = _q6k_close(acc, isum, sc, r, bsums, xd, i, b, d[r, b])
+            for b in range(nb):
+                isum = _q6k_lanes1(path, qs, xq, r, b, i)
+                acc = _q6k_close(acc, isum, qs, r, bsums, xd, i, b, load_f16(qs, r, b * Q6K_BYTES + Q6K_D))
             out[i, r] = fsum(acc)
 
 
@@ -291,7 +362,7 @@ def q4k_x8_rows(path, W, a, r0, r1, out):
     of four (ggml_gemm_q4_K_8x8_q8_K) convert every 64-element chunk, acc = fma(float(isum), d_w*d_x, acc) and
     the mins likewise with dmin_w*d_x; the last n % 4 rows (ggml_gemv_q4_K_8x8_q8_K) once per super-block
     (kgemv.q4k_gemv_rows). The result is acc - acc_min."""
-    qs, qh, sc, mn, d, dmin = W
+    qs, qh = W[0], W[1]
     xq, xd, bsums, _ = a
     n = xq.shape[0]
     n_gemm = n - n % 4
@@ -299,48 +370,49 @@ def q4k_x8_rows(path, W, a, r0, r1, out):
         for i in range(0, n_gemm, 4):
             a0, a1, a2, a3 = _F0, _F0, _F0, _F0
             m0, m1, m2, m3 = _F0, _F0, _F0, _F0
-            for b in range(d.shape[1]):
-                dw, mw = d[r, b], dmin[r, b]
+            for b in range(q4k_blocks(qs)):
+                sc, mn, dw, mw = k_superblock(DEC_Q4K, W, r, b)
                 for c in range(4):
                     lo, hi = decode_k(DEC_Q4K, qs, qh, r, b, c)
-                    s0, s1, j = sc[r, b * 8 + 2 * c], sc[r, b * 8 + 2 * c + 1], b * 256 + c * 64
+                    s0, s1, j = byte_of(sc, 2 * c), byte_of(sc, 2 * c + 1), b * 256 + c * 64
                     a0 = fma32(np.float32(_k4_chunk(path, lo, hi, s0, s1, xq, i, j)), dw * xd[i, b], a0)
                     a1 = fma32(np.float32(_k4_chunk(path, lo, hi, s0, s1, xq, i + 1, j)), dw * xd[i + 1, b], a1)
                     a2 = fma32(np.float32(_k4_chunk(path, lo, hi, s0, s1, xq, i + 2, j)), dw * xd[i + 2, b], a2)
                     a3 = fma32(np.float32(_k4_chunk(path, lo, hi, s0, s1, xq, i + 3, j)), dw * xd[i + 3, b], a3)
-                    m0 = fma32(np.float32(_k_min_lane(mn, r, bsums, i, b, c)), mw * xd[i, b], m0)
-                    m1 = fma32(np.float32(_k_min_lane(mn, r, bsums, i + 1, b, c)), mw * xd[i + 1, b], m1)
-                    m2 = fma32(np.float32(_k_min_lane(mn, r, bsums, i + 2, b, c)), mw * xd[i + 2, b], m2)
-                    m3 = fma32(np.float32(_k_min_lane(mn, r, bsums, i + 3, b, c)), mw * xd[i + 3, b], m3)
+                    m0 = fma32(np.float32(_k_min_word(mn, bsums, i, b, c)), mw * xd[i, b], m0)
+                    m1 = fma32(np.float32(_k_min_word(mn, bsums, i + 1, b, c)), mw * xd[i + 1, b], m1)
+                    m2 = fma32(np.float32(_k_min_word(mn, bsums, i + 2, b, c)), mw * xd[i + 2, b], m2)
+                    m3 = fma32(np.float32(_k_min_word(mn, bsums, i + 3, b, c)), mw * xd[i + 3, b], m3)
             out[i, r], out[i + 1, r], out[i + 2, r], out[i + 3, r] = a0 - m0, a1 - m1, a2 - m2, a3 - m3
     q4k_gemv_rows(path, W, a, n_gemm, r0, r1, out)
 
 
 @njit(cache=True, inline="always")
-def _q6k_tile_step(acc, isum, sc, r, bsums, xd, i, b, db):
+def _q6k_tile_step(acc, isum, qs, r, bsums, xd, i, b, db):
     """tiled_run_micro_vnni_8x16: s1 = the super-block's integer sum, out += (float(s1) * d_w) * d_x (contracted)."""
-    return fma32(np.float32(ihsum(_q6k_offset(isum, sc, r, bsums, i, b))) * db, xd[i, b], acc)
+    return fma32(np.float32(ihsum(_q6k_offset(isum, qs, r, bsums, i, b))) * db, xd[i, b], acc)
 
 
 @njit(cache=True)
 def q6k_tiled_rows(path, W, a, r0, r1, out):
     """Q6_K as llama.cpp's tiled kernel computes it for n >= 8 rows (vecdot_k `_q6_k_tiled`)."""
-    ql, qh, sc, _, d, _ = W
+    qs = W[0]  # ggml's block_q6_K rows (kblocks.py)
     xq, xd, bsums, _ = a
-    n = xq.shape[0]
+    n, nb = xq.shape[0], q6k_blocks(qs)
     for r in range(r0, r1):
         for i in range(0, n - n % 4, 4):
             a0, a1, a2, a3 = _F0, _F0, _F0, _F0
-            for b in range(d.shape[1]):
-                i0, i1, i2, i3 = _q6k_lanes4(path, ql, qh, sc, xq, r, b, i)
-                a0 = _q6k_tile_step(a0, i0, sc, r, bsums, xd, i, b, d[r, b])
-                a1 = _q6k_tile_step(a1, i1, sc, r, bsums, xd, i + 1, b, d[r, b])
-                a2 = _q6k_tile_step(a2, i2, sc, r, bsums, xd, i + 2, b, d[r, b])
-                a3 = _q6k_tile_step(a3, i3, sc, r, bsums, xd, i + 3, b, d[r, b])
+            for b in range(nb):
+                i0, i1, i2, i3 = _q6k_lanes4(path, qs, xq, r, b, i)
+                dw = load_f16(qs, r, b * Q6K_BYTES + Q6K_D)
+                a0 = _q6k_tile_step(a0, i0, qs, r, bsums, xd, i, b, dw)
+                a1 = _q6k_tile_step(a1, i1, qs, r, bsums, xd, i + 1, b, dw)
+                a2 = _q6k_tile_step(a2, i2, qs, r, bsums, xd, i + 2, b, dw)
+                a3 = _q6k_tile_step(a3, i3, qs, r, bsums, xd, i + 3, b, dw)
             out[i, r], out[i + 1, r], out[i + 2, r], out[i + 3, r] = a0, a1, a2, a3
         for i in range(n - n % 4, n):
             acc = _F0
-            for b in range(d.shape[1]):
-                isum = _q6k_lanes1(path, ql, qh, sc, xq, r, b, i)
-                acc = _q6k_tile_step(acc, isum, sc, r, bsums, xd, i, b, d[r, b])
+            for b in range(nb):
+                isum = _q6k_lanes1(path, qs, xq, r, b, i)
+                acc = _q6k_tile_step(acc, isum, qs, r, bsums, xd, i, b, load_f16(qs, r, b * Q6K_BYTES + Q6K_D))
             out[i, r] = acc

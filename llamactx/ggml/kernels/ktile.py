@@ -22,6 +22,23 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from llamactx.ggml.kernels.kblocks import (
+    Q4K_BYTES,
+    Q4K_D,
+    Q4K_DMIN,
+    Q4K_QS,
+    Q6K_BYTES,
+    Q6K_D,
+    Q6K_QH,
+    Q6K_QL,
+    Q6K_SCALES,
+    byte_of,
+    load_u32,
+    q4k_blocks,
+    q4k_scales,
+    q6k_blocks,
+)
+from llamactx.ggml.kernels.simd import load_f16
 from llamactx.ggml.kernels.vnni import izero16, vdot16_short, vshort_lanes
 from llamactx.ggml.kernels.wide import (
     ffma16s,
@@ -57,22 +74,24 @@ def _q4k_tile(W, r0, r1, tile):
     wq (nb*64, 64) u8: register (8 b + s) * 8 + q = bytes 4q..4q+3 of sub-block s of super-block b, for the
     16 rows side by side, decoded to 0..15; sc (nb*8, 16) i32 the 6-bit scales; mn2 (nb*4, 32) i16 the mins of
     sub-blocks 2c, 2c+1 as pairs per lane; d, dm (nb, 16) f32."""
-    qs, _, sc, mn, d, dmin = W
+    qs = W[0]  # ggml's block_q4_K rows (kblocks.py)
     wq, tsc, tmn2, td, tdm = tile
     w32 = wq.view(np.uint32)  # (nb*64, 16)
-    nb = d.shape[1]
+    nb = q4k_blocks(qs)
     for lane in range(TILE):
         r = min(r0 + lane, r1 - 1)
-        q32 = qs[r].view(np.uint32)  # (nb*32,) 32 bytes of nibbles per 64 elements
+        q32 = qs[r].view(np.uint32)  # (nb*36,) a super-block is 36 words, its nibbles from word 4
         for b in range(nb):
-            td[b, lane] = d[r, b]
-            tdm[b, lane] = dmin[r, b]
+            o = b * Q4K_BYTES
+            td[b, lane] = load_f16(qs, r, o + Q4K_D)
+            tdm[b, lane] = load_f16(qs, r, o + Q4K_DMIN)
+            sc, mn = q4k_scales(qs, r, b)
             for s in range(8):
-                tsc[b * 8 + s, lane] = sc[r, b * 8 + s]
-                tmn2[b * 4 + s // 2, 2 * lane + s % 2] = mn[r, b * 8 + s]
+                tsc[b * 8 + s, lane] = byte_of(sc, s)
+                tmn2[b * 4 + s // 2, 2 * lane + s % 2] = byte_of(mn, s)
             for c in range(4):
                 for q in range(8):
-                    v = q32[b * 32 + c * 8 + q]
+                    v = q32[(o + Q4K_QS) // 4 + c * 8 + q]
                     w32[(b * 8 + 2 * c) * 8 + q, lane] = v & _NIB
                     w32[(b * 8 + 2 * c + 1) * 8 + q, lane] = (v >> np.uint32(4)) & _NIB
 
@@ -157,7 +176,7 @@ def q4k_tile_rows(path, W, a, r0, r1, out):
     """out[:, r0:r1] for Q4_K weights in llama.cpp's repacked order (`kquants.q4k_x8_rows`), 16 rows per tile:
     activation rows in groups of four as gemm, the last n % 4 as gemv."""
     xq, xd, bsums, _ = a
-    nb = W[4].shape[1]
+    nb = q4k_blocks(W[0])
     n = xq.shape[0]
     n_gemm = n - n % 4
     pairs = np.empty((n, nb * 4), np.int32)  # (S_2c, S_2c+1): the activation sums of 32 that meet the mins
@@ -206,24 +225,26 @@ def _q6k_tile(W, r0, r1, tile):
     64 b + g = elements 4g..4g+3 of super-block b for the 16 rows, decoded to 0..63 (stored value, offset 32);
     sc (nb*16, 16) i32 the int8 scales; sc2 (nb*8, 32) i16 the scales of sub-blocks 2p, 2p+1 as pairs per lane;
     d (nb, 16) f32."""
-    ql, qh, sc, _, d, _ = W
+    qs = W[0]  # ggml's block_q6_K rows (kblocks.py)
     wq, tsc, tsc2, td = tile
     w32 = wq.view(np.uint32)
     lo2 = np.uint32(0x03030303)
-    nb = d.shape[1]
+    nb = q6k_blocks(qs)
     for lane in range(TILE):
         r = min(r0 + lane, r1 - 1)
-        l32, h32, s8 = ql[r].view(np.uint32), qh[r].view(np.uint32), sc[r].view(np.int8)
+        row = qs[r]  # (nb*210,) u8: super-blocks are not word-aligned
         for b in range(nb):
-            td[b, lane] = d[r, b]
+            o = b * Q6K_BYTES
+            td[b, lane] = load_f16(qs, r, o + Q6K_D)
             for s in range(16):
-                tsc[b * 16 + s, lane] = s8[b * 16 + s]
-                tsc2[b * 8 + s // 2, 2 * lane + s % 2] = s8[b * 16 + s]
+                v = np.int32(np.int8(row[o + Q6K_SCALES + s]))
+                tsc[b * 16 + s, lane] = v
+                tsc2[b * 8 + s // 2, 2 * lane + s % 2] = v
             for h in range(2):
                 for q in range(8):
-                    l0 = l32[b * 32 + h * 16 + q]
-                    l1 = l32[b * 32 + h * 16 + 8 + q]
-                    hb = h32[b * 16 + h * 8 + q]
+                    l0 = np.uint32(load_u32(qs, r, o + Q6K_QL + 64 * h + 4 * q))
+                    l1 = np.uint32(load_u32(qs, r, o + Q6K_QL + 64 * h + 32 + 4 * q))
+                    hb = np.uint32(load_u32(qs, r, o + Q6K_QH + 32 * h + 4 * q))
                     g = b * 64 + 32 * h + q
                     w32[g, lane] = (l0 & _NIB) | ((hb & lo2) << np.uint32(4))
                     w32[g + 8, lane] = (l1 & _NIB) | (((hb >> np.uint32(2)) & lo2) << np.uint32(4))
@@ -299,7 +320,7 @@ def _q6k_gemv(path, tile, xq, xd, pairs, i):
 def q6k_tile_rows(path, W, a, r0, r1, out):
     """out[:, r0:r1] for Q6_K weights in llama.cpp's tiled order (`kquants.q6k_tiled_rows`), 16 rows per tile."""
     xq, xd, bsums, _ = a
-    nb = W[4].shape[1]
+    nb = q6k_blocks(W[0])
     n = xq.shape[0]
     pairs = np.empty((n, nb * 8), np.int32)
     _packed_pairs(bsums, 1, pairs)

@@ -26,21 +26,23 @@ for the 32-element types, n/8 for IQ4_NL / MXFP4; nb = blocks per row; a slot a 
     Q5_0  nibbles (nb*64)       2 u64 masks (nb*16) f16 d x4 (nb*8)      -            -         -
     Q5_1  nibbles (nb*64)       2 u64 masks (nb*16) f16 d, m x4 (nb*16)  -            -         -
     Q8_0  q + 128 (nb*128)      -                  f16 d x4 (nb*8)       -            -         -
-    Q4_K  nibbles (nb*128)      -                  6-bit sc (nb*8)       mins (nb*8)  d (nb)    dmin (nb)
+    Q4_K  block_q4_K (nb*144)   -                  -                     -            -         -
     Q5_K  nibbles (nb*128)      bits (nb*32)       6-bit sc (nb*8)       mins (nb*8)  d         dmin
-    Q6_K  ql nibbles (nb*128)   2-bit (nb*64)      int8 sc (nb*16)       -            d         -
+    Q6_K  block_q6_K (nb*210)   -                  -                     -            -         -
     Q2_K  2-bit (nb*64)         -                  4-bit sc (nb*16)      4-bit m (nb*16) d      dmin
     Q3_K  2-bit (nb*64)         hmask (nb*32)      int8 sc-32 (nb*16)    -            d         -
     IQ4_XS nibbles (nb*128)     -                  int8 ls-32 x2 (nb*16) -            d         -
     IQ4_NL nibbles x8 (nb*128)  -                  -                     -            d x8 (nb*8) -
     MXFP4 nibbles x8 (nb*128)   -                  -                     -            E8M0/2 x8 -
+    IQ1_S .. IQ3_S  their blocks (nb*type_size)  -                    -            -         -
 
-(Q2_K, Q3_K, IQ4_XS, IQ4_NL and MXFP4 run in kxquants.py; IQ4_XS's per-32 scales are stored once per 16 elements, as
-Q3_K's, so both share one kernel.)
+Q4_K and Q6_K keep ggml's blocks whole: decode streams each row once, and a row split into several arrays is
+several streams for the hardware prefetcher (kblocks.py). Q2_K, Q3_K, IQ4_XS, IQ4_NL and MXFP4 run in
+kxquants.py; IQ4_XS's per-32 scales are stored once per 16 elements, as Q3_K's, so both share one kernel.
 
-F32/F16/BF16 rows are views of the stored tensor (BF16 runs in bf16.py). The 32-element types take exactly their
-stored bytes; the K-quants widen their f16 scales to f32 (Q4_K: 1.03x); nothing holds a float32 copy of a
-quantized matrix.
+F32/F16/BF16 rows are views of the stored tensor (BF16 runs in bf16.py). The 32-element types, Q4_K and Q6_K take
+exactly their stored bytes; the other K-quants widen their f16 scales to f32 (Q5_K: 1.03x); nothing holds a
+float32 copy of a quantized matrix.
 """
 
 from __future__ import annotations
@@ -163,8 +165,7 @@ def _pack_q8_0(b: np.ndarray) -> dict[str, np.ndarray]:
 
 
 def _pack_q4_K(b: np.ndarray) -> dict[str, np.ndarray]:
-    sc, mn = _k_scales(b, 4)
-    return {"qs": _bytes(b, 16, 144), "sc": sc, "mn": mn, "d": _half(b, 0), "m": _half(b, 2)}
+    return {"qs": _bytes(b, 0, b.shape[2])}  # ggml's block_q4_K rows, one stream each (kblocks.py)
 
 
 def _pack_q5_K(b: np.ndarray) -> dict[str, np.ndarray]:
@@ -173,7 +174,7 @@ def _pack_q5_K(b: np.ndarray) -> dict[str, np.ndarray]:
 
 
 def _pack_q6_K(b: np.ndarray) -> dict[str, np.ndarray]:
-    return {"qs": _bytes(b, 0, 128), "qh": _bytes(b, 128, 192), "sc": _bytes(b, 192, 208), "d": _half(b, 208)}
+    return {"qs": _bytes(b, 0, b.shape[2])}  # ggml's block_q6_K rows, one stream each (kblocks.py)
 
 
 def _pack_q3_K(b: np.ndarray) -> dict[str, np.ndarray]:
@@ -224,6 +225,10 @@ def _pack_iq4_nl(b: np.ndarray) -> dict[str, np.ndarray]:
     return _interleave_nl(b[:, :, 2:18], _half(b, 0))
 
 
+def _pack_blocks(b: np.ndarray) -> dict[str, np.ndarray]:
+    return {"qs": _bytes(b, 0, b.shape[2])}  # the IQ1 .. IQ3 types: ggml's blocks as stored (klowbit.py)
+
+
 def _pack_mxfp4(b: np.ndarray) -> dict[str, np.ndarray]:
     return _interleave_nl(b[:, :, 1:17], e8m0_to_fp32_half(np.ascontiguousarray(b[:, :, 0])))
 
@@ -242,6 +247,7 @@ _PACKERS: dict[int, Callable[[np.ndarray], dict[str, np.ndarray]]] = {
     T.IQ4_XS: _pack_iq4_xs,
     T.IQ4_NL: _pack_iq4_nl,
     T.MXFP4: _pack_mxfp4,
+    **{t: _pack_blocks for t in (T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M)},
 }
 
 PACKABLE_TYPES: tuple[int, ...] = (T.F32, T.F16, T.BF16, *_PACKERS)
