@@ -19,6 +19,10 @@ is repacked and llamafile's tinyBLAS has none of them (ggml-cpu.c `ggml_compute_
 - TQ1_0 / TQ2_0 always run `ggml_vec_dot_tq*_q8_K` (AVX2): int16 lanes of stored trit * q8 minus the Q8_K bsums,
   paired into 8 int32 lanes (lane j: bytes 4j..4j+3 of every 32, minus bsums 2j and 2j + 1), acc_j =
   fma(float(lane_j), d, acc_j), hsum_float_8.
+
+The IQ types run compiled from their packed blocks (llamactx.ggml.kernels.klowbit: the same integers and float
+order, one weight row decoded at a time); TQ1_0 / TQ2_0, and `matmul_lowbit_unpacked` for every type, unpack the
+weight into integers first and run `_vec_dot_lowbit` / vecdot_kx's `_tiled` (the oracle klowbit is tested against).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import numba
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
+from llamactx.ggml.cpu import PATH_VNNI, active_path
 from llamactx.ggml.intrinsics import fma32
 from llamactx.ggml.lowbit_decode import COMPILED_TYPES, unpack_iq
 from llamactx.ggml.vec import hsum_float_8
@@ -112,13 +117,35 @@ def uses_tiled(weight, n: int) -> bool:
     return weight.ggml_type not in TQ_TYPES and n >= _TILED_MIN_ROWS
 
 
-def matmul_lowbit(x: np.ndarray, weight) -> np.ndarray:
-    """y = x @ W^T for a weight of one of the LOWBIT_TYPES with the kernel llama.cpp picks for it and n (module
-    docstring). (n, k) float32 -> (n, rows) float32. Raises ValueError for another type."""
-    t = weight.ggml_type
-    if t not in LOWBIT_TYPES:
-        raise ValueError(f"matmul_lowbit: {block_format(t).name} is not one of "
+def _check_type(weight) -> None:
+    if weight.ggml_type not in LOWBIT_TYPES:
+        raise ValueError(f"matmul_lowbit: {block_format(weight.ggml_type).name} is not one of "
                          f"{', '.join(T(u).name for u in LOWBIT_TYPES)}")
+
+
+def matmul_lowbit(x: np.ndarray, weight, n_threads: int | None = None) -> np.ndarray:
+    """y = x @ W^T for a weight of one of the LOWBIT_TYPES with the kernel llama.cpp picks for it and n (module
+    docstring): the IQ types compiled from their blocks on `n_threads` (default: numba's current count) on the
+    active kernel path. (n, k) float32 -> (n, rows) float32. Raises ValueError for another type."""
+    _check_type(weight)
+    t = weight.ggml_type
+    if t in TQ_TYPES or x.shape[0] == 0:
+        return matmul_lowbit_unpacked(x, weight)
+    # the kernels load (and compile, once) on the first IQ matmul: importing the API loads no kernel
+    from llamactx.ggml.kernels.klowbit import matmul_lowbit_portable, matmul_lowbit_vnni
+
+    out = np.empty((x.shape[0], weight.n_rows), np.float32)  # (n, rows)
+    blocks = weight.data.reshape(weight.n_rows, -1)  # (rows, row bytes)
+    kernel = matmul_lowbit_vnni if active_path() == PATH_VNNI else matmul_lowbit_portable
+    kernel(n_threads or numba.get_num_threads(), int(t), _F32(POST[T(t)]), blocks,
+           np.ascontiguousarray(x, np.float32), out)
+    return out
+
+
+def matmul_lowbit_unpacked(x: np.ndarray, weight) -> np.ndarray:
+    """`matmul_lowbit` on the unpacked integers (every low-bit type; the TQ types' only path)."""
+    _check_type(weight)
+    t = weight.ggml_type
     n = x.shape[0]
     qx, dx, bsums = quantize_activations_k(x)
     codes, sc, delta, d = unpack_weight_lowbit(weight)

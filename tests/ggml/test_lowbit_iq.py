@@ -104,10 +104,10 @@ def test_check_scales_counts_the_bad_blocks():
 
 
 @pytest.mark.parametrize("t", LOWBIT_TYPES, ids=lambda t: T(t).name)
-def test_fast_ops_leave_lowbit_matmuls_to_the_reference(t):
-    """FastOps has no kernels for these: every matmul of theirs takes the reference's exact path."""
+def test_fast_ops_run_the_iq_types_on_the_kernels_and_leave_tq_to_the_reference(t):
+    """FastOps runs the IQ types' matmuls on kernels.klowbit (its graphs too); TQ1_0 / TQ2_0 take the reference."""
     w = Weight("w", int(t), (256, 8), np.zeros((8, block_format(t).type_size), np.uint8))
-    assert FastOps._kernel_order(w) is None
+    assert FastOps._kernel_order(w) is (None if t in (T.TQ1_0, T.TQ2_0) else True)
     assert uses_tiled(w, 8) == (t not in (T.TQ1_0, T.TQ2_0)) and not uses_tiled(w, 7)
 
 

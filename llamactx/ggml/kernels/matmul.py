@@ -23,6 +23,7 @@ from numba import njit, prange
 from llamactx.ggml.cpu import PATH_PORTABLE, PATH_VNNI, active_path, cpu_features, set_threads
 from llamactx.ggml.intrinsics import round_f16
 from llamactx.ggml.kernels.bf16 import gemm as gemm_bf16
+from llamactx.ggml.kernels.klowbit import is_iq, lowbit_rows, post_of
 from llamactx.ggml.kernels.kquants import DEC_Q4K, DEC_Q5K, k45_rows, q4k_x8_rows, q6k_rows, q6k_tiled_rows
 from llamactx.ggml.kernels.ktile import TILE_MIN_ROWS, q4k_tile_rows, q6k_tile_rows
 from llamactx.ggml.kernels.kxquants import (
@@ -66,6 +67,7 @@ F32, F16, BF16 = int(T.F32), int(T.F16), int(T.BF16)
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = int(T.Q4_0), int(T.Q4_1), int(T.Q5_0), int(T.Q5_1), int(T.Q8_0)
 Q4_K, Q5_K, Q6_K = int(T.Q4_K), int(T.Q5_K), int(T.Q6_K)
 Q2_K, Q3_K, IQ4_XS, IQ4_NL, MXFP4 = int(T.Q2_K), int(T.Q3_K), int(T.IQ4_XS), int(T.IQ4_NL), int(T.MXFP4)
+_IQ_TYPES = frozenset(int(t) for t in (T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M))
 TILED_MIN_ROWS = 8  # llama.cpp's tiled Q6_K kernel serves ubatches of 8 rows or more (tiled.cpp ggml_tiled_min_batch)
 
 
@@ -95,7 +97,7 @@ def _activations(kind, x):
         xs = np.empty((k // 32, n), np.float32)  # block-major
         quantize_q8_1(x, xq, xd, xs)
         return xq, xd, none_i, xs
-    if kind == Q4_K or kind == Q5_K or kind == Q6_K or kind == Q3_K or kind == IQ4_XS or kind == Q2_K:
+    if kind == Q4_K or kind == Q5_K or kind == Q6_K or kind == Q3_K or kind == IQ4_XS or kind == Q2_K or is_iq(kind):
         xd = np.empty((n, k // 256), np.float32)
         bsums = np.empty((n, k // 16), np.int32)
         quantize_q8_K(x, xq, xd, bsums)
@@ -187,6 +189,8 @@ def _rows_of_type(path, kind, llama_order, W, a, u0, u1, out):
         k45_rows(path, DEC_Q5K, W, a, u0, u1, out)
     elif kind == Q6_K:
         q6k_rows(path, W, a, u0, u1, out)
+    elif is_iq(kind):  # IQ1_S .. IQ3_S from their blocks, vec_dot or tiled by the row count (klowbit.py)
+        lowbit_rows(path, kind, post_of(kind), W[0], a, u0, u1, out)
     else:
         _float_rows(kind == F16, W, a, u0, u1, out)
 
@@ -292,6 +296,8 @@ def expert_order(ggml_type: int, n_ff: int) -> int:
     if t == Q4_K:
         return 1 if n_ff % 8 == 0 else 0
     if t in (Q4_0, Q5_0, Q8_0, Q3_K, Q5_K, Q6_K, IQ4_XS):
+        return 0
+    if t in _IQ_TYPES:  # vec_dot below 8 rows of an expert, tiled from 8: by each expert's own row count
         return 0
     if t in (IQ4_NL, MXFP4) and n_ff % 8 == 0:  # repacked: one FMA per block, the same order for any row count
         return 0

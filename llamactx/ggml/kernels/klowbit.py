@@ -1,0 +1,311 @@
+"""IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S and IQ1_M matmuls from the packed super-blocks, compiled: the
+integers and the float order of llamactx.ggml.vecdot_lowbit (ggml-cpu's x86 `ggml_vec_dot_iq*_q8_K` below 8
+activation rows, tiled.cpp's tiled kernel from 8), without unpacking the whole weight first.
+
+One weight row at a time is decoded into a few hundred bytes that stay in L1 (`_decode_row`: ggml-quants.c
+`dequantize_row_iq*`'s scales, the codes of each 32-element group as one vector: kiqcodes.iq_codes), then used by
+every activation row:
+
+- vec_dot order (n < 8, `_vec_row`): per 32-element group g, the eight int32 lanes of signed codes . Q8_K quants
+  (`vdot_s8`: ggml's sign trick, exact) times the two 16-element sub-block scales (`vscales_pair`), summed over
+  the super-block's groups; acc = fma(float(lane), d_w * d_x, acc) per lane, `post * hsum_float_8(acc)` (fsum);
+  IQ1_S's delta term apart (accum1), IQ1_M's in lanes of its own (delta per 8 elements times the quants' lane
+  sums), as vecdot_lowbit's `_vec_dot_lowbit`;
+- tiled order (n >= 8, `tile_rows`): 16 rows transposed into kxtile.py's IQ4_XS tile (codes + 128, IQ1's
+  8 * code + delta + 128, the 16-element scales, the tile's d = f16(d) * post), whose `_kx_isum` / `_kx_step`
+  give per super-block s1 = sum sc * dot and out = fma(float(s1) * d_w, d_x, out): tiled.cpp's order.
+
+Integer sums are exact in any order, so the results are bit-identical to vecdot_lowbit's (tests/ggml/
+test_klowbit.py) and to llama.cpp's (tests/models/test_tiny_quant_types.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+from numba import njit, prange
+
+from llamactx.ggml.intrinsics import f16_to_f32, fma32
+from llamactx.ggml.kernels.kiqcodes import iq_codes
+from llamactx.ggml.kernels.ktile import TILE, _packed_pairs, _store_tile
+from llamactx.ggml.kernels.kxquants import vdot_s8
+from llamactx.ggml.kernels.kxtile import IQ4XS_SHIFT, _kx_isum, _kx_step
+from llamactx.ggml.kernels.q8 import quantize_q8_K
+from llamactx.ggml.kernels.simd import PORTABLE, VNNI, fmadd_i, fsum, fzero, vload, vload_i32, vstore
+from llamactx.ggml.kernels.vnni import ilanesum4, imul, imuladd_v, izero, vscales_pair
+from llamactx.ggml.kernels.wide import wzero
+from llamactx.gguf.iq_grids import IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS
+
+IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M = (int(t) for t in (T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS,
+                                                                       T.IQ3_S, T.IQ1_S, T.IQ1_M))
+KERNEL_TYPES = (T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M)
+TILED_MIN_ROWS = 8  # tiled.cpp `ggml_tiled_min_batch`
+
+_G2XXS = np.ascontiguousarray(IQ2XXS_GRID).view(np.uint64).ravel()  # (256,) eight codes per entry
+_G2XS = np.ascontiguousarray(IQ2XS_GRID).view(np.uint64).ravel()  # (512,)
+_G2S = np.ascontiguousarray(IQ2S_GRID).view(np.uint64).ravel()  # (1024,)
+_G3XXS = np.ascontiguousarray(IQ3XXS_GRID).view(np.uint32).ravel()  # (256,) four codes
+_G3S = np.ascontiguousarray(IQ3S_GRID).view(np.uint32).ravel()  # (512,)
+_G1S = np.ascontiguousarray(IQ1S_GRID).view(np.uint64).ravel()  # (2048,) -1 / 0 / 1 bytes
+_F0 = np.float32(0.0)
+
+
+@njit(cache=True, inline="always")
+def _w16(lo, hi):  # pragma: no cover - compiled
+    """A little-endian u16 from its two bytes (helpers take scalars: numba reference-counts an array argument)."""
+    return np.uint32(lo) | (np.uint32(hi) << 8)
+
+
+@njit(cache=True)
+def _decode_row(t, blocks, r, wq, sc8, dl, dw):  # pragma: no cover - compiled
+    """Row r of `blocks` (rows, nb * type_size) -> its signed codes wq (1, nb * 256) (kiqcodes.iq_codes, a group
+    per call), scales sc8 (1, nb * 16) (2 ls + 1 per 16 elements), IQ1's delta dl (1, nb * 64) (+-1 per 4
+    elements) and the f16 d as float32 dw (nb,)."""
+    size = blocks.shape[1] // dw.shape[0]
+    for b in range(dw.shape[0]):
+        o = b * size
+        if t == IQ1_M:  # iq1m_scale_t: d in the top nibbles of the four scale words
+            h = (np.uint32(blocks[r, o + 49]) >> 4) | (np.uint32(blocks[r, o + 51]) & 0xF0) | (
+                (np.uint32(blocks[r, o + 53]) & 0xF0) << 4) | ((np.uint32(blocks[r, o + 55]) & 0xF0) << 8)
+            dw[b] = f16_to_f32(np.uint16(h))
+        else:
+            dw[b] = f16_to_f32(np.uint16(_w16(blocks[r, o], blocks[r, o + 1])))
+        for ib in range(8):
+            c = b * 256 + 32 * ib  # the group's first code
+            s = b * 16 + 2 * ib  # its first sub-block
+            if t == IQ2_XXS or t == IQ3_XXS:  # a u32 of 4 x 7 sign bits and a 4-bit scale per 32
+                p = o + 9 + 8 * ib if t == IQ2_XXS else o + 69 + 4 * ib  # its top byte
+                sc8[0, s] = sc8[0, s + 1] = 2 * (blocks[r, p] >> 4) + 1
+                if t == IQ2_XXS:
+                    vstore(wq, 0, c, iq_codes(16, blocks, r, o, ib, _G2XXS, KSIGNS_IQ2XS))
+                else:
+                    vstore(wq, 0, c, iq_codes(18, blocks, r, o, ib, _G3XXS, KSIGNS_IQ2XS))
+            elif t == IQ2_XS or t == IQ2_S:  # 4-bit scales per 16
+                sb = blocks[r, o + 66 + ib] if t == IQ2_XS else blocks[r, o + 74 + ib]
+                sc8[0, s] = 2 * (sb & 15) + 1
+                sc8[0, s + 1] = 2 * (sb >> 4) + 1
+                if t == IQ2_XS:
+                    vstore(wq, 0, c, iq_codes(17, blocks, r, o, ib, _G2XS, KSIGNS_IQ2XS))
+                else:
+                    vstore(wq, 0, c, iq_codes(22, blocks, r, o, ib, _G2S, KSIGNS_IQ2XS))
+            elif t == IQ3_S:  # 4-bit scales per 32
+                sc8[0, s] = sc8[0, s + 1] = 2 * ((blocks[r, o + 106 + ib // 2] >> (4 * (ib % 2))) & 15) + 1
+                vstore(wq, 0, c, iq_codes(21, blocks, r, o, ib, _G3S, KSIGNS_IQ2XS))
+            elif t == IQ1_S:  # a u16 per 32: 3 x 4 high index bits, a 3-bit scale, the delta's sign
+                qh = _w16(blocks[r, o + 34 + 2 * ib], blocks[r, o + 35 + 2 * ib])
+                sc8[0, s] = sc8[0, s + 1] = 2 * ((qh >> 12) & 7) + 1
+                delta = -1 if qh & 0x8000 else 1
+                for k in range(8):
+                    dl[0, c // 4 + k] = delta
+                vstore(wq, 0, c, iq_codes(19, blocks, r, o, ib, _G1S, KSIGNS_IQ2XS))
+            else:  # IQ1_M: two qh bytes per 32 (3 index bits and a delta sign per 8), 3-bit scales per 16
+                for g in range(4):
+                    qh = np.uint32(blocks[r, o + 32 + 2 * ib + g // 2]) >> (4 * (g % 2))
+                    dl[0, c // 4 + 2 * g] = dl[0, c // 4 + 2 * g + 1] = -1 if qh & 8 else 1
+                for h in range(2):
+                    sub = 2 * ib + h  # the sub-block in the super-block: word sub // 4, bits 3 (sub % 4)
+                    p = o + 48 + 2 * (sub // 4)
+                    sc8[0, s + h] = 2 * ((_w16(blocks[r, p], blocks[r, p + 1]) >> (3 * (sub % 4))) & 7) + 1
+                vstore(wq, 0, c, iq_codes(29, blocks, r, o, ib, _G1S, KSIGNS_IQ2XS))
+
+
+@njit(cache=True)
+def _vec_row(path, t, post, wq, sc8, dl, dw, xq, xd, bsums, r, out):  # pragma: no cover - compiled
+    """out[:, r] in ggml_vec_dot_iq*_q8_K's order (module docstring), row r decoded in wq / sc8 / dl / dw. The
+    groups are written out: `vscales_pair` takes a literal, and a helper taking arrays costs reference counts."""
+    iq1m = t == IQ1_M
+    for i in range(xq.shape[0]):
+        acc, acc2, accum1 = fzero(), fzero(), _F0
+        for b in range(dw.shape[0]):
+            c, s = b * 256, b * 16
+            lanes = izero()
+            lanes = imuladd_v(lanes, vdot_s8(path, izero(), vload(wq, 0, c + 0), vload(xq, i, c + 0)),
+                              vscales_pair(sc8, 0, s + 0, 0))
+            lanes = imuladd_v(lanes, vdot_s8(path, izero(), vload(wq, 0, c + 32), vload(xq, i, c + 32)),
+                              vscales_pair(sc8, 0, s + 0, 1))
+            lanes = imuladd_v(lanes, vdot_s8(path, izero(), vload(wq, 0, c + 64), vload(xq, i, c + 64)),
+                              vscales_pair(sc8, 0, s + 0, 2))
+            lanes = imuladd_v(lanes, vdot_s8(path, izero(), vload(wq, 0, c + 96), vload(xq, i, c + 96)),
+                              vscales_pair(sc8, 0, s + 0, 3))
+            lanes = imuladd_v(lanes, vdot_s8(path, izero(), vload(wq, 0, c + 128), vload(xq, i, c + 128)),
+                              vscales_pair(sc8, 0, s + 8, 0))
+            lanes = imuladd_v(lanes, vdot_s8(path, izero(), vload(wq, 0, c + 160), vload(xq, i, c + 160)),
+                              vscales_pair(sc8, 0, s + 8, 1))
+            lanes = imuladd_v(lanes, vdot_s8(path, izero(), vload(wq, 0, c + 192), vload(xq, i, c + 192)),
+                              vscales_pair(sc8, 0, s + 8, 2))
+            lanes = imuladd_v(lanes, vdot_s8(path, izero(), vload(wq, 0, c + 224), vload(xq, i, c + 224)),
+                              vscales_pair(sc8, 0, s + 8, 3))
+            d = xd[i, b] * dw[b]
+            acc = fmadd_i(acc, lanes, d)
+            if iq1m:  # delta (per 8 elements) times the quants' lane sums, under the same scales
+                lanes2 = izero()
+                lanes2 = imuladd_v(lanes2, imul(vload_i32(dl, 0, b * 64 + 0), ilanesum4(vload(xq, i, c + 0))),
+                                   vscales_pair(sc8, 0, s + 0, 0))
+                lanes2 = imuladd_v(lanes2, imul(vload_i32(dl, 0, b * 64 + 8), ilanesum4(vload(xq, i, c + 32))),
+                                   vscales_pair(sc8, 0, s + 0, 1))
+                lanes2 = imuladd_v(lanes2, imul(vload_i32(dl, 0, b * 64 + 16), ilanesum4(vload(xq, i, c + 64))),
+                                   vscales_pair(sc8, 0, s + 0, 2))
+                lanes2 = imuladd_v(lanes2, imul(vload_i32(dl, 0, b * 64 + 24), ilanesum4(vload(xq, i, c + 96))),
+                                   vscales_pair(sc8, 0, s + 0, 3))
+                lanes2 = imuladd_v(lanes2, imul(vload_i32(dl, 0, b * 64 + 32), ilanesum4(vload(xq, i, c + 128))),
+                                   vscales_pair(sc8, 0, s + 8, 0))
+                lanes2 = imuladd_v(lanes2, imul(vload_i32(dl, 0, b * 64 + 40), ilanesum4(vload(xq, i, c + 160))),
+                                   vscales_pair(sc8, 0, s + 8, 1))
+                lanes2 = imuladd_v(lanes2, imul(vload_i32(dl, 0, b * 64 + 48), ilanesum4(vload(xq, i, c + 192))),
+                                   vscales_pair(sc8, 0, s + 8, 2))
+                lanes2 = imuladd_v(lanes2, imul(vload_i32(dl, 0, b * 64 + 56), ilanesum4(vload(xq, i, c + 224))),
+                                   vscales_pair(sc8, 0, s + 8, 3))
+                acc2 = fmadd_i(acc2, lanes2, d)
+            elif t == IQ1_S:  # sumi1: each 32's bsum pair times its signed scale
+                s1 = 0
+                for g in range(8):
+                    pair = bsums[i, s + 2 * g] + bsums[i, s + 2 * g + 1]
+                    s1 += dl[0, b * 64 + 8 * g] * np.int32(sc8[0, s + 2 * g]) * pair
+                accum1 = fma32(d, np.float32(s1), accum1)
+        h = fsum(acc)
+        if t == IQ1_S:
+            out[i, r] = fma32(post, accum1, h)
+        elif iq1m:
+            out[i, r] = fma32(post, fsum(acc2), h)
+        else:
+            out[i, r] = post * h
+
+
+@njit(cache=True)
+def vec_rows(path, t, post, blocks, a, r0, r1, out):  # pragma: no cover - compiled
+    """out[:, r0:r1] in the vec_dot order, one weight row decoded at a time and used for every activation row."""
+    xq, xd, bsums = a[0], a[1], a[2]
+    nb = xd.shape[1]
+    wq = np.empty((1, nb * 256), np.uint8)  # the signed codes
+    sc8 = np.empty((1, nb * 16), np.uint8)
+    dl = np.zeros((1, nb * 64), np.int32)
+    dw = np.empty(nb, np.float32)
+    for r in range(r0, r1):
+        _decode_row(t, blocks, r, wq, sc8, dl, dw)
+        _vec_row(path, t, post, wq, sc8, dl, dw, xq, xd, bsums, r, out)
+
+
+@njit(cache=True)
+def _tile(t, post, blocks, r0, r1, tile, wq8, sc8, dl, dw):  # pragma: no cover - compiled
+    """Rows r0..r0+15 (past r1 - 1 repeating it) into kxtile's IQ4_XS tile: wq (nb*64, 64) u8, register
+    64 b + j = elements 4j..4j+3 of super-block b for the 16 rows, as code + 128 (IQ1: 8 * code + delta + 128);
+    the scales as int32 per lane and int16 pairs; td = d * post (exact: a power of two)."""
+    wq, tsc, tsc2, td = tile
+    w32 = wq.view(np.uint32)  # (nb*64, 16)
+    codes = wq8.view(np.int8)  # (1, nb * 256)
+    u8 = np.empty((1, codes.shape[1]), np.uint8)
+    u32 = u8.view(np.uint32)
+    iq1 = t == IQ1_S or t == IQ1_M
+    for lane in range(TILE):
+        r = min(r0 + lane, r1 - 1)
+        _decode_row(t, blocks, r, wq8, sc8, dl, dw)
+        for e in range(codes.shape[1]):
+            c = np.int32(codes[0, e])
+            u8[0, e] = 8 * c + dl[0, e // 4] + 128 if iq1 else c + 128
+        for b in range(dw.shape[0]):
+            td[b, lane] = dw[b] * post
+            for s in range(16):
+                v = np.int32(sc8[0, b * 16 + s])
+                tsc[b * 16 + s, lane] = v
+                tsc2[b * 8 + s // 2, 2 * lane + s % 2] = v
+            for j in range(64):
+                w32[b * 64 + j, lane] = u32[0, b * 64 + j]
+
+
+@njit(cache=True)
+def tile_rows(path, t, post, blocks, a, r0, r1, out):  # pragma: no cover - compiled
+    """out[:, r0:r1] in tiled.cpp's order, 16 weight rows per tile (kxtile.kx_tile_rows' loop on IQ tiles)."""
+    xq, xd, bsums = a[0], a[1], a[2]
+    nb = xd.shape[1]
+    n = xq.shape[0]
+    pairs = np.empty((n, nb * 8), np.int32)  # the activation sums of 16, in int16 pairs
+    _packed_pairs(bsums, 1, pairs)
+    tile = (np.empty((nb * 64, 64), np.uint8), np.empty((nb * 16, TILE), np.int32),
+            np.empty((nb * 8, 2 * TILE), np.int16), np.empty((nb, TILE), np.float32))
+    wq8 = np.empty((1, nb * 256), np.uint8)
+    sc8 = np.empty((1, nb * 16), np.uint8)
+    dl = np.zeros((1, nb * 64), np.int32)
+    dw = np.empty(nb, np.float32)
+    buf = np.empty((1, TILE), np.float32)
+    n4 = n - n % 4
+    for t0 in range(r0, r1, TILE):
+        t1 = min(t0 + TILE, r1)
+        _tile(t, post, blocks, t0, t1, tile, wq8, sc8, dl, dw)
+        for i in range(0, n4, 4):  # four activation rows share each super-block's loads of the tile
+            a0, a1, a2, a3 = wzero(), wzero(), wzero(), wzero()
+            for b in range(nb):
+                a0 = _kx_step(a0, _kx_isum(path, True, tile, xq, i, b), tile, pairs, xd, i, b, IQ4XS_SHIFT)
+                a1 = _kx_step(a1, _kx_isum(path, True, tile, xq, i + 1, b), tile, pairs, xd, i + 1, b, IQ4XS_SHIFT)
+                a2 = _kx_step(a2, _kx_isum(path, True, tile, xq, i + 2, b), tile, pairs, xd, i + 2, b, IQ4XS_SHIFT)
+                a3 = _kx_step(a3, _kx_isum(path, True, tile, xq, i + 3, b), tile, pairs, xd, i + 3, b, IQ4XS_SHIFT)
+            _store_tile(out, i, t0, t1, a0, buf)
+            _store_tile(out, i + 1, t0, t1, a1, buf)
+            _store_tile(out, i + 2, t0, t1, a2, buf)
+            _store_tile(out, i + 3, t0, t1, a3, buf)
+        for i in range(n4, n):
+            acc = wzero()
+            for b in range(nb):
+                acc = _kx_step(acc, _kx_isum(path, True, tile, xq, i, b), tile, pairs, xd, i, b, IQ4XS_SHIFT)
+            _store_tile(out, i, t0, t1, acc, buf)
+
+
+@njit(cache=True)
+def is_iq(t):  # pragma: no cover - compiled
+    """Whether ggml type t is one of KERNEL_TYPES."""
+    return t == IQ2_XXS or t == IQ2_XS or t == IQ2_S or t == IQ3_XXS or t == IQ3_S or t == IQ1_S or t == IQ1_M
+
+
+@njit(cache=True)
+def post_of(t):  # pragma: no cover - compiled
+    """The power-of-two factor of type t's scale (quants_lowbit.POST) as float32."""
+    if t == IQ3_S:
+        return np.float32(1.0)
+    return np.float32(0.25) if t == IQ3_XXS else np.float32(0.125)
+
+
+@njit(cache=True)
+def lowbit_rows(path, t, post, blocks, a, r0, r1, out):  # pragma: no cover - compiled
+    """out[:, r0:r1] with the kernel llama.cpp picks from the activation row count (module docstring). a: the
+    Q8_K activations (xq, xd, bsums, ...) (kernels.matmul's `_activations`)."""
+    if a[0].shape[0] >= TILED_MIN_ROWS:
+        tile_rows(path, t, post, blocks, a, r0, r1, out)
+    else:
+        vec_rows(path, t, post, blocks, a, r0, r1, out)
+
+
+@njit(cache=True)
+def activations_k(x):  # pragma: no cover - compiled
+    """x (n, k) float32 -> Q8_K (xq int8 (n, k), xd float32 (n, k/256), bsums int32 (n, k/16))."""
+    n, k = x.shape
+    xq = np.empty((n, k), np.int8)
+    xd = np.empty((n, k // 256), np.float32)
+    bsums = np.empty((n, k // 16), np.int32)
+    quantize_q8_K(x, xq, xd, bsums)
+    return xq, xd, bsums
+
+
+@njit(cache=True)
+def _share(path, n_tasks, task, t, post, blocks, a, out):  # pragma: no cover - compiled
+    """Task `task` of n_tasks: its share of the weight rows (units of 16 when tiled, so tiles never split)."""
+    rows = blocks.shape[0]
+    unit = TILE if a[0].shape[0] >= TILED_MIN_ROWS else 1
+    n_units = (rows + unit - 1) // unit
+    u0, u1 = task * n_units // n_tasks, (task + 1) * n_units // n_tasks
+    lowbit_rows(path, t, post, blocks, a, u0 * unit, min(u1 * unit, rows), out)
+
+
+@njit(parallel=True, cache=True)
+def matmul_lowbit_vnni(n_tasks, t, post, blocks, x, out):  # pragma: no cover - compiled
+    """out (n, rows) = x (n, k) @ W^T for IQ weights `blocks` (rows, row bytes) of ggml type t, `post` its
+    POST factor as float32, in n_tasks shares of the weight rows, with `vpdpbusd`."""
+    a = activations_k(x)
+    for task in prange(n_tasks):
+        _share(VNNI, n_tasks, task, t, post, blocks, a, out)
+
+
+@njit(parallel=True, cache=True)
+def matmul_lowbit_portable(n_tasks, t, post, blocks, x, out):  # pragma: no cover - compiled
+    """`matmul_lowbit_vnni` with the portable integer dot product."""
+    a = activations_k(x)
+    for task in prange(n_tasks):
+        _share(PORTABLE, n_tasks, task, t, post, blocks, a, out)
