@@ -19,12 +19,15 @@ from typing import Any
 
 import numpy as np
 
+from llamactx import chat_parse, chat_sampling
+from llamactx.chat_request import grammar_sampler, prepare_chat
 from llamactx.chat_template import ChatTemplate
 from llamactx.cparams import ContextParams
 from llamactx.engine import Chunk, Completion, GenerationError, Limits, RequestOptions
 from llamactx.model import Model
 from llamactx.runtime import Runtime, RuntimeParams
 from llamactx.sampling import SamplerChain, SamplingParams
+from llamactx.tool_calls import ToolCallError
 
 _SAMPLING_FIELDS = set(SamplingParams.__dataclass_fields__)
 _RUNTIME_FIELDS = set(RuntimeParams.__dataclass_fields__) - {"model", "lora", "vocab_only", "context"}
@@ -54,6 +57,7 @@ class LLM:
         self.model, self.lora, self.engine = runtime.model, runtime.lora, runtime.engine
         self.ctx = self.engine.ctx
         self.result: Completion | None = None  # the last completion (also after a stream ends)
+        self.chat_params: chat_parse.ChatParams | None = None  # how the last chat turn's reply is parsed
 
     @property
     def template(self) -> ChatTemplate:
@@ -70,13 +74,16 @@ class LLM:
     def sampler(self, grammar: str | None = None, json_schema: Mapping | str | None = None,
                 **sampling: Any) -> SamplerChain:
         """The sampler chain for these options (SamplingParams names; `temperature` 0 = greedy)."""
+        rt = self.runtime
+        return rt.sampler(self._sampling(sampling), rt.grammar(grammar, json_schema))
+
+    def _sampling(self, sampling: dict[str, Any]) -> SamplingParams:
         unknown = set(sampling) - _SAMPLING_FIELDS
         if unknown:
             raise TypeError(f"unknown sampling option(s): {', '.join(sorted(unknown))}")
         if "seed" in sampling and sampling["seed"] is None:
             del sampling["seed"]
-        rt = self.runtime
-        return rt.sampler(rt.sampling(**sampling), rt.grammar(grammar, json_schema))
+        return self.runtime.sampling(**sampling)
 
     def complete(self, prompt: str | Sequence[int], max_tokens: int = 128, stop: Sequence[str] | str | None = None,
                  stream: bool = False, grammar: str | None = None, json_schema: Mapping | str | None = None,
@@ -87,8 +94,13 @@ class LLM:
         is then in `llm.result` once the iterator ends). `n_probs` >= 0 gives each Chunk its token's logprob and
         the `n_probs` most likely tokens (-1: none). Raises GenerationError if sampling fails (a grammar
         dead end)."""
-        tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         chain = self.sampler(grammar, json_schema, **sampling)
+        return self._complete(prompt, chain, max_tokens, stop, stream, context_shift, n_keep, n_probs)
+
+    def _complete(self, prompt: str | Sequence[int], chain: SamplerChain, max_tokens: int,
+                  stop: Sequence[str] | str | None, stream: bool, context_shift: bool, n_keep: int, n_probs: int
+                  ) -> Completion | Iterator[Chunk]:
+        tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
         limits = Limits(max_tokens, stops, context_shift=context_shift, n_keep=n_keep)
         seq = self.engine.add_request(tokens, chain, limits, RequestOptions(n_probs=n_probs))
@@ -107,12 +119,41 @@ class LLM:
         if seq.finish_reason == "error":
             raise GenerationError(seq.error or "generation failed")
 
-    def chat(self, messages: Sequence[Mapping[str, Any]], max_tokens: int = 256, **options: Any
-             ) -> Completion | Iterator[Chunk]:
-        """Answer the conversation `messages` with the model's chat template; same options as `complete`. The
-        KV cache of the previous turn is reused for the common prefix."""
-        prompt = self.template.render(messages, add_generation_prompt=True)
-        return self.complete(prompt, max_tokens=max_tokens, **options)
+    def chat(self, messages: Sequence[Mapping[str, Any]], max_tokens: int = 256,
+             tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: Any = "auto",
+             parallel_tool_calls: bool = False, stop: Sequence[str] | str | None = None, stream: bool = False,
+             grammar: str | None = None, json_schema: Mapping | str | None = None, context_shift: bool = False,
+             n_keep: int = 0, n_probs: int = -1, **sampling: Any) -> Completion | Iterator[Chunk]:
+        """Answer the conversation `messages` with the model's chat template; same options as `complete`, plus
+        OpenAI `tools` / `tool_choice` / `parallel_tool_calls`. The turn is prepared as llama-server prepares it
+        (llamactx.chat_request: the runtime's reasoning_format, enable_thinking, reasoning_budget; the tool-call
+        grammar, lazy for "auto"); `llm.message(text)` then parses the reply into the OpenAI message (thinking in
+        `reasoning_content`, `tool_calls`), `llm.chat_params` is how. The KV cache of the previous turn is reused
+        for the common prefix. Raises ToolCallError for malformed tools / tool_choice."""
+        rt = self.runtime.params
+        thinking = False if rt.reasoning_budget == 0 else rt.enable_thinking
+        setup = prepare_chat(self.template, messages, tools, tool_choice, parallel_tool_calls, rt.reasoning_format,
+                             None if thinking is None else {"enable_thinking": thinking})
+        params, constraint = self._sampling(sampling), self.runtime.grammar(grammar, json_schema)
+        if setup.call_required and constraint is not None:
+            raise ToolCallError("tool_choice: a required tool call cannot be combined with grammar / json_schema")
+        if setup.grammar is not None and constraint is None:  # as llama-server: lazy for "auto"
+            constraint = grammar_sampler(self.model.vocab, setup.grammar, setup.parse)
+        chain = self.runtime.sampler(params, constraint)
+        budget = chat_sampling.reasoning_budget(self.model.vocab, setup.parse, rt.reasoning_budget)
+        if budget is not None:  # first in the chain, as common_sampler_sample applies rbudget
+            chain.samplers.insert(0, budget)
+        self.chat_params = setup.parse
+        return self._complete(setup.prompt, chain, max_tokens, stop, stream, context_shift, n_keep, n_probs)
+
+    def message(self, text: str | None = None, partial: bool = False) -> dict[str, Any]:
+        """The OpenAI assistant message of the last `chat` reply (`text`: the reply, default the last result's),
+        parsed as llama-server parses it; `partial` for a reply still being generated."""
+        if self.chat_params is None:
+            raise RuntimeError("message(): no chat turn yet; call chat() first")
+        text = self.result.text if text is None and self.result is not None else text or ""
+        parse = chat_parse.parse_partial if partial else chat_parse.parse
+        return parse(self.chat_params, text).to_oai()
 
     def embed(self, texts: Sequence[str] | str) -> np.ndarray:
         """Mean-pooled, L2-normalised embeddings of `texts` (their final hidden states). -> (n, n_embd) float32"""
