@@ -114,3 +114,28 @@ def test_chat_format_names_are_checked_when_made():
     with pytest.raises(ValueError, match="functionary"):
         tiny(chat_format="functionary-v2")
     assert tiny(chat_format="chatml-function-calling")._runtime.template.source  # chatml, see test_llama_api
+
+
+def test_chat_handler_gets_the_keywords_llama_cpp_python_passes():
+    """A chat_handler is called as llama-cpp-python 0.3.36 calls it (llama.py create_chat_completion's
+    `handler(llama=self, ...)`, read with ast): the same keywords, none of llamactx's additions
+    (reasoning_format), and its answer is returned as is."""
+    import ast
+
+    from tests.conftest import LLAMACPP_SDIST
+
+    path = LLAMACPP_SDIST / "llama_cpp" / "llama.py"
+    if not path.exists():
+        pytest.fail(f"{path} is missing: `make test` unpacks llama-cpp-python 0.3.36's sdist there")
+    call = next(n for n in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "handler")
+    upstream = {k.arg for k in call.keywords}
+    seen = {}
+
+    def handler(**kwargs):
+        seen.update(kwargs)
+        return {"answer": 42}
+
+    llm = tiny(chat_handler=handler)
+    assert llm.create_chat_completion(messages=[{"role": "user", "content": "Hi"}], max_tokens=3) == {"answer": 42}
+    assert set(seen) == upstream and seen["llama"] is llm and seen["max_tokens"] == 3
