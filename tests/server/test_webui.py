@@ -1,4 +1,8 @@
-"""The chat page (llamactx/server/static/) in headless Chromium against a real `llamactx serve` process.
+"""The chat page (llamactx/server/static/) in headless Chromium against a real `llamactx serve` process: answers
+stream in, Stop, errors and the API key; an answer's thinking (`reasoning_content`) shown apart and collapsed, its
+Markdown rendered (code blocks with their language, tables, links) with the model's HTML shown as text; the
+conversations kept across a reload, switched, started and deleted. The thinking / Markdown answer is a canned SSE
+stream the page's fetch gets through playwright's route (the embedded SmolLM2 does not think).
 
 Debian's /usr/bin/chromium drives the page through playwright (`make test` installs it; playwright's own browser
 downloads do not work here). Without it these tests fail, they never skip. Every wait is bounded, and the server
@@ -159,16 +163,22 @@ def wait_for_answer(answer: Locator) -> str:
     return stats.inner_text()
 
 
+def answer_text(answer: Locator) -> str:
+    """The answer's text as the model wrote it (the page shows it rendered as Markdown)."""
+    return answer.locator(".content").get_attribute("data-raw")
+
+
 def record_answer_lengths(page: Page) -> None:
     """Records, in the page, each new length of the last assistant message while it streams."""
     page.evaluate("""() => {
         window.answerLengths = [];
         new MutationObserver(() => {
             const answers = document.querySelectorAll('#messages .message[data-role="assistant"] .content');
-            const n = answers.length ? answers[answers.length - 1].textContent.length : 0;
+            const n = answers.length ? (answers[answers.length - 1].dataset.raw || "").length : 0;
             const seen = window.answerLengths;
             if (n > 0 && n !== seen[seen.length - 1]) seen.push(n);
-        }).observe(document.getElementById('messages'), {childList: true, subtree: true, characterData: true});
+        }).observe(document.getElementById('messages'), {childList: true, subtree: true, characterData: true,
+                                                         attributes: true, attributeFilter: ['data-raw']});
     }""")
 
 
@@ -202,9 +212,10 @@ def test_answer_streams_into_the_page_with_its_speed_and_a_second_turn_sends_the
     assert sent["messages"] == [{"role": "user", "content": "Name three colors."}]
     assert (sent["stream"], sent["temperature"], sent["max_tokens"]) == (True, 0, 32)
 
-    shown = assistant(page).locator(".content").text_content()
+    shown = answer_text(assistant(page))
     streamed, timings = streamed_text(first.value)
     assert shown == streamed and shown.strip()
+    assert assistant(page).locator(".content").text_content().strip()  # rendered
     lengths = page.evaluate("window.answerLengths")
     assert len(lengths) >= 2 and lengths == sorted(lengths) and lengths[-1] == len(shown)  # it grew while streaming
     assert f"{timings['predicted_per_second']:.1f} tokens/s" in stats
@@ -221,7 +232,7 @@ def test_answer_streams_into_the_page_with_its_speed_and_a_second_turn_sends_the
         {"role": "assistant", "content": shown},
         {"role": "user", "content": markup},
     ]
-    assert assistant(page, 1).locator(".content").text_content().strip()
+    assert answer_text(assistant(page, 1)).strip()
     users = page.locator('#messages .message[data-role="user"] .content')
     expect(users).to_have_text(["Name three colors.", markup])
     expect(page.locator("#messages b")).to_have_count(0)
@@ -245,10 +256,10 @@ def test_stop_keeps_the_partial_answer_frees_the_slot_and_send_works_again(page,
     expect(page.locator("#stop")).to_be_disabled()
     answer = assistant(page)
     expect(answer.locator(".stats")).to_have_text("stopped: partial answer kept")
-    partial = answer.locator(".content").text_content()
+    partial = answer_text(answer)
     assert partial.strip()
     page.wait_for_timeout(1500)
-    assert answer.locator(".content").text_content() == partial  # no more text after Stop
+    assert answer_text(answer) == partial  # no more text after Stop
 
     deadline = time.monotonic() + 10  # the server cancelled the sequence when the connection closed
     while any(s["is_processing"] for s in webui_server.get("/slots")):
@@ -313,3 +324,158 @@ def test_serve_warns_when_any_origin_may_call_it_without_a_key(webui_server, key
     """llama-server's default CORS (any origin) and its security line on stderr at start, unless an API key is set."""
     assert "no API key is set and CORS allows all origins" in webui_server.log.read_text(errors="replace")
     assert "CORS allows all origins" not in keyed_server.log.read_text(errors="replace")
+
+
+# -- thinking, Markdown and the kept conversations (a canned stream) ---------------------------------------------
+
+THOUGHT = ["Let me think", " about <b>this</b>."]
+ANSWER = ['# Answer\n\nHere is **bold** and `inline`:\n\n```python\nprint("<script>")\n```\n',
+          '\n<script>window.pwned = 1</script> <img src=x onerror="window.pwned = 2">\n\n'
+          "| a | b |\n|---|:-:|\n| 1 | `x` |\n\n- one\n- [safe](https://example.com/)\n- [unsafe](javascript:alert(1))"]
+TIMINGS = {"predicted_per_second": 12.5, "predicted_n": 7, "prompt_n": 3, "cache_n": 0}
+
+
+def canned_sse(thought: list[str], answer: list[str]) -> str:
+    """A chat completion's SSE body as llama-server streams it: reasoning_content deltas, then content deltas."""
+    events = [{"delta": {"role": "assistant", "content": None}}]
+    events += [{"delta": {"reasoning_content": piece}} for piece in thought]
+    events += [{"delta": {"content": piece}} for piece in answer]
+    lines = [{"object": "chat.completion.chunk", "choices": [{"index": 0, "finish_reason": None, **e}]}
+             for e in events]
+    lines.append({"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+                  "timings": TIMINGS})
+    return "".join(f"data: {json.dumps(e)}\n\n" for e in lines) + "data: [DONE]\n\n"
+
+
+STATIC = Path(__file__).parents[2] / "llamactx" / "server" / "static"
+CANNED_ORIGIN = "http://llamactx.test"
+MIME = {".html": "text/html", ".js": "text/javascript", ".css": "text/css"}
+
+
+def answer_cannedly(page: Page, thought: list[str], answer: list[str]) -> list[dict]:
+    """Serves the page at CANNED_ORIGIN from the files the server serves (llamactx/server/static/, routed in the
+    browser: no model to load), a model in /v1/models, and a canned stream to every chat request; returns the list
+    the request bodies are put in."""
+    sent: list[dict] = []
+
+    def serve(route):
+        path = route.request.url[len(CANNED_ORIGIN):].split("?")[0]
+        if path == "/v1/chat/completions":
+            sent.append(route.request.post_data_json)
+            route.fulfill(status=200, headers={"Content-Type": "text/event-stream"}, body=canned_sse(thought, answer))
+        elif path == "/v1/models":
+            route.fulfill(status=200, json={"object": "list", "data": [{"id": "canned", "object": "model"}]})
+        else:
+            file = STATIC / ("index.html" if path == "/" else path.removeprefix("/static/"))
+            route.fulfill(status=200, headers={"Content-Type": MIME[file.suffix]}, body=file.read_bytes())
+
+    page.route(f"{CANNED_ORIGIN}/**", serve)
+    return sent
+
+
+def check_rendered_answer(answer: Locator) -> None:
+    thinking = answer.locator("details.thinking")
+    expect(thinking).to_be_visible()
+    assert thinking.get_attribute("open") is None  # collapsed
+    expect(thinking.locator(".thinking-text")).to_have_text("".join(THOUGHT))
+    content = answer.locator(".content")
+    assert "Let me think" not in content.text_content()  # apart from the answer
+    expect(content.locator("h1")).to_have_text("Answer")
+    expect(content.locator("strong")).to_have_text("bold")
+    code = content.locator("pre > code.language-python")
+    expect(code).to_have_text('print("<script>")')
+    assert content.locator("pre").get_attribute("data-language") == "python"
+    expect(content.locator("table th")).to_have_text(["a", "b"])
+    expect(content.locator("table td code")).to_have_text("x")
+    links = content.locator("a")
+    expect(links).to_have_count(1)  # the javascript: link stays text
+    assert (links.get_attribute("href"), links.get_attribute("rel")) == ("https://example.com/", "noopener noreferrer")
+    expect(content.locator("li")).to_have_count(3)
+    assert "<script>window.pwned = 1</script>" in content.text_content()  # the model's HTML is text
+    assert "[unsafe](javascript:alert(1))" in content.text_content()
+    expect(answer.locator("script, img, b")).to_have_count(0)
+
+
+def test_thinking_is_shown_apart_and_the_answer_is_rendered_markdown_kept_across_a_reload(page):
+    sent = answer_cannedly(page, THOUGHT, ANSWER)
+    page.goto(CANNED_ORIGIN + "/")
+    expect(page.locator("#conversation-list li")).to_have_count(0)
+    ask(page, "Show me some code.")
+    wait_for_answer(assistant(page))
+    check_rendered_answer(assistant(page))
+    assert answer_text(assistant(page)) == "".join(ANSWER)
+    assert page.evaluate("window.pwned") is None
+    assistant(page).locator("details.thinking summary").click()  # opens on a click
+    expect(assistant(page).locator(".thinking-text")).to_be_visible()
+    expect(page.locator("#conversation-list li")).to_have_text(["Show me some code.×"])
+
+    page.reload()
+    expect(page.locator("#messages .message")).to_have_count(2)
+    expect(page.locator('#messages .message[data-role="user"] .content')).to_have_text("Show me some code.")
+    check_rendered_answer(assistant(page))
+    assert page.evaluate("window.pwned") is None
+    expect(page.locator('#conversation-list li[aria-current="true"]')).to_have_count(1)
+
+    ask(page, "Thanks.")  # the conversation goes on: the answer is sent back, its thinking is not
+    wait_for_answer(assistant(page, 1))
+    assert sent[-1]["messages"] == [{"role": "user", "content": "Show me some code."},
+                                    {"role": "assistant", "content": "".join(ANSWER)},
+                                    {"role": "user", "content": "Thanks."}]
+
+
+def test_conversations_are_started_switched_and_deleted(page):
+    answer_cannedly(page, [], ["An answer without thinking."])
+    page.goto(CANNED_ORIGIN + "/")
+    ask(page, "First conversation")
+    wait_for_answer(assistant(page))
+    expect(assistant(page).locator("details.thinking")).to_be_hidden()
+    page.click("#new-chat")
+    expect(page.locator("#messages .message")).to_have_count(0)
+    ask(page, "Second conversation")
+    wait_for_answer(assistant(page))
+    items = page.locator("#conversation-list li")
+    expect(items.locator("button.open")).to_have_text(["Second conversation", "First conversation"])  # recent first
+
+    items.nth(1).locator("button.open").click()
+    expect(page.locator('#messages .message[data-role="user"] .content')).to_have_text("First conversation")
+    expect(items.nth(1)).to_have_attribute("aria-current", "true")
+    items.nth(0).locator("button.delete").click()  # another one: the one shown stays
+    expect(items.locator("button.open")).to_have_text(["First conversation"])
+    expect(page.locator('#messages .message[data-role="user"] .content')).to_have_text("First conversation")
+
+    page.reload()
+    expect(page.locator('#messages .message[data-role="user"] .content')).to_have_text("First conversation")
+    items.nth(0).locator("button.delete").click()  # the one shown: the page starts a new one
+    expect(page.locator("#conversation-list li")).to_have_count(0)
+    expect(page.locator("#messages .message")).to_have_count(0)
+    page.reload()
+    expect(page.locator("#messages .message")).to_have_count(0)
+    expect(page.locator("#conversation-list li")).to_have_count(0)
+
+
+MARKDOWN_CASES = [  # (Markdown, the HTML markdown.js renders it into)
+    ("a snake_case_name and 2 * 3 * 4", "<p>a snake_case_name and 2 * 3 * 4</p>"),
+    ("*em* _em_ ~~gone~~ `a<b>`", "<p><em>em</em> <em>em</em> <del>gone</del> <code>a&lt;b&gt;</code></p>"),
+    ("line one\nline two", "<p>line one<br>line two</p>"),
+    ("```js\nlet x = 1;",  # a fence not closed yet (the answer is streaming)
+     '<pre data-language="js"><code class="language-js" data-language="js">let x = 1;</code></pre>'),
+    ("3. c\n4. d", '<ol start="3"><li>c</li><li>d</li></ol>'),
+    ("- a\n  - b\n- c", "<ul><li><p>a</p><ul><li>b</li></ul></li><li>c</li></ul>"),
+    ("> quoted *text*", "<blockquote><p>quoted <em>text</em></p></blockquote>"),
+    ("## Title ##\n---", "<h2>Title</h2><hr>"),
+    ("<https://example.com/x>", '<p><a href="https://example.com/x" target="_blank" rel="noopener noreferrer">'
+                                "https://example.com/x</a></p>"),
+    ('[x](javascript:alert(1)) <a href="javascript:1">y</a>',
+     '<p>[x](javascript:alert(1)) &lt;a href="javascript:1"&gt;y&lt;/a&gt;</p>'),
+]
+
+
+def test_markdown_renderer_cases(page):
+    answer_cannedly(page, [], [])
+    page.goto(CANNED_ORIGIN + "/")
+    html = page.evaluate("""(cases) => cases.map((text) => {
+        const box = document.createElement('div');
+        box.append(window.llamactxMarkdown.render(text));
+        return box.innerHTML;
+    })""", [text for text, _ in MARKDOWN_CASES])
+    assert html == [expected for _, expected in MARKDOWN_CASES]

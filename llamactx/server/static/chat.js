@@ -1,11 +1,15 @@
 // llamactx's chat page: a conversation streamed from POST /v1/chat/completions (server-sent events), the model's
-// names from GET /v1/models (one, or a router's many: the list picks the request's "model"), sampling settings and the API key kept in localStorage. Model output is only ever
-// written with textContent, never parsed as HTML.
+// names from GET /v1/models (one, or a router's many: the list picks the request's "model"), sampling settings,
+// the API key and the conversations (list, switch, new, delete) kept in localStorage, so a reload keeps them.
+// The model's thinking (`reasoning_content`) streams into a collapsed block apart from its answer; the answer is
+// rendered as Markdown by markdown.js, which writes the model's text only with text nodes, never parsed as HTML.
 "use strict";
 
 (() => {
   const SETTINGS_KEY = "llamactx.settings";
   const API_KEY_KEY = "llamactx.apiKey";
+  const CONVERSATIONS_KEY = "llamactx.conversations";
+  const TITLE_CHARS = 48;
   // llama-server's defaults (common/common.h common_params_sampling), max_tokens bounded for a chat page
   const DEFAULTS = { temperature: "0.8", top_p: "0.95", top_k: "40", min_p: "0.05", max_tokens: "512", seed: "-1" };
   const MODEL_RETRY_MS = 1000;
@@ -16,11 +20,13 @@
     modelName: $("model-name"), modelSelect: $("model-select"), newChat: $("new-chat"), settings: $("settings"), apiKey: $("api-key"),
     reset: $("reset-settings"), messages: $("messages"), error: $("error"), composer: $("composer"),
     input: $("input"), send: $("send"), stop: $("stop"), template: $("message-template"),
+    conversations: $("conversation-list"),
   };
 
-  // The conversation sent with every request, the running request's controller, and an epoch that "New chat"
-  // bumps so that a request still finishing does not write into the new conversation.
-  const chat = { messages: [], controller: null, epoch: 0, modelLoad: 0, model: null };
+  // The conversation shown (its id, null for a new one not yet sent; its messages, each {role, content} and for
+  // an answer its reasoning_content and stats), the running request's controller, and an epoch that switching
+  // conversation bumps so that a request still finishing does not write into another conversation.
+  const chat = { id: null, messages: [], controller: null, epoch: 0, modelLoad: 0, model: null };
 
   class RequestError extends Error {}
 
@@ -59,6 +65,89 @@
     const values = {};
     for (const name of Object.keys(DEFAULTS)) values[name] = $(name).value;
     writeStorage(SETTINGS_KEY, JSON.stringify(values));
+  }
+
+  // -- conversations ------------------------------------------------------------------------------------------
+
+  /** The stored conversations, most recent first: [{id, title, updated, messages}]. */
+  function loadConversations() {
+    try {
+      const list = JSON.parse(readStorage(CONVERSATIONS_KEY) || "[]");
+      return Array.isArray(list) ? list.filter((c) => c && typeof c.id === "string" && Array.isArray(c.messages)) : [];
+    } catch {
+      return [];
+    }
+  }
+
+  function storeConversations(list) {
+    list.sort((a, b) => (b.updated || 0) - (a.updated || 0));
+    writeStorage(CONVERSATIONS_KEY, JSON.stringify(list));
+  }
+
+  /** Saves the conversation shown (a new one gets its id and title from its first message). */
+  function saveConversation() {
+    if (!chat.messages.length) return;
+    const list = loadConversations();
+    let entry = list.find((c) => c.id === chat.id);
+    if (!entry) {
+      chat.id = `c${Date.now().toString(36)}${Math.random().toString(36).slice(2, 8)}`;
+      const first = chat.messages[0].content.trim().replace(/\s+/g, " ");
+      entry = { id: chat.id, title: first.length > TITLE_CHARS ? `${first.slice(0, TITLE_CHARS)}…` : first };
+      list.push(entry);
+    }
+    entry.messages = chat.messages;
+    entry.updated = Date.now();
+    storeConversations(list);
+    writeStorage(`${CONVERSATIONS_KEY}.current`, chat.id);
+    showConversations();
+  }
+
+  function showConversations() {
+    const list = loadConversations();
+    ui.conversations.replaceChildren(...list.map((c) => {
+      const open = document.createElement("button");
+      open.type = "button";
+      open.className = "open";
+      open.textContent = c.title || "(untitled)";
+      open.addEventListener("click", () => openConversation(c.id));
+      const remove = document.createElement("button");
+      remove.type = "button";
+      remove.className = "delete";
+      remove.textContent = "×";
+      remove.title = "Delete this conversation";
+      remove.setAttribute("aria-label", `Delete conversation: ${c.title}`);
+      remove.addEventListener("click", () => deleteConversation(c.id));
+      const item = document.createElement("li");
+      item.dataset.id = c.id;
+      if (c.id === chat.id) item.setAttribute("aria-current", "true");
+      item.append(open, remove);
+      return item;
+    }));
+  }
+
+  /** Shows conversation `id` (null: a new, empty one); a request still running is stopped. */
+  function openConversation(id) {
+    if (chat.controller) chat.controller.abort();
+    chat.epoch++;
+    setRunning(null);
+    const entry = id === null ? null : loadConversations().find((c) => c.id === id);
+    chat.id = entry ? entry.id : null;
+    chat.messages = entry ? entry.messages : [];
+    ui.messages.replaceChildren();
+    for (const m of chat.messages) {
+      const article = addMessage(m.role, m.content, m.reasoning_content);
+      if (m.stats) article.querySelector(".stats").textContent = m.stats;
+    }
+    writeStorage(`${CONVERSATIONS_KEY}.current`, chat.id || "");
+    clearError();
+    showConversations();
+    ui.input.focus();
+  }
+
+  function deleteConversation(id) {
+    storeConversations(loadConversations().filter((c) => c.id !== id));
+    if (id === chat.id) openConversation(null);
+    else showConversations();
   }
 
   /** The request's sampling fields; an empty field is left to the server's default. */
@@ -165,14 +254,31 @@
 
   // -- the conversation view ----------------------------------------------------------------------------------
 
-  function addMessage(role, text) {
+  /** A message of the conversation view: a user's as text, an answer as Markdown with its thinking apart. */
+  function addMessage(role, text, reasoning) {
     const article = ui.template.content.firstElementChild.cloneNode(true);
     article.dataset.role = role;
     article.querySelector(".role").textContent = role === "user" ? "You" : "Assistant";
-    article.querySelector(".content").textContent = text;
+    if (role === "user") {
+      article.querySelector(".thinking").remove();
+      article.querySelector(".content").textContent = text;
+    } else {
+      showAnswer(article, text, reasoning || "");
+    }
     ui.messages.append(article);
     scrollToEnd(true);
     return article;
+  }
+
+  /** Writes an answer (Markdown) and its thinking into `article`; the raw text stays in data-raw. */
+  function showAnswer(article, text, reasoning) {
+    const content = article.querySelector(".content");
+    content.classList.add("markdown");
+    content.dataset.raw = text;
+    content.replaceChildren(window.llamactxMarkdown.render(text));
+    const thinking = article.querySelector(".thinking");
+    thinking.hidden = !reasoning;
+    thinking.querySelector(".thinking-text").textContent = reasoning;
   }
 
   function scrollToEnd(force) {
@@ -226,10 +332,15 @@
     }
   }
 
-  /** Streams one answer into `article`; returns {answer, timings, finishReason, stopped, error}. */
+  /** Streams one answer into `article`; returns {answer, reasoning, timings, finishReason, stopped, error}. */
   async function streamAnswer(messages, params, controller, article) {
-    const content = article.querySelector(".content");
-    const out = { answer: "", timings: null, finishReason: null, stopped: false, error: null };
+    const out = { answer: "", reasoning: "", timings: null, finishReason: null, stopped: false, error: null };
+    let frame = null; // one re-render per animation frame, however many deltas arrive
+    const show = () => {
+      frame = null;
+      showAnswer(article, out.answer, out.reasoning);
+      scrollToEnd(false);
+    };
     try {
       const res = await fetch("/v1/chat/completions", {
         method: "POST",
@@ -242,12 +353,10 @@
       for await (const event of sseEvents(res.body)) {
         if (event.error) throw new RequestError(`Error ${event.error.code}: ${event.error.message}`);
         const choice = event.choices && event.choices[0];
-        const piece = choice && choice.delta && choice.delta.content;
-        if (piece) {
-          out.answer += piece;
-          content.textContent = out.answer;
-          scrollToEnd(false);
-        }
+        const delta = (choice && choice.delta) || {};
+        if (delta.reasoning_content) out.reasoning += delta.reasoning_content;
+        if (delta.content) out.answer += delta.content;
+        if ((delta.content || delta.reasoning_content) && frame === null) frame = requestAnimationFrame(show);
         if (choice && choice.finish_reason) out.finishReason = choice.finish_reason;
         if (event.timings) out.timings = event.timings;
       }
@@ -255,6 +364,8 @@
       if (e.name === "AbortError") out.stopped = true;
       else out.error = e instanceof RequestError ? e.message : `The request failed: ${e.message}`;
     }
+    if (frame !== null) cancelAnimationFrame(frame);
+    showAnswer(article, out.answer, out.reasoning);
     return out;
   }
 
@@ -271,6 +382,7 @@
     clearError();
     const epoch = chat.epoch;
     const messages = [...chat.messages, { role: "user", content: text }];
+    const sent = messages.map((m) => ({ role: m.role, content: m.content })); // the thinking is not sent back
     const userArticle = addMessage("user", text);
     const article = addMessage("assistant", "");
     article.setAttribute("aria-busy", "true");
@@ -278,33 +390,30 @@
     const controller = new AbortController();
     setRunning(controller);
 
-    const out = await streamAnswer(messages, params, controller, article);
+    const out = await streamAnswer(sent, params, controller, article);
 
     if (epoch !== chat.epoch) return; // "New chat" was pressed meanwhile: this answer belongs to no conversation
     setRunning(null);
     article.removeAttribute("aria-busy");
     if (out.error) showError(out.error);
-    if (!out.answer && (out.error || out.stopped)) {
+    if (!out.answer && !out.reasoning && (out.error || out.stopped)) {
       // nothing came back: take the turn back so that it can be sent again
       userArticle.remove();
       article.remove();
       if (!ui.input.value) ui.input.value = text;
     } else {
-      chat.messages = [...messages, { role: "assistant", content: out.answer }];
       const stats = out.stopped ? "stopped: partial answer kept" : formatStats(out.timings, out.finishReason);
       article.querySelector(".stats").textContent = stats;
+      const answer = { role: "assistant", content: out.answer, stats };
+      if (out.reasoning) answer.reasoning_content = out.reasoning;
+      chat.messages = [...messages, answer];
+      saveConversation();
     }
     ui.input.focus();
   }
 
   function newChat() {
-    if (chat.controller) chat.controller.abort();
-    chat.epoch++;
-    chat.messages = [];
-    setRunning(null);
-    ui.messages.replaceChildren();
-    clearError();
-    ui.input.focus();
+    openConversation(null);
   }
 
   // -- wiring -------------------------------------------------------------------------------------------------
@@ -342,5 +451,5 @@
   ui.stop.addEventListener("click", () => chat.controller && chat.controller.abort());
   ui.newChat.addEventListener("click", newChat);
   loadModelName();
-  ui.input.focus();
+  openConversation(readStorage(`${CONVERSATIONS_KEY}.current`) || null);
 })();
