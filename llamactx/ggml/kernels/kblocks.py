@@ -23,7 +23,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from llamactx.ggml.kernels.simd import ptr2d
+from llamactx.ggml.kernels.simd import load_f16, ptr2d
 
 Q4K_BYTES, Q4K_D, Q4K_DMIN, Q4K_SCALES, Q4K_QS = 144, 0, 2, 4, 16
 Q6K_BYTES, Q6K_QL, Q6K_QH, Q6K_SCALES, Q6K_D = 210, 0, 128, 192, 208
@@ -70,3 +70,47 @@ def q4k_blocks(qs):
 def q6k_blocks(qs):
     """Super-blocks per row of a Q6_K matrix in this layout."""
     return qs.shape[1] // Q6K_BYTES
+
+
+# --- embedding lookup (ggml_get_rows) of a table in this layout -------------------------------------------------
+
+
+@njit(cache=True)
+def rows_q4_k(qs, ids, out):
+    """out[i] = row ids[i] of a Q4_K matrix in this layout, dequantized as ggml-quants.c dequantize_row_q4_K (and
+    llamactx.gguf.quants_k): (d * sc) * q - dmin * m, where only the subtraction rounds. out (n, nb*256) f32."""
+    for i in range(ids.shape[0]):
+        r = ids[i]
+        for b in range(q4k_blocks(qs)):
+            o = b * Q4K_BYTES
+            d, dmin = load_f16(qs, r, o + Q4K_D), load_f16(qs, r, o + Q4K_DMIN)
+            sc, mn = q4k_scales(qs, r, b)
+            for c in range(4):
+                dl0, ml0 = d * np.float32(byte_of(sc, 2 * c)), dmin * np.float32(byte_of(mn, 2 * c))
+                dl1, ml1 = d * np.float32(byte_of(sc, 2 * c + 1)), dmin * np.float32(byte_of(mn, 2 * c + 1))
+                for e in range(32):
+                    q = qs[r, o + Q4K_QS + 32 * c + e]
+                    out[i, b * 256 + 64 * c + e] = np.float32(q & 15) * dl0 - ml0
+                    out[i, b * 256 + 64 * c + 32 + e] = np.float32(q >> 4) * dl1 - ml1
+
+
+@njit(cache=True)
+def rows_q6_k(qs, ids, out):
+    """out[i] = row ids[i] of a Q6_K matrix in this layout, dequantized as dequantize_row_q6_K in gguf-py's order:
+    (d * sc) * (q - 32), the second product rounding. out (n, nb*256) f32."""
+    for i in range(ids.shape[0]):
+        r = ids[i]
+        for b in range(q6k_blocks(qs)):
+            o = b * Q6K_BYTES
+            d = load_f16(qs, r, o + Q6K_D)
+            for h in range(2):
+                for t in range(4):  # quarter t: elements 128h + 32t .. +31
+                    lo = qs[r, o + Q6K_QL + 64 * h + 32 * (t % 2) : o + Q6K_QL + 64 * h + 32 * (t % 2) + 32]
+                    hb = qs[r, o + Q6K_QH + 32 * h : o + Q6K_QH + 32 * h + 32]
+                    base = b * 256 + 128 * h + 32 * t
+                    for e in range(32):
+                        v, h2 = np.int32(lo[e]), np.int32(hb[e])
+                        nib = (v >> 4) if t >= 2 else (v & 15)
+                        q = (nib | (((h2 >> (2 * t)) & 3) << 4)) - 32
+                        s = np.int8(qs[r, o + Q6K_SCALES + (128 * h + 32 * t + e) // 16])
+                        out[i, base + e] = (d * np.float32(s)) * np.float32(q)
