@@ -142,6 +142,10 @@ class Ops(Protocol):
     def matmuls(self, x: np.ndarray, weights) -> list[np.ndarray]:
         """`matmul` of one input by several weights (Q, K, V; gate, up), each output with its own bits."""
 
+    def matmul_heads(self, x: np.ndarray, weight) -> np.ndarray:
+        """ggml_mul_mat of a 3-D weight (ne0, ne1, n_head), each head's rows times its own matrix (deepseek2's
+        absorbed attn_k_b / attn_v_b). (n, n_head, ne0) -> (n, n_head, ne1)"""
+
     # -- mixture of experts ---------------------------------------------------------------------------------------
 
     def moe_route(self, logits: np.ndarray, n_expert_used: int, gating: str, norm_w: bool, w_scale: float,

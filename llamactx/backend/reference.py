@@ -132,6 +132,12 @@ class ReferenceOps:
         # the other types' kernel depends on the row count (repacked gemm, tiled, tinyBLAS): one row at a time
         return np.concatenate([self.matmul(x[i : i + 1], weight) for i in range(x.shape[0])])
 
+    def matmul_heads(self, x: np.ndarray, weight) -> np.ndarray:
+        """ggml_mul_mat of a 3-D weight (ne0, ne1, n_head) by x (n, n_head, ne0): one 2-D product per head, as
+        ggml_compute_forward_mul_mat runs them (deepseek2's attn_k_b / attn_v_b). -> (n, n_head, ne1)"""
+        return np.stack([self.matmul(np.ascontiguousarray(x[:, h]), expert(weight, h))
+                         for h in range(x.shape[1])], axis=1)
+
     # -- mixture of experts (llamactx.ggml.moe) -----------------------------------------------------------------
 
     @staticmethod

@@ -5,7 +5,8 @@ record `ggml_tensor` nodes; ggml-alloc places them in one buffer and ggml-cpu's 
 thread pool, and an unchanged ubatch shape reuses the graph (`llm_graph_result::can_reuse`). `Graph` plays ggml.c's
 part: it implements the ops interface the forward passes call (llamactx/backend/ops.py; the same as `ReferenceOps`),
 an op without an executor node raising GraphUnsupported, and its `Tensor`s support the
-few numpy operations they use (+, * by a scalar or a per-row factor, / of the same shape, reshape, rows by index),
+few numpy operations they use (+, * by a scalar or a per-row factor, / of the same shape, reshape, rows by index,
+columns, copy, np.concatenate; converting one to an array raises GraphUnsupported naming the node),
 so `models/*.py` build a graph with the code that computes eagerly on other ops. llamactx.ggml.kernels.compute
 plans and runs it.
 """
@@ -18,7 +19,7 @@ import numpy as np
 
 from llamactx.errors import LlamactxError
 from llamactx.ggml.inputs import RopeParams
-from llamactx.ggml.moe import stacked
+from llamactx.ggml.moe import expert, stacked
 
 
 class GraphUnsupported(LlamactxError, NotImplementedError):
@@ -55,6 +56,28 @@ class Tensor:
 
     def __len__(self) -> int:
         return self.shape[0]
+
+    __array_ufunc__ = None  # array + tensor: numpy defers to Tensor.__radd__ instead of converting the tensor
+
+    def __array__(self, *args, **kwargs):
+        """A graph tensor has no values while recording: model code that converts one to numpy (np.asarray,
+        np.ascontiguousarray, ...) cannot be recorded, and says where."""
+        raise GraphUnsupported(f"numpy conversion of a graph tensor ({self.op} node, shape {self.shape})")
+
+    def __array_function__(self, func, types, args, kwargs):
+        """numpy functions over graph tensors: np.concatenate of two along the last axis (ggml_concat), nothing
+        else."""
+        if func is np.concatenate:
+            seq, axis = args[0], kwargs.get("axis", args[1] if len(args) > 1 else 0)
+            if len(seq) == 2 and all(isinstance(t, Tensor) for t in seq) and axis in (-1, len(seq[0].shape) - 1):
+                return self.graph.concat(seq[0], seq[1])
+        raise GraphUnsupported(f"numpy.{func.__name__} of a graph tensor ({self.op} node, shape {self.shape})")
+
+    def copy(self) -> Tensor:
+        """A contiguous copy (ggml_cont): the tensor itself where it owns its storage."""
+        if self.base is None:
+            return self
+        return self.graph.node("cont", (self,), self.shape, (1, 0, 0))
 
     def reshape(self, *shape: int) -> Tensor:
         """The same rows seen with other trailing dimensions: (n, a * b) <-> (n, a, b); -1 allowed once."""
@@ -95,6 +118,9 @@ class Tensor:
     def __getitem__(self, ids) -> Tensor:
         if isinstance(ids, tuple) and len(ids) == 2 and ids[0] == slice(None) and isinstance(ids[1], slice):
             return self._columns(ids[1])
+        if (isinstance(ids, tuple) and len(ids) == 3 and len(self.shape) == 3 and ids[:2] == (slice(None),) * 2
+                and isinstance(ids[2], slice)):
+            return self._head_columns(ids[2])
         if not (isinstance(ids, Tensor) and ids.op == "input" and ids.params[0] == "out_ids"):
             raise GraphUnsupported("indexing other than rows by the output ids")
         return self.graph.node("select", (self, ids), (ids.rows, *self.shape[1:]))
@@ -106,6 +132,15 @@ class Tensor:
         if len(self.shape) != 2 or step != 1 or stop <= start:
             raise GraphUnsupported(f"columns {cols} of a {self.shape} tensor")
         return self.graph.view(self, (self.rows, stop - start), start)
+
+    def _head_columns(self, cols: slice) -> Tensor:
+        """x[:, :, a:b] of a (n, n_head, d) tensor, copied (ggml_cont of a ggml_view_3d: deepseek2's q_nope /
+        q_pe). -> (n, n_head, b - a)"""
+        n, n_head, d = self.shape
+        start, stop, step = cols.indices(d)
+        if step != 1 or stop <= start:
+            raise GraphUnsupported(f"columns {cols} of each head of a {self.shape} tensor")
+        return self.graph.node("cont", (self,), (n, n_head, stop - start), (n_head, d, start))
 
 
 class Graph:
@@ -233,12 +268,16 @@ class Graph:
                   probs_b=None, groups: tuple[int, int] = (0, 0)) -> tuple[Tensor, Tensor]:
         """One node of (n, 2k): each token's k experts (as floats, exact below 2^24) then their weights; the two
         halves are returned as views, (selected, weights), as the eager ops return them."""
-        if gating != "softmax":
+        if gating not in ("softmax", "sigmoid"):
             raise GraphUnsupported(f"{gating} gating")
-        if probs_b is not None or groups[0] > 1:
-            raise GraphUnsupported("an expert selection bias or expert groups")
         k = int(n_expert_used)
-        route = self.node("moe_route", (logits,), (logits.rows, 2 * k), (k, bool(norm_w), np.float32(w_scale)))
+        if gating == "softmax" and probs_b is None and groups[0] <= 1:
+            route = self.node("moe_route", (logits,), (logits.rows, 2 * k), (k, bool(norm_w), np.float32(w_scale)))
+        else:  # DeepSeek-V3's: sigmoid, the selection bias, expert groups (ggml.moe.route_row_biased)
+            bias = self.vector(np.zeros(0, np.float32) if probs_b is None else probs_b)
+            route = self.node("moe_route_sel", (logits,), (logits.rows, 2 * k),
+                              (k, bool(norm_w), np.float32(w_scale), gating == "sigmoid", bias,
+                               max(int(groups[0]), 1), int(groups[1])))
         return self.view(route, (route.rows, k), 0), self.view(route, (route.rows, k), k)
 
     def matmul_id(self, x: Tensor, weight, selected: Tensor) -> Tensor:
@@ -252,6 +291,24 @@ class Graph:
         self.weights.append((stacked(weight),))
         return self.node("mul_mat_id", (x, selected.storage), (x.rows, k, ne1),
                          (len(self.weights) - 1, k, len(x.shape) == 2, ne0))
+
+    def matmul_heads(self, x: Tensor, weight) -> Tensor:
+        """ggml_mul_mat of a 3-D weight (ne0, ne1, n_head): one node, each head's rows times its own matrix (the
+        WeightTable holds one entry per head). (n, n_head, ne0) -> (n, n_head, ne1)"""
+        n, n_head, ne0 = x.shape
+        if int(weight.shape[2]) != n_head or int(weight.shape[0]) != ne0:
+            raise ValueError(f"matmul_heads: weight {weight.shape} for {x.shape}")
+        heads = tuple(expert(weight, h) for h in range(n_head))
+        if not all(self._supports(w) for w in heads):
+            raise GraphUnsupported(f"no executor matmul for {weight.name!r}")
+        self.weights.append(heads)
+        return self.node("mul_mat_heads", (x,), (n, n_head, int(weight.shape[1])), (len(self.weights) - 1,))
+
+    def concat(self, a: Tensor, b: Tensor) -> Tensor:
+        """ggml_concat along the last dimension: (n, [h,] da), (n, [h,] db) -> (n, [h,] da + db)"""
+        if a.shape[:-1] != b.shape[:-1] or len(a.shape) not in (2, 3):
+            raise GraphUnsupported(f"concat of {a.shape} and {b.shape}")
+        return self.node("concat", (a, b), (*a.shape[:-1], a.shape[-1] + b.shape[-1]))
 
     def moe_sum(self, experts: Tensor, weights: Tensor) -> Tensor:
         """The experts' outputs times their weights, added slot by slot. (n, k, n_embd) -> (n, n_embd)"""

@@ -251,6 +251,65 @@ def route_row(logits, k, norm_w, w_scale, probs, idx, out):  # pragma: no cover 
         out[k + j] = w
 
 
+@numba.njit(cache=True)
+def route_row_biased(logits, k, sigmoid, probs_b, n_groups, n_group_used, norm_w, w_scale, probs, sel, idx,
+                     out):  # pragma: no cover - compiled
+    """DeepSeek-V3's router of one token, compiled (the graph executor's MOE_ROUTE_SEL): probabilities by softmax
+    or sigmoid, the choice made on them plus the selection bias `probs_b` (n_expert,) (an empty array: none)
+    among the experts of the n_group_used best groups (n_groups > 1), as ReferenceOps.moe_route computes it
+    (sigmoid_rows, group_mask, argsort_desc, norm_weights). out[:k] the experts (as floats), out[k:2k] their
+    weights; probs, sel: scratch of n_expert floats, idx of n_expert int32."""
+    n_expert = logits.shape[0]
+    if sigmoid:
+        _sigmoid(logits, probs)
+    else:
+        buf = np.empty(16, np.float32)
+        _soft_max_row(logits, probs, buf)
+    for j in range(n_expert):
+        sel[j] = probs[j] + probs_b[j] if probs_b.shape[0] else probs[j]
+    if n_groups > 1:
+        _mask_groups(sel, n_groups, n_group_used)
+    for j in range(n_expert):
+        idx[j] = j
+    _std_sort_desc(sel, idx)
+    s = 0.0
+    for j in range(k):
+        s += np.float64(probs[idx[j]])
+    s32 = max(_F32(s), _F32(6.103515625e-5))
+    for j in range(k):
+        w = probs[idx[j]]
+        if norm_w:
+            w = w / s32
+        if w_scale != 0.0 and w_scale != 1.0:
+            w = w * w_scale
+        out[j] = _F32(idx[j])
+        out[k + j] = w
+
+
+@numba.njit(cache=True)
+def _mask_groups(sel, n_groups, n_group_used):  # pragma: no cover - compiled
+    """group_mask of one row, in place: the experts outside the n_group_used groups of best top-2 sum -> -inf."""
+    per = sel.shape[0] // n_groups
+    scores = np.empty(n_groups, np.float32)
+    gidx = np.empty(per, np.int32)
+    for g in range(n_groups):
+        for j in range(per):
+            gidx[j] = j
+        _std_sort_desc(sel[g * per : (g + 1) * per], gidx)
+        scores[g] = _F32(np.float64(sel[g * per + gidx[0]]) + np.float64(sel[g * per + gidx[1]]))
+    order = np.empty(n_groups, np.int32)
+    for g in range(n_groups):
+        order[g] = g
+    _std_sort_desc(scores, order)
+    keep = np.zeros(n_groups, np.bool_)
+    for g in range(n_group_used):
+        keep[order[g]] = True
+    for g in range(n_groups):
+        if not keep[g]:
+            for j in range(per):
+                sel[g * per + j] = -np.inf
+
+
 def argsort_desc(x: np.ndarray, k: int | None = None) -> np.ndarray:
     """ggml_argsort_top_k(x, k) (ggml_argsort, descending, its first k columns), ties in llama.cpp's order.
     (n, m) float32 -> (n, k) int32"""

@@ -21,7 +21,6 @@ import numpy as np
 from llamactx.backend.ops import GraphParams
 from llamactx.ggml.inputs import ROPE_TYPE_NORM
 from llamactx.ggml.libm import libm as ggml_libm
-from llamactx.ggml.moe import expert
 from llamactx.hparams import HParams, HParamsError, Meta
 from llamactx.models.graph_inputs import AttentionInput, ForwardResult, RopeConfig
 from llamactx.models.llama import output_weight_name
@@ -184,13 +183,6 @@ def kq_scale(hp: HParams, rope: RopeConfig) -> float:
     return float(_F32(mscale * mscale) / np.sqrt(_F32(hp.n_embd_head_k_mla)))
 
 
-def per_head(ops, x: np.ndarray, weight) -> np.ndarray:
-    """ggml_mul_mat of a 3-D weight (ne0, ne1, n_head) with x (n, n_head, ne0): each head's rows times its own
-    matrix, as ggml_compute_forward_mul_mat runs one 2-D product per head. -> (n, n_head, ne1)"""
-    return np.stack([ops.matmul(np.ascontiguousarray(x[:, h]), expert(weight, h))
-                     for h in range(x.shape[1])], axis=1)
-
-
 def mla_attention(model, ops, cur: np.ndarray, b: str, il: int, pos: np.ndarray, attn: AttentionInput,
                   rope: RopeConfig, scale: float) -> np.ndarray:
     """deepseek2's self-attention with the absorption optimization. cur (n, n_embd) -> (n, n_embd)"""
@@ -206,14 +198,14 @@ def mla_attention(model, ops, cur: np.ndarray, b: str, il: int, pos: np.ndarray,
     q = q.reshape(n, hp.n_head, hp.n_embd_head_k_mla)
     kv_cmpr_pe = ops.matmul(cur, w(b + "attn_kv_a_mqa.weight"))  # (n, kv_lora_rank + n_rot)
     rp = rope.for_layer(False)
-    k_pe = ops.rope(np.ascontiguousarray(kv_cmpr_pe[:, n_rank:]).reshape(n, 1, hp.n_rot), pos, rp)  # (n, 1, n_rot)
-    kv_cmpr = ops.rms_norm(np.ascontiguousarray(kv_cmpr_pe[:, :n_rank]), t[b + "attn_kv_a_norm.weight"], eps)
-    q_pe = ops.rope(np.ascontiguousarray(q[:, :, n_nope:]), pos, rp)  # (n, n_head, n_rot)
-    q_absorbed = per_head(ops, q[:, :, :n_nope], w(b + "attn_k_b.weight"))  # (n, n_head, kv_lora_rank)
+    k_pe = ops.rope(kv_cmpr_pe[:, n_rank:].copy().reshape(n, 1, hp.n_rot), pos, rp)  # (n, 1, n_rot)
+    kv_cmpr = ops.rms_norm(kv_cmpr_pe[:, :n_rank].copy(), t[b + "attn_kv_a_norm.weight"], eps)  # (n, rank)
+    q_pe = ops.rope(q[:, :, n_nope:].copy(), pos, rp)  # (n, n_head, n_rot)
+    q_absorbed = ops.matmul_heads(q[:, :, :n_nope].copy(), w(b + "attn_k_b.weight"))  # (n, n_head, kv_lora_rank)
     q_cur = np.concatenate([q_absorbed, q_pe], axis=2)  # (n, n_head, kv_lora_rank + n_rot)
     k_cur = np.concatenate([kv_cmpr, k_pe.reshape(n, hp.n_rot)], axis=1).reshape(n, 1, -1)  # (n, 1, rank + n_rot)
     kqv = attn(il, q_cur, k_cur, kv_cmpr.reshape(n, 1, n_rank), scale)  # (n, n_head * kv_lora_rank)
-    out = per_head(ops, kqv.reshape(n, hp.n_head, n_rank), w(b + "attn_v_b.weight"))  # (n, n_head, v_mla)
+    out = ops.matmul_heads(kqv.reshape(n, hp.n_head, n_rank), w(b + "attn_v_b.weight"))  # (n, n_head, v_mla)
     return ops.matmul(out.reshape(n, -1), w(b + "attn_output.weight"))  # (n, n_embd)
 
 
@@ -235,9 +227,8 @@ def ffn(model, ops, cur: np.ndarray, il: int) -> np.ndarray:
 
 
 def build(ops, params: GraphParams) -> ForwardResult:
-    """The graph of one ubatch (llama_model_deepseek2::graph), computed by `ops` as it is built: the compiled
-    graph has no per-head matmul of a 3-D weight (recording it raises GraphUnsupported), so FastOps runs it op by
-    op."""
+    """The graph of one ubatch (llama_model_deepseek2::graph): computed by `ops` as it is built, or recorded
+    (the compiled graph has the per-head matmuls, the head slices and the concatenations MLA needs)."""
     model, token, embd, pos = params.model, params.token, params.embd, params.pos
     attn, rope, out_ids, want_logits = params.inp, params.rope, params.out_ids, params.want_logits
     hp = model.hparams

@@ -80,9 +80,8 @@ def refused_tensors(hp: HParams) -> dict[str, str]:
 
 
 def build(ops, params: GraphParams) -> ForwardResult:
-    """The graph of one ubatch (llama_model_glm4_moe::graph), computed by `ops` as it is built: the compiled
-    graph has no sigmoid router with a selection bias (Graph.moe_route raises GraphUnsupported), so FastOps runs
-    it op by op."""
+    """The graph of one ubatch (llama_model_glm4_moe::graph): computed by `ops` as it is built, or recorded (the
+    compiled graph's MOE_ROUTE_SEL runs the sigmoid router with its selection bias)."""
     model, token, embd, pos = params.model, params.token, params.embd, params.pos
     attn, rope, out_ids, want_logits = params.inp, params.rope, params.out_ids, params.want_logits
     hp = model.hparams

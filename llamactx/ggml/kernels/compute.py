@@ -45,7 +45,7 @@ from llamactx.ggml.kernels.matmul import (
 )
 from llamactx.ggml.kernels.repack import units
 from llamactx.ggml.kernels.simd import PORTABLE, VNNI, TagType
-from llamactx.ggml.moe import route_row
+from llamactx.ggml.moe import route_row, route_row_biased
 from llamactx.ggml.ssm import silu_rows
 from llamactx.ggml.vecdot import matmul_float_rows
 from llamactx.gguf.quants_iq import KVALUES_IQ4NL, KVALUES_MXFP4
@@ -57,6 +57,9 @@ _OPS = {"get_rows": GET_ROWS, "rms_norm": RMS_NORM, "mul_mat": MUL_MAT, "add": A
         "scale": SCALE, "rope": ROPE, "swiglu": SWIGLU, "geglu": GEGLU, "attn": ATTN, "select": SELECT,
         "moe_route": MOE_ROUTE, "mul_mat_id": MUL_MAT_ID, "moe_sum": MOE_SUM, "silu": SILU, "div": DIV,
         "mul_col": MUL_COL}
+CONT, CONCAT, MUL_MAT_HEADS = 40, 41, 42  # deepseek2's MLA: head slices, concatenations, per-head matmuls
+MOE_ROUTE_SEL = 43  # DeepSeek-V3's router: sigmoid, selection bias, expert groups (deepseek2, glm4moe)
+_OPS.update({"cont": CONT, "concat": CONCAT, "mul_mat_heads": MUL_MAT_HEADS, "moe_route_sel": MOE_ROUTE_SEL})
 # buffers
 ARENA, OUT_LOGITS, OUT_EMBD, IN_EMBD = range(4)
 # program columns: op, destination (buffer, offset, row stride), rows, cols, sources a, b, c, params
@@ -307,6 +310,25 @@ def _encode(row, frow, t: Tensor, place, vec_offsets, weight_index, kernel_order
     elif t.op == "rope":
         rp = t.graph.ropes[p[0]]
         row[P0], row[P1], row[P2], row[P3], row[P4] = p[0], t.shape[1], t.shape[2], rp.n_rot, rp.mode == ROPE_TYPE_NEOX
+    elif t.op == "moe_route_sel":  # P1: norm_w, sigmoid, the groups used and the groups, as bit fields
+        k, norm_w, w_scale, sigmoid, bias, n_groups, n_group_used = p
+        if n_groups >= 1 << 20 or n_group_used >= 1 << 10:
+            raise GraphUnsupported(f"{n_groups} expert groups")
+        row[P0], row[P2], frow[0] = k, t.src[0].cols, w_scale
+        row[P1] = int(norm_w) | int(sigmoid) << 1 | n_group_used << 2 | n_groups << 12
+        row[P3], row[P4] = vec_offsets[bias], t.graph.vectors[bias].size
+    elif t.op == "cont":  # P0 heads of P1 columns each, columns P2.. of each copied
+        row[P0], row[P1], row[P2] = p
+    elif t.op == "concat":
+        a, b = t.src
+        row[P0] = 1 if len(t.shape) == 2 else t.shape[1]
+        row[P1], row[P2] = a.shape[-1], b.shape[-1]
+    elif t.op == "mul_mat_heads":
+        ws = t.graph.weights[p[0]]
+        first = weight_index(ws[:1])
+        if ws[0].ggml_type in (F32, BF16) or any(weight_index((w,)) != first + h for h, w in enumerate(ws)):
+            raise GraphUnsupported(f"per-head matmul of {ws[0].name!r}")
+        row[P0], row[P1], row[P2], row[P3] = first, bool(kernel_order(ws[0])), len(ws), t.src[0].shape[2]
     elif t.op == "attn":
         q = t.src[0]
         if q.col0 or row[AL] != q.cols:
@@ -461,6 +483,69 @@ def _moe_sum_node(a, ao, al, route, ro, rl, n, k, cols, y, yo, yl):  # pragma: n
 
 
 @njit(cache=True)
+def _route_sel_node(a, ao, al, n, n_expert, k, flags, w_scale, probs_b, y, yo, yl):  # pragma: no cover - compiled
+    """MOE_ROUTE_SEL: each token's experts (as floats) and weights, ggml.moe.route_row_biased."""
+    probs = np.empty(n_expert, np.float32)
+    sel = np.empty(n_expert, np.float32)
+    idx = np.empty(n_expert, np.int32)
+    for r in range(n):
+        route_row_biased(a[ao + r * al : ao + r * al + n_expert], k, flags >> 1 & 1 != 0, probs_b, flags >> 12,
+                         flags >> 2 & 1023, flags & 1 != 0, w_scale, probs, sel, idx,
+                         y[yo + r * yl : yo + r * yl + 2 * k])
+
+
+@njit(cache=True)
+def _cont_node(a, ao, al, n, n_head, hw, start, cols, y, yo, yl):  # pragma: no cover - compiled
+    """CONT: columns start.. of each of n_head heads hw wide (one head of the row: n_head 1, hw 0), copied."""
+    wd = cols // n_head
+    for r in range(n):
+        for h in range(n_head):
+            src, dst = ao + r * al + h * hw + start, yo + r * yl + h * wd
+            y[dst : dst + wd] = a[src : src + wd]
+
+
+@njit(cache=True)
+def _concat_node(a, ao, al, b, bo, bl, n, n_head, da, db, y, yo, yl):  # pragma: no cover - compiled
+    """CONCAT: each head's a then b columns."""
+    for r in range(n):
+        for h in range(n_head):
+            dst = yo + r * yl + h * (da + db)
+            y[dst : dst + da] = a[ao + r * al + h * da : ao + r * al + (h + 1) * da]
+            y[dst + da : dst + da + db] = b[bo + r * bl + h * db : bo + r * bl + (h + 1) * db]
+
+
+@njit(cache=True)
+def _mul_mat_heads_node(path, n_threads, w_meta, w_kind, first, llama_order, n_head, ne0, a, ao, al, n, cols,
+                        y, yo, yl):  # pragma: no cover - compiled
+    """MUL_MAT_HEADS: head h's rows (n, ne0) times WeightTable entry first + h, as its own matmul."""
+    ne1 = cols // n_head
+    xs = np.empty((n, ne0), np.float32)
+    out = np.empty((n, ne1), np.float32)
+    for h in range(n_head):
+        for r in range(n):
+            xs[r] = a[ao + r * al + h * ne0 : ao + r * al + (h + 1) * ne0]
+        i = first + h
+        qs, qh, sc, mn, d, m = _weight(w_meta, i)
+        _matmul(path, n_threads, w_kind[i], llama_order, xs, qs, qh, sc, mn, d, m, out)
+        for r in range(n):
+            y[yo + r * yl + h * ne1 : yo + r * yl + (h + 1) * ne1] = out[r]
+
+
+@njit(cache=True)
+def _latent_values(k, d_v, cells, n_cells):  # pragma: no cover - compiled
+    """An MLA cache's V (no V storage): the first d_v values of the K rows of every cell up to the last one a
+    token sees, contiguous (KVView.v_stored, llama_graph's ggml_view of K in build_attn)."""
+    m = 0
+    for t in range(n_cells.shape[0]):
+        for j in range(n_cells[t]):
+            m = max(m, cells[t, j] + 1)
+    v = np.empty((m, d_v), np.uint16)
+    for c in range(m):
+        v[c] = k[c, :d_v]
+    return v
+
+
+@njit(cache=True)
 def _store_kv(cache, il, cells, x, xo, xl, n, cols):
     """ggml_set_rows: the ubatch's rows rounded to f16 into its cells of layer il (cache: uint16 bits)."""
     for t in range(n):
@@ -513,11 +598,14 @@ def _run(path, prog, fprm, arena, out_logits, out_embd, in_embd, tokens, pos, ou
             else:
                 _store_kv(k_cache, row, kv_cells, b, bo, bl, n, k_cache.shape[2])
                 _store_kv(v_cache, row, kv_cells, c, co, cl, n, v_cache.shape[2])
+                vr = v_cache[row]
+                if v_cache.shape[2] == 0:  # an MLA cache (K only): V is each K row's latent
+                    vr = _latent_values(k_cache[row], cols // n_head, cells, n_cells)
                 if flash:
-                    flash_attend(q, k_cache[row], v_cache[row], n_head, n_head_kv, cells, n_cells, mask_add,
+                    flash_attend(q, k_cache[row], vr, n_head, n_head_kv, cells, n_cells, mask_add,
                                  fprm[s, 0], out, n_threads)
                 else:
-                    attend(q, k_cache[row], v_cache[row], n_head, n_head_kv, cells, n_cells, mask_add, fprm[s, 0],
+                    attend(q, k_cache[row], vr, n_head, n_head_kv, cells, n_cells, mask_add, fprm[s, 0],
                            out, n_threads)
         elif op == RMS_NORM:
             w = vectors[prog[s, P0] : prog[s, P0] + prog[s, P1]]
@@ -575,6 +663,16 @@ def _run(path, prog, fprm, arena, out_logits, out_embd, in_embd, tokens, pos, ou
                              prog[s, P2] >> 1 != 0, prog[s, P3], b, bo, bl, n, k, cols // k, prog[s, P4], y, yo, yl)
         elif op == MOE_SUM:
             _moe_sum_node(a, ao, al, b, bo, bl, n, prog[s, P0], cols, y, yo, yl)
+        elif op == MOE_ROUTE_SEL:
+            _route_sel_node(a, ao, al, n, prog[s, P2], prog[s, P0], prog[s, P1], fprm[s, 0],
+                            vectors[prog[s, P3] : prog[s, P3] + prog[s, P4]], y, yo, yl)
+        elif op == CONT:
+            _cont_node(a, ao, al, n, prog[s, P0], prog[s, P1], prog[s, P2], cols, y, yo, yl)
+        elif op == CONCAT:
+            _concat_node(a, ao, al, b, bo, bl, n, prog[s, P0], prog[s, P1], prog[s, P2], y, yo, yl)
+        elif op == MUL_MAT_HEADS:
+            _mul_mat_heads_node(path, n_threads, w_meta, w_kind, prog[s, P0], prog[s, P1] != 0, prog[s, P2],
+                                prog[s, P3], a, ao, al, n, cols, y, yo, yl)
         elif op == GET_ROWS:
             i = prog[s, P0]
             qs, _, sc, _, dw, _ = _weight(w_meta, i)
