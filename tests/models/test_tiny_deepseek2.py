@@ -160,3 +160,28 @@ def test_yarn_log_multiplier_bit_identical():
     for i, prompt in enumerate(ref["prompts"]):
         got = decode_all(new_ctx(model, ops=ReferenceOps()), prompt["tokens"])
         np.testing.assert_array_equal(got, arrays[f"prompt_{i}"], err_msg=f"{i}")
+
+
+def _compiled_ops(ctx) -> set[str]:
+    """The node kinds of the compiled programs FastOps planned for the context's ubatches (empty: op by op)."""
+    from llamactx.ggml.kernels import compute
+
+    names = {code: name for name, code in compute._OPS.items()}
+    plans = [entry[0] for entry in ctx.ops._plans.values() if entry is not None]
+    return {names[int(code)] for plan in plans for code in plan.prog[:, compute.OP]}
+
+
+@pytest.mark.parametrize("flash_attn", ["disabled", "enabled"])
+def test_forward_runs_as_one_compiled_program(tiny, flash_attn):
+    """FastOps records MLA (per-head matmuls, head slices, concatenations, V read from the K-only cache's latent)
+    and the router (DeepSeek-V3's: MOE_ROUTE_SEL) as one program, for a prompt in ubatches and single-token steps:
+    every row is the op-by-op reference's (with flash attention too, which has no llama.cpp rows here)."""
+    name, model, ref, _ = tiny
+    toks = ref["prompts"][0]["tokens"] + ref["greedy"][:3]
+    ctx = new_ctx(model, flash_attn=flash_attn, n_ubatch=8)
+    eager = new_ctx(model, ops=ReferenceOps(), flash_attn=flash_attn, n_ubatch=8)
+    for lo, hi in ((0, len(toks) - 3), (len(toks) - 3, len(toks) - 2), (len(toks) - 2, len(toks) - 1)):
+        np.testing.assert_array_equal(decode_all(ctx, toks[lo:hi], pos0=lo), decode_all(eager, toks[lo:hi], pos0=lo))
+    kinds = _compiled_ops(ctx)
+    assert {"mul_mat_heads", "cont", "concat", "attn"} <= kinds
+    assert ("moe_route_sel" if name == "deepseek2" else "moe_route") in kinds

@@ -102,3 +102,16 @@ def test_missing_selection_bias_is_refused(tmp_path):
     path = glm4moe(path=tmp_path / "nobias.gguf", drop=("blk.2.exp_probs_b.bias",))
     with pytest.raises(ModelLoadError, match=r"tensor 'blk\.2\.exp_probs_b\.bias' is missing"):
         Model.load(path)
+
+
+def test_forward_runs_as_one_compiled_program(tiny):
+    """The sigmoid router with its selection bias is a node of the compiled program (MOE_ROUTE_SEL): a prompt
+    in ubatches of 8 then a single-token step run compiled, with the llama.cpp logits of the prompt."""
+    from tests.models.test_tiny_deepseek2 import _compiled_ops
+
+    _, model, ref, arrays = tiny
+    toks = ref["prompts"][0]["tokens"]
+    ctx = new_ctx(model, n_ubatch=8)
+    np.testing.assert_array_equal(decode_all(ctx, toks[:-1]), arrays["prompt_0"][:-1])
+    np.testing.assert_array_equal(decode_all(ctx, toks[-1:], pos0=len(toks) - 1), arrays["prompt_0"][-1:])
+    assert {"moe_route_sel", "attn", "mul_mat_id"} <= _compiled_ops(ctx)
