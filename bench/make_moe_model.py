@@ -3,9 +3,11 @@
 About 1.0B parameters in all and ~150M active per token (8 layers of 80 experts, 6 routed per token, each expert a
 1024 -> 512 -> 1024 SwiGLU; SmolLM2's 49152-token vocabulary, tied embeddings), Q8_0 matrices (or Q4_0 with
 --type q4_0): big enough that reading the experts' weights dominates, as in real MoE models on CPUs. The router
-is scaled so that tokens spread over the experts.
+is scaled so that tokens spread over the experts. --type iq2_xxs writes the attention and expert matrices as
+random valid IQ2_XXS blocks (random grid indices, signs and 4-bit scales, d for the same spread; ggml-common.h
+`block_iq2_xxs`) and keeps the embeddings Q8_0: the layout of a 2-bit MoE download, without a quantizer run.
 
-Usage: python bench/make_moe_model.py [OUT.gguf (default /tmp/moe-1b-q8_0.gguf)] [--type q8_0|q4_0]
+Usage: python bench/make_moe_model.py [OUT.gguf (default /tmp/moe-1b-q8_0.gguf)] [--type q8_0|q4_0|iq2_xxs]
 Then: python bench/compare_llamacpp.py -m OUT.gguf   (llama-bench and llamactx bench on the same file)
 """
 
@@ -27,12 +29,23 @@ N_EMBD, N_LAYER, N_HEAD, N_HEAD_KV, HEAD_DIM = 1024, 8, 16, 4, 64
 N_EXPERT, N_EXPERT_USED, N_FF_EXP = 80, 6, 512
 
 
+def _iq2_xxs(shape: tuple[int, ...], scale: float, rng: np.random.Generator) -> np.ndarray:
+    """Random valid IQ2_XXS blocks for a tensor of numpy shape `shape`: (..., rows, k / 256 * 66) uint8. Any bits
+    are a valid block (every index is in the grid); d is set so that the weights' spread is about `scale` (an
+    element is d * (2 ls + 1) / 8 * a grid value of 8, 25 or 43: rms about 53 d with uniform 4-bit ls)."""
+    n_blocks = int(np.prod(shape)) // 256
+    blocks = rng.integers(0, 256, (n_blocks, 66), dtype=np.uint8)
+    d = np.full(n_blocks, scale / 53.0, np.float16)
+    blocks[:, 0:2] = d.view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(*shape[:-1], shape[-1] // 256 * 66)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", nargs="?", default="/tmp/moe-1b-q8_0.gguf")
-    ap.add_argument("--type", choices=("q8_0", "q4_0"), default="q8_0")
+    ap.add_argument("--type", choices=("q8_0", "q4_0", "iq2_xxs"), default="q8_0")
     args = ap.parse_args()
-    kind = T.Q8_0 if args.type == "q8_0" else T.Q4_0
+    kind = {"q8_0": T.Q8_0, "q4_0": T.Q4_0, "iq2_xxs": T.IQ2_XXS}[args.type]
     meta = GGUFFile(smollm2_path()).meta
     rng = np.random.default_rng(0)
     w = gguf.GGUFWriter(args.out, "qwen3moe")
@@ -58,10 +71,14 @@ def main() -> None:
     w.add_expert_count(N_EXPERT)
     w.add_expert_used_count(N_EXPERT_USED)
     w.add_expert_feed_forward_length(N_FF_EXP)
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if kind == T.Q8_0 else gguf.LlamaFileType.MOSTLY_Q4_0)
+    w.add_file_type({T.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0, T.Q4_0: gguf.LlamaFileType.MOSTLY_Q4_0,
+                     T.IQ2_XXS: gguf.LlamaFileType.MOSTLY_IQ2_XXS}[kind])
 
     def put(name: str, shape: tuple[int, ...], scale: float, qkind: T = kind) -> None:
         """A random tensor of numpy shape `shape` (ggml's reversed), quantized."""
+        if qkind == T.IQ2_XXS:
+            w.add_tensor(name, _iq2_xxs(shape, scale, rng), raw_dtype=qkind)
+            return
         data = (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale))
         if qkind == T.F32:
             w.add_tensor(name, data)
@@ -69,7 +86,7 @@ def main() -> None:
         q = gguf.quants.quantize(data, qkind)
         w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=qkind)
 
-    put("token_embd.weight", (n_vocab, N_EMBD), 1.0)
+    put("token_embd.weight", (n_vocab, N_EMBD), 1.0, T.Q8_0 if kind == T.IQ2_XXS else kind)
     put("output_norm.weight", (N_EMBD,), 0.1, T.F32)
     for il in range(N_LAYER):
         b = f"blk.{il}."

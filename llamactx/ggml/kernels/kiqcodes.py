@@ -67,11 +67,16 @@ class _Reads:
         b = self.b
         return b.zext(b.load(b.gep(self.start, [b.sext(b.add(self.off, _c32(k)), _I64)])), _I32)
 
+    def _load(self, k, ty):  # an unaligned little-endian load (x86)
+        b = self.b
+        p = b.gep(self.start, [b.sext(b.add(self.off, _c32(k)), _I64)])
+        return b.load(b.bitcast(p, ty.as_pointer()), align=1)
+
     def u16(self, k):
-        return self.b.or_(self.byte(k), self.b.shl(self.byte(k + 1), _c32(8)))
+        return self.b.zext(self._load(k, ir.IntType(16)), _I32)
 
     def word(self, k):
-        return self.b.or_(self.u16(k), self.b.shl(self.u16(k + 2), _c32(16)))
+        return self._load(k, _I32)
 
 
 def _group_codes(t, context, builder, sig, args):

@@ -56,7 +56,7 @@ def _w16(lo, hi):  # pragma: no cover - compiled
     return np.uint32(lo) | (np.uint32(hi) << 8)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _decode_row(t, blocks, r, wq, sc8, dl, dw):  # pragma: no cover - compiled
     """Row r of `blocks` (rows, nb * type_size) -> its signed codes wq (1, nb * 256) (kiqcodes.iq_codes, a group
     per call), scales sc8 (1, nb * 16) (2 ls + 1 per 16 elements), IQ1's delta dl (1, nb * 64) (+-1 per 4
@@ -109,7 +109,7 @@ def _decode_row(t, blocks, r, wq, sc8, dl, dw):  # pragma: no cover - compiled
                 vstore(wq, 0, c, iq_codes(29, blocks, r, o, ib, _G1S, KSIGNS_IQ2XS))
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _vec_row(path, t, post, wq, sc8, dl, dw, xq, xd, bsums, r, out):  # pragma: no cover - compiled
     """out[:, r] in ggml_vec_dot_iq*_q8_K's order (module docstring), row r decoded in wq / sc8 / dl / dw. The
     groups are written out: `vscales_pair` takes a literal, and a helper taking arrays costs reference counts."""
