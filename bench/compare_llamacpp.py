@@ -11,6 +11,12 @@ Usage: python bench/compare_llamacpp.py [-m smollm2|gemma3|FILE.gguf] [-p 512] [
 llama-bench of `--llama-bench` (llama.cpp built for that CPU, e.g. `-DGGML_NATIVE=OFF -DGGML_AVX2=ON ...`).
 `-d` starts every test from that many tokens in the cache (llama-bench's --n-depth), e.g. `-p 0 -n 32 -d 4096`.
 `--pythonpath` runs ours from another checkout (e.g. a worktree of an earlier commit) for before/after numbers.
+
+The models people run on CPUs, as rows (issue #47): `-m dense-1b` (Llama-3.2-1B's shape, Q4_K_M, 0.80 GB),
+`-m dense-8b` (Llama-3.1-8B's, Q4_K_M, ~4.9 GB: check `free -g` first, delete the file after), `-m dense-4b`
+(Qwen3-4B's), each written once by bench/make_dense_model.py to /tmp/dense-<shape>-q4_k_m.gguf (random weights: only
+the bytes read per token matter). `--roof` adds what fraction of the measured memory roof (bench/membw.py, the
+same threads) each side's tg reaches.
 """
 
 from __future__ import annotations
@@ -47,6 +53,29 @@ def ours(model: str, n_prompt: int, n_gen: int, n_depth: int, threads: int, fa: 
     return float(json.loads(out.stdout)[0]["avg_ts"])
 
 
+DENSE_MODELS = {"dense-1b": "llama-1b", "dense-8b": "llama-8b", "dense-4b": "qwen3-4b"}  # make_dense_model shapes
+
+
+def dense_model(name: str) -> str:
+    """The Q4_K_M file of a DENSE_MODELS row, written by make_dense_model.py unless it is there already."""
+    shape = DENSE_MODELS[name]
+    path = Path(f"/tmp/dense-{shape}-q4_k_m.gguf")
+    if not path.exists():
+        subprocess.run([sys.executable, str(Path(__file__).with_name("make_dense_model.py")), "--shape", shape,
+                        "--type", "q4_k_m", str(path)], check=True)
+    return str(path)
+
+
+def decode_roof(model: str, threads: int) -> tuple[float, float]:
+    """(read GB/s with `threads` threads, the tokens/s roof of `model`) from bench/membw.py."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import numpy as np
+    from membw import bandwidth, model_bytes_per_token
+
+    gbs = bandwidth(np.ones(1 << 28, np.float32), threads, 5)  # 1 GiB, far above the last-level cache
+    return gbs, gbs * 1e9 / model_bytes_per_token(model)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     default_dir = os.environ.get("LLAMACPP", str(Path.home() / ".cache/llamactx-llamacpp"))
@@ -62,6 +91,7 @@ def main() -> None:
                     help="flash attention on both sides (default off; both programs default to on)")
     ap.add_argument("--target", default=None, help="the CPU ours compiles for (NUMBA_CPU_NAME), e.g. haswell")
     ap.add_argument("--llama-bench", default=None, help="llama-bench built for --target (default: DIR/bin's)")
+    ap.add_argument("--roof", action="store_true", help="tg as a fraction of the measured memory roof (membw.py)")
     args = ap.parse_args()
     binary = Path(args.llama_bench) if args.llama_bench else Path(args.llamacpp) / "bin" / "llama-bench"
     if not binary.exists():
@@ -69,7 +99,7 @@ def main() -> None:
 
     from llamactx.embedded import resolve_model_path
 
-    path = str(resolve_model_path(args.model))
+    path = dense_model(args.model) if args.model in DENSE_MODELS else str(resolve_model_path(args.model))
     print(f"{Path(path).name}, {args.threads} threads, {args.repetitions} alternating rounds, "
           f"-fa {args.fa} on both sides" + (f", ours for {args.target}, {binary}" if args.target else ""))
     print("| test | llama.cpp t/s | llamactx t/s | ratio |\n| --- | ---: | ---: | ---: |")
@@ -85,6 +115,10 @@ def main() -> None:
         name = (f"pp{n_prompt}" if n_prompt else f"tg{n_gen}") + (f" @ d{args.n_depth}" if args.n_depth else "")
         print(f"| {name} | {t_ts:.1f} | {o_ts:.1f} | {o_ts / t_ts:.2f}x |")
         sys.stdout.flush()
+        if args.roof and n_gen:
+            gbs, roof = decode_roof(path, args.threads)
+            print(f"memory roof: {gbs:.1f} GB/s with {args.threads} threads -> {roof:.1f} t/s; "
+                  f"llama.cpp at {t_ts / roof:.0%} of it, llamactx at {o_ts / roof:.0%}")
 
 
 if __name__ == "__main__":
