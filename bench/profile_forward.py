@@ -2,7 +2,9 @@
 
 Decodes a prompt, then single tokens (or B sequences' tokens per step with -B), and splits the time of each step:
 - op by op (FastOps with the graph executor off, as every decode ran before it): each ops call is timed, nested
-  calls counted once; "attention" includes storing the ubatch's K/V; "Python" is the rest of `decode`;
+  calls counted once; "attention" includes storing the ubatch's K/V; "recurrent" is ssm_conv, ssm_scan and
+  gated_delta_net (a Gated DeltaNet model also gets a line with the bytes of recurrent state a step reads and
+  writes, and the rate the recurrent ops move them at); "Python" is the rest of `decode`;
 - as a compiled graph (the default where the checkout has one): the plan's run is timed as a whole, then rerun
   with only its matmul rows and with only its attention rows (the program is data: rows of a table), each less
   a run of no rows (binding the inputs); "other ops" = run - matmuls - attention - binding, "Python" = decode -
@@ -32,7 +34,9 @@ from llamactx.embedded import resolve_model_path  # noqa: E402
 
 MATMUL = ("matmul", "matmuls")
 ATTENTION = ("attention_kv", "attention")
-OTHER = ("get_rows", "rms_norm", "rope", "swiglu", "geglu", "softcap")
+RECURRENT = ("ssm_conv", "ssm_scan", "gated_delta_net")
+OTHER = ("get_rows", "rms_norm", "rope", "swiglu", "geglu", "softcap", "l2_norm", "softplus", "sigmoid", "silu",
+         "rope_imrope")
 
 
 class Timer:
@@ -114,7 +118,7 @@ def profile(model, args, graph: bool, clock) -> dict:
     else:
         if hasattr(ops, "compute_graph"):  # op by op: the ReferenceOps behaviour, build computing eagerly
             ops.compute_graph = lambda build, params: build(ops, params)
-        for cats, name in ((MATMUL, "matmul"), (ATTENTION, "attention"), (OTHER, "other")):
+        for cats, name in ((MATMUL, "matmul"), (ATTENTION, "attention"), (RECURRENT, "recurrent"), (OTHER, "other")):
             for meth in cats:
                 if hasattr(ops, meth):
                     setattr(ops, meth, timer.wrap(getattr(ops, meth), name))
@@ -129,6 +133,18 @@ def profile(model, args, graph: bool, clock) -> dict:
 
             compute.GraphPlan.run = orig_run
     return {"total": total, **timer.sums}
+
+
+def recurrent_traffic(model) -> dict | None:
+    """The recurrent state one decode step reads and writes per sequence (kernels.delta_rule), for a model with
+    Gated DeltaNet layers; None for others."""
+    if model.arch not in ("qwen35", "qwen35moe", "qwen3next"):
+        return None
+    try:
+        from llamactx.ggml.kernels.delta_rule import recurrent_traffic as traffic
+    except ImportError:  # a checkout without the kernel
+        return None
+    return traffic(model.hparams)
 
 
 def main() -> None:
@@ -155,12 +171,13 @@ def main() -> None:
     rows = [("op by op", eager)]
     if has_graph:
         g = profile(model, args, True, clock)
-        rows.append(("graph", g))
+        if "program" in g:  # else the model never ran as a compiled graph: op by op again
+            rows.append(("graph", g))
     n_tok = args.n_gen * args.B
     print(f"{Path(model.path).name}, B = {args.B}, depth {args.n_depth + args.n_prompt}, {args.threads} thread(s), "
           f"{'wall' if args.wall else 'CPU'} ms per step ({n_tok // args.n_gen} token(s))")
-    print("| run | total | matmuls | attention | other ops | Python | tok/s |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| run | total | matmuls | attention | recurrent | other ops | Python | tok/s |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, r in rows:
         if name == "graph":  # the decodes' time includes the reruns
             r = {**r, "total": r["total"] - r.get("matmul", 0.0) - r.get("attention", 0.0) - r.get("binding", 0.0)}
@@ -170,10 +187,20 @@ def main() -> None:
             py = r["total"] - r.get("program", 0.0) + bind
         else:
             mm, at, other = r.get("matmul", 0.0), r.get("attention", 0.0), r.get("other", 0.0)
-            py = r["total"] - mm - at - other
+            py = r["total"] - mm - at - other - r.get("recurrent", 0.0)
         ms = lambda s: f"{1e3 * s / args.n_gen:.2f}"  # noqa: E731
-        print(f"| {name} | {ms(r['total'])} | {ms(mm)} | {ms(at)} | {ms(other)} | {ms(py)} | "
-              f"{n_tok / r['total']:.1f} |")
+        print(f"| {name} | {ms(r['total'])} | {ms(mm)} | {ms(at)} | {ms(r.get('recurrent', 0.0))} | {ms(other)} | "
+              f"{ms(py)} | {n_tok / r['total']:.1f} |")
+    traffic = recurrent_traffic(model)
+    if traffic:
+        rec = eager.get("recurrent", 0.0) / args.n_gen  # seconds per step of the recurrent ops, op by op
+        moved = 2 * args.B * (traffic["ssm"] + traffic["conv"])  # read once and written once per sequence
+        print(f"recurrent state per decode step: {traffic['layers']} delta-net layers x {args.B} sequence(s): "
+              f"delta-rule states {args.B * traffic['ssm'] / 2**20:.2f} MiB read + the same written, conv states "
+              f"{args.B * traffic['conv'] / 2**10:.1f} KiB read + written: {moved / 2**20:.2f} MiB moved by the "
+              f"recurrent ops, {moved / rec / 1e9 if rec else 0:.1f} GB/s over their time "
+              f"({1e3 * rec:.2f} ms); the memory's copies of a step (llamactx.memory.recurrent: the rollback "
+              f"snapshot, the view's copy, the store) move it again")
 
 
 if __name__ == "__main__":

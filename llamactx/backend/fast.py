@@ -44,6 +44,8 @@ _Q8_0 = int(T.Q8_0)
 _KERNEL_EXACT = frozenset(int(t) for t in EXACT_TYPES)  # 32-block types: bit-identical to ggml in the kernels
 _KERNEL_LOWBIT = frozenset(int(t) for t in (T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M))
 _KERNEL_TILED = frozenset(int(t) for t in (T.Q3_K, T.Q5_K, T.IQ4_XS))  # never repacked by llama.cpp (x86)
+_ORDERS: dict = {}  # (ggml_type, shape) -> FastOps._kernel_order's answer
+_RANGES: dict = {}  # the weights' shapes -> _column_ranges' answer
 
 
 class FastOps(ReferenceOps):
@@ -179,7 +181,16 @@ class FastOps(ReferenceOps):
 
     @staticmethod
     def _kernel_order(weight) -> bool | None:
-        """llama_order for the kernels' matmul of this weight, None where the reference computes it."""
+        """llama_order for the kernels' matmul of this weight, None where the reference computes it: a function of
+        its type and shape, cached (a decode step asks ~100 times)."""
+        key = (weight.ggml_type, tuple(weight.shape))
+        order = _ORDERS.get(key, _ORDERS)
+        if order is _ORDERS:
+            order = _ORDERS[key] = FastOps._order_of(weight)
+        return order
+
+    @staticmethod
+    def _order_of(weight) -> bool | None:
         if weight.ggml_type in _KERNEL_EXACT:  # a repacked Q4_0 weight: llama.cpp's repacked gemm/gemv order
             return is_repacked_q4_0(weight)
         if weight.ggml_type in _KERNEL_TILED:  # ggml_vec_dot below 8 rows, the tiled kernel from 8 (kxquants)
@@ -237,6 +248,10 @@ class FastOps(ReferenceOps):
 
 
 def _column_ranges(weights) -> tuple[tuple[int, int], ...]:
-    """(start, stop) of each weight's outputs in the stacked matmul's columns."""
-    stops = np.cumsum([w.n_rows for w in weights]).tolist()
-    return tuple(zip([0, *stops[:-1]], stops, strict=True))
+    """(start, stop) of each weight's outputs in the stacked matmul's columns (cached by the shapes)."""
+    key = tuple(tuple(w.shape) for w in weights)
+    ranges = _RANGES.get(key)
+    if ranges is None:
+        stops = np.cumsum([w.n_rows for w in weights]).tolist()
+        ranges = _RANGES[key] = tuple(zip([0, *stops[:-1]], stops, strict=True))
+    return ranges
