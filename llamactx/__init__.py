@@ -32,6 +32,7 @@ The package, bottom (the file format) to top (the front ends); imports run downw
     chat_spans.py   where a chat prompt's user messages start, in tokens (common_chat_msg_delimiters)
     chat_parse/     a model's reply -> content, reasoning_content, tool_calls (common_chat_parse)
     chat_sampling.py  the samplers a chat request adds: the tool-call grammar, the reasoning budget
+    chat_grammar.py  a chat format's tool-call grammar and its lazy triggers, as llama.cpp builds them
     chat_request.py  a chat turn prepared as llama-server does: prompt, reply parser, tool-call grammar
     tool_calls.py   tool calling: tools into the prompt, calls out parsed
     engine/         many sequences of one context, one batched decode per step (llama-server's update_slots)

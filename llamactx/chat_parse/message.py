@@ -71,8 +71,8 @@ def _suffix(previous: str, current: str) -> str:
 
 def diffs(prev: ChatMsg, cur: ChatMsg) -> list[MsgDiff]:
     """The deltas from `prev` to `cur` (common_chat_msg_diff::compute_diffs): reasoning, content, then the last
-    known call's argument growth and each new call (its name and id, then its arguments so far apart, as OpenAI
-    streams a call)."""
+    known call's argument growth and each new call (its name and id with its arguments so far, in one delta, as
+    llama-server streams a call)."""
     out = []
     if cur.reasoning_content != prev.reasoning_content:
         d = _suffix(prev.reasoning_content, cur.reasoning_content)
@@ -90,8 +90,6 @@ def diffs(prev: ChatMsg, cur: ChatMsg) -> list[MsgDiff]:
             out.append(MsgDiff(tool_index=i, name=c.name if c.name != p.name else "",
                                id=c.id if c.id != p.id else "", arguments_delta=d))
     for i in range(len(prev.tool_calls), len(cur.tool_calls)):
-        c = cur.tool_calls[i]  # OpenAI's order: the name (arguments ""), then the arguments as they grow
-        out.append(MsgDiff(tool_index=i, name=c.name, id=c.id))
-        if c.arguments:
-            out.append(MsgDiff(tool_index=i, arguments_delta=c.arguments))
+        c = cur.tool_calls[i]
+        out.append(MsgDiff(tool_index=i, name=c.name, id=c.id, arguments_delta=c.arguments))
     return out

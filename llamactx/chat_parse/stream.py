@@ -19,7 +19,7 @@ import re
 from dataclasses import replace
 
 from llamactx.chat_parse import hermes
-from llamactx.chat_parse.json_prefix import scan
+from llamactx.chat_parse.json_prefix import dumped_prefix, scan
 from llamactx.chat_parse.message import ChatMsg, ToolCall
 from llamactx.chat_parse.parse_params import ChatParams
 
@@ -45,12 +45,48 @@ CALL_MARKERS: dict[str, tuple[str, ...]] = {
     "glm": ("<tool_call>",),
     "lfm2": ("<|tool_call_start|>",),
 }
-# format -> (the heads of a call up to its JSON arguments, name in group 1; whether a head only opens the reply)
-CALL_HEADS: dict[str, tuple[tuple[re.Pattern, bool], ...]] = {
-    "hermes": ((hermes.BLOCK_HEAD, False),),
-    "generic": ((hermes.BLOCK_HEAD, False), (hermes.JSON_HEAD, True)),
-    "functionary-v3.1": ((re.compile(r"<function=([^>]+)>"), False),),
+# A call's head: its text up to its JSON arguments, the name in group "name" (and the id in group "id" where the
+# format writes one first). RAW: the parser passes the arguments on as written; DUMPED: it re-serialises them (so a
+# stream sends json_prefix.dumped_prefix of them).
+RAW, DUMPED = "raw", "dumped"
+_NAME = r'"(?P<name>(?:[^"\\\n]|\\.)*)"'
+_JSON_CALL = r'\{\s*"name"\s*:\s*' + _NAME + r'\s*,\s*"(?:arguments|parameters)"\s*:\s*'
+
+
+def _listed(opening: str, item: str = _JSON_CALL) -> re.Pattern:
+    """The head of a call in a JSON list after `opening`: the first item, or one after a comma."""
+    return re.compile(r"(?:" + opening + r"\s*\[|\}\s*,)\s*" + item)
+
+
+# format -> ((head, whether it only opens the reply, RAW | DUMPED), ...)
+CALL_HEADS: dict[str, tuple[tuple[re.Pattern, bool, str], ...]] = {
+    "hermes": ((re.compile(re.escape(hermes.OPEN) + r"\s*" + _JSON_CALL), False, RAW),),
+    "generic": ((re.compile(re.escape(hermes.OPEN) + r"\s*" + _JSON_CALL), False, RAW),
+                (re.compile(r"\s*" + _JSON_CALL), True, RAW)),
+    "functionary-v3.1": ((re.compile(r"<function=(?P<name>[^>]+)>"), False, RAW),),
+    "functionary-v3.2": ((re.compile(r"(?:\A|>>>)(?P<name>[^\n>]+)\n"), False, RAW),),  # a message to a tool
+    "llama3": ((re.compile(r"(?:\A\s*(?:<\|python_tag\|>)?|;)\s*\{\s*(?:\"type\"\s*:\s*\"function\"\s*,\s*)?"
+                           r'"name"\s*:\s*' + _NAME + r'\s*,\s*"(?:parameters|arguments)"\s*:\s*'), False, DUMPED),),
+    "mistral": ((re.compile(r"\[TOOL_CALLS\](?P<name>[^\[\]{\"]+?)(?:\[CALL_ID\](?P<id>[^\[]*))?\[ARGS\]"),
+                 False, RAW),
+                (_listed(r"\[TOOL_CALLS\]"), False, DUMPED)),
+    "deepseek": ((re.compile(r"<｜tool▁call▁begin｜>function<｜tool▁sep｜>(?P<name>[^\n<]+)\n\s*```(?:json)?\s*(?=\{)"),
+                  False, RAW),
+                 (re.compile(r"<｜tool▁call▁begin｜>(?!function<)(?P<name>[^<]+?)<｜tool▁sep｜>"), False, RAW)),
+    "gpt-oss": ((re.compile(r"to=functions\.(?P<name>[^\s<]+)(?:\s*<\|channel\|>commentary)?"
+                            r"(?:\s*(?:<\|constrain\|>)?[A-Za-z0-9_-]+)?<\|message\|>"), False, RAW),),
+    "firefunction": ((_listed("functools"), False, DUMPED),),
+    "nemotron-v2": ((_listed("<TOOLCALL>"), False, DUMPED),),
+    "apriel": ((_listed("<tool_calls>"), False, DUMPED),),
+    "granite": ((_listed(r"<\|tool_call\|>"), False, DUMPED),),
+    "command-r7b": ((_listed(r"<\|START_ACTION\|>", r'\{\s*"tool_call_id"\s*:\s*"(?P<id>[^"]*)"\s*,\s*'
+                             r'"tool_name"\s*:\s*' + _NAME + r'\s*,\s*"parameters"\s*:\s*'), False, DUMPED),),
+    "command-r-plus": ((_listed(r"Action:\s*```(?:json)?\s*", r'\{\s*"tool_name"\s*:\s*' + _NAME +
+                                r'\s*,\s*"parameters"\s*:\s*'), False, DUMPED),),
+    "apertus": ((_listed(r"<\|tools_prefix\|>", r'\{\s*"(?P<name>[^"]+)"\s*:\s*'), False, DUMPED),),
 }
+# formats whose heads name any recipient: only the tools' names start a call
+TOOL_NAMED = ("functionary-v3.2", "gpt-oss")
 # formats whose call may be the whole reply as a bare JSON object
 JSON_REPLY = ("generic", "llama3")
 # the markers that close a call or a section, and Harmony's and Command R7B's own: held back when cut as well
@@ -68,6 +104,8 @@ def _markers(params: ChatParams) -> tuple[str, ...]:
 
 def _without_cut_marker(text: str, markers: tuple[str, ...]) -> str:
     """`text` less a tail that is the beginning of a marker (the rest of it may come with the next token)."""
+    if any(text.endswith(m) for m in markers):  # ">>>" ends in ">>", the beginning of another: it is whole
+        return text
     longest = max((len(m) for m in markers), default=0)
     for k in range(min(len(text), longest - 1), 0, -1):
         tail = text[-k:]
@@ -85,36 +123,53 @@ def parse_partial(params: ChatParams, text: str, parse) -> ChatMsg:
             msg.content = msg.content[:min(cuts)]
         if params.format in JSON_REPLY and msg.content.lstrip().startswith("{"):
             msg.content = ""  # may be a call as a whole JSON reply: known only once complete
-        call = _call_being_written(params, text, msg.tool_calls)
-        if call is not None:
-            msg.tool_calls.append(call)
+        msg.tool_calls += _calls_being_written(params, text, msg.tool_calls)
+        for call in msg.tool_calls:  # a named call's arguments are "{" until more is written
+            call.arguments = call.arguments or "{"
     return msg
 
 
-def _call_being_written(params: ChatParams, text: str, done: list[ToolCall]) -> ToolCall | None:
-    """The call after the `done` ones, with its name and its arguments so far, when its head is complete and
-    its arguments so far begin a JSON object; None otherwise (nothing more to send yet)."""
+def _calls_being_written(params: ChatParams, text: str, done: list[ToolCall]) -> list[ToolCall]:
+    """The calls after the `done` ones that the text has begun: each whose head is complete, with its arguments
+    so far (as long as they begin a JSON object), up to the first unfinished one; arguments not begun yet are
+    "{" (common_chat_peg_mapper on TOOL_NAME)."""
     heads = CALL_HEADS.get(params.format)
     body = _after_reasoning(params, text)
-    if not heads or body is None or (done and not params.parallel_tool_calls):
-        return None
-    found = sorted((m for pattern, at_start in heads
+    if not heads or body is None:
+        return []
+    found = sorted(((m, style) for pattern, at_start, style in heads
                     for m in ([pattern.match(body)] if at_start else pattern.finditer(body)) if m),
-                   key=lambda m: m.start())
-    if len(found) <= len(done) or any(_name(m) != c.name for m, c in zip(found, done, strict=False)):
-        return None
-    head = found[len(done)]
-    scanned = scan(body, head.end())
-    if scanned is None or body[head.end():scanned[0]].lstrip()[:1] not in ("", "{"):
-        return None
-    return ToolCall(_name(head), body[head.end():scanned[0]].strip())
+                   key=lambda found: found[0].start())
+    if params.format in TOOL_NAMED:
+        found = [(m, style) for m, style in found if _name(m) in params.tool_names()]
+    if any(_name(m) != c.name for (m, _), c in zip(found, done, strict=False)):
+        return []
+    out: list[ToolCall] = []
+    for head, style in found[len(done):]:
+        if (done or out) and not params.parallel_tool_calls:
+            break
+        scanned = scan(body, head.end())
+        raw = body[head.end():scanned[0]].strip() if scanned is not None else None
+        if raw is None or raw[:1] not in ("", "{"):
+            break
+        args = dumped_prefix(raw) if style == DUMPED and raw else raw
+        if args is None:
+            break
+        out.append(ToolCall(_name(head), args or "{", _id(head)))
+        if not scanned[1]:
+            break
+    return out
 
 
 def _name(head: re.Match) -> str:
     try:
-        return json.loads(f'"{head.group(1)}"')
+        return json.loads(f'"{head.group("name")}"')
     except json.JSONDecodeError:
-        return head.group(1)
+        return head.group("name")
+
+
+def _id(head: re.Match) -> str:
+    return (head.groupdict().get("id") or "").strip()
 
 
 def _after_reasoning(params: ChatParams, text: str) -> str | None:

@@ -8,12 +8,18 @@ the chat format's call marker (`<tool_call>`) is the trigger; the text generated
 completed the trigger may carry more) is fed to the grammar, which constrains every token after it and, once the
 call is complete, allows only the end of generation (as llama.cpp's lazy grammar root does).
 
+A trigger may also be a pattern (a regular expression, COMMON_GRAMMAR_TRIGGER_TYPE_PATTERN), searched in all the
+text generated so far, as llama_grammar_trigger_pattern::find searches its whole trigger buffer: the grammar then
+takes the text from the match's first non-empty group on (from the match without groups), so that a trigger can
+require context it does not hand on (Functionary v3.2's `>>>` before a tool's name).
+
 Text inside a thinking block (from the generation prompt or the model) is not searched for triggers: a model may
 mention `<tool_call>` while it thinks.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from llamactx.sampling.grammar import GrammarSampler
@@ -21,17 +27,20 @@ from llamactx.sampling.token_data import TokenDataArray
 
 
 class LazyGrammarSampler:
-    """`grammar`, switched on by the first of `triggers` (words) in the generated text; a grammar sampler for
-    SamplerChain(grammar=...). While awaiting its trigger it allows every token."""
+    """`grammar`, switched on by the first of `triggers` (words) or `patterns` (regular expressions) in the
+    generated text; a grammar sampler for SamplerChain(grammar=...). While awaiting its trigger it allows every
+    token."""
 
-    __slots__ = ("grammar", "triggers", "thinking_end", "awaiting", "in_thinking", "_buffer", "_thinking0")
+    __slots__ = ("grammar", "triggers", "patterns", "thinking_end", "awaiting", "in_thinking", "_buffer",
+                 "_thinking0")
 
     def __init__(self, grammar: GrammarSampler, triggers: Sequence[str], thinking_end: Sequence[str] = (),
-                 in_thinking: bool = False) -> None:
-        if not triggers:
-            raise ValueError("triggers: a lazy grammar needs at least one trigger word")
+                 in_thinking: bool = False, patterns: Sequence[str] = ()) -> None:
+        if not triggers and not patterns:
+            raise ValueError("triggers: a lazy grammar needs at least one trigger word or pattern")
         self.grammar = grammar
         self.triggers = tuple(t.encode() for t in triggers)
+        self.patterns = tuple(re.compile(p.encode(), re.S) for p in patterns)
         self.thinking_end = tuple(t.encode() for t in thinking_end if t)
         self.awaiting = True
         self.in_thinking = self._thinking0 = bool(in_thinking and self.thinking_end)
@@ -71,15 +80,25 @@ class LazyGrammarSampler:
                 return
             at, tag = min(ends)
             self.in_thinking, self._buffer = False, self._buffer[at + len(tag):]
-        found = [i for i in (self._buffer.find(t) for t in self.triggers) if i >= 0]
+        found = [i for i in (self._buffer.find(t) for t in self.triggers) if i >= 0] + self._pattern_starts()
         if not found:
-            self._buffer = self._buffer[-max(len(t) for t in self.triggers) + 1:]
+            if not self.patterns:  # a pattern may need all the text so far (\A, a long context)
+                self._buffer = self._buffer[-max(len(t) for t in self.triggers) + 1:]
             return
         constrained = self._buffer[min(found):].decode("utf-8", "ignore")
         self.awaiting, self._buffer = False, b""
         vocab = self.grammar.vocab
         for t in vocab.tokenize(constrained, add_special=False, parse_special=True):
             self.grammar.accept(t)
+
+    def _pattern_starts(self) -> list[int]:
+        """Where each matching pattern hands the text on: its first non-empty group, else the match."""
+        out = []
+        for pattern in self.patterns:
+            m = pattern.search(self._buffer)
+            if m is not None:
+                out.append(next((m.start(g) for g in range(1, (m.lastindex or 0) + 1) if m.group(g)), m.start()))
+        return out
 
     def reset(self) -> None:
         self.grammar.reset()
@@ -88,6 +107,7 @@ class LazyGrammarSampler:
     def clone(self) -> LazyGrammarSampler:
         out = LazyGrammarSampler.__new__(LazyGrammarSampler)
         out.grammar, out.triggers, out.thinking_end = self.grammar.clone(), self.triggers, self.thinking_end
+        out.patterns = self.patterns
         out.awaiting, out.in_thinking, out._thinking0, out._buffer = (self.awaiting, self.in_thinking,
                                                                      self._thinking0, self._buffer)
         return out

@@ -18,7 +18,7 @@ from typing import Any
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from llamactx import chat_parse, chat_sampling, tool_calls
+from llamactx import chat_grammar, chat_parse, chat_sampling, tool_calls
 from llamactx.api import protocol as P
 from llamactx.api.responses import Choice, Renderer
 from llamactx.engine import Chunk
@@ -69,7 +69,7 @@ def chat_parse_params(state, req: P.ChatCompletionRequest, fns: list[dict]) -> c
         reasoning_format=req.reasoning_format or state.config.runtime.reasoning_format,
         enable_thinking=kwargs.get("enable_thinking", True), parallel_tool_calls=req.parallel_tool_calls,
         tool_choice=req.tool_choice if fns else "none")
-    if tool_calls.required_function(req.tool_choice, fns):  # the call schema's grammar writes a bare JSON call
+    if not chat_grammar.uses_own_format(params, req.tool_choice, fns):  # the grammar writes a bare JSON call
         params = replace(params, format="generic")
     return params
 
@@ -113,8 +113,8 @@ async def serve(state, http: HttpRequest, prompts: list[list[int]], gen: P.Gener
 async def _grammar(state, gen: P.GenerationRequest):
     if gen.grammar is None:
         return None
-    if gen.grammar[0] == "tool_calls":  # (tool_calls.ToolGrammar, the chat's ChatParams)
-        return await asyncio.to_thread(chat_sampling.tool_grammar_sampler, state.model.vocab, *gen.grammar[1])
+    if gen.grammar[0] == "tool_calls":  # (chat_grammar.call_grammar's grammar, the chat's ChatParams)
+        return await asyncio.to_thread(chat_grammar.grammar_sampler, state.model.vocab, *gen.grammar[1])
     return await asyncio.to_thread(state.runtime.grammar, **gen.grammar_args())  # llguidance compiles off the loop
 
 

@@ -16,7 +16,7 @@ import asyncio
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 
-from llamactx import tool_calls
+from llamactx import chat_grammar, tool_calls
 from llamactx.api import anthropic, infill, oai_responses
 from llamactx.api import protocol as P
 from llamactx.api.responses import ChatRenderer, NativeRenderer, Renderer
@@ -122,7 +122,7 @@ async def chat(state: ServerState, request: HttpRequest, body: dict, renderer_cl
     tokens = fit_prompt(fit, tokens, req.n_keep)
     n_probs = (req.top_logprobs or 0) if req.logprobs else -1
     gen = P.GenerationRequest.from_fields(req, state.model.vocab, n_probs, cfg.context_shift)
-    calls = tool_calls.call_grammar(fns, parse.format, req.tool_choice, req.parallel_tool_calls)
+    calls = chat_grammar.call_grammar(fns, parse, req.tool_choice, req.parallel_tool_calls)
     if calls is not None and gen.grammar is None:  # keeps the calls valid JSON for their tools (lazy: "auto")
         gen.grammar = ("tool_calls", (calls, parse))
     elif calls is not None and tool_calls.required_function(req.tool_choice, fns):
