@@ -9,6 +9,9 @@ words or patterns when lazy) or None:
 - Functionary v3.2 (`>>>recipient\\n`, the first `>>>` in the generation prompt): as llama.cpp builds it,
   "required" is `all\\n` text then a call, or calls from the first token; "auto" is lazy, switched on by a tool's
   name opening a message (`name\\n` at the reply's start or after `>>>`), from where calls follow.
+- Functionary v3.1 (`<function=NAME>{args}</function>`), Nemotron Nano 2 / Apriel / Granite (a JSON list of
+  {"name", "arguments"} after `<TOOLCALL>` / `<tool_calls>` / `<|tool_call|>`): the calls from the first token
+  for "required", lazy on the format's call marker for "auto" (the autoparser's section or per-call start).
 - The Hermes `<tool_call>` formats and llamactx's generic one: tool_calls.call_grammar's.
 - Any other format: tool_calls.call_grammar's bare JSON call for "required" (its reply then parses as the generic
   format: `uses_own_format` is False), nothing for "auto".
@@ -74,8 +77,45 @@ def _functionary_v3_2(fns: list[dict[str, Any]], required: bool, parallel: bool)
     return ToolGrammar("\n".join([lines[0], f"start: {content} | tools", *lines[1:], *after, *heads]) + "\n")
 
 
+def _functionary_v3_1(fns: list[dict[str, Any]], required: bool, parallel: bool) -> ToolGrammar:
+    """`<function=NAME>{args}</function>`, one or (parallel) more; lazy on "<function=" when not required (the
+    autoparser's per-call start, common_chat_params' grammar_triggers)."""
+    rules = [f'tool_{i}: "<function=" {_lark_text(f["name"] + ">")} args_{i} "</function>"\nargs_{i}: {_args(f)}'
+             for i, f in enumerate(fns)]
+    return _lark(rules, len(fns), parallel, "", (), () if required else ("<function=",))
+
+
+def _json_list(opening: str, closing: str) -> Callable[[list[dict[str, Any]], bool, bool], ToolGrammar]:
+    """OPENING [{"name": "f", "arguments": {args}}, ...] CLOSING (Nemotron Nano 2, Apriel, Granite): one item,
+    or (parallel) more, each a call to one of the tools; lazy on OPENING when not required."""
+
+    def build(fns: list[dict[str, Any]], required: bool, parallel: bool) -> ToolGrammar:
+        rules = [f'tool_{i}: "{{" WS? "\\"name\\"" WS? ":" WS? {_lark_text(json.dumps(f["name"]))} WS? "," WS? '
+                 f'"\\"arguments\\"" WS? ":" WS? args_{i} WS? "}}"\nargs_{i}: {_args(f)}'
+                 for i, f in enumerate(fns)]
+        return _lark(rules, len(fns), parallel, ",", (opening + "[", "]" + closing),
+                     () if required else (opening,))
+
+    return build
+
+
+def _lark(rules: list[str], n: int, parallel: bool, sep: str, wrap: tuple[str, ...],
+          triggers: tuple[str, ...]) -> ToolGrammar:
+    """start: WRAP[0] tool (WS? SEP WS? tool)* WRAP[1], the calls `tool_<i>` of `rules` (one unless
+    `parallel`)."""
+    more = (f" (WS? {_lark_text(sep)} WS? tool)*" if sep else " (WS? tool)*") if parallel else ""
+    head, tail = (f"{_lark_text(wrap[0])} WS? ", f" WS? {_lark_text(wrap[1])}") if wrap else ("", "")
+    lines = ["%llguidance {}", f"start: {head}tool{more}{tail}",
+             "tool: " + " | ".join(f"tool_{i}" for i in range(n)), r"WS: /[ \t\r\n]+/", *rules]
+    return ToolGrammar("\n".join(lines) + "\n", triggers)
+
+
 FORMAT_GRAMMARS: dict[str, Callable[[list[dict[str, Any]], bool, bool], ToolGrammar | PatternGrammar]] = {
     "functionary-v3.2": _functionary_v3_2,
+    "functionary-v3.1": _functionary_v3_1,
+    "nemotron-v2": _json_list("<TOOLCALL>", "</TOOLCALL>"),
+    "apriel": _json_list("<tool_calls>", "</tool_calls>"),
+    "granite": _json_list("<|tool_call|>", ""),
 }
 
 

@@ -101,3 +101,37 @@ def test_a_pattern_hands_on_its_first_group_and_clones_keep_it(vocab):
     assert copy.awaiting and copy.patterns == lazy.patterns
     with pytest.raises(ValueError, match="trigger word or pattern"):
         LazyGrammarSampler(grammar, ())
+
+
+# format -> a call as its grammar writes it, and its marker (the lazy trigger)
+MARKED = {
+    "functionary-v3.1": ('<function=get_weather>{"city": "Paris"}</function>', "<function="),
+    "nemotron-v2": ('<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris"}}]</TOOLCALL>', "<TOOLCALL>"),
+    "apriel": ('<tool_calls>[{"name": "get_weather", "arguments": {"city": "Paris"}}]</tool_calls>', "<tool_calls>"),
+    "granite": ('<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}]', "<|tool_call|>"),
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(MARKED))
+def test_marked_formats_are_lazy_on_their_marker_and_parse_as_calls(vocab, fmt):
+    from llamactx.chat_parse import parse
+
+    call, marker = MARKED[fmt]
+    params = ChatParams(fmt, tools=FUNCTIONARY.tools)
+    grammar = call_grammar(FNS, params, "auto", False)
+    assert grammar.triggers == (marker,) and uses_own_format(params, "required", FNS)
+    g = grammar_sampler(vocab, grammar, params)
+    _feed(g, vocab, "Let me see. ")
+    assert g.awaiting and _all_allowed(g, vocab)
+    _feed(g, vocab, call[:call.index('"Paris')])
+    assert not g.awaiting and b'"' in _allowed(g, vocab)
+    with pytest.raises(GrammarDeadEnd):  # the tool's schema: "city" is a string
+        g.clone().accept(_tokens(vocab, "1")[0])
+    _feed(g, vocab, call[call.index('"Paris'):])
+    assert g.is_accepting
+    assert [(c.name, c.arguments) for c in parse(params, "Let me see. " + call).tool_calls] == [
+        ("get_weather", '{"city": "Paris"}')]
+    required = grammar_sampler(vocab, call_grammar(FNS, params, "required", True), params)
+    assert not required.can_accept(_tokens(vocab, "Hello")[0])  # a call from the first token
+    _feed(required, vocab, call.replace("get_weather", "get_time").replace("city", "tz"))
+    assert required.is_accepting
