@@ -1,6 +1,7 @@
 """`llamactx quantize IN.gguf [OUT.gguf] TYPE`: llama-quantize (tools/quantize, src/llama-quant.cpp
 `llama_model_quantize_impl`) for F16, BF16, F32, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, the K-quant mixes Q2_K, Q2_K_S,
-Q3_K_S/M/L, Q4_K_S/M, Q5_K_S/M, Q6_K, and IQ2_XS (with an imatrix), IQ3_S, IQ4_NL, IQ4_XS, byte for byte.
+Q3_K_S/M/L, Q4_K_S/M, Q5_K_S/M, Q6_K, IQ2_XS (with an imatrix), IQ3_S, IQ4_NL, IQ4_XS, and the ternary TQ1_0 and
+TQ2_0 (llamactx.ggml.kernels.quantize_tq), byte for byte.
 
 Which tensors change type, and to what, is cli/quantize_types.py (`llama_tensor_get_type`: the mixes, --pure,
 --tensor-type, --output-tensor-type, --token-embedding-type, --leave-output-tensor, the fallbacks of rows that a
@@ -40,6 +41,7 @@ from llamactx.cli.quantize_types import (
     requires_imatrix,
 )
 from llamactx.ggml.kernels.quantize_rows import K_TYPES, WEIGHTED_LEGACY_TYPES, quantize_chunk
+from llamactx.ggml.kernels.quantize_tq import quantize_rows_tq
 from llamactx.gguf import imatrix_file
 from llamactx.gguf.quants import dequantize
 from llamactx.gguf.reader import GGUFFile
@@ -183,6 +185,8 @@ def convert(gguf: GGUFFile, p: TensorPlan) -> np.ndarray:
     if p.dst_type == p.src_type:
         return raw
     values = dequantize(raw, p.src_type, p.shape, p.name).reshape(-1, p.shape[1], p.shape[0])  # (n_mat, ne1, ne0)
+    if p.dst_type in (T.TQ1_0, T.TQ2_0):  # quantize_tq*_0: the imatrix is ignored
+        return quantize_rows_tq(values.reshape(-1, p.shape[0]), p.dst_type == T.TQ1_0).reshape(-1)
     if p.dst_type in K_TYPES or (p.imatrix is not None and p.dst_type in WEIGHTED_LEGACY_TYPES):
         ne0 = p.shape[0]
         parts = [quantize_chunk(p.dst_type, m, None if p.imatrix is None else p.imatrix[i * ne0:(i + 1) * ne0])
@@ -303,7 +307,7 @@ def parse_positionals(values: list[str]) -> tuple[str, str | None, str]:
 
 def add_parser(sub):
     p = sub.add_parser("quantize", help="llama-quantize: F16/BF16/F32, Q8_0, Q4_x/Q5_x, the K-quant mixes, IQ2_XS, "
-                                        "IQ3_S, IQ4_NL/XS (bit-exact)")
+                                        "IQ3_S, IQ4_NL/XS, TQ1_0/TQ2_0 (bit-exact)")
     p.add_argument("files", nargs="+", metavar="IN [OUT] TYPE", help="input GGUF, output GGUF (default: "
                    "ggml-model-TYPE.gguf beside the input), file type")
     p.add_argument("--allow-requantize", action="store_true", help="convert tensors that are already quantized")

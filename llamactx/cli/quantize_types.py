@@ -2,8 +2,8 @@
 `llama_tensor_get_type_impl` (the file-type mixes: Q4_K_M's Q6_K attn_v / ffn_down in the layers `use_more_bits`
 picks, Q2_K's Q3_K / Q4_K bumps, the output / token_embd rules, ...), `tensor_type_fallback` and
 `tensor_allows_quantization`, for the file types llamactx writes (cli/quantize.py): F16, BF16, F32, Q8_0, the
-legacy 32-blocks, the K-quant mixes, IQ2_XS, IQ3_S, IQ4_NL and IQ4_XS. The branches of llama.cpp for the other IQ
-types, TQ and MXFP4 are left out with their types.
+legacy 32-blocks, the K-quant mixes, IQ2_XS, IQ3_S, IQ4_NL, IQ4_XS, TQ1_0 and TQ2_0. The branches of llama.cpp for
+the other IQ types and MXFP4 are left out with their types.
 
 `TypeChooser` holds llama-quant.cpp's `quantize_state_impl` counters (i_attention_wv, i_ffn_down, ...): it must see
 the tensors in llama-quantize's order, each once.
@@ -30,13 +30,14 @@ FILE_TYPES = {
     "Q4_K_M": (F.MOSTLY_Q4_K_M, T.Q4_K), "Q5_K": (F.MOSTLY_Q5_K_M, T.Q5_K), "Q5_K_S": (F.MOSTLY_Q5_K_S, T.Q5_K),
     "Q5_K_M": (F.MOSTLY_Q5_K_M, T.Q5_K), "Q6_K": (F.MOSTLY_Q6_K, T.Q6_K), "Q8_0": (F.MOSTLY_Q8_0, T.Q8_0),
     "IQ2_XS": (F.MOSTLY_IQ2_XS, T.IQ2_XS), "IQ3_S": (F.MOSTLY_IQ3_S, T.IQ3_S), "IQ4_NL": (F.MOSTLY_IQ4_NL, T.IQ4_NL),
-    "IQ4_XS": (F.MOSTLY_IQ4_XS, T.IQ4_XS), "F16": (F.MOSTLY_F16, T.F16), "BF16": (F.MOSTLY_BF16, T.BF16),
+    "IQ4_XS": (F.MOSTLY_IQ4_XS, T.IQ4_XS), "TQ1_0": (F.MOSTLY_TQ1_0, T.TQ1_0), "TQ2_0": (F.MOSTLY_TQ2_0, T.TQ2_0),
+    "F16": (F.MOSTLY_F16, T.F16), "BF16": (F.MOSTLY_BF16, T.BF16),
     "F32": (F.ALL_F32, T.F32),
 }
 # ggml type names (ggml_type_name) a --tensor-type / --output-tensor-type / --token-embedding-type may name
 TENSOR_TYPES = {t.name.lower() if t.name[-2:] != "_K" else t.name[:-1].lower() + "K": t for t in
                 (T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K,
-                 T.Q6_K, T.IQ2_XS, T.IQ3_S, T.IQ4_NL, T.IQ4_XS)}
+                 T.Q6_K, T.IQ2_XS, T.IQ3_S, T.IQ4_NL, T.IQ4_XS, T.TQ1_0, T.TQ2_0)}
 FLOAT_TYPES = (T.F32, T.F16, T.BF16)  # ggml_is_quantized is false for them
 
 # llama-quant.cpp `tensor_allows_quantization`: name parts of the tensors kept as they are (the GLM5-next list,
@@ -52,7 +53,7 @@ _KEEP_PARTS = (
 _KEEP_NAMES = ("position_embd.weight", "token_types.weight")
 # tensor_type_fallback: a 256-block type whose rows it does not divide -> a 32-block type
 _FALLBACK = {T.Q2_K: T.Q4_0, T.Q3_K: T.Q4_0, T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0, T.IQ2_XS: T.IQ4_NL,
-             T.IQ3_S: T.IQ4_NL, T.IQ4_XS: T.IQ4_NL}
+             T.IQ3_S: T.IQ4_NL, T.IQ4_XS: T.IQ4_NL, T.TQ1_0: T.Q4_0, T.TQ2_0: T.Q4_0}
 
 
 def parse_tensor_type(name: str, what: str) -> T:
@@ -193,6 +194,8 @@ class TypeChooser:
         if cat == "token_embd":
             if self.token_embedding_type is not None:
                 return self.token_embedding_type
+            if ft in (F_.MOSTLY_TQ1_0, F_.MOSTLY_TQ2_0):
+                return T.Q4_K
             return T.Q2_K if ft == F_.MOSTLY_IQ2_XS else new
         if ft == F_.MOSTLY_IQ2_XS:
             return self._iq2(new, cat)

@@ -206,7 +206,7 @@ def test_default_output_name_and_errors(f32_model, tmp_path, capsys):
     capsys.readouterr()
     for argv, message in (
         ([str(src), str(tmp_path / "o.gguf"), "IQ1_S"], "type 'IQ1_S' is not one that llamactx writes bit-exactly"),
-        ([str(src), "TQ1_0"], "type 'TQ1_0' is not one"),
+        ([str(src), "IQ1_M"], "type 'IQ1_M' is not one"),
         ([str(src), str(src), "Q4_0"], "input and output files are the same"),
         ([str(src), str(tmp_path / ".." / tmp_path.name / "in.gguf"), "Q4_0"], "input and output files are the same"),
         ([str(tmp_path / "missing.gguf"), str(tmp_path / "o.gguf"), "Q4_0"], "does not exist"),

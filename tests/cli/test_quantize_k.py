@@ -65,12 +65,13 @@ def _argv(case: str) -> list[str]:
             "iq3s": [*REF["iq3s_args"], "Q8_0"]}.get(case, [case])
 
 
-@pytest.mark.parametrize("case", ["Q4_K_M", "Q2_K", "mix", "iq4", "iq3s"])
+@pytest.mark.parametrize("case", ["Q4_K_M", "Q2_K", "mix", "iq4", "iq3s", "TQ1_0", "TQ2_0"])
 def test_smollm2_quantized_as_llama_quantize(quantized, case, capsys):
     """Q4_K_M: Q4_K / Q6_K ffn_down by use_more_bits, Q5_0 / Q8_0 fallbacks for 576-wide rows, Q8_0 tied
     embeddings; Q2_K: Q3_K ffn_down, Q4_0 fallbacks; mix (--pure, --tensor-type, --output-tensor-type): every
     K-quant's reference quantizer and the 32-block fallbacks; iq4 / iq3s: IQ4_NL, IQ4_XS and IQ3_S tensors in a
-    Q8_0 file (an IQ3_S attn_q falls back to IQ4_NL)."""
+    Q8_0 file (an IQ3_S attn_q falls back to IQ4_NL); TQ1_0 / TQ2_0: ternary ffn_down (1536 wide), the 576-wide
+    rest falls back to Q4_0, the tied embeddings to Q8_0."""
     out = quantized(case)
     assert _sha256(out) == REF["quantize_sha256"][case]
     err = capsys.readouterr().err
@@ -118,6 +119,21 @@ def test_iq_type_rules():
     assert chooser.choose("token_embd.weight", (512, 1000), T.F16) == T.Q2_K
 
 
+def test_tq_type_rules():
+    """TQ1_0 / TQ2_0 files: untied token_embd Q4_K, output Q6_K, rows 256-blocks do not divide Q4_0, no attn_v or
+    ffn_down bumps."""
+    from llamactx.cli.quantize_types import FILE_TYPES, ModelFacts, TypeChooser
+
+    for file_type in ("TQ1_0", "TQ2_0"):
+        ftype, default = FILE_TYPES[file_type]
+        chooser = TypeChooser(ModelFacts("llama", 4, 0, 30, False, 30, False), ftype, default)
+        assert chooser.choose("token_embd.weight", (512, 1000), T.F16) == T.Q4_K
+        assert chooser.choose("output.weight", (512, 1000), T.F16) == T.Q6_K
+        assert chooser.choose("blk.0.attn_v.weight", (512, 128), T.F16) == default
+        assert chooser.choose("blk.0.ffn_down.weight", (1536, 512), T.F16) == default
+        assert chooser.choose("blk.0.attn_q.weight", (576, 576), T.F16) == T.Q4_0
+
+
 def _write_imatrix(path: Path, entries: dict[str, int]) -> Path:
     sums = {name: (np.ones((1, n), np.float32), np.array([64])) for name, n in entries.items()}
     imatrix_file.save(path, sums, ["x.txt"], 1, 64)
@@ -152,7 +168,7 @@ def test_unknown_type_names_list_the_known_ones(workdir, monkeypatch, capsys):
     assert main(["quantize", "--token-embedding-type", "q4_k_m", "model.gguf", "o.gguf", "Q4_K_M"]) == 1
     err = capsys.readouterr().err
     assert "unknown type 'q4_k_m' (known: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_K, q3_K, q4_K, q5_K, " \
-           "q6_K, iq2_xs, iq3_s, iq4_nl, iq4_xs)" in err
+           "q6_K, iq2_xs, iq3_s, iq4_nl, iq4_xs, tq1_0, tq2_0)" in err
     assert main(["quantize", "model.gguf", "o.gguf", "Q7_K"]) == 1
     assert "Q2_K_S, Q3_K, Q3_K_S, Q3_K_M, Q3_K_L, Q4_K, Q4_K_S, Q4_K_M" in capsys.readouterr().err
 
