@@ -160,3 +160,27 @@ def test_parallel_calls_stream_one_after_the_other(fmt):
     assert [(d.tool_index, d.name) for _, d in deltas if d.name] == [(0, "get_weather"), (1, "get_time")]
     for i, call in enumerate(final.tool_calls):
         assert "".join(d.arguments_delta for _, d in deltas if d.tool_index == i) == call.arguments
+
+
+TYPED = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+    "days": {"type": "integer"}, "city": {"type": "string"}}}}}]
+
+
+@pytest.mark.parametrize(("fmt", "text"), [
+    ("qwen3-coder", "Sure.\n<tool_call>\n<function=get_weather>\n<parameter=days>\n3\n</parameter>\n"
+                    "<parameter=city>\nParis \"is\"\nnice\n</parameter>\n</function>\n</tool_call>"),
+    ("glm", "<tool_call>get_weather\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n<arg_key>city</arg_key>\n"
+            "<arg_value>Paris \"is\"\nnice</arg_value>\n</tool_call>"),
+])
+def test_tagged_values_stream_as_the_json_the_parser_builds(fmt, text):
+    """XML / tagged arguments: a typed value once whole, a string value while written (its end tag held back),
+    all of it the beginning of the final call's JSON."""
+    params = ChatParams(fmt, tools=tuple(TYPED))
+    final = parse(params, text)
+    assert final.tool_calls[0].arguments == '{"days": 3, "city": "Paris \\"is\\"\\nnice"}'
+    deltas = _stream(params, text)
+    pieces = [d.arguments_delta for _, d in deltas if d.tool_index == 0]
+    assert pieces[:3] == ["{", '"days": 3', ', "city": "'] and len(pieces) > 12
+    assert "".join(pieces) == final.tool_calls[0].arguments
+    assert [d.name for _, d in deltas if d.name] == ["get_weather"]
+    assert "".join(d.content_delta for _, d in deltas) == final.content

@@ -21,7 +21,9 @@ from dataclasses import replace
 from llamactx.chat_parse import hermes
 from llamactx.chat_parse.json_prefix import dumped_prefix, scan
 from llamactx.chat_parse.message import ChatMsg, ToolCall
-from llamactx.chat_parse.parse_params import ChatParams
+from llamactx.chat_parse.parse_params import ChatParams, dumps
+from llamactx.chat_parse.xml_calls import _types as typed_kinds
+from llamactx.chat_parse.xml_calls import typed_value
 
 # format -> the markers that open its tool calls
 CALL_MARKERS: dict[str, tuple[str, ...]] = {
@@ -85,6 +87,15 @@ CALL_HEADS: dict[str, tuple[tuple[re.Pattern, bool, str], ...]] = {
                                 r'\s*,\s*"parameters"\s*:\s*'), False, DUMPED),),
     "apertus": ((_listed(r"<\|tools_prefix\|>", r'\{\s*"(?P<name>[^"]+)"\s*:\s*'), False, DUMPED),),
 }
+# formats whose arguments are tagged values (format -> call head with its name, a parameter's opening with its
+# key, the text that ends a value, the separator the parser skips): a stream sends the parser's JSON of the values
+# so far, a string value while it is written (xml_calls, tagged_calls)
+TAGGED: dict[str, tuple[re.Pattern, re.Pattern, str, str]] = {
+    "qwen3-coder": (re.compile(r"<function=(?P<name>[^>\n]+)>\n?"), re.compile(r"<parameter=(?P<key>[^>\n]+)>\n?"),
+                    "\n</parameter>", " \n"),
+    "glm": (re.compile(r"<tool_call>\s*(?P<name>[^<\s]+)(?=[\s<])\s*"),  # a whole name: "f" may begin "f_2"
+            re.compile(r"<arg_key>(?P<key>.*?)</arg_key>\s*<arg_value>", re.S), "</arg_value>", " \t\r\n"),
+}
 # formats whose heads name any recipient: only the tools' names start a call
 TOOL_NAMED = ("functionary-v3.2", "gpt-oss")
 # formats whose call may be the whole reply as a bare JSON object
@@ -135,6 +146,8 @@ def _calls_being_written(params: ChatParams, text: str, done: list[ToolCall]) ->
     "{" (common_chat_peg_mapper on TOOL_NAME)."""
     heads = CALL_HEADS.get(params.format)
     body = _after_reasoning(params, text)
+    if params.format in TAGGED and body is not None:
+        return _tagged_calls_being_written(params, body, done)
     if not heads or body is None:
         return []
     found = sorted(((m, style) for pattern, at_start, style in heads
@@ -159,6 +172,39 @@ def _calls_being_written(params: ChatParams, text: str, done: list[ToolCall]) ->
         if not scanned[1]:
             break
     return out
+
+
+def _tagged_calls_being_written(params: ChatParams, body: str, done: list[ToolCall]) -> list[ToolCall]:
+    """The tagged call after the `done` ones, with the JSON of its complete values and of a string value being
+    written (without the closing quote and brace: what the final dumps begins with)."""
+    head_re, param_re, value_end, space = TAGGED[params.format]
+    heads = [m for m in head_re.finditer(body) if m.group("name").strip() in params.tool_names()]
+    if len(heads) <= len(done) or (done and not params.parallel_tool_calls):
+        return []
+    head = heads[len(done)]
+    name = head.group("name").strip()
+    schema = params.parameters(name).get("properties") or {}
+    args: dict = {}
+    pos, partial = head.end(), ""
+    while True:
+        while pos < len(body) and body[pos] in space:
+            pos += 1
+        m = param_re.match(body, pos)
+        if m is None:
+            break
+        key = m.group("key").strip()
+        end = body.find(value_end, m.end())
+        if end < 0:
+            if typed_kinds(schema.get(key)) == {"string"}:  # a string goes out while written; others once whole
+                value = body[m.end():]
+                cut = next((k for k in range(len(value_end) - 1, 0, -1) if value.endswith(value_end[:k])), 0)
+                value = value[:len(value) - cut]  # the end tag may be on its way
+                partial = json.dumps(key, ensure_ascii=False) + ": " + json.dumps(value, ensure_ascii=False)[:-1]
+            break
+        args[key] = typed_value(body[m.end():end], schema.get(key))
+        pos = end + len(value_end)
+    known = dumps(args)[:-1]
+    return [ToolCall(name, known + (", " if args and partial else "") + partial)]
 
 
 def _name(head: re.Match) -> str:
