@@ -35,7 +35,18 @@ def workdir(tmp_path_factory) -> Path:
     model = smollm2_path()
     assert _sha256(Path(model)) == REF["input_sha256"], "the embedded model changed: remake the references"
     os.symlink(model, d / "model.gguf")
+    synthetic_imatrix(d / "synth.imatrix.gguf")
+    assert _sha256(d / "synth.imatrix.gguf") == REF["synthetic_imatrix_sha256"]
     return d
+
+
+def synthetic_imatrix(path: Path) -> None:
+    """The made-up imatrix of the iq2xxs case: sums[i] = ((i * 7919) % 997 + 1) / 16 over 64 tokens for
+    blk.0-3.ffn_down (1536 columns) and blk.0.attn_q (576)."""
+    entries = {**{f"blk.{i}.ffn_down.weight": 1536 for i in range(4)}, "blk.0.attn_q.weight": 576}
+    sums = {name: ((((np.arange(n) * 7919) % 997 + 1) / 16).astype(np.float32)[None, :], np.array([64]))
+            for name, n in entries.items()}
+    imatrix_file.save(path, sums, ["synthetic.txt"], 1, 64)
 
 
 @pytest.fixture(scope="module")
@@ -62,16 +73,17 @@ def quantized(workdir):
 def _argv(case: str) -> list[str]:
     """llama-quantize's arguments of a reference case, the file type last."""
     return {"mix": [*REF["mix_args"], "Q4_K_M"], "iq4": [*REF["iq4_args"], "Q8_0"],
-            "iq3s": [*REF["iq3s_args"], "Q8_0"]}.get(case, [case])
+            "iq3s": [*REF["iq3s_args"], "Q8_0"], "iq2xxs": [*REF["iq2xxs_args"], "Q8_0"]}.get(case, [case])
 
 
-@pytest.mark.parametrize("case", ["Q4_K_M", "Q2_K", "mix", "iq4", "iq3s", "TQ1_0", "TQ2_0"])
+@pytest.mark.parametrize("case", ["Q4_K_M", "Q2_K", "mix", "iq4", "iq3s", "TQ1_0", "TQ2_0", "iq2xxs"])
 def test_smollm2_quantized_as_llama_quantize(quantized, case, capsys):
     """Q4_K_M: Q4_K / Q6_K ffn_down by use_more_bits, Q5_0 / Q8_0 fallbacks for 576-wide rows, Q8_0 tied
     embeddings; Q2_K: Q3_K ffn_down, Q4_0 fallbacks; mix (--pure, --tensor-type, --output-tensor-type): every
     K-quant's reference quantizer and the 32-block fallbacks; iq4 / iq3s: IQ4_NL, IQ4_XS and IQ3_S tensors in a
     Q8_0 file (an IQ3_S attn_q falls back to IQ4_NL); TQ1_0 / TQ2_0: ternary ffn_down (1536 wide), the 576-wide
-    rest falls back to Q4_0, the tied embeddings to Q8_0."""
+    rest falls back to Q4_0, the tied embeddings to Q8_0; iq2xxs: IQ2_XXS ffn_down with a made-up imatrix (the
+    flipped-sign value make_qp_quants sees as a wrapped uint8 level), its attn_q falls back to IQ4_NL."""
     out = quantized(case)
     assert _sha256(out) == REF["quantize_sha256"][case]
     err = capsys.readouterr().err
@@ -168,7 +180,7 @@ def test_unknown_type_names_list_the_known_ones(workdir, monkeypatch, capsys):
     assert main(["quantize", "--token-embedding-type", "q4_k_m", "model.gguf", "o.gguf", "Q4_K_M"]) == 1
     err = capsys.readouterr().err
     assert "unknown type 'q4_k_m' (known: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_K, q3_K, q4_K, q5_K, " \
-           "q6_K, iq2_xs, iq3_s, iq4_nl, iq4_xs, tq1_0, tq2_0)" in err
+           "q6_K, iq2_xs, iq3_s, iq4_nl, iq4_xs, tq1_0, tq2_0, iq2_xxs)" in err
     assert main(["quantize", "model.gguf", "o.gguf", "Q7_K"]) == 1
     assert "Q2_K_S, Q3_K, Q3_K_S, Q3_K_M, Q3_K_L, Q4_K, Q4_K_S, Q4_K_M" in capsys.readouterr().err
 

@@ -311,3 +311,29 @@ def grid_code(L, k, width, bits):
     for i in range(width):
         u |= int(L[width * k + i]) << (bits * i)
     return u
+
+
+def iq2_grid_tables(magnitudes: np.ndarray, nwant: int = 2) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """iq2xs_init_impl for a grid of 8 levels in {1, 3, 5} (IQ2_XXS's 256 points, IQ2_XS's 512, IQ2_S's 1024):
+    magnitudes (n, 8) uint8 as ggml-common.h stores them (0x08, 0x19, 0x2b) -> grid (n, 8) int8 (kgrid's 2l + 1),
+    kmap (43692,) int32 (grid index, or -(offset + 1) into neighbours), neighbours (uint16: a count, then grid
+    indices sorted by (distance, index) up to the `nwant`-th distinct distance)."""
+    n = magnitudes.shape[0]
+    grid = np.select([magnitudes == 8, magnitudes == 25], [1, 3], 5).astype(np.int8)
+    g32 = grid.astype(np.int32)  # (n, 8)
+    shifts = 2 * np.arange(8)
+    kmap = np.full(43692, -1, np.int32)
+    kmap[((g32 - 1) // 2 << shifts).sum(axis=1)] = np.arange(n)
+    missing = np.nonzero(kmap < 0)[0]
+    neighbours: list[int] = []
+    for start in range(0, len(missing), 2048):
+        ids = missing[start:start + 2048]
+        pos = 2 * ((ids[:, None] >> shifts) & 3) + 1  # (m, 8)
+        d2 = ((g32[None, :, :] - pos[:, None, :]) ** 2).sum(axis=2)  # (m, n)
+        ranked = np.argsort(d2 * n + np.arange(n), axis=1)  # iq2_compare_func: distance, then index
+        dists = np.take_along_axis(d2, ranked, axis=1)
+        for i, row, dist in zip(ids, ranked, dists, strict=True):
+            k = int((dist <= np.unique(dist)[:nwant][-1]).sum())
+            kmap[i] = -(len(neighbours) + 1)
+            neighbours += [k, *row[:k].tolist()]
+    return grid, kmap, np.array(neighbours, np.uint16)

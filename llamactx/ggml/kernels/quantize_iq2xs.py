@@ -20,40 +20,21 @@ from llamactx.ggml.kernels.quant_search import (
     best_neighbour,
     fp16_round,
     grid_code,
+    iq2_grid_tables,
     nearest_int,
 )
 from llamactx.gguf.iq_grids import IQ2XS_GRID
 
 K_MAX_Q = 3
-KMAP_SIZE = 43692
 NWANT = 2
 TYPE_SIZE = 74  # sizeof(block_iq2_xs): d, qs[32] (uint16), scales[8]
 
 
 @lru_cache(maxsize=1)
 def iq2xs_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """iq2xs_init_impl: grid (512, 8) int8, kmap (43692,) int32 (grid index, or -(offset + 1) into neighbours),
-    neighbours (uint16: a count, then grid indices sorted by (distance, index) up to the second distinct
-    distance)."""
-    magnitudes = IQ2XS_GRID.view(np.uint8).reshape(512, 8)  # ggml-common.h's 0x08, 0x19, 0x2b
-    grid = np.select([magnitudes == 8, magnitudes == 25], [1, 3], 5).astype(np.int8)  # kgrid_2bit_512's 2l + 1
-    g32 = grid.astype(np.int32)  # (512, 8)
-    shifts = 2 * np.arange(8)
-    kmap = np.full(KMAP_SIZE, -1, np.int32)
-    kmap[((g32 - 1) // 2 << shifts).sum(axis=1)] = np.arange(512)
-    missing = np.nonzero(kmap < 0)[0]
-    neighbours: list[int] = []
-    for start in range(0, len(missing), 2048):
-        ids = missing[start:start + 2048]
-        pos = 2 * ((ids[:, None] >> shifts) & 3) + 1  # (m, 8)
-        d2 = ((g32[None, :, :] - pos[:, None, :]) ** 2).sum(axis=2)  # (m, 512)
-        ranked = np.argsort(d2 * 512 + np.arange(512), axis=1)  # iq2_compare_func: distance, then index
-        dists = np.take_along_axis(d2, ranked, axis=1)  # (m, 512) ascending
-        for i, row, dist in zip(ids, ranked, dists, strict=True):
-            n = int((dist <= np.unique(dist)[:NWANT][-1]).sum())
-            kmap[i] = -(len(neighbours) + 1)
-            neighbours += [n, *row[:n].tolist()]
-    return grid, kmap, np.array(neighbours, np.uint16)
+    """iq2xs_init_impl(GGML_TYPE_IQ2_XS): grid (512, 8) int8, kmap (43692,) int32, neighbours up to the second
+    distinct distance (quant_search.iq2_grid_tables)."""
+    return iq2_grid_tables(IQ2XS_GRID.view(np.uint8).reshape(512, 8), nwant=NWANT)
 
 
 @njit(cache=True)
