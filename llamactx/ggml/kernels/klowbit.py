@@ -9,8 +9,8 @@ every activation row:
 - vec_dot order (n < 8, `_vec_row`): per 32-element group g, the eight int32 lanes of signed codes . Q8_K quants
   (`vdot_s8`: ggml's sign trick, exact) times the two 16-element sub-block scales (`vscales_pair`), summed over
   the super-block's groups; acc = fma(float(lane), d_w * d_x, acc) per lane, `post * hsum_float_8(acc)` (fsum);
-  IQ1_S's delta term apart (accum1), IQ1_M's in lanes of its own (delta per 8 elements times the quants' lane
-  sums), as vecdot_lowbit's `_vec_dot_lowbit`;
+  IQ1_S's delta term apart (accum1), IQ1_M's in lanes of its own (its +-1 deltas . the quants, under the same
+  scales), as vecdot_lowbit's `_vec_dot_lowbit`;
 - tiled order (n >= 8, `tile_rows`): 16 rows transposed into kxtile.py's IQ4_XS tile (codes + 128, IQ1's
   8 * code + delta + 128, the 16-element scales, the tile's d = f16(d) * post), whose `_kx_isum` / `_kx_step`
   give per super-block s1 = sum sc * dot and out = fma(float(s1) * d_w, d_x, out): tiled.cpp's order.
@@ -31,8 +31,8 @@ from llamactx.ggml.kernels.ktile import TILE, _packed_pairs, _store_tile
 from llamactx.ggml.kernels.kxquants import vdot_s8
 from llamactx.ggml.kernels.kxtile import IQ4XS_SHIFT, _kx_isum, _kx_step
 from llamactx.ggml.kernels.q8 import quantize_q8_K
-from llamactx.ggml.kernels.simd import PORTABLE, VNNI, fmadd_i, fsum, fzero, vload, vload_i32, vstore
-from llamactx.ggml.kernels.vnni import ilanesum4, imul, imuladd_v, izero, vscales_pair
+from llamactx.ggml.kernels.simd import PORTABLE, VNNI, fmadd_i, fsum, fzero, vload, vstore
+from llamactx.ggml.kernels.vnni import imuladd_v, izero, vscales_pair
 from llamactx.ggml.kernels.wide import wzero
 from llamactx.gguf.iq_grids import IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS
 
@@ -48,6 +48,7 @@ _G3XXS = np.ascontiguousarray(IQ3XXS_GRID).view(np.uint32).ravel()  # (256,) fou
 _G3S = np.ascontiguousarray(IQ3S_GRID).view(np.uint32).ravel()  # (512,)
 _G1S = np.ascontiguousarray(IQ1S_GRID).view(np.uint64).ravel()  # (2048,) -1 / 0 / 1 bytes
 _F0 = np.float32(0.0)
+_PLUS8, _MINUS8 = np.uint64(0x0101010101010101), np.uint64(0xFFFFFFFFFFFFFFFF)  # eight int8 +1 / -1
 
 
 @njit(cache=True, inline="always")
@@ -59,9 +60,10 @@ def _w16(lo, hi):  # pragma: no cover - compiled
 @njit(cache=True, inline="always")
 def _decode_row(t, blocks, r, wq, sc8, dl, dw):  # pragma: no cover - compiled
     """Row r of `blocks` (rows, nb * type_size) -> its signed codes wq (1, nb * 256) (kiqcodes.iq_codes, a group
-    per call), scales sc8 (1, nb * 16) (2 ls + 1 per 16 elements), IQ1's delta dl (1, nb * 64) (+-1 per 4
-    elements) and the f16 d as float32 dw (nb,)."""
+    per call), scales sc8 (1, nb * 16) (2 ls + 1 per 16 elements), IQ1's delta dl (1, nb * 256) int8 (+-1
+    per element) and the f16 d as float32 dw (nb,)."""
     size = blocks.shape[1] // dw.shape[0]
+    dl64 = dl.view(np.uint64)  # eight deltas per word
     for b in range(dw.shape[0]):
         o = b * size
         if t == IQ1_M:  # iq1m_scale_t: d in the top nibbles of the four scale words
@@ -94,14 +96,14 @@ def _decode_row(t, blocks, r, wq, sc8, dl, dw):  # pragma: no cover - compiled
             elif t == IQ1_S:  # a u16 per 32: 3 x 4 high index bits, a 3-bit scale, the delta's sign
                 qh = _w16(blocks[r, o + 34 + 2 * ib], blocks[r, o + 35 + 2 * ib])
                 sc8[0, s] = sc8[0, s + 1] = 2 * ((qh >> 12) & 7) + 1
-                delta = -1 if qh & 0x8000 else 1
-                for k in range(8):
-                    dl[0, c // 4 + k] = delta
+                delta = _MINUS8 if qh & 0x8000 else _PLUS8
+                for k in range(4):
+                    dl64[0, c // 8 + k] = delta
                 vstore(wq, 0, c, iq_codes(19, blocks, r, o, ib, _G1S, KSIGNS_IQ2XS))
             else:  # IQ1_M: two qh bytes per 32 (3 index bits and a delta sign per 8), 3-bit scales per 16
                 for g in range(4):
                     qh = np.uint32(blocks[r, o + 32 + 2 * ib + g // 2]) >> (4 * (g % 2))
-                    dl[0, c // 4 + 2 * g] = dl[0, c // 4 + 2 * g + 1] = -1 if qh & 8 else 1
+                    dl64[0, c // 8 + g] = _MINUS8 if qh & 8 else _PLUS8
                 for h in range(2):
                     sub = 2 * ib + h  # the sub-block in the super-block: word sub // 4, bits 3 (sub % 4)
                     p = o + 48 + 2 * (sub // 4)
@@ -137,30 +139,30 @@ def _vec_row(path, t, post, wq, sc8, dl, dw, xq, xd, bsums, r, out):  # pragma: 
                               vscales_pair(sc8, 0, s + 8, 3))
             d = xd[i, b] * dw[b]
             acc = fmadd_i(acc, lanes, d)
-            if iq1m:  # delta (per 8 elements) times the quants' lane sums, under the same scales
+            if iq1m:  # the deltas (+-1 per element) . the quants, under the same scales
                 lanes2 = izero()
-                lanes2 = imuladd_v(lanes2, imul(vload_i32(dl, 0, b * 64 + 0), ilanesum4(vload(xq, i, c + 0))),
+                lanes2 = imuladd_v(lanes2, vdot_s8(path, izero(), vload(dl, 0, c + 0), vload(xq, i, c + 0)),
                                    vscales_pair(sc8, 0, s + 0, 0))
-                lanes2 = imuladd_v(lanes2, imul(vload_i32(dl, 0, b * 64 + 8), ilanesum4(vload(xq, i, c + 32))),
+                lanes2 = imuladd_v(lanes2, vdot_s8(path, izero(), vload(dl, 0, c + 32), vload(xq, i, c + 32)),
                                    vscales_pair(sc8, 0, s + 0, 1))
-                lanes2 = imuladd_v(lanes2, imul(vload_i32(dl, 0, b * 64 + 16), ilanesum4(vload(xq, i, c + 64))),
+                lanes2 = imuladd_v(lanes2, vdot_s8(path, izero(), vload(dl, 0, c + 64), vload(xq, i, c + 64)),
                                    vscales_pair(sc8, 0, s + 0, 2))
-                lanes2 = imuladd_v(lanes2, imul(vload_i32(dl, 0, b * 64 + 24), ilanesum4(vload(xq, i, c + 96))),
+                lanes2 = imuladd_v(lanes2, vdot_s8(path, izero(), vload(dl, 0, c + 96), vload(xq, i, c + 96)),
                                    vscales_pair(sc8, 0, s + 0, 3))
-                lanes2 = imuladd_v(lanes2, imul(vload_i32(dl, 0, b * 64 + 32), ilanesum4(vload(xq, i, c + 128))),
+                lanes2 = imuladd_v(lanes2, vdot_s8(path, izero(), vload(dl, 0, c + 128), vload(xq, i, c + 128)),
                                    vscales_pair(sc8, 0, s + 8, 0))
-                lanes2 = imuladd_v(lanes2, imul(vload_i32(dl, 0, b * 64 + 40), ilanesum4(vload(xq, i, c + 160))),
+                lanes2 = imuladd_v(lanes2, vdot_s8(path, izero(), vload(dl, 0, c + 160), vload(xq, i, c + 160)),
                                    vscales_pair(sc8, 0, s + 8, 1))
-                lanes2 = imuladd_v(lanes2, imul(vload_i32(dl, 0, b * 64 + 48), ilanesum4(vload(xq, i, c + 192))),
+                lanes2 = imuladd_v(lanes2, vdot_s8(path, izero(), vload(dl, 0, c + 192), vload(xq, i, c + 192)),
                                    vscales_pair(sc8, 0, s + 8, 2))
-                lanes2 = imuladd_v(lanes2, imul(vload_i32(dl, 0, b * 64 + 56), ilanesum4(vload(xq, i, c + 224))),
+                lanes2 = imuladd_v(lanes2, vdot_s8(path, izero(), vload(dl, 0, c + 224), vload(xq, i, c + 224)),
                                    vscales_pair(sc8, 0, s + 8, 3))
                 acc2 = fmadd_i(acc2, lanes2, d)
             elif t == IQ1_S:  # sumi1: each 32's bsum pair times its signed scale
                 s1 = 0
                 for g in range(8):
                     pair = bsums[i, s + 2 * g] + bsums[i, s + 2 * g + 1]
-                    s1 += dl[0, b * 64 + 8 * g] * np.int32(sc8[0, s + 2 * g]) * pair
+                    s1 += np.int32(dl[0, c + 32 * g]) * np.int32(sc8[0, s + 2 * g]) * pair
                 accum1 = fma32(d, np.float32(s1), accum1)
         h = fsum(acc)
         if t == IQ1_S:
@@ -178,7 +180,7 @@ def vec_rows(path, t, post, blocks, a, r0, r1, out):  # pragma: no cover - compi
     nb = xd.shape[1]
     wq = np.empty((1, nb * 256), np.uint8)  # the signed codes
     sc8 = np.empty((1, nb * 16), np.uint8)
-    dl = np.zeros((1, nb * 64), np.int32)
+    dl = np.zeros((1, nb * 256), np.int8)
     dw = np.empty(nb, np.float32)
     for r in range(r0, r1):
         _decode_row(t, blocks, r, wq, sc8, dl, dw)
@@ -201,7 +203,7 @@ def _tile(t, post, blocks, r0, r1, tile, wq8, sc8, dl, dw):  # pragma: no cover 
         _decode_row(t, blocks, r, wq8, sc8, dl, dw)
         for e in range(codes.shape[1]):
             c = np.int32(codes[0, e])
-            u8[0, e] = 8 * c + dl[0, e // 4] + 128 if iq1 else c + 128
+            u8[0, e] = 8 * c + np.int32(dl[0, e]) + 128 if iq1 else c + 128
         for b in range(dw.shape[0]):
             td[b, lane] = dw[b] * post
             for s in range(16):
@@ -224,7 +226,7 @@ def tile_rows(path, t, post, blocks, a, r0, r1, out):  # pragma: no cover - comp
             np.empty((nb * 8, 2 * TILE), np.int16), np.empty((nb, TILE), np.float32))
     wq8 = np.empty((1, nb * 256), np.uint8)
     sc8 = np.empty((1, nb * 16), np.uint8)
-    dl = np.zeros((1, nb * 64), np.int32)
+    dl = np.zeros((1, nb * 256), np.int8)
     dw = np.empty(nb, np.float32)
     buf = np.empty((1, TILE), np.float32)
     n4 = n - n % 4
