@@ -73,17 +73,19 @@ def quantized(workdir):
 def _argv(case: str) -> list[str]:
     """llama-quantize's arguments of a reference case, the file type last."""
     return {"mix": [*REF["mix_args"], "Q4_K_M"], "iq4": [*REF["iq4_args"], "Q8_0"],
-            "iq3s": [*REF["iq3s_args"], "Q8_0"], "iq2xxs": [*REF["iq2xxs_args"], "Q8_0"]}.get(case, [case])
+            "iq3s": [*REF["iq3s_args"], "Q8_0"], "iq2xxs": [*REF["iq2xxs_args"], "Q8_0"],
+            "iq2s": [*REF["iq2s_args"], "Q8_0"]}.get(case, [case])
 
 
-@pytest.mark.parametrize("case", ["Q4_K_M", "Q2_K", "mix", "iq4", "iq3s", "TQ1_0", "TQ2_0", "iq2xxs"])
+@pytest.mark.parametrize("case", ["Q4_K_M", "Q2_K", "mix", "iq4", "iq3s", "TQ1_0", "TQ2_0", "iq2xxs", "iq2s"])
 def test_smollm2_quantized_as_llama_quantize(quantized, case, capsys):
     """Q4_K_M: Q4_K / Q6_K ffn_down by use_more_bits, Q5_0 / Q8_0 fallbacks for 576-wide rows, Q8_0 tied
     embeddings; Q2_K: Q3_K ffn_down, Q4_0 fallbacks; mix (--pure, --tensor-type, --output-tensor-type): every
     K-quant's reference quantizer and the 32-block fallbacks; iq4 / iq3s: IQ4_NL, IQ4_XS and IQ3_S tensors in a
     Q8_0 file (an IQ3_S attn_q falls back to IQ4_NL); TQ1_0 / TQ2_0: ternary ffn_down (1536 wide), the 576-wide
     rest falls back to Q4_0, the tied embeddings to Q8_0; iq2xxs: IQ2_XXS ffn_down with a made-up imatrix (the
-    flipped-sign value make_qp_quants sees as a wrapped uint8 level), its attn_q falls back to IQ4_NL."""
+    flipped-sign value make_qp_quants sees as a wrapped uint8 level), iq2s: IQ2_S likewise; their attn_q falls back
+    to IQ4_NL."""
     out = quantized(case)
     assert _sha256(out) == REF["quantize_sha256"][case]
     err = capsys.readouterr().err
@@ -180,7 +182,7 @@ def test_unknown_type_names_list_the_known_ones(workdir, monkeypatch, capsys):
     assert main(["quantize", "--token-embedding-type", "q4_k_m", "model.gguf", "o.gguf", "Q4_K_M"]) == 1
     err = capsys.readouterr().err
     assert "unknown type 'q4_k_m' (known: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_K, q3_K, q4_K, q5_K, " \
-           "q6_K, iq2_xs, iq3_s, iq4_nl, iq4_xs, tq1_0, tq2_0, iq2_xxs)" in err
+           "q6_K, iq2_xs, iq3_s, iq4_nl, iq4_xs, tq1_0, tq2_0, iq2_xxs, iq2_s)" in err
     assert main(["quantize", "model.gguf", "o.gguf", "Q7_K"]) == 1
     assert "Q2_K_S, Q3_K, Q3_K_S, Q3_K_M, Q3_K_L, Q4_K, Q4_K_S, Q4_K_M" in capsys.readouterr().err
 

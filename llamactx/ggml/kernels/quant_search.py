@@ -337,3 +337,60 @@ def iq2_grid_tables(magnitudes: np.ndarray, nwant: int = 2) -> tuple[np.ndarray,
             kmap[i] = -(len(neighbours) + 1)
             neighbours += [k, *row[:k].tolist()]
     return grid, kmap, np.array(neighbours, np.uint16)
+
+
+@njit(cache=True)
+def iq2_scale_search(xval, weight, waux, mx, grid, kmap, neigh, L, Laux, on_grid, on_aux):
+    """The scale search of quantize_row_iq2_xs_impl / quantize_row_iq2_s_impl for one 16-block of magnitudes xval
+    (two groups of 8, levels 0..2 on the IQ2 grid): 19 trial scales (2*kMaxQ - 1 + is/10) / max, each group
+    snapped to the grid or its best neighbour, the best by weighted least squares; then the groups that were off
+    the grid redone at the found scale and the scale refit. Levels into L; returns the scale."""
+    best = ZERO
+    scale = mx / F32(5)
+    on_grid[:] = True
+    for is_ in range(-9, 10):
+        id_ = (F32(5) + F32(is_) * TENTH) / mx
+        this_scale = ONE / id_
+        for k in range(2):
+            for i in range(8):
+                lv = nearest_int(F32(0.5) * (id_ * xval[8 * k + i] - ONE))
+                Laux[8 * k + i] = max(0, min(2, lv))
+            u = grid_code(Laux, k, 8, 2)
+            on_aux[k] = True
+            if kmap[u] < 0:
+                on_aux[k] = False
+                best_neighbour(neigh, -kmap[u] - 1, grid, xval[8 * k:8 * k + 8], waux[8 * k:8 * k + 8], this_scale,
+                               Laux[8 * k:8 * k + 8])
+        sumqx = ZERO
+        sumq2 = ZERO
+        for i in range(16):
+            q = F32(2 * int(Laux[i]) + 1)
+            sumqx += weight[i] * xval[i] * q
+            sumq2 += weight[i] * q * q
+        if sumq2 > 0 and sumqx * sumqx > best * sumq2:
+            scale = sumqx / sumq2
+            best = scale * sumqx
+            L[:] = Laux
+            on_grid[:] = on_aux
+    if (not on_grid[0] or not on_grid[1]) and scale > 0:
+        id_ = ONE / scale
+        for k in range(2):
+            if on_grid[k]:
+                continue
+            u = 0
+            for i in range(8):
+                lv = max(0, min(2, nearest_int(F32(0.5) * (id_ * xval[8 * k + i] - ONE))))
+                u |= lv << (2 * i)
+                L[8 * k + i] = lv
+            if kmap[u] < 0:
+                best_neighbour(neigh, -kmap[u] - 1, grid, xval[8 * k:8 * k + 8], waux[8 * k:8 * k + 8], scale,
+                               L[8 * k:8 * k + 8])
+        sumqx = ZERO
+        sumq2 = ZERO
+        for i in range(16):
+            q = F32(2 * int(L[i]) + 1)
+            sumqx += weight[i] * xval[i] * q
+            sumq2 += weight[i] * q * q
+        if sumq2 > 0:
+            scale = sumqx / sumq2
+    return scale
