@@ -17,15 +17,14 @@ from llamactx.ggml.kernels.quant_search import (
     GROUP_MAX_EPS,
     ONE,
     ZERO,
-    best_neighbour,
     fp16_round,
     grid_code,
     iq2_grid_tables,
+    iq2_scale_search,
     nearest_int,
 )
 from llamactx.gguf.iq_grids import IQ2XS_GRID
 
-K_MAX_Q = 3
 NWANT = 2
 TYPE_SIZE = 74  # sizeof(block_iq2_xs): d, qs[32] (uint16), scales[8]
 
@@ -84,58 +83,7 @@ def iq2xs_superblock(xbl, y, qw, grid, kmap, neigh, scales, weight, waux, xval, 
         if mx < GROUP_MAX_EPS:
             scales[ib] = ZERO
             continue
-        best = ZERO
-        scale = mx / F32(2 * K_MAX_Q - 1)
-        on_grid[:] = True
-        for is_ in range(-9, 10):
-            id_ = (F32(2 * K_MAX_Q - 1) + F32(is_) * F32(0.1)) / mx
-            this_scale = ONE / id_
-            for k in range(2):
-                for i in range(8):
-                    lv = nearest_int(F32(0.5) * (id_ * xval[8 * k + i] - ONE))
-                    Laux[8 * k + i] = max(0, min(K_MAX_Q - 1, lv))
-                u = grid_code(Laux, k, 8, 2)
-                on_aux[k] = True
-                if kmap[u] < 0:
-                    on_aux[k] = False
-                    best_neighbour(neigh, -kmap[u] - 1, grid, xval[8 * k:8 * k + 8], waux[8 * k:8 * k + 8],
-                                    this_scale, Laux[8 * k:8 * k + 8])
-            sumqx = ZERO
-            sumq2 = ZERO
-            for i in range(16):
-                q = F32(2 * int(Laux[i]) + 1)
-                sumqx += weight[i] * xval[i] * q
-                sumq2 += weight[i] * q * q
-            if sumq2 > 0 and sumqx * sumqx > best * sumq2:
-                scale = sumqx / sumq2
-                best = scale * sumqx
-                L[:] = Laux
-                on_grid[:] = on_aux
-        n_not_ongrid = 0
-        for k in range(2):
-            if not on_grid[k]:
-                n_not_ongrid += 1
-        if n_not_ongrid > 0 and scale > 0:
-            id_ = ONE / scale
-            for k in range(2):
-                if on_grid[k]:
-                    continue
-                u = 0
-                for i in range(8):
-                    lv = max(0, min(K_MAX_Q - 1, nearest_int(F32(0.5) * (id_ * xval[8 * k + i] - ONE))))
-                    u |= lv << (2 * i)
-                    L[8 * k + i] = lv
-                if kmap[u] < 0:
-                    best_neighbour(neigh, -kmap[u] - 1, grid, xval[8 * k:8 * k + 8], waux[8 * k:8 * k + 8], scale,
-                                    L[8 * k:8 * k + 8])
-            sumqx = ZERO
-            sumq2 = ZERO
-            for i in range(16):
-                q = F32(2 * int(L[i]) + 1)
-                sumqx += weight[i] * xval[i] * q
-                sumq2 += weight[i] * q * q
-            if sumq2 > 0:
-                scale = sumqx / sumq2
+        scale = iq2_scale_search(xval, weight, waux, mx, grid, kmap, neigh, L, Laux, on_grid, on_aux)
         if scale < 0:
             scale = -scale
             for k in range(2):
