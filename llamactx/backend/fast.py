@@ -29,7 +29,7 @@ from llamactx.ggml.kernels import bf16
 from llamactx.ggml.kernels.attention import attend
 from llamactx.ggml.kernels.compute import WeightTable, plan_graph
 from llamactx.ggml.kernels.delta_rule import gated_delta_net_
-from llamactx.ggml.kernels.delta_rule import ssm_conv as ssm_conv_blocked
+from llamactx.ggml.kernels.delta_rule import ssm_conv as ssm_conv_tokens
 from llamactx.ggml.kernels.flash import flash_attend
 from llamactx.ggml.kernels.get_rows import get_rows, get_rows_q8_0_packed
 from llamactx.ggml.kernels.matmul import expert_order, matmul, matmul_id
@@ -228,8 +228,8 @@ class FastOps(ReferenceOps):
         return out
 
     def ssm_conv(self, conv_x: np.ndarray, weight: np.ndarray) -> np.ndarray:
-        # the reference's sums, 16 channels at a time (kernels.delta_rule)
-        return ssm_conv_blocked(conv_x, weight)
+        # the reference's sums; a token-major input (qwen35's) vectorized across channels (kernels.delta_rule)
+        return ssm_conv_tokens(conv_x, weight)
 
     def gated_delta_net(self, q, k, v, g, beta, state):
         # the reference's bits, a row of the state at a time, in place in the caller's copy (ops.py) when it is a

@@ -273,11 +273,11 @@ def delta_net_block(model, ops, rs: RecurrentInput, cur: np.ndarray, il: int) ->
     conv = np.empty((n, conv_dim), np.float32)
     for k, st in enumerate(rs.sets):
         rows = slice(None) if whole else st.idx
-        conv_x = np.empty((conv_dim, d_state_conv + len(st.idx)), np.float32)  # (conv_dim, d_conv - 1 + n_t)
-        conv_x[:, :d_state_conv] = rs.conv_state(il, k).reshape(conv_dim, d_state_conv)
-        conv_x[:, d_state_conv:] = qkv[rows].T
-        rs.store_conv(il, k, conv_x[:, conv_x.shape[1] - d_state_conv :])
-        conv[rows] = ops.ssm_conv(conv_x, conv_w)
+        xt = np.empty((d_state_conv + len(st.idx), conv_dim), np.float32)  # the conv input, token-major
+        xt[:d_state_conv] = rs.conv_state(il, k).reshape(conv_dim, d_state_conv).T
+        xt[d_state_conv:] = qkv[rows]
+        rs.store_conv(il, k, np.ascontiguousarray(xt[len(st.idx) :].T))  # its last d_conv - 1 columns
+        conv[rows] = ops.ssm_conv(xt.T, conv_w)  # conv_x (conv_dim, d_conv - 1 + n_t): a view
     conv = ops.silu(conv)  # (n, conv_dim)
     q = ops.l2_norm(conv[:, :key_dim].reshape(n, n_k_heads, head), hp.f_norm_rms_eps)  # (n, n_k_heads, head)
     k_ = ops.l2_norm(conv[:, key_dim : 2 * key_dim].reshape(n, n_k_heads, head), hp.f_norm_rms_eps)

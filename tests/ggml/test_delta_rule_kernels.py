@@ -59,3 +59,5 @@ def test_ssm_conv_rows_matches_reference(n_t, d_conv):
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
     np.testing.assert_array_equal(st, conv_x[:, conv_x.shape[1] - (d_conv - 1):])
     np.testing.assert_array_equal(fast.ssm_conv(conv_x, w).view(np.uint32), want.view(np.uint32))
+    xt = np.ascontiguousarray(conv_x.T)  # token-major, passed transposed: read in place
+    np.testing.assert_array_equal(fast.ssm_conv(xt.T, w).view(np.uint32), want.view(np.uint32))

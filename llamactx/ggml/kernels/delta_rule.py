@@ -7,8 +7,9 @@ bits of llamactx.ggml.delta_net / llamactx.ggml.ssm (the reference, tests/ggml/t
   out[j] = s[j].q), so the four passes over the S x S state become two passes over each 512-byte row while it
   sits in L1, with every element's arithmetic (products, FMAs, the dots' lane order and reduction) unchanged.
   Heads run on the thread pool, as ggml splits them over its threads.
-- `ssm_conv_rows`: the depthwise causal conv read from the token-major projection (n_t, n_ch) and the conv state
-  (n_ch, d_conv - 1) directly, the new state written in place: no concatenated, transposed copy of the ubatch.
+- `ssm_conv`: the depthwise causal conv read from a token-major input (d_conv - 1 + n_t, n_ch), one pass over a row
+  of channels per tap (vectorized across them, each output's taps in order): no transposed copy of the ubatch;
+  `ssm_conv_rows` the same sums from the conv state (n_ch, d_conv - 1) and the new rows, the state in place.
 
 The memory traffic of a decode step (`recurrent_traffic`): per delta-net layer and sequence, the S x S float32
 state of each value head is read once and written once (H_v * S * S * 4 bytes each way), the conv state
@@ -29,6 +30,7 @@ from numba.extending import intrinsic
 from llamactx.ggml.cpu import F32_EPR, F32_TAIL_EPILOGUE
 from llamactx.ggml.intrinsics import fma32
 from llamactx.ggml.kernels.simd import f32x8, fmadd, fzero, splat, vload_f32, vstore
+from llamactx.ggml.ssm import ssm_conv as ref_ssm_conv
 from llamactx.ggml.vec import f32_tail
 
 _F32 = np.float32
@@ -249,32 +251,37 @@ def ssm_conv_rows(state: np.ndarray, x: np.ndarray, weight: np.ndarray) -> np.nd
 
 
 @numba.njit(cache=True)
-def _ssm_conv_blocked(conv_x, w, out):  # pragma: no cover - compiled
-    """llamactx.ggml.ssm._ssm_conv's sums, 16 channels at a time: conv_x's rows read in order, out's written a
-    64-byte line at a time."""
-    n_ch, d_conv = w.shape
-    n_t = out.shape[0]
+def _ssm_conv_tokens(xt, w, out):  # pragma: no cover - compiled
+    """The same sums from the token-major inputs xt (d_conv - 1 + n_t, n_ch): each tap a pass over a row of
+    channels (vectorized across them), every output's taps still added in order from 0."""
+    n_t, n_ch = out.shape
+    d_conv = w.shape[1]
+    wt = np.ascontiguousarray(w.T)  # (d_conv, n_ch)
     n_unfused = d_conv // 4 * 4  # AVX2: the taps GCC multiplies 4 at a time
-    for c0 in range(0, n_ch, 16):
-        c1 = min(c0 + 16, n_ch)
-        for t in range(n_t):
-            for c in range(c0, c1):
-                s = _F32(0.0)
-                for i in range(d_conv):
-                    if F32_EPR == 16 or i >= n_unfused:
-                        s = fma32(conv_x[c, t + i], w[c, i], s)
-                    else:  # the AVX2 build's groups of 4 taps are not fused
-                        s = s + conv_x[c, t + i] * w[c, i]
-                out[t, c] = s
+    for t in range(n_t):
+        o = out[t]
+        o[:] = 0
+        for i in range(d_conv):
+            x = xt[t + i]
+            wi = wt[i]
+            if F32_EPR == 16 or i >= n_unfused:
+                for c in range(n_ch):
+                    o[c] = fma32(x[c], wi[c], o[c])
+            else:  # the AVX2 build's groups of 4 taps are not fused
+                for c in range(n_ch):
+                    o[c] = o[c] + x[c] * wi[c]
 
 
 def ssm_conv(conv_x: np.ndarray, weight: np.ndarray) -> np.ndarray:
-    """llamactx.ggml.ssm.ssm_conv (ggml_ssm_conv of one sequence), cache-friendly for long ubatches.
-    conv_x (n_ch, d_conv - 1 + n_t); weight (n_ch, d_conv). -> (n_t, n_ch) float32"""
-    conv_x = np.ascontiguousarray(conv_x, np.float32)
+    """llamactx.ggml.ssm.ssm_conv (ggml_ssm_conv of one sequence). conv_x (n_ch, d_conv - 1 + n_t): the transpose
+    of a token-major C-contiguous float32 array (xt.T, as qwen35's delta-net block passes it) is read in place,
+    vectorized across channels; anything else goes to the reference kernel. weight (n_ch, d_conv).
+    -> (n_t, n_ch) float32"""
+    if not (conv_x.dtype == np.float32 and conv_x.T.flags.c_contiguous and conv_x.shape[1] > 1):
+        return ref_ssm_conv(conv_x, weight)
     weight = np.ascontiguousarray(weight, np.float32)
     out = np.empty((conv_x.shape[1] - weight.shape[1] + 1, weight.shape[0]), np.float32)
-    _ssm_conv_blocked(conv_x, weight, out)
+    _ssm_conv_tokens(conv_x.T, weight, out)
     return out
 
 
