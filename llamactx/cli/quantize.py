@@ -42,6 +42,7 @@ from llamactx.cli.quantize_types import (
 )
 from llamactx.ggml.kernels.quantize_iq2s import quantize_rows_iq2s
 from llamactx.ggml.kernels.quantize_iq2xxs import quantize_rows_iq2xxs
+from llamactx.ggml.kernels.quantize_iq3xxs import quantize_rows_iq3xxs
 from llamactx.ggml.kernels.quantize_rows import K_TYPES, WEIGHTED_LEGACY_TYPES, quantize_chunk
 from llamactx.ggml.kernels.quantize_tq import quantize_rows_tq
 from llamactx.gguf import imatrix_file
@@ -193,9 +194,10 @@ def convert(gguf: GGUFFile, p: TensorPlan) -> np.ndarray:
         ne0 = p.shape[0]
         return np.concatenate([quantize_rows_iq2xxs(m, p.imatrix[i * ne0:(i + 1) * ne0]).reshape(-1)
                                for i, m in enumerate(values)])
-    if p.dst_type == T.IQ2_S:  # without an imatrix only for token_embd / output
+    if p.dst_type in (T.IQ2_S, T.IQ3_XXS):  # without an imatrix only for token_embd / output
         ne0 = p.shape[0]
-        return np.concatenate([quantize_rows_iq2s(m, None if p.imatrix is None else p.imatrix[i * ne0:(i + 1) * ne0])
+        quantize_rows = quantize_rows_iq2s if p.dst_type == T.IQ2_S else quantize_rows_iq3xxs
+        return np.concatenate([quantize_rows(m, None if p.imatrix is None else p.imatrix[i * ne0:(i + 1) * ne0])
                                .reshape(-1) for i, m in enumerate(values)])
     if p.dst_type in K_TYPES or (p.imatrix is not None and p.dst_type in WEIGHTED_LEGACY_TYPES):
         ne0 = p.shape[0]

@@ -37,7 +37,7 @@ FILE_TYPES = {
 # ggml type names (ggml_type_name) a --tensor-type / --output-tensor-type / --token-embedding-type may name
 TENSOR_TYPES = {t.name.lower() if t.name[-2:] != "_K" else t.name[:-1].lower() + "K": t for t in
                 (T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K,
-                 T.Q6_K, T.IQ2_XS, T.IQ3_S, T.IQ4_NL, T.IQ4_XS, T.TQ1_0, T.TQ2_0, T.IQ2_XXS, T.IQ2_S)}
+                 T.Q6_K, T.IQ2_XS, T.IQ3_S, T.IQ4_NL, T.IQ4_XS, T.TQ1_0, T.TQ2_0, T.IQ2_XXS, T.IQ2_S, T.IQ3_XXS)}
 FLOAT_TYPES = (T.F32, T.F16, T.BF16)  # ggml_is_quantized is false for them
 
 # llama-quant.cpp `tensor_allows_quantization`: name parts of the tensors kept as they are (the GLM5-next list,
@@ -54,7 +54,7 @@ _KEEP_NAMES = ("position_embd.weight", "token_types.weight")
 # tensor_type_fallback: a 256-block type whose rows it does not divide -> a 32-block type
 _FALLBACK = {T.Q2_K: T.Q4_0, T.Q3_K: T.Q4_0, T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0, T.IQ2_XS: T.IQ4_NL,
              T.IQ3_S: T.IQ4_NL, T.IQ4_XS: T.IQ4_NL, T.TQ1_0: T.Q4_0, T.TQ2_0: T.Q4_0,
-             T.IQ2_XXS: T.IQ4_NL, T.IQ2_S: T.IQ4_NL}
+             T.IQ2_XXS: T.IQ4_NL, T.IQ2_S: T.IQ4_NL, T.IQ3_XXS: T.IQ4_NL}
 
 
 def parse_tensor_type(name: str, what: str) -> T:
@@ -308,7 +308,7 @@ class TypeChooser:
 
 
 def requires_imatrix(name: str, dst: T, ftype: F) -> bool:
-    """tensor_requires_imatrix, for the types written here: IQ2_XXS, IQ2_XS, IQ2_S, and Q2_K of a Q2_K_S file."""
+    """tensor_requires_imatrix, for the types written here: IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, Q2_K of a Q2_K_S file."""
     if name in ("token_embd.weight", "per_layer_token_embd.weight", "output.weight"):
         return False
-    return dst in (T.IQ2_XS, T.IQ2_XXS, T.IQ2_S) or (dst == T.Q2_K and ftype == LlamaFileType.MOSTLY_Q2_K_S)
+    return dst in (T.IQ2_XS, T.IQ2_XXS, T.IQ2_S, T.IQ3_XXS) or (dst == T.Q2_K and ftype == LlamaFileType.MOSTLY_Q2_K_S)

@@ -5,6 +5,7 @@ quantizers of llamactx.ggml.kernels.quantize_rows against ggml's on small cases;
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 from pathlib import Path
@@ -74,18 +75,18 @@ def _argv(case: str) -> list[str]:
     """llama-quantize's arguments of a reference case, the file type last."""
     return {"mix": [*REF["mix_args"], "Q4_K_M"], "iq4": [*REF["iq4_args"], "Q8_0"],
             "iq3s": [*REF["iq3s_args"], "Q8_0"], "iq2xxs": [*REF["iq2xxs_args"], "Q8_0"],
-            "iq2s": [*REF["iq2s_args"], "Q8_0"]}.get(case, [case])
+            "iq2s": [*REF["iq2s_args"], "Q8_0"], "iq3xxs": [*REF["iq3xxs_args"], "Q8_0"]}.get(case, [case])
 
 
-@pytest.mark.parametrize("case", ["Q4_K_M", "Q2_K", "mix", "iq4", "iq3s", "TQ1_0", "TQ2_0", "iq2xxs", "iq2s"])
+@pytest.mark.parametrize("case", ["Q4_K_M", "Q2_K", "mix", "iq4", "iq3s", "TQ1_0", "TQ2_0", "iq2xxs", "iq2s", "iq3xxs"])
 def test_smollm2_quantized_as_llama_quantize(quantized, case, capsys):
     """Q4_K_M: Q4_K / Q6_K ffn_down by use_more_bits, Q5_0 / Q8_0 fallbacks for 576-wide rows, Q8_0 tied
     embeddings; Q2_K: Q3_K ffn_down, Q4_0 fallbacks; mix (--pure, --tensor-type, --output-tensor-type): every
     K-quant's reference quantizer and the 32-block fallbacks; iq4 / iq3s: IQ4_NL, IQ4_XS and IQ3_S tensors in a
     Q8_0 file (an IQ3_S attn_q falls back to IQ4_NL); TQ1_0 / TQ2_0: ternary ffn_down (1536 wide), the 576-wide
     rest falls back to Q4_0, the tied embeddings to Q8_0; iq2xxs: IQ2_XXS ffn_down with a made-up imatrix (the
-    flipped-sign value make_qp_quants sees as a wrapped uint8 level), iq2s: IQ2_S likewise; their attn_q falls back
-    to IQ4_NL."""
+    flipped-sign value make_qp_quants sees as a wrapped uint8 level), iq2s / iq3xxs: IQ2_S / IQ3_XXS likewise; their
+    attn_q falls back to IQ4_NL."""
     out = quantized(case)
     assert _sha256(out) == REF["quantize_sha256"][case]
     err = capsys.readouterr().err
@@ -148,6 +149,31 @@ def test_tq_type_rules():
         assert chooser.choose("blk.0.attn_q.weight", (576, 576), T.F16) == T.Q4_0
 
 
+def _chunk_reference():
+    spec = importlib.util.spec_from_file_location("make_chunk_reference", DATA / "make_chunk_reference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("case", sorted(json.loads((DATA / "chunk_sha256.json").read_text())))
+def test_quantizers_are_ggml_quantize_chunks(case):
+    """The low-bit quantizers on made-up rows (an all-zero block, an outlier), with and without an imatrix, against
+    ggml_quantize_chunk's bytes (the no-imatrix paths are reached in files only by token_embd / output)."""
+    from llamactx.ggml.kernels.quantize_iq2s import quantize_rows_iq2s
+    from llamactx.ggml.kernels.quantize_iq2xxs import quantize_rows_iq2xxs
+    from llamactx.ggml.kernels.quantize_iq3xxs import quantize_rows_iq3xxs
+    from llamactx.ggml.kernels.quantize_tq import quantize_rows_tq
+
+    ref = _chunk_reference()
+    name = case.removesuffix("_imatrix")
+    qw = ref.chunk_imatrix() if case.endswith("_imatrix") else None
+    quantize = {"IQ2_XXS": quantize_rows_iq2xxs, "IQ2_S": quantize_rows_iq2s, "IQ3_XXS": quantize_rows_iq3xxs,
+                "TQ1_0": lambda x, w: quantize_rows_tq(x, True), "TQ2_0": lambda x, w: quantize_rows_tq(x, False)}
+    out = quantize[name](ref.chunk_input(), qw)
+    assert hashlib.sha256(out.tobytes()).hexdigest() == json.loads((DATA / "chunk_sha256.json").read_text())[case]
+
+
 def _write_imatrix(path: Path, entries: dict[str, int]) -> Path:
     sums = {name: (np.ones((1, n), np.float32), np.array([64])) for name, n in entries.items()}
     imatrix_file.save(path, sums, ["x.txt"], 1, 64)
@@ -182,7 +208,7 @@ def test_unknown_type_names_list_the_known_ones(workdir, monkeypatch, capsys):
     assert main(["quantize", "--token-embedding-type", "q4_k_m", "model.gguf", "o.gguf", "Q4_K_M"]) == 1
     err = capsys.readouterr().err
     assert "unknown type 'q4_k_m' (known: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_K, q3_K, q4_K, q5_K, " \
-           "q6_K, iq2_xs, iq3_s, iq4_nl, iq4_xs, tq1_0, tq2_0, iq2_xxs, iq2_s)" in err
+           "q6_K, iq2_xs, iq3_s, iq4_nl, iq4_xs, tq1_0, tq2_0, iq2_xxs, iq2_s, iq3_xxs)" in err
     assert main(["quantize", "model.gguf", "o.gguf", "Q7_K"]) == 1
     assert "Q2_K_S, Q3_K, Q3_K_S, Q3_K_M, Q3_K_L, Q4_K, Q4_K_S, Q4_K_M" in capsys.readouterr().err
 

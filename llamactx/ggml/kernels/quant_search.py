@@ -394,3 +394,26 @@ def iq2_scale_search(xval, weight, waux, mx, grid, kmap, neigh, L, Laux, on_grid
         if sumq2 > 0:
             scale = sumqx / sumq2
     return scale
+
+
+def iq3_grid_tables(grid: np.ndarray, nwant: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """iq3xs_init_impl for a grid of 4 levels in {1, 3, .., 15}: grid (n, 4) int8 (kgrid's 2l + 1) -> grid, kmap
+    (4096,) int32 (grid index of a quadruple of 3-bit levels, or -(offset + 1) into neighbours), neighbours (uint16:
+    a count, then grid indices sorted by (distance, index) up to the `nwant`-th distinct distance)."""
+    g32 = grid.astype(np.int32)
+    shifts = np.array([0, 3, 6, 9])
+    kmap = np.full(4096, -1, np.int32)
+    kmap[((g32 - 1) // 2 << shifts).sum(axis=1)] = np.arange(len(grid))
+    order = np.arange(len(grid))
+    neighbours: list[int] = []
+    for i in range(4096):
+        if kmap[i] >= 0:
+            continue
+        pos = 2 * ((i >> shifts) & 7) + 1
+        d2 = ((g32 - pos) ** 2).sum(axis=1)
+        ranked = np.lexsort((order, d2))  # iq3_compare_func: by distance, then index
+        dists = d2[ranked]
+        k = int((dists <= np.unique(dists)[:nwant][-1]).sum())
+        kmap[i] = -(len(neighbours) + 1)
+        neighbours += [k, *ranked[:k].tolist()]
+    return grid, kmap, np.array(neighbours, np.uint16)
