@@ -57,7 +57,13 @@ class Tensor:
     def __len__(self) -> int:
         return self.shape[0]
 
-    __array_ufunc__ = None  # array + tensor: numpy defers to Tensor.__radd__ instead of converting the tensor
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        """array + tensor and array * tensor are the tensor's own add / mul; any other ufunc of a graph tensor
+        raises GraphUnsupported naming it (numpy would otherwise convert the tensor)."""
+        if method == "__call__" and not kwargs and len(inputs) == 2 and ufunc in (np.add, np.multiply):
+            other = inputs[0] if inputs[1] is self else inputs[1]
+            return self.__add__(other) if ufunc is np.add else self.__mul__(other)
+        raise GraphUnsupported(f"numpy.{ufunc.__name__} of a graph tensor ({self.op} node, shape {self.shape})")
 
     def __array__(self, *args, **kwargs):
         """A graph tensor has no values while recording: model code that converts one to numpy (np.asarray,

@@ -49,3 +49,11 @@ def test_array_plus_tensor_is_the_tensors_add(graph):
     x = graph.input("embd", (3, 4))
     y = np.ones(4, np.float32) + x
     assert (y.op, y.shape) == ("add_row", (3, 4))
+
+
+def test_other_ufuncs_name_the_function(graph):
+    x = graph.input("embd", (3, 4))
+    with pytest.raises(GraphUnsupported, match=r"numpy\.exp of a graph tensor \(input node"):
+        np.exp(x)
+    with pytest.raises(GraphUnsupported, match=r"numpy\.subtract"):
+        np.ones(4, np.float32) - x
