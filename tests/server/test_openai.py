@@ -126,8 +126,8 @@ def test_a_required_tool_call_is_parsed_into_tool_calls(client, stream):
     if stream:
         chunks = list(client.chat.completions.create(stream=True, **kw))
         deltas = [c.choices[0].delta for c in chunks if c.choices]
-        pieces = [tc for d in deltas for tc in d.tool_calls or []]  # the name, then the arguments in pieces
-        assert {tc.index for tc in pieces} == {0} and pieces[0].function.arguments == "" and len(pieces) > 2
+        pieces = [tc for d in deltas for tc in d.tool_calls or []]  # the name with "{", then the arguments
+        assert {tc.index for tc in pieces} == {0} and pieces[0].function.arguments == "{" and len(pieces) > 2
         calls = [(pieces[0].function.name, "".join(tc.function.arguments or "" for tc in pieces))]
         finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     else:
