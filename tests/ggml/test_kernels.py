@@ -381,9 +381,9 @@ def test_pack_weights_stacks_rows_bit_identically():
 
 def test_pack_weight_rejects_unsupported():
     rng = np.random.default_rng(8)
-    data = rng.integers(0, 256, (4, 66), dtype=np.uint8)  # IQ2_XXS: 66 bytes per 256
-    with pytest.raises(ValueError, match="no matmul kernel for type IQ2_XXS"):
-        kernels.pack_weight(Weight("w", int(T.IQ2_XXS), (256, 4), data))
+    data = rng.integers(0, 256, (4, 54), dtype=np.uint8)  # TQ1_0: 54 bytes per 256 (runs unpacked, vecdot_lowbit)
+    with pytest.raises(ValueError, match="no matmul kernel for type TQ1_0"):
+        kernels.pack_weight(Weight("w", int(T.TQ1_0), (256, 4), data))
     with pytest.raises(ValueError, match="must be 2-D"):
         kernels.pack_weight(Weight("v", int(T.F32), (64,), np.zeros(64, np.float32)))
 
