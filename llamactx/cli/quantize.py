@@ -1,7 +1,8 @@
 """`llamactx quantize IN.gguf [OUT.gguf] TYPE`: llama-quantize (tools/quantize, src/llama-quant.cpp
 `llama_model_quantize_impl`) for F16, BF16, F32, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, the K-quant mixes Q2_K, Q2_K_S,
-Q3_K_S/M/L, Q4_K_S/M, Q5_K_S/M, Q6_K, IQ2_XS (with an imatrix), IQ3_S, IQ4_NL, IQ4_XS, and the ternary TQ1_0 and
-TQ2_0 (llamactx.ggml.kernels.quantize_tq), byte for byte.
+Q3_K_S/M/L, Q4_K_S/M, Q5_K_S/M, Q6_K, the IQ mixes IQ2_XXS, IQ2_XS, IQ2_S, IQ2_M, IQ3_XXS (these with an imatrix),
+IQ3_XS, IQ3_S, IQ3_M, IQ4_NL, IQ4_XS, and the ternary TQ1_0 and TQ2_0, byte for byte. (IQ1_S / IQ1_M are not
+written.)
 
 Which tensors change type, and to what, is cli/quantize_types.py (`llama_tensor_get_type`: the mixes, --pure,
 --tensor-type, --output-tensor-type, --token-embedding-type, --leave-output-tensor, the fallbacks of rows that a
@@ -318,8 +319,8 @@ def parse_positionals(values: list[str]) -> tuple[str, str | None, str]:
 
 
 def add_parser(sub):
-    p = sub.add_parser("quantize", help="llama-quantize: F16/BF16/F32, Q8_0, Q4_x/Q5_x, the K-quant mixes, IQ2_XS, "
-                                        "IQ3_S, IQ4_NL/XS, TQ1_0/TQ2_0 (bit-exact)")
+    p = sub.add_parser("quantize", help="llama-quantize: F16/BF16/F32, Q8_0, Q4_x/Q5_x, the K-quant mixes, IQ2/IQ3 "
+                                        "mixes, IQ4_NL/XS, TQ1_0/TQ2_0 (bit-exact)")
     p.add_argument("files", nargs="+", metavar="IN [OUT] TYPE", help="input GGUF, output GGUF (default: "
                    "ggml-model-TYPE.gguf beside the input), file type")
     p.add_argument("--allow-requantize", action="store_true", help="convert tensors that are already quantized")

@@ -2,8 +2,8 @@
 `llama_tensor_get_type_impl` (the file-type mixes: Q4_K_M's Q6_K attn_v / ffn_down in the layers `use_more_bits`
 picks, Q2_K's Q3_K / Q4_K bumps, the output / token_embd rules, ...), `tensor_type_fallback` and
 `tensor_allows_quantization`, for the file types llamactx writes (cli/quantize.py): F16, BF16, F32, Q8_0, the
-legacy 32-blocks, the K-quant mixes, IQ2_XS, IQ3_S, IQ4_NL, IQ4_XS, TQ1_0 and TQ2_0. The branches of llama.cpp for
-the other IQ types and MXFP4 are left out with their types.
+legacy 32-blocks, the K-quant mixes, the IQ2 / IQ3 / IQ4 mixes, TQ1_0 and TQ2_0. The branches of llama.cpp for IQ1_S,
+IQ1_M and MXFP4 are left out with their types.
 
 `TypeChooser` holds llama-quant.cpp's `quantize_state_impl` counters (i_attention_wv, i_ffn_down, ...): it must see
 the tensors in llama-quantize's order, each once.
@@ -31,6 +31,8 @@ FILE_TYPES = {
     "Q5_K_M": (F.MOSTLY_Q5_K_M, T.Q5_K), "Q6_K": (F.MOSTLY_Q6_K, T.Q6_K), "Q8_0": (F.MOSTLY_Q8_0, T.Q8_0),
     "IQ2_XS": (F.MOSTLY_IQ2_XS, T.IQ2_XS), "IQ3_S": (F.MOSTLY_IQ3_S, T.IQ3_S), "IQ4_NL": (F.MOSTLY_IQ4_NL, T.IQ4_NL),
     "IQ4_XS": (F.MOSTLY_IQ4_XS, T.IQ4_XS), "TQ1_0": (F.MOSTLY_TQ1_0, T.TQ1_0), "TQ2_0": (F.MOSTLY_TQ2_0, T.TQ2_0),
+    "IQ2_XXS": (F.MOSTLY_IQ2_XXS, T.IQ2_XXS), "IQ2_S": (F.MOSTLY_IQ2_S, T.IQ2_XS), "IQ2_M": (F.MOSTLY_IQ2_M, T.IQ2_S),
+    "IQ3_XXS": (F.MOSTLY_IQ3_XXS, T.IQ3_XXS), "IQ3_XS": (F.MOSTLY_IQ3_XS, T.IQ3_S), "IQ3_M": (F.MOSTLY_IQ3_M, T.IQ3_S),
     "F16": (F.MOSTLY_F16, T.F16), "BF16": (F.MOSTLY_BF16, T.BF16),
     "F32": (F.ALL_F32, T.F32),
 }
@@ -51,6 +53,7 @@ _KEEP_PARTS = (
     ".patch_merger", "a.rvq.codebook", "mm.a.code_embd",
 )
 _KEEP_NAMES = ("position_embd.weight", "token_types.weight")
+_IQ2_FILES = (F.MOSTLY_IQ2_XXS, F.MOSTLY_IQ2_XS, F.MOSTLY_IQ2_S, F.MOSTLY_IQ2_M)
 # tensor_type_fallback: a 256-block type whose rows it does not divide -> a 32-block type
 _FALLBACK = {T.Q2_K: T.Q4_0, T.Q3_K: T.Q4_0, T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0, T.IQ2_XS: T.IQ4_NL,
              T.IQ3_S: T.IQ4_NL, T.IQ4_XS: T.IQ4_NL, T.TQ1_0: T.Q4_0, T.TQ2_0: T.Q4_0,
@@ -189,7 +192,7 @@ class TypeChooser:
                 return self.output_tensor_type
             if m.arch == "falcon" or shape[0] % GGML_QUANT_SIZES[new][0]:
                 return T.Q8_0
-            if ft == F_.MOSTLY_IQ2_XS:
+            if ft in _IQ2_FILES or ft == F_.MOSTLY_IQ3_XXS:
                 return T.Q5_K
             return new if new == T.Q8_0 else T.Q6_K
         if cat == "token_embd":
@@ -197,15 +200,21 @@ class TypeChooser:
                 return self.token_embedding_type
             if ft in (F_.MOSTLY_TQ1_0, F_.MOSTLY_TQ2_0):
                 return T.Q4_K
-            return T.Q2_K if ft == F_.MOSTLY_IQ2_XS else new
-        if ft == F_.MOSTLY_IQ2_XS:
+            if ft in (F_.MOSTLY_IQ2_XXS, F_.MOSTLY_IQ2_XS):
+                return T.Q2_K
+            return T.IQ3_S if ft in (F_.MOSTLY_IQ2_S, F_.MOSTLY_IQ2_M, F_.MOSTLY_IQ3_XXS) else new
+        if ft in _IQ2_FILES:
             return self._iq2(new, cat)
         if cat in ("attn_v", "attn_qkv", "attn_kv_b"):
             if ft == F_.MOSTLY_Q2_K:
                 new = T.Q4_K if m.n_gqa >= 4 else T.Q3_K
             elif ft == F_.MOSTLY_Q2_K_S and m.n_gqa >= 4:
                 new = T.Q4_K
-            elif ft == F_.MOSTLY_IQ3_S and m.n_gqa >= 4:
+            elif ft == F_.MOSTLY_IQ3_XXS:
+                new = T.Q4_K if m.n_gqa >= 4 else T.IQ3_S if not self.has_imatrix else T.IQ3_XXS
+            elif ft in (F_.MOSTLY_IQ3_XS, F_.MOSTLY_IQ3_S) and m.n_gqa >= 4:
+                new = T.Q4_K
+            elif ft == F_.MOSTLY_IQ3_M:
                 new = T.Q4_K
             elif ft == F_.MOSTLY_Q3_K_M:
                 new = T.Q5_K if self.i_attention_wv < 2 else T.Q4_K
@@ -223,43 +232,61 @@ class TypeChooser:
             if m.n_expert == 8:
                 new = T.Q8_0
             self.i_attention_wv += 1
-        elif cat == "attn_k":
-            if m.n_expert == 8:
+        elif cat in ("attn_k", "attn_q"):
+            if m.n_expert == 8 and cat == "attn_k":
                 new = T.Q8_0
+            elif ft == F_.MOSTLY_IQ3_XS:
+                new = T.IQ3_XXS
+            elif ft == F_.MOSTLY_IQ3_XXS:
+                new = T.IQ2_S
         elif cat == "ffn_down":
             new = self._ffn_down(new, name)
         elif cat == "attn_output":
             if m.arch != "falcon":
                 if m.n_expert == 8:
                     if ft in (F_.MOSTLY_Q2_K, F_.MOSTLY_Q3_K_S, F_.MOSTLY_Q3_K_M, F_.MOSTLY_Q4_K_S, F_.MOSTLY_Q4_K_M,
-                              F_.MOSTLY_IQ4_NL, F_.MOSTLY_IQ4_XS, F_.MOSTLY_IQ3_S):
+                              F_.MOSTLY_IQ4_NL, F_.MOSTLY_IQ4_XS, F_.MOSTLY_IQ3_S, F_.MOSTLY_IQ3_XS,
+                              F_.MOSTLY_IQ3_XXS, F_.MOSTLY_IQ3_M):
                         new = T.Q5_K
                 else:
-                    new = {F_.MOSTLY_Q2_K: T.Q3_K, F_.MOSTLY_Q3_K_M: T.Q4_K, F_.MOSTLY_Q3_K_L: T.Q5_K}.get(ft, new)
+                    new = {F_.MOSTLY_Q2_K: T.Q3_K, F_.MOSTLY_IQ3_XXS: T.IQ3_S, F_.MOSTLY_Q3_K_M: T.Q4_K,
+                           F_.MOSTLY_Q3_K_L: T.Q5_K, F_.MOSTLY_IQ3_M: T.Q4_K}.get(ft, new)
             elif ft == F_.MOSTLY_Q3_K_L:
                 new = T.Q4_K
         elif cat == "ffn_gate":
-            self._layer(self.i_ffn_gate, name)
+            new = self._iq3_xs_middle(new, self.i_ffn_gate, name)
             self.i_ffn_gate += 1
         elif cat == "ffn_up":
-            self._layer(self.i_ffn_up, name)
+            new = self._iq3_xs_middle(new, self.i_ffn_up, name)
             self.i_ffn_up += 1
         return new
 
+    def _iq3_xs_middle(self, new: T, i_counter: int, name: str) -> T:
+        """ffn_gate / ffn_up of an IQ3_XS file: IQ3_XXS in the middle three quarters of the layers."""
+        i_layer, n_layer = self._layer(i_counter, name)
+        if self.ftype == LlamaFileType.MOSTLY_IQ3_XS and n_layer // 8 <= i_layer < 7 * n_layer // 8:
+            return T.IQ3_XXS
+        return new
+
     def _iq2(self, new: T, cat: str) -> T:
-        """llama_tensor_get_type_impl's branch of the IQ2 / IQ1 file types, for IQ2_XS."""
+        """llama_tensor_get_type_impl's branch of the IQ2 file types (IQ2_XXS, IQ2_XS, IQ2_S, IQ2_M): IQ2_S and
+        IQ2_M bump to IQ3_S where the others bump to Q2_K."""
         m = self.model
+        bump = T.IQ3_S if self.ftype in (LlamaFileType.MOSTLY_IQ2_S, LlamaFileType.MOSTLY_IQ2_M) else T.Q2_K
         if cat in ("attn_v", "attn_qkv", "attn_kv_b"):
-            new = T.Q4_K if m.n_gqa >= 4 or m.n_expert >= 4 else T.Q2_K
+            new = T.Q4_K if m.n_gqa >= 4 or m.n_expert >= 4 else bump
             self.i_attention_wv += 1
         elif m.n_expert == 8 and cat == "attn_k":
             new = T.Q4_K
         elif cat == "ffn_down":
             if self.i_ffn_down < m.n_layer // 8:
-                new = T.Q2_K
+                new = bump
             self.i_ffn_down += 1
-        elif cat == "attn_output" and m.n_expert == 8:
-            new = T.Q5_K
+        elif cat == "attn_output":
+            if m.n_expert == 8:
+                new = T.Q5_K
+            elif bump == T.IQ3_S:
+                new = T.IQ3_S
         return new
 
     def _ffn_down(self, new: T, name: str) -> T:
@@ -270,9 +297,14 @@ class TypeChooser:
         elif ft == F_.MOSTLY_Q2_K_S:
             if i_layer < n_layer // 8:
                 new = T.Q4_K
+        elif ft == F_.MOSTLY_IQ3_XXS and not self.has_imatrix:
+            new = T.Q4_K if i_layer < n_layer // 8 else T.Q3_K
         elif ft == F_.MOSTLY_Q3_K_M:
             new = (T.Q5_K if i_layer < n_layer // 16
                    else T.Q4_K if m.arch != "falcon" or _use_more_bits(i_layer, n_layer) else T.Q3_K)
+        elif ft == F_.MOSTLY_IQ3_M and (i_layer < n_layer // 8 or (m.n_expert == 8 and
+                                                                   _use_more_bits(i_layer, n_layer))):
+            new = T.Q4_K
         elif ft == F_.MOSTLY_Q3_K_L:
             new = T.Q4_K if m.arch == "falcon" else T.Q5_K
         elif ft == F_.MOSTLY_Q4_K_M:

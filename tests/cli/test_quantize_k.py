@@ -41,10 +41,10 @@ def workdir(tmp_path_factory) -> Path:
     return d
 
 
-def synthetic_imatrix(path: Path) -> None:
+def synthetic_imatrix(path: Path, entries: dict[str, int] | None = None) -> None:
     """The made-up imatrix of the iq2xxs case: sums[i] = ((i * 7919) % 997 + 1) / 16 over 64 tokens for
-    blk.0-3.ffn_down (1536 columns) and blk.0.attn_q (576)."""
-    entries = {**{f"blk.{i}.ffn_down.weight": 1536 for i in range(4)}, "blk.0.attn_q.weight": 576}
+    blk.0-3.ffn_down (1536 columns) and blk.0.attn_q (576), or for `entries` (name -> columns)."""
+    entries = entries or {**{f"blk.{i}.ffn_down.weight": 1536 for i in range(4)}, "blk.0.attn_q.weight": 576}
     sums = {name: ((((np.arange(n) * 7919) % 997 + 1) / 16).astype(np.float32)[None, :], np.array([64]))
             for name, n in entries.items()}
     imatrix_file.save(path, sums, ["synthetic.txt"], 1, 64)
@@ -147,6 +147,34 @@ def test_tq_type_rules():
         assert chooser.choose("blk.0.attn_v.weight", (512, 128), T.F16) == default
         assert chooser.choose("blk.0.ffn_down.weight", (1536, 512), T.F16) == default
         assert chooser.choose("blk.0.attn_q.weight", (576, 576), T.F16) == T.Q4_0
+
+
+def _matmul_weights(model: Path) -> dict[str, int]:
+    """name -> columns of each layer matrix (what llama-imatrix collects)."""
+    with GGUFFile(model) as f:
+        return {n: t.shape[0] for n, t in f.tensors.items() if n.startswith("blk.") and n.endswith(".weight")
+                and len(t.shape) >= 2 and t.shape[1] > 1}
+
+
+@pytest.mark.parametrize("file_type", sorted(REF["file_type_tensor_types"]))
+def test_iq_file_type_mixes_are_llama_quantizes(workdir, file_type):
+    """The IQ2_XXS / IQ2_S / IQ2_M / IQ3_XXS (with the made-up imatrix of every layer matrix) and IQ3_XS / IQ3_M
+    (without one) mixes: each tensor's type as in llama-quantize's file (the files themselves, byte-identical when
+    made, take minutes to write: their sha256 are in file_type_sha256)."""
+    from llamactx.cli.quantize import QuantizeOptions, plan
+    from llamactx.gguf import imatrix_file as im
+
+    want = REF["file_type_tensor_types"][file_type]
+    weights = None
+    if file_type in REF["file_types_with_imatrix"]:
+        path = workdir / "synth_all.imatrix.gguf"
+        if not path.exists():
+            synthetic_imatrix(path, _matmul_weights(workdir / "model.gguf"))
+        assert _sha256(path) == REF["synthetic_all_imatrix_sha256"]
+        weights = im.load(path).weights()
+    with GGUFFile(workdir / "model.gguf") as f:
+        got = {p.name: p.dst_type.name for p in plan(f, QuantizeOptions(file_type, allow_requantize=True), weights)}
+    assert got == want
 
 
 def _chunk_reference():
