@@ -15,7 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from llamactx import chat_parse, chat_sampling, tool_calls
+from llamactx import chat_grammar, chat_parse, tool_calls
+from llamactx.chat_grammar import PatternGrammar
 from llamactx.chat_parse import ChatParams
 from llamactx.tool_calls import ToolGrammar
 
@@ -30,11 +31,13 @@ class ChatSetup:
     prompt: str
     fns: list[dict[str, Any]]
     parse: ChatParams
-    grammar: ToolGrammar | None
+    grammar: ToolGrammar | PatternGrammar | None
 
     @property
     def call_required(self) -> bool:
         """Whether the grammar makes the reply a call from its first token (tool_choice "required" / named)."""
+        if isinstance(self.grammar, PatternGrammar):
+            return not self.grammar.patterns
         return self.grammar is not None and not self.grammar.triggers
 
 
@@ -57,13 +60,13 @@ def prepare_chat(template, messages: Sequence[Mapping[str, Any]], tools: Sequenc
         template.source, gp, tools=[{"type": "function", "function": f} for f in fns],
         reasoning_format=reasoning_format, enable_thinking=kwargs.get("enable_thinking", True),
         parallel_tool_calls=parallel_tool_calls, tool_choice=tool_choice if fns else "none")
-    if tool_calls.required_function(tool_choice, fns):  # the call schema's grammar writes a bare JSON call
+    if not chat_grammar.uses_own_format(parse, tool_choice, fns):  # the grammar writes a bare JSON call
         parse = replace(parse, format="generic")
-    grammar = tool_calls.call_grammar(fns, parse.format, tool_choice, parallel_tool_calls)
+    grammar = chat_grammar.call_grammar(fns, parse, tool_choice, parallel_tool_calls)
     return ChatSetup(prompt, fns, parse, grammar)
 
 
-def grammar_sampler(vocab, grammar: ToolGrammar, params: ChatParams):
-    """The sampler of a ChatSetup's `grammar` (lazy when it has triggers; llguidance compiles it). Raises
-    GrammarError when a tool's parameters are not a schema the engine can compile."""
-    return chat_sampling.tool_grammar_sampler(vocab, grammar, params)
+def grammar_sampler(vocab, grammar: ToolGrammar | PatternGrammar, params: ChatParams):
+    """The sampler of a ChatSetup's `grammar` (lazy when it has triggers; llguidance compiles it), as the
+    server's. Raises GrammarError when a tool's parameters are not a schema the engine can compile."""
+    return chat_grammar.grammar_sampler(vocab, grammar, params)
