@@ -12,7 +12,16 @@ from functools import lru_cache
 import numpy as np
 from numba import njit
 
-from llamactx.ggml.kernels.quant_search import F32, ONE, ZERO, best_neighbour, fp16_round, grid_code, nearest_int
+from llamactx.ggml.kernels.quant_search import (
+    F32,
+    ONE,
+    ZERO,
+    best_neighbour,
+    fp16_round,
+    grid_code,
+    iq3_grid_tables,
+    nearest_int,
+)
 from llamactx.gguf.iq_grids import IQ3S_GRID
 
 K_MAX_Q = 8
@@ -24,26 +33,9 @@ TYPE_SIZE = 110  # sizeof(block_iq3_s): d, qs[64], qh[8], signs[32], scales[4]
 
 @lru_cache(maxsize=1)
 def iq3s_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """iq3xs_init_impl(512): grid (512, 4) int8 (levels 1, 3, .. 15), kmap (4096,) int32 (the grid index of a
-    quadruple of 3-bit levels, or -(offset + 1) into neighbours), neighbours (uint16: at each offset a count, then
-    the grid indices sorted by (distance, index), up to the third distinct distance)."""
-    grid = IQ3S_GRID.astype(np.int8)  # (512, 4)
-    kmap = np.full(4096, -1, np.int32)
-    idx = ((grid.astype(np.int32) - 1) // 2 << np.array([0, 3, 6, 9])).sum(axis=1)  # (512,)
-    kmap[idx] = np.arange(512)
-    order = np.arange(512)
-    neighbours: list[int] = []
-    for i in range(4096):
-        if kmap[i] >= 0:
-            continue
-        pos = 2 * ((i >> np.array([0, 3, 6, 9])) & 7) + 1  # (4,)
-        d2 = ((grid.astype(np.int32) - pos) ** 2).sum(axis=1)  # (512,)
-        ranked = np.lexsort((order, d2))  # iq3_compare_func: by distance, then index
-        dists = d2[ranked]
-        n = int((dists <= np.unique(dists)[:3][-1]).sum())  # up to the third distinct distance (nwant 3)
-        kmap[i] = -(len(neighbours) + 1)
-        neighbours += [n, *ranked[:n].tolist()]
-    return grid, kmap, np.array(neighbours, np.uint16)
+    """iq3xs_init_impl(512): grid (512, 4) int8 (levels 1, 3, .. 15), kmap (4096,) int32, neighbours up to the third
+    distinct distance (quant_search.iq3_grid_tables)."""
+    return iq3_grid_tables(IQ3S_GRID.astype(np.int8), nwant=3)
 
 
 @njit(cache=True)
