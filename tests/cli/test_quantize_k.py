@@ -202,6 +202,30 @@ def test_quantizers_are_ggml_quantize_chunks(case):
     assert hashlib.sha256(out.tobytes()).hexdigest() == json.loads((DATA / "chunk_sha256.json").read_text())[case]
 
 
+def test_iq3_type_rules_on_256_wide_rows():
+    """The IQ3 rules SmolLM2's 576-wide rows hide (they fall back to IQ4_NL): IQ3_XS attn_q / attn_k IQ3_XXS and
+    ffn_gate / ffn_up IQ3_XXS in the middle layers; IQ3_XXS attn_q IQ2_S, attn_output IQ3_S, attn_v IQ3_S without
+    an imatrix; IQ3_M attn_v / attn_output Q4_K; IQ2_M attn_output IQ3_S."""
+    from llamactx.cli.quantize_types import FILE_TYPES, ModelFacts, TypeChooser
+
+    facts = ModelFacts("llama", 2, 0, 16, False, 16, False)
+    xs = TypeChooser(facts, *FILE_TYPES["IQ3_XS"])
+    assert xs.choose("blk.0.attn_q.weight", (512, 512), T.F16) == T.IQ3_XXS
+    assert xs.choose("blk.0.attn_k.weight", (512, 256), T.F16) == T.IQ3_XXS
+    assert [xs.choose(f"blk.{i}.ffn_gate.weight", (512, 1024), T.F16) for i in range(16)] == \
+        [T.IQ3_S] * 2 + [T.IQ3_XXS] * 12 + [T.IQ3_S] * 2
+    xxs = TypeChooser(facts, *FILE_TYPES["IQ3_XXS"])
+    assert xxs.choose("blk.0.attn_q.weight", (512, 512), T.F16) == T.IQ2_S
+    assert xxs.choose("blk.0.attn_output.weight", (512, 512), T.F16) == T.IQ3_S
+    assert xxs.choose("blk.0.attn_v.weight", (512, 256), T.F16) == T.IQ3_S
+    assert TypeChooser(facts, *FILE_TYPES["IQ3_XXS"], has_imatrix=True).choose(
+        "blk.0.attn_v.weight", (512, 256), T.F16) == T.IQ3_XXS
+    m = TypeChooser(facts, *FILE_TYPES["IQ3_M"])
+    assert m.choose("blk.0.attn_v.weight", (512, 256), T.F16) == T.Q4_K
+    assert m.choose("blk.0.attn_output.weight", (512, 512), T.F16) == T.Q4_K
+    assert TypeChooser(facts, *FILE_TYPES["IQ2_M"]).choose("blk.0.attn_output.weight", (512, 512), T.F16) == T.IQ3_S
+
+
 def _write_imatrix(path: Path, entries: dict[str, int]) -> Path:
     sums = {name: (np.ones((1, n), np.float32), np.array([64])) for name, n in entries.items()}
     imatrix_file.save(path, sums, ["x.txt"], 1, 64)
