@@ -78,19 +78,38 @@ def _argv(case: str) -> list[str]:
             "iq2s": [*REF["iq2s_args"], "Q8_0"], "iq3xxs": [*REF["iq3xxs_args"], "Q8_0"]}.get(case, [case])
 
 
-@pytest.mark.parametrize("case", ["Q4_K_M", "Q2_K", "mix", "iq4", "iq3s", "TQ1_0", "TQ2_0", "iq2xxs", "iq2s", "iq3xxs"])
+@pytest.mark.parametrize("case", ["Q4_K_M", "Q2_K", "mix", "iq4", "iq3s", "TQ1_0", "TQ2_0"])
 def test_smollm2_quantized_as_llama_quantize(quantized, case, capsys):
     """Q4_K_M: Q4_K / Q6_K ffn_down by use_more_bits, Q5_0 / Q8_0 fallbacks for 576-wide rows, Q8_0 tied
     embeddings; Q2_K: Q3_K ffn_down, Q4_0 fallbacks; mix (--pure, --tensor-type, --output-tensor-type): every
     K-quant's reference quantizer and the 32-block fallbacks; iq4 / iq3s: IQ4_NL, IQ4_XS and IQ3_S tensors in a
     Q8_0 file (an IQ3_S attn_q falls back to IQ4_NL); TQ1_0 / TQ2_0: ternary ffn_down (1536 wide), the 576-wide
-    rest falls back to Q4_0, the tied embeddings to Q8_0; iq2xxs: IQ2_XXS ffn_down with a made-up imatrix (the
-    flipped-sign value make_qp_quants sees as a wrapped uint8 level), iq2s / iq3xxs: IQ2_S / IQ3_XXS likewise; their
-    attn_q falls back to IQ4_NL."""
+    rest falls back to Q4_0, the tied embeddings to Q8_0."""
     out = quantized(case)
     assert _sha256(out) == REF["quantize_sha256"][case]
     err = capsys.readouterr().err
     assert "converting to" in err and ("falling back to" in err) == (case not in ("iq4",))
+
+
+@pytest.mark.parametrize("case", sorted(REF["tensor_sha256"]))
+def test_iq_tensors_quantized_as_llama_quantize(workdir, case):
+    """iq2xxs / iq2s / iq3xxs (blk.0-3 ffn_down IQ2_XXS / IQ2_S / IQ3_XXS with the made-up imatrix, blk.0 attn_q
+    falling back to IQ4_NL): those tensors' bytes as in llama-quantize's file (the rest of it, Q8_0, is the slow
+    part, left out). IQ2_XXS: the flipped-sign value make_qp_quants sees as a wrapped uint8 level."""
+    import argparse
+
+    from llamactx.cli.quantize import _options, add_parser, convert, plan
+    from llamactx.gguf import imatrix_file as im
+    parser = argparse.ArgumentParser()
+    args = add_parser(parser.add_subparsers()).parse_args(
+        ["--allow-requantize", *REF[f"{case}_args"], "model.gguf", "Q8_0"])
+    opts = _options(args, "Q8_0")
+    weights = im.load(workdir / "synth.imatrix.gguf").weights()
+    want = REF["tensor_sha256"][case]
+    with GGUFFile(workdir / "model.gguf") as f:
+        plans = {p.name: p for p in plan(f, opts, weights) if p.name in want}
+        got = {name: hashlib.sha256(convert(f, p).tobytes()).hexdigest() for name, p in plans.items()}
+    assert got == want
 
 
 def test_q4_k_m_type_mix(quantized):
