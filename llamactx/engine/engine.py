@@ -261,14 +261,15 @@ class Engine:
             self.scheduler.cache.checkpoint(s.seq)  # before the decode: the state before this chunk
         rollback = {} if self.ctx.memory.partial_prefix else \
             {s.seq: self.ctx.memory.checkpoint_write(s.seq.seq_id) for s in plan if s.draft}
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         status = self.ctx.decode(batch)
         if status != DecodeStatus.OK:  # the scheduler checked the room, so only an abort or a surprise lands here
             self.scheduler.preempt(self.scheduler.running[-1])
             return []
         seconds = time.perf_counter() - t0
         if self.speculator is not None and all(s.seq.is_generating for s in plan):
-            self.speculator.budget.cost.observe(batch.n_tokens, seconds)  # what a row costs on this machine
+            # what a row costs on this machine; the process's CPU time where it is less (other processes' load)
+            self.speculator.budget.cost.observe(batch.n_tokens, min(seconds, time.process_time() - cpu0))
         self._count(plan, seconds * 1000)
         return self._postprocess(plan, before, rollback)
 

@@ -28,20 +28,22 @@ How much of a draft to verify is an economic choice llama.cpp does not make (it 
 llama-server with 8 busy slots then serves fewer tokens/s with ngram-simple than without). What an extra row of a
 decode costs depends on the CPU: with AVX-512 a decode of 8 rows took about what 1 row takes (the weights are read
 once), with AVX2 each row costs a good part of a token (issue #48: ngram-simple then lost 14% on a copy task whose
-drafts were mostly wrong). So `DecodeCost` measures it on the machine, online: the time of every decode of
-generating sequences only, by its number of rows, fitted by a line (time = fixed + per_row x rows); until two row
-counts are measured it assumes `free_rows` rows for the price of one. `DraftBudget` keeps each slot's rate of
-accepted draft tokens and verifies a draft token only while it is expected to pay: its chance to be accepted (the
-rate to the power of its place in the draft) times what a generated token costs without drafts (one step of the
-n generating sequences, over n) must exceed what its row adds. A lone stream whose drafts are accepted thus keeps
-long drafts, and one whose drafts are mostly wrong stops verifying them; its later drafts are then only followed
-("shadow" drafts: `DraftBudget.follow` compares them with the tokens the sampler picks), so that the rate, and the
-drafts, come back when the model follows the text again. Which tokens are verified never changes the output.
+drafts were mostly wrong). So `DecodeCost` measures it on the machine, online, for the kernels this process
+runs (the ISA they were compiled for): the time of every decode of generating sequences only (no prompt rows), by
+its number of rows, as the least time per row count (a first compile or another process only adds time) and a line
+through them; until two row counts are measured it assumes `free_rows` rows for the price of one. `DraftBudget`
+keeps each slot's rate of accepted draft tokens, a, and verifies the draft length n that maximizes the step's
+expected tokens (1 + a + a**2 + ... + a**n for a lone stream) over its decode's cost. A lone stream whose drafts
+are accepted thus keeps long drafts even where each row costs a good part of a token (AVX2), and one whose drafts
+are mostly wrong stops verifying them; its later drafts are then only followed ("shadow" drafts:
+`DraftBudget.follow` compares them with the tokens the sampler picks), so that the rate, and the drafts, come
+back when the model follows the text again. Which tokens are verified never changes the output.
 """
 
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -145,30 +147,34 @@ def _check_int(name: str, value, lo: int, hi: int | None) -> None:
 
 
 class DecodeCost:
-    """Seconds per decode of generating sequences by its number of rows, measured (`observe`): a running mean per
-    row count, and the line through them (least squares, each count weighted by its samples, at most WEIGHT_MAX).
-    Before two row counts are known it is the prior: rows up to `free_rows` cost nothing extra, each past them
-    costs what one decode costs."""
+    """Seconds per decode of generating sequences by its number of rows, measured (`observe`): per row count the
+    least of its last WINDOW samples (what the decode costs when nothing else runs: a compile, a graph planned
+    for a new shape or another process taking the core only ever add time), and the line through those (least
+    squares, each count weighted by its samples). `seconds(n_rows)` is a count's own least time once it has
+    MIN_SAMPLES samples, the line's value before (a count not tried yet), and before two row counts are known
+    the prior: rows up to `free_rows` cost one decode, each past them one more. A count's own time, not the
+    line, decides where the kernels' cost is not linear in the rows (the quant kernels take rows in tiles: 4
+    rows can cost less than 3)."""
 
-    ALPHA, WEIGHT_MAX, N_ROWS_MAX, CLIP = 0.2, 16, 256, 4.0
+    WINDOW, MIN_SAMPLES, N_ROWS_MAX = 9, 3, 1024
 
     def __init__(self, free_rows: int):
         self.free_rows = free_rows
-        self._mean: dict[int, tuple[float, int]] = {}  # rows -> (mean seconds, samples)
+        self._samples: dict[int, deque[float]] = {}  # rows -> the last WINDOW decode times (seconds)
+        self._least: dict[int, float] = {}  # rows -> the least of its samples
         self._line: tuple[float, float] | None = None  # (fixed, per_row) seconds, None: the prior
 
     def observe(self, n_rows: int, seconds: float) -> None:
-        """A decode of `n_rows` rows (generating sequences and their drafts only) took `seconds`. A sample more
-        than CLIP times the running mean counts as CLIP times it (a compile, another process)."""
-        if not 0 < n_rows <= self.N_ROWS_MAX or seconds <= 0:
+        """A decode of `n_rows` rows (generating sequences and their drafts only) took `seconds`."""
+        if not 0 < n_rows <= self.N_ROWS_MAX or not seconds > 0:
             return
-        mean, n = self._mean.get(n_rows, (seconds, 0))
-        seconds = min(seconds, self.CLIP * mean)
-        self._mean[n_rows] = (mean + self.ALPHA * (seconds - mean) if n else seconds, n + 1)
+        window = self._samples.setdefault(n_rows, deque(maxlen=self.WINDOW))
+        window.append(seconds)
+        self._least[n_rows] = min(window)
         self._line = self._fit()
 
     def _fit(self) -> tuple[float, float] | None:
-        pts = [(r, m, min(n, self.WEIGHT_MAX)) for r, (m, n) in self._mean.items() if n >= 2]
+        pts = [(r, self._least[r], len(s)) for r, s in self._samples.items() if len(s) >= 2]
         if len(pts) < 2:
             return None
         w = sum(p[2] for p in pts)
@@ -182,27 +188,41 @@ class DecodeCost:
     def measured(self) -> bool:
         return self._line is not None
 
-    def per_token(self, n_gen: int) -> float:
-        """What one generated token costs in a step of `n_gen` generating sequences without drafts."""
-        n_gen = max(n_gen, 1)
-        if self._line is None:
-            return max(self.free_rows, n_gen) / n_gen
-        fixed, per_row = self._line
-        return (fixed + per_row * n_gen) / n_gen
+    @property
+    def line(self) -> tuple[float, float] | None:
+        """(fixed, per_row) seconds of the measured decodes' line; None while the prior holds."""
+        return self._line
 
-    def row(self, n_rows: int) -> float:
-        """What the decode's `n_rows`-th row adds to it."""
+    def summary(self) -> str:
+        """The measured line and each row count's time relative to one row's, for a report."""
         if self._line is None:
-            return 0.0 if n_rows <= self.free_rows else 1.0
-        return self._line[1]
+            return f"not measured yet (prior: {self.free_rows} rows for the price of one)"
+        fixed, per_row = self._line
+        one = self.seconds(1)
+        counts = " ".join(f"{r}:{self._least[r] / one:.2f}" for r in sorted(self._samples)
+                          if len(self._samples[r]) >= self.MIN_SAMPLES)
+        return f"{1e3 * fixed:.2f} ms + {1e3 * per_row:.2f} ms/row; rows:x one row {counts}"
+
+    def seconds(self, n_rows: int) -> float:
+        """What a decode of `n_rows` rows costs (in decodes of one row while the prior holds)."""
+        n_rows = max(n_rows, 1)
+        if self._line is None:
+            return float(max(1, n_rows - self.free_rows + 1))
+        if len(self._samples.get(n_rows, ())) >= self.MIN_SAMPLES:
+            return self._least[n_rows]
+        fixed, per_row = self._line
+        return fixed + per_row * n_rows
 
 
 class DraftBudget:
     """How many tokens of a slot's draft are worth verifying in this step (see the module docstring): per slot, a
-    decayed count of accepted draft tokens and of drafts cut short, from a prior rate of 0.8; the decode costs
-    (`cost`, measured by the engine) say what a row adds and what a token is worth."""
+    decayed count of accepted draft tokens and of drafts cut short, from a prior rate of 0.8, give the chance `a`
+    that a draft token is accepted after the ones before it; a draft of n tokens then yields 1 + a + ... + a**n
+    tokens expected, and the budget picks the n that yields the most tokens per second of the step's decode
+    (`cost`, measured by the engine)."""
 
-    PRIOR_RATE, PRIOR_WEIGHT, DECAY = 0.8, 2.0, 0.9
+    # LOOKAHEAD: lengths tried past the best so far (a step is planned in Python: a bounded search)
+    PRIOR_RATE, PRIOR_WEIGHT, DECAY, P_MIN, LOOKAHEAD = 0.8, 2.0, 0.9, 1e-3, 16
 
     def __init__(self, free_rows: int, cost: DecodeCost | None = None):
         self.free_rows = free_rows
@@ -217,17 +237,24 @@ class DraftBudget:
 
     def cap(self, seq_id: int, n_gen: int, used: int, n_max: int) -> int:
         """At most `n_max` draft tokens for `seq_id` in a step of `n_gen` generating sequences whose batch holds
-        `used` rows so far: while the next one's expected saving exceeds what its row adds."""
+        `used` rows so far (each generating sequence's own row and the drafts placed before this one): the n
+        that maximizes the step's expected tokens over its decode's cost. The rows placed so far are taken to
+        yield a token each for the generating sequences and, for other drafts, this slot's rate."""
         if self.free_rows == 0:
             return n_max
-        a, value = self.rate(seq_id), self.cost.per_token(n_gen)
-        k, p = 0, 1.0
-        while k < n_max:
+        a = self.rate(seq_id)
+        expected = n_gen + max(used - n_gen, 0) * a  # tokens the step yields without this draft
+        best_n, best = 0, expected / self.cost.seconds(used)
+        p = 1.0
+        for n in range(1, n_max + 1):
             p *= a
-            if p * value <= self.cost.row(used + k + 1):
+            if p < self.P_MIN or n - best_n > self.LOOKAHEAD:
                 break
-            k += 1
-        return k
+            expected += p
+            value = expected / self.cost.seconds(used + n)
+            if value > best:
+                best_n, best = n, value
+        return best_n
 
     def record(self, seq_id: int, n_draft: int, n_accepted: int) -> None:
         acc, rej = self._counts.get(seq_id, (0.0, 0.0))
