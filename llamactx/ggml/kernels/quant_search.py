@@ -340,6 +340,50 @@ def iq2_grid_tables(magnitudes: np.ndarray, nwant: int = 2) -> tuple[np.ndarray,
 
 
 @njit(cache=True)
+def even_signs(xb, weight, xval, block_signs, n8):
+    """The sign step of quantize_row_iq2_xxs / iq2_xs / iq3_xxs_impl for n8 groups of 8 values xb: xval = |xb|,
+    and where a group has an odd count of negatives the sign of its least important element (weight * x^2) is
+    flipped, since the stored 7 sign bits imply an even count; block_signs[k] = those 7 bits. Returns max(xval)."""
+    for k in range(n8):
+        nflip = 0
+        s = 0
+        for i in range(8):
+            if xb[8 * k + i] >= 0:
+                xval[8 * k + i] = xb[8 * k + i]
+            else:
+                xval[8 * k + i] = -xb[8 * k + i]
+                nflip += 1
+                s |= 1 << i
+        if nflip % 2:
+            imin = 0
+            mn = weight[8 * k] * xb[8 * k] * xb[8 * k]
+            for i in range(1, 8):
+                ax = weight[8 * k + i] * xb[8 * k + i] * xb[8 * k + i]
+                if ax < mn:
+                    mn = ax
+                    imin = i
+            xval[8 * k + imin] = -xval[8 * k + imin]
+            s ^= 1 << imin
+        block_signs[k] = s & 127
+    mx = xval[0]
+    for i in range(1, 8 * n8):
+        mx = mx if mx > xval[i] else xval[i]
+    return mx
+
+
+@njit(cache=True)
+def level_sums(weight, xval, L):
+    """sum w x q and sum w q^2 over a group of 32 with q = 2 L + 1 (the IQ2_XXS / IQ3_XXS least squares)."""
+    sumqx = ZERO
+    sumq2 = ZERO
+    for i in range(32):
+        q = F32(2 * int(L[i]) + 1)
+        sumqx += weight[i] * xval[i] * q
+        sumq2 += weight[i] * q * q
+    return sumqx, sumq2
+
+
+@njit(cache=True)
 def iq2_scale_search(xval, weight, waux, mx, grid, kmap, neigh, L, Laux, on_grid, on_aux):
     """The scale search of quantize_row_iq2_xs_impl / quantize_row_iq2_s_impl for one 16-block of magnitudes xval
     (two groups of 8, levels 0..2 on the IQ2 grid): 19 trial scales (2*kMaxQ - 1 + is/10) / max, each group

@@ -17,6 +17,7 @@ from llamactx.ggml.kernels.quant_search import (
     GROUP_MAX_EPS,
     ONE,
     ZERO,
+    even_signs,
     fp16_round,
     grid_code,
     iq2_grid_tables,
@@ -55,30 +56,7 @@ def iq2xs_superblock(xbl, y, qw, grid, kmap, neigh, scales, weight, waux, xval, 
             weight[i] = qw[16 * ib + i] * np.sqrt(sigma2 + xb[i] * xb[i])
         for i in range(16):
             waux[i] = np.sqrt(weight[i])
-        for k in range(2):
-            nflip = 0
-            s = 0
-            for i in range(8):
-                if xb[8 * k + i] >= 0:
-                    xval[8 * k + i] = xb[8 * k + i]
-                else:
-                    xval[8 * k + i] = -xb[8 * k + i]
-                    nflip += 1
-                    s |= 1 << i
-            if nflip % 2:
-                imin = 0
-                mn = weight[8 * k] * xb[8 * k] * xb[8 * k]
-                for i in range(1, 8):
-                    ax = weight[8 * k + i] * xb[8 * k + i] * xb[8 * k + i]
-                    if ax < mn:
-                        mn = ax
-                        imin = i
-                xval[8 * k + imin] = -xval[8 * k + imin]
-                s ^= 1 << imin
-            block_signs[k] = s & 127
-        mx = xval[0]
-        for i in range(1, 16):
-            mx = mx if mx > xval[i] else xval[i]
+        mx = even_signs(xb, weight, xval, block_signs, 2)
         L[:] = 0
         if mx < GROUP_MAX_EPS:
             scales[ib] = ZERO

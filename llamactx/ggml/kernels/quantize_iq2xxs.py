@@ -18,9 +18,11 @@ from llamactx.ggml.kernels.quant_search import (
     ONE,
     ZERO,
     best_neighbour,
+    even_signs,
     fp16_round,
     grid_code,
     iq2_grid_tables,
+    level_sums,
     make_qp_quants,
     nearest_int,
 )
@@ -34,17 +36,6 @@ TYPE_SIZE = 66  # sizeof(block_iq2_xxs): d, qs[32] (uint16)
 def iq2xxs_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """iq2xs_init_impl(GGML_TYPE_IQ2_XXS): grid (256, 8) int8, kmap, neighbours (two nearest distances)."""
     return iq2_grid_tables(IQ2XXS_GRID.view(np.uint8).reshape(256, 8), nwant=2)
-
-
-@njit(cache=True)
-def _search_sums(weight, xval, L):
-    sumqx = ZERO
-    sumq2 = ZERO
-    for i in range(32):
-        q = F32(2 * int(L[i]) + 1)
-        sumqx += weight[i] * xval[i] * q
-        sumq2 += weight[i] * q * q
-    return sumqx, sumq2
 
 
 @njit(cache=True)
@@ -64,30 +55,7 @@ def iq2xxs_superblock(xbl, y, qw, grid, kmap, neigh, scales, weight, waux, xval,
             weight[i] = qw[32 * ib + i] * np.sqrt(sigma2 + xb[i] * xb[i])
         for i in range(32):
             waux[i] = np.sqrt(weight[i])
-        for k in range(4):
-            nflip = 0
-            s = 0
-            for i in range(8):
-                if xb[8 * k + i] >= 0:
-                    xval[8 * k + i] = xb[8 * k + i]
-                else:
-                    xval[8 * k + i] = -xb[8 * k + i]
-                    nflip += 1
-                    s |= 1 << i
-            if nflip % 2:
-                imin = 0
-                mn = weight[8 * k] * xb[8 * k] * xb[8 * k]
-                for i in range(1, 8):
-                    ax = weight[8 * k + i] * xb[8 * k + i] * xb[8 * k + i]
-                    if ax < mn:
-                        mn = ax
-                        imin = i
-                xval[8 * k + imin] = -xval[8 * k + imin]
-                s ^= 1 << imin
-            block_signs[k] = s & 127
-        mx = xval[0]
-        for i in range(1, 32):
-            mx = mx if mx > xval[i] else xval[i]
+        mx = even_signs(xb, weight, xval, block_signs, 4)
         if mx < GROUP_MAX_EPS:
             scales[ib] = ZERO
             L[:] = 0
@@ -111,7 +79,7 @@ def iq2xxs_superblock(xbl, y, qw, grid, kmap, neigh, scales, weight, waux, xval,
                 if kmap[u] < 0:
                     best_neighbour(neigh, -kmap[u] - 1, grid, xval[8 * k:8 * k + 8], waux[8 * k:8 * k + 8],
                                    this_scale, Laux[8 * k:8 * k + 8])
-            sumqx, sumq2 = _search_sums(weight, xval, Laux)
+            sumqx, sumq2 = level_sums(weight, xval, Laux)
             if sumq2 > 0 and sumqx * sumqx > best * sumq2:
                 scale = sumqx / sumq2
                 best = scale * sumqx
@@ -129,7 +97,7 @@ def iq2xxs_superblock(xbl, y, qw, grid, kmap, neigh, scales, weight, waux, xval,
                                        scale, L[8 * k:8 * k + 8])
                 for i in range(8):
                     L[8 * k + i] = (grid[g, i] - 1) // 2
-            sumqx, sumq2 = _search_sums(weight, xval, L)
+            sumqx, sumq2 = level_sums(weight, xval, L)
             if sumq2 > 0:
                 scale = sumqx / sumq2
         if scale < 0:

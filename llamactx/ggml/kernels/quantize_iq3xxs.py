@@ -19,9 +19,11 @@ from llamactx.ggml.kernels.quant_search import (
     ONE,
     ZERO,
     best_neighbour,
+    even_signs,
     fp16_round,
     grid_code,
     iq3_grid_tables,
+    level_sums,
     nearest_int,
 )
 from llamactx.gguf.iq_grids import IQ3XXS_GRID
@@ -37,17 +39,6 @@ def iq3xxs_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     magnitudes = np.array([4, 12, 20, 28, 36, 44, 52, 62])
     levels = np.searchsorted(magnitudes, IQ3XXS_GRID)  # (256, 4): 0..7
     return iq3_grid_tables((2 * levels + 1).astype(np.int8), nwant=2)
-
-
-@njit(cache=True)
-def _sums(weight, xval, L):
-    sumqx = ZERO
-    sumq2 = ZERO
-    for i in range(32):
-        q = F32(2 * int(L[i]) + 1)
-        sumqx += weight[i] * xval[i] * q
-        sumq2 += weight[i] * q * q
-    return sumqx, sumq2
 
 
 @njit(cache=True)
@@ -68,30 +59,7 @@ def iq3xxs_superblock(xbl, y, qw, use_qw, grid, kmap, neigh, scales, weight, wau
             weight[i] = qw[32 * ib + i] * np.sqrt(sigma2 + xb[i] * xb[i]) if use_qw else xb[i] * xb[i]
         for i in range(32):
             waux[i] = np.sqrt(weight[i])
-        for k in range(4):
-            nflip = 0
-            s = 0
-            for i in range(8):
-                if xb[8 * k + i] >= 0:
-                    xval[8 * k + i] = xb[8 * k + i]
-                else:
-                    xval[8 * k + i] = -xb[8 * k + i]
-                    nflip += 1
-                    s |= 1 << i
-            if nflip % 2:
-                imin = 0
-                mn = weight[8 * k] * xb[8 * k] * xb[8 * k]
-                for i in range(1, 8):
-                    ax = weight[8 * k + i] * xb[8 * k + i] * xb[8 * k + i]
-                    if ax < mn:
-                        mn = ax
-                        imin = i
-                xval[8 * k + imin] = -xval[8 * k + imin]
-                s ^= 1 << imin
-            block_signs[k] = s & 127
-        mx = xval[0]
-        for i in range(1, 32):
-            mx = mx if mx > xval[i] else xval[i]
+        mx = even_signs(xb, weight, xval, block_signs, 4)
         L[:] = 0
         if mx < GROUP_MAX_EPS_IQ3_XXS:
             scales[ib] = ZERO
@@ -112,7 +80,7 @@ def iq3xxs_superblock(xbl, y, qw, use_qw, grid, kmap, neigh, scales, weight, wau
                     on_aux[k] = False
                     best_neighbour(neigh, -kmap[u] - 1, grid, xval[4 * k:4 * k + 4], waux[4 * k:4 * k + 4],
                                    this_scale, Laux[4 * k:4 * k + 4])
-            sumqx, sumq2 = _sums(weight, xval, Laux)
+            sumqx, sumq2 = level_sums(weight, xval, Laux)
             if sumq2 > 0 and sumqx * sumqx > best * sumq2:
                 scale = sumqx / sumq2
                 best = scale * sumqx
@@ -137,7 +105,7 @@ def iq3xxs_superblock(xbl, y, qw, use_qw, grid, kmap, neigh, scales, weight, wau
                                        scale, L[4 * k:4 * k + 4])
                 for i in range(4):
                     L[4 * k + i] = (grid[g, i] - 1) // 2
-            sumqx, sumq2 = _sums(weight, xval, L)
+            sumqx, sumq2 = level_sums(weight, xval, L)
             if sumq2 > 0:
                 scale = sumqx / sumq2
         if scale < 0:
