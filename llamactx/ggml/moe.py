@@ -228,15 +228,9 @@ def _argsort_rows(x, k, out):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True)
-def route_row(logits, k, norm_w, w_scale, probs, idx, out):  # pragma: no cover - compiled
-    """The softmax router of one token, compiled (the graph executor's MOE_ROUTE): out[:k] its experts (as
-    floats), out[k:2k] their weights, computed as soft_max_rows, argsort_desc and norm_weights do. probs, idx:
-    scratch of n_expert floats / int32."""
-    buf = np.empty(16, np.float32)
-    _soft_max_row(logits, probs, buf)
-    for j in range(idx.shape[0]):
-        idx[j] = j
-    _std_sort_desc(probs, idx)
+def _route_out(probs, idx, k, norm_w, w_scale, out):  # pragma: no cover - compiled
+    """The routers' output: out[:k] the experts idx[:k] (as floats), out[k:2k] their probabilities, divided by
+    their sum (in double, at least 2^-14) when norm_w and scaled by w_scale (norm_weights, then ggml_scale)."""
     s = 0.0
     for j in range(k):
         s += np.float64(probs[idx[j]])
@@ -249,6 +243,19 @@ def route_row(logits, k, norm_w, w_scale, probs, idx, out):  # pragma: no cover 
             w = w * w_scale
         out[j] = _F32(idx[j])
         out[k + j] = w
+
+
+@numba.njit(cache=True)
+def route_row(logits, k, norm_w, w_scale, probs, idx, out):  # pragma: no cover - compiled
+    """The softmax router of one token, compiled (the graph executor's MOE_ROUTE): out[:k] its experts (as
+    floats), out[k:2k] their weights, computed as soft_max_rows, argsort_desc and norm_weights do. probs, idx:
+    scratch of n_expert floats / int32."""
+    buf = np.empty(16, np.float32)
+    _soft_max_row(logits, probs, buf)
+    for j in range(idx.shape[0]):
+        idx[j] = j
+    _std_sort_desc(probs, idx)
+    _route_out(probs, idx, k, norm_w, w_scale, out)
 
 
 @numba.njit(cache=True)
@@ -272,18 +279,7 @@ def route_row_biased(logits, k, sigmoid, probs_b, n_groups, n_group_used, norm_w
     for j in range(n_expert):
         idx[j] = j
     _std_sort_desc(sel, idx)
-    s = 0.0
-    for j in range(k):
-        s += np.float64(probs[idx[j]])
-    s32 = max(_F32(s), _F32(6.103515625e-5))
-    for j in range(k):
-        w = probs[idx[j]]
-        if norm_w:
-            w = w / s32
-        if w_scale != 0.0 and w_scale != 1.0:
-            w = w * w_scale
-        out[j] = _F32(idx[j])
-        out[k + j] = w
+    _route_out(probs, idx, k, norm_w, w_scale, out)
 
 
 @numba.njit(cache=True)
