@@ -27,13 +27,12 @@ from numba import njit, prange
 
 from llamactx.ggml.intrinsics import f16_to_f32, fma32
 from llamactx.ggml.kernels.kiqcodes import iq_codes
-from llamactx.ggml.kernels.ktile import TILE, _packed_pairs, _store_tile
+from llamactx.ggml.kernels.ktile import TILE, _packed_pairs
 from llamactx.ggml.kernels.kxquants import vdot_s8
-from llamactx.ggml.kernels.kxtile import IQ4XS_SHIFT, _kx_isum, _kx_step
+from llamactx.ggml.kernels.kxtile import IQ4XS_SHIFT, kx_tile_dot
 from llamactx.ggml.kernels.q8 import quantize_q8_K
 from llamactx.ggml.kernels.simd import PORTABLE, VNNI, fmadd_i, fsum, fzero, vload, vstore
 from llamactx.ggml.kernels.vnni import imuladd_v, izero, vscales_pair
-from llamactx.ggml.kernels.wide import wzero
 from llamactx.gguf.iq_grids import IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS
 
 IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M = (int(t) for t in (T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS,
@@ -229,26 +228,10 @@ def tile_rows(path, t, post, blocks, a, r0, r1, out):  # pragma: no cover - comp
     dl = np.zeros((1, nb * 256), np.int8)
     dw = np.empty(nb, np.float32)
     buf = np.empty((1, TILE), np.float32)
-    n4 = n - n % 4
     for t0 in range(r0, r1, TILE):
         t1 = min(t0 + TILE, r1)
         _tile(t, post, blocks, t0, t1, tile, wq8, sc8, dl, dw)
-        for i in range(0, n4, 4):  # four activation rows share each super-block's loads of the tile
-            a0, a1, a2, a3 = wzero(), wzero(), wzero(), wzero()
-            for b in range(nb):
-                a0 = _kx_step(a0, _kx_isum(path, True, tile, xq, i, b), tile, pairs, xd, i, b, IQ4XS_SHIFT)
-                a1 = _kx_step(a1, _kx_isum(path, True, tile, xq, i + 1, b), tile, pairs, xd, i + 1, b, IQ4XS_SHIFT)
-                a2 = _kx_step(a2, _kx_isum(path, True, tile, xq, i + 2, b), tile, pairs, xd, i + 2, b, IQ4XS_SHIFT)
-                a3 = _kx_step(a3, _kx_isum(path, True, tile, xq, i + 3, b), tile, pairs, xd, i + 3, b, IQ4XS_SHIFT)
-            _store_tile(out, i, t0, t1, a0, buf)
-            _store_tile(out, i + 1, t0, t1, a1, buf)
-            _store_tile(out, i + 2, t0, t1, a2, buf)
-            _store_tile(out, i + 3, t0, t1, a3, buf)
-        for i in range(n4, n):
-            acc = wzero()
-            for b in range(nb):
-                acc = _kx_step(acc, _kx_isum(path, True, tile, xq, i, b), tile, pairs, xd, i, b, IQ4XS_SHIFT)
-            _store_tile(out, i, t0, t1, acc, buf)
+        kx_tile_dot(path, True, tile, xq, xd, pairs, IQ4XS_SHIFT, t0, t1, out, buf)
 
 
 @njit(cache=True)

@@ -139,6 +139,31 @@ def _kx_step(acc, isum, tile, pairs, xd, i, b, shift):
 
 
 @njit(cache=True)
+def kx_tile_dot(path, iq4, tile, xq, xd, pairs, shift, t0, t1, out, buf):
+    """out[:, t0:t1] from one filled tile (rows t0..t1 of the weights) and every activation row, four rows at a
+    time sharing each super-block's loads of the tile (klowbit's tiles use it too, with iq4 True)."""
+    n = xq.shape[0]
+    nb = tile[3].shape[0]
+    n4 = n - n % 4
+    for i in range(0, n4, 4):  # four activation rows share each super-block's loads of the tile
+        a0, a1, a2, a3 = wzero(), wzero(), wzero(), wzero()
+        for b in range(nb):
+            a0 = _kx_step(a0, _kx_isum(path, iq4, tile, xq, i, b), tile, pairs, xd, i, b, shift)
+            a1 = _kx_step(a1, _kx_isum(path, iq4, tile, xq, i + 1, b), tile, pairs, xd, i + 1, b, shift)
+            a2 = _kx_step(a2, _kx_isum(path, iq4, tile, xq, i + 2, b), tile, pairs, xd, i + 2, b, shift)
+            a3 = _kx_step(a3, _kx_isum(path, iq4, tile, xq, i + 3, b), tile, pairs, xd, i + 3, b, shift)
+        _store_tile(out, i, t0, t1, a0, buf)
+        _store_tile(out, i + 1, t0, t1, a1, buf)
+        _store_tile(out, i + 2, t0, t1, a2, buf)
+        _store_tile(out, i + 3, t0, t1, a3, buf)
+    for i in range(n4, n):
+        acc = wzero()
+        for b in range(nb):
+            acc = _kx_step(acc, _kx_isum(path, iq4, tile, xq, i, b), tile, pairs, xd, i, b, shift)
+        _store_tile(out, i, t0, t1, acc, buf)
+
+
+@njit(cache=True)
 def kx_tile_rows(path, iq4, W, a, r0, r1, out):
     """out[:, r0:r1] for Q3_K (`iq4` False) or IQ4_XS weights in llama.cpp's tiled order, 16 rows per tile."""
     xq, xd, bsums, _ = a
@@ -150,29 +175,13 @@ def kx_tile_rows(path, iq4, W, a, r0, r1, out):
             np.empty((nb * 8, 2 * TILE), np.int16), np.empty((nb, TILE), np.float32))
     shift = IQ4XS_SHIFT if iq4 else Q3K_SHIFT
     buf = np.empty((1, TILE), np.float32)
-    n4 = n - n % 4
     for t0 in range(r0, r1, TILE):
         t1 = min(t0 + TILE, r1)
         if iq4:
             _iq4xs_tile(W, t0, t1, tile)
         else:
             _q3k_tile(W, t0, t1, tile)
-        for i in range(0, n4, 4):  # four activation rows share each super-block's loads of the tile
-            a0, a1, a2, a3 = wzero(), wzero(), wzero(), wzero()
-            for b in range(nb):
-                a0 = _kx_step(a0, _kx_isum(path, iq4, tile, xq, i, b), tile, pairs, xd, i, b, shift)
-                a1 = _kx_step(a1, _kx_isum(path, iq4, tile, xq, i + 1, b), tile, pairs, xd, i + 1, b, shift)
-                a2 = _kx_step(a2, _kx_isum(path, iq4, tile, xq, i + 2, b), tile, pairs, xd, i + 2, b, shift)
-                a3 = _kx_step(a3, _kx_isum(path, iq4, tile, xq, i + 3, b), tile, pairs, xd, i + 3, b, shift)
-            _store_tile(out, i, t0, t1, a0, buf)
-            _store_tile(out, i + 1, t0, t1, a1, buf)
-            _store_tile(out, i + 2, t0, t1, a2, buf)
-            _store_tile(out, i + 3, t0, t1, a3, buf)
-        for i in range(n4, n):
-            acc = wzero()
-            for b in range(nb):
-                acc = _kx_step(acc, _kx_isum(path, iq4, tile, xq, i, b), tile, pairs, xd, i, b, shift)
-            _store_tile(out, i, t0, t1, acc, buf)
+        kx_tile_dot(path, iq4, tile, xq, xd, pairs, shift, t0, t1, out, buf)
 
 
 # --- Q5_K: 32-element sub-blocks with 6-bit scales and mins ----------------------------------------------------
