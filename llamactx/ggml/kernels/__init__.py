@@ -37,6 +37,7 @@ arithmetic), compute.py a recorded forward graph (llamactx.ggml.graph) in one co
     quantize_tq.py    the TQ1_0 / TQ2_0 quantizers (quantize_row_tq1_0_ref / tq2_0_ref)
     get_rows.py     get_rows: the selected rows of a stored weight, dequantized (embedding lookup)
     attention.py    attention over the f16 KV cache (the non-flash path)
+    attention8.py   the same for a target with 8-lane float vectors (AVX2: tinyBLAS<8, __m256>'s sums)
     flash.py        flash attention over it (flash_attn_ext's tiled arithmetic)
     delta_rule.py   the Gated DeltaNet's delta rule, its state updated in place, and ssm_conv (Qwen3.5)
     compute.py      plan_graph / GraphPlan: a recorded graph run in one compiled call (ggml_graph_compute)

@@ -10,8 +10,8 @@ together (`reduce_add16x16`, each score's own tree), and V rows are widened a ch
 block's 16 lanes stay in registers. Parallel over (token, KV head) groups dealt round robin (rows of a causal
 prefill see more cells the later they come); a few tokens over many cells (decode at depth) split instead: scores
 by cell blocks (each thread its own K rows), kqv by lane (each thread its own V rows), then the lanes reduced.
-That is the AVX-512 build's order; for an AVX2 target (8-lane tinyBLAS) `attend` runs the reference kernel
-(`_attend_epr8`).
+That is the AVX-512 build's order; for an AVX2 target (8-lane tinyBLAS) `attend` runs attention8.py, the same
+design on 8-lane registers.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from llamactx.ggml.attention import NO_SINK, _attention, _soft_max, kv_to_f32
+from llamactx.ggml.attention import NO_SINK, _soft_max
 from llamactx.ggml.cpu import F32_EPR
 from llamactx.ggml.intrinsics import round_f16
+from llamactx.ggml.kernels.attention8 import attend8
 from llamactx.ggml.kernels.wide import (
     fadd16,
     ffma16,
@@ -59,30 +60,12 @@ def attend(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, out, n_t
     else:
         sk = sinks
     if F32_EPR != 16:
-        _attend_epr8(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, out, n_threads, sk)
+        attend8(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, out, n_threads, sk)
         return
     if n * n_head_kv < 2 * n_threads and n_cells.max() >= SPLIT_MIN_CELLS:
         _attend_split(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, out, n_threads, sk)
     else:
         _attend_groups(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, out, n_threads, sk)
-
-
-@numba.njit(cache=True)
-def _attend_epr8(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, out, n_threads,
-                 sinks):  # pragma: no cover
-    """`attend` for a target with 8-lane float vectors (AVX2): tinyBLAS<8, __m256> chains interleave elements
-    that this module's 16-lane registers keep apart, so the reference kernel (llamactx.ggml.attention, vectorized
-    over cells) computes it."""
-    n = q.shape[0]
-    d_k = q.shape[1] // n_head
-    d_v = out.shape[1] // n_head
-    n_conv = min(cells.max() + 1, k.shape[0]) if n >= 2 else 0
-    kt = np.empty((n_head_kv, d_k, n_conv), np.float32)
-    vf = np.empty((n_head_kv, n_conv, d_v), np.float32)
-    if n_conv:
-        kv_to_f32(k, v, n_head_kv, kt, vf)
-    _attention(q.reshape(n, n_head, d_k), k, v, n_head_kv, cells, n_cells, scale, mask_add, False,
-               out.reshape(n, n_head, d_v), kt, vf, n_threads * 8, _F32(0.0), sinks)
 
 
 @numba.njit(cache=True)
