@@ -1,27 +1,38 @@
-"""The signed codes of one 32-element group of an IQ2 / IQ3 / IQ1 super-block as one `<32 x i8>` vector (an
-llvmlite intrinsic), the decode klowbit.py's kernels run per weight row.
+"""The codes of one 32-element group of an IQ2 / IQ3 / IQ1 super-block as one `<32 x i8>` vector and their signs as
+bit masks (llvmlite intrinsics): the decode klowbit.py's kernels run per weight row.
 
 ggml-quants.c `dequantize_row_iq2_xxs` ... `dequantize_row_iq1_m` read each group as grid indices (four of 8 codes
 or eight of 4), a sign bit per code (IQ2 / IQ3; `ksigns_iq2xs` expands IQ2_XXS / IQ2_XS / IQ3_XXS's 7 stored bits
-to 8) and, for IQ1, codes -1 / 0 / 1 straight from the grid. Here the indices are computed in scalar IR, the grid
-entries loaded into one vector (the scalar loads and inserts of ggml's AVX2 `_mm256_set_epi64x` / `_epi32`), the 32
-sign bits joined into one i32 and turned into a byte mask (`vpmovm2b` with AVX512BW), and the codes negated under
-it: about a tenth of the instructions of a byte-by-byte decode. Block layouts: ggml-common.h `block_iq2_xxs` ....
+to 8 with their parity) and, for IQ1, codes -1 / 0 / 1 straight from the grid. As ggml's AVX2 `vec_dot`s do, the
+grid entries stay unsigned and the signs go onto the activations instead:
+
+- `iq_grid`: the group's grid entries in one vector (the indices in scalar IR, the entries loaded and inserted:
+  ggml's `_mm256_set_epi64x` / `_epi32`);
+- `iq_signs`: the 256 sign bits of a whole super-block at once, a u32 per group (bit j: element j negative): the
+  stored bytes of IQ2_S / IQ3_S, and for the others the 7-bit fields spread to bytes and completed with their
+  parity (`llvm.ctpop` per byte: `vpopcntb` with AVX512-BITALG), which is what ksigns_iq2xs tabulates;
+- `vneg_where`: activations negated under such a mask (`vpsubb` under a `k` mask with AVX512BW), ggml's
+  `_mm256_sign_epi8(q8, signs)`; a negated activation times the unsigned entry is the signed product, exactly.
+
+Block layouts: ggml-common.h `block_iq2_xxs` ....
 """
 
 from __future__ import annotations
 
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
-from llamactx.ggml.kernels.simd import i8x32, ptr2d
+from llamactx.ggml.kernels.simd import i8x32, lane_index, ptr2d
 
 _I1 = ir.IntType(1)
 _I8 = ir.IntType(8)
+_I16 = ir.IntType(16)
 _I32 = ir.IntType(32)
 _I64 = ir.IntType(64)
 _V32I8 = ir.VectorType(_I8, 32)
+_V8I32 = ir.VectorType(_I32, 8)
 
 IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ3_S, IQ2_S, IQ1_M = 16, 17, 18, 19, 21, 22, 29  # ggml_type
 
@@ -40,48 +51,29 @@ def _entries(context, builder, tyarr, arr, indices):
     return builder.bitcast(vec, _V32I8)
 
 
-def _ksigns(context, builder, tyks, ks, aux):
-    """The 32 sign bits of a group from the 4 x 7 bits of `aux` (ksigns_iq2xs adds each eighth, parity) -> i32."""
-    ary = context.make_array(tyks)(context, builder, ks)
-    bits = _c32(0)
-    for g in range(4):
-        s7 = builder.and_(builder.lshr(aux, _c32(7 * g)), _c32(127))
-        v = builder.zext(builder.load(builder.gep(ary.data, [builder.zext(s7, _I64)])), _I32)
-        bits = builder.or_(bits, builder.shl(v, _c32(8 * g)))
-    return bits
-
-
-def _negate(builder, codes, bits):
-    """codes with byte j negated where bit j of the i32 `bits` is set."""
-    mask = builder.bitcast(bits, ir.VectorType(_I1, 32))
-    return builder.select(mask, builder.neg(codes), codes)
-
-
 class _Reads:
     """Little-endian reads at byte offset off + k of a super-block (`start`: its first byte), zero-extended to i32."""
 
     def __init__(self, builder, start, off):
         self.b, self.start, self.off = builder, start, off
 
+    def ptr(self, k, ty):
+        b = self.b
+        return b.bitcast(b.gep(self.start, [b.sext(b.add(self.off, _c32(k)), _I64)]), ty.as_pointer())
+
     def byte(self, k):
-        b = self.b
-        return b.zext(b.load(b.gep(self.start, [b.sext(b.add(self.off, _c32(k)), _I64)])), _I32)
+        return self.b.zext(self.b.load(self.ptr(k, _I8)), _I32)
 
-    def _load(self, k, ty):  # an unaligned little-endian load (x86)
-        b = self.b
-        p = b.gep(self.start, [b.sext(b.add(self.off, _c32(k)), _I64)])
-        return b.load(b.bitcast(p, ty.as_pointer()), align=1)
+    def u16(self, k):  # an unaligned little-endian load (x86)
+        return self.b.zext(self.b.load(self.ptr(k, _I16), align=1), _I32)
 
-    def u16(self, k):
-        return self.b.zext(self._load(k, ir.IntType(16)), _I32)
-
-    def word(self, k):
-        return self._load(k, _I32)
+    def load(self, k, ty):
+        return self.b.load(self.ptr(k, ty), align=1)
 
 
-def _group_codes(t, context, builder, sig, args):
-    blocks_ty, grid_ty, ks_ty = sig.args[1], sig.args[5], sig.args[6]
-    _, blocks, r, o, ib, grid, ks = args
+def _group_grid(t, context, builder, sig, args):
+    blocks_ty, grid_ty = sig.args[1], sig.args[5]
+    _, blocks, r, o, ib, grid = args
     b = builder
     start = ptr2d(context, builder, blocks_ty, blocks, r, o, _I8)  # the super-block's first byte
     gi = b.trunc(ib, _I32)
@@ -89,55 +81,207 @@ def _group_codes(t, context, builder, sig, args):
     def at(base, scale):  # reads from byte base + scale * ib of the super-block
         return _Reads(b, start, b.add(_c32(base), b.mul(gi, _c32(scale))))
 
-    if t == IQ2_XXS:
+    if t == IQ2_XXS or t == IQ3_XXS:
         g = at(2, 8)
-        idx = [g.byte(k) for k in range(4)]
-        return _negate(b, _entries(context, b, grid_ty, grid, idx), _ksigns(context, b, ks_ty, ks, g.word(4)))
-    if t == IQ3_XXS:
+        idx = [g.byte(k) for k in range(4 if t == IQ2_XXS else 8)]
+    elif t == IQ2_XS:
         g = at(2, 8)
-        idx = [g.byte(k) for k in range(8)]
-        aux = at(66, 4).word(0)
-        return _negate(b, _entries(context, b, grid_ty, grid, idx), _ksigns(context, b, ks_ty, ks, aux))
-    if t == IQ2_XS:
-        g = at(2, 8)
-        qs = [g.u16(2 * k) for k in range(4)]
-        idx = [b.and_(q, _c32(511)) for q in qs]
-        aux = _c32(0)
-        for k, q in enumerate(qs):  # the 7 sign bits of each entry at 7 k, as IQ2_XXS's aux holds them
-            aux = b.or_(aux, b.shl(b.lshr(q, _c32(9)), _c32(7 * k)))
-        return _negate(b, _entries(context, b, grid_ty, grid, idx), _ksigns(context, b, ks_ty, ks, aux))
-    if t == IQ2_S:
+        idx = [b.and_(g.u16(2 * k), _c32(511)) for k in range(4)]
+    elif t == IQ2_S:
         g, qh = at(2, 4), at(66, 1).byte(0)
         idx = [b.or_(g.byte(k), b.and_(b.shl(qh, _c32(8 - 2 * k)), _c32(0x300))) for k in range(4)]
-        return _negate(b, _entries(context, b, grid_ty, grid, idx), at(34, 4).word(0))
-    if t == IQ3_S:
+    elif t == IQ3_S:
         g, qh = at(2, 8), at(66, 1).byte(0)
         idx = [b.or_(g.byte(e), b.shl(b.and_(b.lshr(qh, _c32(e)), _c32(1)), _c32(8))) for e in range(8)]
-        return _negate(b, _entries(context, b, grid_ty, grid, idx), at(74, 4).word(0))
-    if t == IQ1_S:
+    elif t == IQ1_S:
         g, qh = at(2, 4), at(34, 2).u16(0)
         idx = [b.or_(g.byte(k), b.shl(b.and_(b.lshr(qh, _c32(3 * k)), _c32(7)), _c32(8))) for k in range(4)]
-        return _entries(context, b, grid_ty, grid, idx)
-    # IQ1_M
-    g, h = at(0, 4), at(32, 2)
-    idx = []
-    for k in range(4):
-        qh = b.lshr(h.byte(k // 2), _c32(4 * (k % 2)))
-        idx.append(b.or_(g.byte(k), b.shl(b.and_(qh, _c32(7)), _c32(8))))
+    else:  # IQ1_M
+        g, h = at(0, 4), at(32, 2)
+        idx = [b.or_(g.byte(k), b.shl(b.and_(b.lshr(h.byte(k // 2), _c32(4 * (k % 2))), _c32(7)), _c32(8)))
+               for k in range(4)]
     return _entries(context, b, grid_ty, grid, idx)
 
 
 @intrinsic
-def iq_codes(typingctx, t, blocks, r, o, ib, grid, ksigns):
-    """Signed codes (i8x32) of group ib (0..7) of the super-block at blocks[r, o:] of ggml type t (a literal):
-    grid the type's codebook as a 1-D uint64 (8 codes per entry) or uint32 (4) array, ksigns `ksigns_iq2xs`
-    (uint8, 128; read by IQ2_XXS, IQ2_XS and IQ3_XXS only)."""
+def iq_grid(typingctx, t, blocks, r, o, ib, grid):
+    """The grid entries (i8x32) of group ib (0..7) of the super-block at blocks[r, o:] of ggml type t (a literal):
+    unsigned for the IQ2 / IQ3 types (`iq_signs` has their signs), -1 / 0 / 1 for IQ1_S / IQ1_M. grid: the type's
+    codebook as a 1-D uint64 (8 codes per entry) or uint32 (4) array."""
     if not isinstance(t, types.IntegerLiteral):
         return None
     tv = t.literal_value
-    sig = i8x32(t, blocks, types.intp, types.intp, types.intp, grid, ksigns)
+    sig = i8x32(t, blocks, types.intp, types.intp, types.intp, grid)
 
     def codegen(context, builder, sig, args):
-        return _group_codes(tv, context, builder, sig, args)
+        return _group_grid(tv, context, builder, sig, args)
+
+    return sig, codegen
+
+
+def _with_parity(builder, v):
+    """Bytes of 7 sign bits -> with bit 7 their parity (ksigns_iq2xs[v]: an even count of negative codes)."""
+    pop = builder.call(cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V32I8, [_V32I8]),
+                                                      "llvm.ctpop.v32i8"), [v])
+    return builder.or_(v, builder.shl(builder.and_(pop, ir.Constant(_V32I8, [1] * 32)), ir.Constant(_V32I8, [7] * 32)))
+
+
+def _spread7(builder, aux):
+    """<8 x i32> words of 4 x 7 sign bits (bits 7k..7k+6: entry k) -> <32 x i8>, byte 4g + k entry k of word g."""
+    out = None
+    for k in range(4):
+        f = builder.and_(builder.lshr(aux, ir.Constant(_V8I32, [7 * k] * 8)), ir.Constant(_V8I32, [127] * 8))
+        f = builder.shl(f, ir.Constant(_V8I32, [8 * k] * 8))
+        out = f if out is None else builder.or_(out, f)
+    return builder.bitcast(out, _V32I8)
+
+
+def _block_signs(t, builder, start):
+    def load(off, ty):
+        return builder.load(builder.bitcast(builder.gep(start, [ir.Constant(_I64, off)]), ty.as_pointer()), align=1)
+
+    if t == IQ2_XXS:  # the odd u32 of each group's pair: 4 x 7 sign bits and the scale
+        words = load(2, ir.VectorType(_I32, 16))
+        return _with_parity(builder, _spread7(builder, builder.shuffle_vector(words, words,
+                                                                             lane_index(range(1, 16, 2)))))
+    if t == IQ3_XXS:  # scales_and_signs: a u32 per group after the 64 index bytes
+        return _with_parity(builder, _spread7(builder, load(66, _V8I32)))
+    if t == IQ2_XS:  # 7 sign bits above each 9-bit index
+        q = load(2, ir.VectorType(_I16, 32))
+        return _with_parity(builder, builder.trunc(builder.lshr(q, ir.Constant(q.type, [9] * 32)), _V32I8))
+    return load(34 if t == IQ2_S else 74, _V32I8)  # stored as bits
+
+
+@intrinsic
+def iq_signs(typingctx, t, blocks, r, o, sg, col):
+    """The sign masks of the eight groups of the super-block at blocks[r, o:] of ggml type t (a literal, an IQ2 /
+    IQ3 type) into sg[0, col:col + 8] (a 2-D uint32 array): bit j of word g set where element j of group g is
+    negative."""
+    if not isinstance(t, types.IntegerLiteral) or t.literal_value in (IQ1_S, IQ1_M):
+        return None
+    tv = t.literal_value
+    sig = types.void(t, blocks, types.intp, types.intp, sg, types.intp)
+
+    def codegen(context, builder, sig, args):
+        start = ptr2d(context, builder, sig.args[1], args[1], args[2], args[3], _I8)
+        dst = ptr2d(context, builder, sig.args[4], args[4], ir.Constant(args[5].type, 0), args[5], _V32I8)
+        builder.store(_block_signs(tv, builder, start), dst, align=1)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def _mask(builder, bits):
+    return builder.bitcast(builder.trunc(bits, _I32) if bits.type.width > 32 else builder.zext(bits, _I32)
+                           if bits.type.width < 32 else bits, ir.VectorType(_I1, 32))
+
+
+@intrinsic
+def vneg_where(typingctx, x, bits):
+    """x (i8x32) with byte j negated where bit j of the integer `bits` is set (ggml's `_mm256_sign_epi8`; -128
+    stays -128, as there)."""
+    if not isinstance(bits, types.Integer):
+        return None
+    sig = i8x32(i8x32, bits)
+
+    def codegen(context, builder, sig, args):
+        x = args[0]
+        return builder.select(_mask(builder, args[1]), builder.neg(x), x)
+
+    return sig, codegen
+
+
+@intrinsic
+def vsign_bits(typingctx, codes):
+    """The sign bits of 32 signed bytes as a uint32 (`vpmovb2m`): IQ1's grid codes as a sign mask."""
+    sig = types.uint32(i8x32)
+
+    def codegen(context, builder, sig, args):
+        neg = builder.icmp_signed("<", args[0], ir.Constant(_V32I8, None))
+        return builder.bitcast(neg, _I32)
+
+    return sig, codegen
+
+
+@intrinsic
+def vabs1(typingctx, codes):
+    """|c| of codes -1 / 0 / 1 (c & 1)."""
+    sig = i8x32(i8x32)
+
+    def codegen(context, builder, sig, args):
+        return builder.and_(args[0], ir.Constant(_V32I8, [1] * 32))
+
+    return sig, codegen
+
+
+@intrinsic
+def vones(typingctx):
+    """32 bytes of 1: IQ1_M's deltas (+-1, their signs on the activations) dotted as unsigned ones."""
+    sig = i8x32()
+
+    def codegen(context, builder, sig, args):
+        return ir.Constant(_V32I8, [1] * 32)
+
+    return sig, codegen
+
+
+@intrinsic
+def tile_bytes(typingctx, iq1, grid, bits, dbits):
+    """A group's codes as kxtile's IQ4_XS tile holds them: c + 128 with c the unsigned entries `grid` negated
+    under `bits`; IQ1 (`iq1` a literal 1) 8 c + delta + 128, delta -1 where bit j of `dbits` is set, else 1."""
+    if not isinstance(iq1, types.Literal):
+        return None
+    one = bool(iq1.literal_value)
+    sig = i8x32(iq1, i8x32, bits, dbits)
+
+    def codegen(context, builder, sig, args):
+        c = builder.select(_mask(builder, args[2]), builder.neg(args[1]), args[1])
+        if one:
+            ones = ir.Constant(_V32I8, [1] * 32)
+            delta = builder.select(_mask(builder, args[3]), builder.neg(ones), ones)
+            c = builder.add(builder.shl(c, ir.Constant(_V32I8, [3] * 32)), delta)
+        return builder.xor(c, ir.Constant(_V32I8, [0x80] * 32))
+
+    return sig, codegen
+
+
+@intrinsic
+def vstore_column(typingctx, w32, row, col, v):
+    """The eight u32 words of v (i8x32) down a column of the 2-D uint32 array w32: w32[row + q, col] = word q
+    (the transposed layout of kxtile's tiles, a register per four elements of 16 rows)."""
+    sig = types.void(w32, types.intp, types.intp, i8x32)
+
+    def codegen(context, builder, sig, args):
+        arr, row, col, v = args
+        words = builder.bitcast(v, _V8I32)
+        for q in range(8):
+            p = ptr2d(context, builder, sig.args[0], arr, builder.add(row, ir.Constant(row.type, q)), col, _I32)
+            builder.store(builder.extract_element(words, _c32(q)), p)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def store_scales(typingctx, sc8, col, tsc, tsc2, row, lane):
+    """The 16 scales sc8[0, col:col + 16] (u8, < 128) of a super-block into a tile's columns: tsc[row + s, lane]
+    as int32, and tsc2 (the int16 pair array viewed as uint32) [row // 2 + p, lane] = scales 2p, 2p + 1 as two
+    int16."""
+    sig = types.void(sc8, types.intp, tsc, tsc2, types.intp, types.intp)
+
+    def codegen(context, builder, sig, args):
+        sc, col, tsc_a, tsc2_a, row, lane = args
+        raw = builder.load(ptr2d(context, builder, sig.args[0], sc, ir.Constant(col.type, 0), col,
+                                 ir.VectorType(_I8, 16)), align=1)
+        wide = builder.zext(raw, ir.VectorType(_I32, 16))
+        pairs = builder.bitcast(builder.zext(raw, ir.VectorType(_I16, 16)), _V8I32)
+        for s in range(16):
+            p = ptr2d(context, builder, sig.args[2], tsc_a, builder.add(row, ir.Constant(row.type, s)), lane, _I32)
+            builder.store(builder.extract_element(wide, _c32(s)), p)
+        half = builder.sdiv(row, ir.Constant(row.type, 2))
+        for q in range(8):
+            p = ptr2d(context, builder, sig.args[3], tsc2_a, builder.add(half, ir.Constant(row.type, q)), lane, _I32)
+            builder.store(builder.extract_element(pairs, _c32(q)), p)
+        return context.get_dummy_value()
 
     return sig, codegen

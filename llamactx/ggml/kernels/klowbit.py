@@ -26,14 +26,23 @@ from gguf import GGMLQuantizationType as T
 from numba import njit, prange
 
 from llamactx.ggml.intrinsics import f16_to_f32, fma32
-from llamactx.ggml.kernels.kiqcodes import iq_codes
+from llamactx.ggml.kernels.kiqcodes import (
+    iq_grid,
+    iq_signs,
+    store_scales,
+    tile_bytes,
+    vabs1,
+    vneg_where,
+    vones,
+    vsign_bits,
+    vstore_column,
+)
 from llamactx.ggml.kernels.ktile import TILE, _packed_pairs
-from llamactx.ggml.kernels.kxquants import vdot_s8
 from llamactx.ggml.kernels.kxtile import IQ4XS_SHIFT, kx_tile_dot
 from llamactx.ggml.kernels.q8 import quantize_q8_K
 from llamactx.ggml.kernels.simd import PORTABLE, VNNI, fmadd_i, fsum, fzero, vload, vstore
-from llamactx.ggml.kernels.vnni import imuladd_v, izero, vscales_pair
-from llamactx.gguf.iq_grids import IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS
+from llamactx.ggml.kernels.vnni import imuladd_v, izero, vdot, vscales_pair
+from llamactx.gguf.iq_grids import IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID
 
 IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M = (int(t) for t in (T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS,
                                                                        T.IQ3_S, T.IQ1_S, T.IQ1_M))
@@ -47,7 +56,7 @@ _G3XXS = np.ascontiguousarray(IQ3XXS_GRID).view(np.uint32).ravel()  # (256,) fou
 _G3S = np.ascontiguousarray(IQ3S_GRID).view(np.uint32).ravel()  # (512,)
 _G1S = np.ascontiguousarray(IQ1S_GRID).view(np.uint64).ravel()  # (2048,) -1 / 0 / 1 bytes
 _F0 = np.float32(0.0)
-_PLUS8, _MINUS8 = np.uint64(0x0101010101010101), np.uint64(0xFFFFFFFFFFFFFFFF)  # eight int8 +1 / -1
+_ALL, _NONE = np.uint32(0xFFFFFFFF), np.uint32(0)  # a group's 32 sign bits all set / clear
 
 
 @njit(cache=True, inline="always")
@@ -57,12 +66,21 @@ def _w16(lo, hi):  # pragma: no cover - compiled
 
 
 @njit(cache=True, inline="always")
-def _decode_row(t, blocks, r, wq, sc8, dl, dw):  # pragma: no cover - compiled
-    """Row r of `blocks` (rows, nb * type_size) -> its signed codes wq (1, nb * 256) (kiqcodes.iq_codes, a group
-    per call), scales sc8 (1, nb * 16) (2 ls + 1 per 16 elements), IQ1's delta dl (1, nb * 256) int8 (+-1
-    per element) and the f16 d as float32 dw (nb,)."""
+def _iq1m_deltas(blocks, r, p):  # pragma: no cover - compiled
+    """IQ1_M's delta signs of one group (qh bytes p, p + 1: bit 3 of each nibble, an entry of 8) as a uint32 mask
+    of its 32 elements."""
+    h = _w16(blocks[r, p], blocks[r, p + 1]) >> 3
+    m = (h & 1) | ((h >> 4) & 1) << 8 | ((h >> 8) & 1) << 16 | ((h >> 12) & 1) << 24
+    return np.uint32(m * 0xFF)
+
+
+@njit(cache=True, inline="always")
+def _decode_row(t, blocks, r, wq, sg, dsg, sc8, dw):  # pragma: no cover - compiled
+    """Row r of `blocks` (rows, nb * type_size) -> its unsigned grid entries wq (1, nb * 256) (kiqcodes.iq_grid, a
+    group per call; IQ1: |code|), the sign masks of its groups sg (1, nb * 8) uint32 (kiqcodes.iq_signs; IQ1: the
+    codes' signs), IQ1's delta signs dsg (1, nb * 8) (a bit per element, set where the delta is -1), the scales
+    sc8 (1, nb * 16) (2 ls + 1 per 16 elements) and the f16 d as float32 dw (nb,)."""
     size = blocks.shape[1] // dw.shape[0]
-    dl64 = dl.view(np.uint64)  # eight deltas per word
     for b in range(dw.shape[0]):
         o = b * size
         if t == IQ1_M:  # iq1m_scale_t: d in the top nibbles of the four scale words
@@ -71,6 +89,16 @@ def _decode_row(t, blocks, r, wq, sc8, dl, dw):  # pragma: no cover - compiled
             dw[b] = f16_to_f32(np.uint16(h))
         else:
             dw[b] = f16_to_f32(np.uint16(_w16(blocks[r, o], blocks[r, o + 1])))
+        if t == IQ2_XXS:
+            iq_signs(16, blocks, r, o, sg, b * 8)
+        elif t == IQ2_XS:
+            iq_signs(17, blocks, r, o, sg, b * 8)
+        elif t == IQ3_XXS:
+            iq_signs(18, blocks, r, o, sg, b * 8)
+        elif t == IQ3_S:
+            iq_signs(21, blocks, r, o, sg, b * 8)
+        elif t == IQ2_S:
+            iq_signs(22, blocks, r, o, sg, b * 8)
         for ib in range(8):
             c = b * 256 + 32 * ib  # the group's first code
             s = b * 16 + 2 * ib  # its first sub-block
@@ -78,90 +106,86 @@ def _decode_row(t, blocks, r, wq, sc8, dl, dw):  # pragma: no cover - compiled
                 p = o + 9 + 8 * ib if t == IQ2_XXS else o + 69 + 4 * ib  # its top byte
                 sc8[0, s] = sc8[0, s + 1] = 2 * (blocks[r, p] >> 4) + 1
                 if t == IQ2_XXS:
-                    vstore(wq, 0, c, iq_codes(16, blocks, r, o, ib, _G2XXS, KSIGNS_IQ2XS))
+                    vstore(wq, 0, c, iq_grid(16, blocks, r, o, ib, _G2XXS))
                 else:
-                    vstore(wq, 0, c, iq_codes(18, blocks, r, o, ib, _G3XXS, KSIGNS_IQ2XS))
+                    vstore(wq, 0, c, iq_grid(18, blocks, r, o, ib, _G3XXS))
             elif t == IQ2_XS or t == IQ2_S:  # 4-bit scales per 16
                 sb = blocks[r, o + 66 + ib] if t == IQ2_XS else blocks[r, o + 74 + ib]
                 sc8[0, s] = 2 * (sb & 15) + 1
                 sc8[0, s + 1] = 2 * (sb >> 4) + 1
                 if t == IQ2_XS:
-                    vstore(wq, 0, c, iq_codes(17, blocks, r, o, ib, _G2XS, KSIGNS_IQ2XS))
+                    vstore(wq, 0, c, iq_grid(17, blocks, r, o, ib, _G2XS))
                 else:
-                    vstore(wq, 0, c, iq_codes(22, blocks, r, o, ib, _G2S, KSIGNS_IQ2XS))
+                    vstore(wq, 0, c, iq_grid(22, blocks, r, o, ib, _G2S))
             elif t == IQ3_S:  # 4-bit scales per 32
                 sc8[0, s] = sc8[0, s + 1] = 2 * ((blocks[r, o + 106 + ib // 2] >> (4 * (ib % 2))) & 15) + 1
-                vstore(wq, 0, c, iq_codes(21, blocks, r, o, ib, _G3S, KSIGNS_IQ2XS))
+                vstore(wq, 0, c, iq_grid(21, blocks, r, o, ib, _G3S))
             elif t == IQ1_S:  # a u16 per 32: 3 x 4 high index bits, a 3-bit scale, the delta's sign
                 qh = _w16(blocks[r, o + 34 + 2 * ib], blocks[r, o + 35 + 2 * ib])
                 sc8[0, s] = sc8[0, s + 1] = 2 * ((qh >> 12) & 7) + 1
-                delta = _MINUS8 if qh & 0x8000 else _PLUS8
-                for k in range(4):
-                    dl64[0, c // 8 + k] = delta
-                vstore(wq, 0, c, iq_codes(19, blocks, r, o, ib, _G1S, KSIGNS_IQ2XS))
+                dsg[0, b * 8 + ib] = _ALL if qh & 0x8000 else _NONE
+                g = iq_grid(19, blocks, r, o, ib, _G1S)
+                sg[0, b * 8 + ib] = vsign_bits(g)
+                vstore(wq, 0, c, vabs1(g))
             else:  # IQ1_M: two qh bytes per 32 (3 index bits and a delta sign per 8), 3-bit scales per 16
-                for g in range(4):
-                    qh = np.uint32(blocks[r, o + 32 + 2 * ib + g // 2]) >> (4 * (g % 2))
-                    dl64[0, c // 8 + g] = _MINUS8 if qh & 8 else _PLUS8
+                dsg[0, b * 8 + ib] = _iq1m_deltas(blocks, r, o + 32 + 2 * ib)
                 for h in range(2):
                     sub = 2 * ib + h  # the sub-block in the super-block: word sub // 4, bits 3 (sub % 4)
                     p = o + 48 + 2 * (sub // 4)
                     sc8[0, s + h] = 2 * ((_w16(blocks[r, p], blocks[r, p + 1]) >> (3 * (sub % 4))) & 7) + 1
-                vstore(wq, 0, c, iq_codes(29, blocks, r, o, ib, _G1S, KSIGNS_IQ2XS))
+                g = iq_grid(29, blocks, r, o, ib, _G1S)
+                sg[0, b * 8 + ib] = vsign_bits(g)
+                vstore(wq, 0, c, vabs1(g))
 
 
 @njit(cache=True, inline="always")
-def _vec_row(path, t, post, wq, sc8, dl, dw, xq, xd, bsums, r, out):  # pragma: no cover - compiled
-    """out[:, r] in ggml_vec_dot_iq*_q8_K's order (module docstring), row r decoded in wq / sc8 / dl / dw. The
-    groups are written out: `vscales_pair` takes a literal, and a helper taking arrays costs reference counts."""
+def _gdot(path, wq, sg, xq, i, c, j):  # pragma: no cover - compiled
+    """Group j (elements c..c+31) of the decoded row . x[i]: the signs onto the activations, the unsigned entries
+    dotted with them (ggml's `_mm256_sign_epi8` + `maddubs`), eight int32 lanes of four elements."""
+    return vdot(path, izero(), vload(wq, 0, c), vneg_where(vload(xq, i, c), sg[0, j]))
+
+
+@njit(cache=True, inline="always")
+def _ddot(path, dsg, xq, i, c, j):  # pragma: no cover - compiled
+    """IQ1_M's deltas (+-1 per element) of group j . x[i], the same lanes."""
+    return vdot(path, izero(), vones(), vneg_where(vload(xq, i, c), dsg[0, j]))
+
+
+@njit(cache=True, inline="always")
+def _vec_row(path, t, post, wq, sg, dsg, sc8, dw, xq, xd, bsums, r, out):  # pragma: no cover - compiled
+    """out[:, r] in ggml_vec_dot_iq*_q8_K's order (module docstring), row r decoded in wq / sg / dsg / sc8 / dw.
+    The groups are written out: `vscales_pair` takes a literal."""
     iq1m = t == IQ1_M
     for i in range(xq.shape[0]):
         acc, acc2, accum1 = fzero(), fzero(), _F0
         for b in range(dw.shape[0]):
-            c, s = b * 256, b * 16
-            lanes = izero()
-            lanes = imuladd_v(lanes, vdot_s8(path, izero(), vload(wq, 0, c + 0), vload(xq, i, c + 0)),
-                              vscales_pair(sc8, 0, s + 0, 0))
-            lanes = imuladd_v(lanes, vdot_s8(path, izero(), vload(wq, 0, c + 32), vload(xq, i, c + 32)),
-                              vscales_pair(sc8, 0, s + 0, 1))
-            lanes = imuladd_v(lanes, vdot_s8(path, izero(), vload(wq, 0, c + 64), vload(xq, i, c + 64)),
-                              vscales_pair(sc8, 0, s + 0, 2))
-            lanes = imuladd_v(lanes, vdot_s8(path, izero(), vload(wq, 0, c + 96), vload(xq, i, c + 96)),
-                              vscales_pair(sc8, 0, s + 0, 3))
-            lanes = imuladd_v(lanes, vdot_s8(path, izero(), vload(wq, 0, c + 128), vload(xq, i, c + 128)),
-                              vscales_pair(sc8, 0, s + 8, 0))
-            lanes = imuladd_v(lanes, vdot_s8(path, izero(), vload(wq, 0, c + 160), vload(xq, i, c + 160)),
-                              vscales_pair(sc8, 0, s + 8, 1))
-            lanes = imuladd_v(lanes, vdot_s8(path, izero(), vload(wq, 0, c + 192), vload(xq, i, c + 192)),
-                              vscales_pair(sc8, 0, s + 8, 2))
-            lanes = imuladd_v(lanes, vdot_s8(path, izero(), vload(wq, 0, c + 224), vload(xq, i, c + 224)),
-                              vscales_pair(sc8, 0, s + 8, 3))
+            c, s, j = b * 256, b * 16, b * 8
+            lanes = imuladd_v(izero(), _gdot(path, wq, sg, xq, i, c + 0, j + 0), vscales_pair(sc8, 0, s + 0, 0))
+            lanes = imuladd_v(lanes, _gdot(path, wq, sg, xq, i, c + 32, j + 1), vscales_pair(sc8, 0, s + 0, 1))
+            lanes = imuladd_v(lanes, _gdot(path, wq, sg, xq, i, c + 64, j + 2), vscales_pair(sc8, 0, s + 0, 2))
+            lanes = imuladd_v(lanes, _gdot(path, wq, sg, xq, i, c + 96, j + 3), vscales_pair(sc8, 0, s + 0, 3))
+            lanes = imuladd_v(lanes, _gdot(path, wq, sg, xq, i, c + 128, j + 4), vscales_pair(sc8, 0, s + 8, 0))
+            lanes = imuladd_v(lanes, _gdot(path, wq, sg, xq, i, c + 160, j + 5), vscales_pair(sc8, 0, s + 8, 1))
+            lanes = imuladd_v(lanes, _gdot(path, wq, sg, xq, i, c + 192, j + 6), vscales_pair(sc8, 0, s + 8, 2))
+            lanes = imuladd_v(lanes, _gdot(path, wq, sg, xq, i, c + 224, j + 7), vscales_pair(sc8, 0, s + 8, 3))
             d = xd[i, b] * dw[b]
             acc = fmadd_i(acc, lanes, d)
             if iq1m:  # the deltas (+-1 per element) . the quants, under the same scales
-                lanes2 = izero()
-                lanes2 = imuladd_v(lanes2, vdot_s8(path, izero(), vload(dl, 0, c + 0), vload(xq, i, c + 0)),
-                                   vscales_pair(sc8, 0, s + 0, 0))
-                lanes2 = imuladd_v(lanes2, vdot_s8(path, izero(), vload(dl, 0, c + 32), vload(xq, i, c + 32)),
-                                   vscales_pair(sc8, 0, s + 0, 1))
-                lanes2 = imuladd_v(lanes2, vdot_s8(path, izero(), vload(dl, 0, c + 64), vload(xq, i, c + 64)),
-                                   vscales_pair(sc8, 0, s + 0, 2))
-                lanes2 = imuladd_v(lanes2, vdot_s8(path, izero(), vload(dl, 0, c + 96), vload(xq, i, c + 96)),
-                                   vscales_pair(sc8, 0, s + 0, 3))
-                lanes2 = imuladd_v(lanes2, vdot_s8(path, izero(), vload(dl, 0, c + 128), vload(xq, i, c + 128)),
-                                   vscales_pair(sc8, 0, s + 8, 0))
-                lanes2 = imuladd_v(lanes2, vdot_s8(path, izero(), vload(dl, 0, c + 160), vload(xq, i, c + 160)),
-                                   vscales_pair(sc8, 0, s + 8, 1))
-                lanes2 = imuladd_v(lanes2, vdot_s8(path, izero(), vload(dl, 0, c + 192), vload(xq, i, c + 192)),
-                                   vscales_pair(sc8, 0, s + 8, 2))
-                lanes2 = imuladd_v(lanes2, vdot_s8(path, izero(), vload(dl, 0, c + 224), vload(xq, i, c + 224)),
-                                   vscales_pair(sc8, 0, s + 8, 3))
-                acc2 = fmadd_i(acc2, lanes2, d)
+                l2 = imuladd_v(izero(), _ddot(path, dsg, xq, i, c + 0, j + 0), vscales_pair(sc8, 0, s + 0, 0))
+                l2 = imuladd_v(l2, _ddot(path, dsg, xq, i, c + 32, j + 1), vscales_pair(sc8, 0, s + 0, 1))
+                l2 = imuladd_v(l2, _ddot(path, dsg, xq, i, c + 64, j + 2), vscales_pair(sc8, 0, s + 0, 2))
+                l2 = imuladd_v(l2, _ddot(path, dsg, xq, i, c + 96, j + 3), vscales_pair(sc8, 0, s + 0, 3))
+                l2 = imuladd_v(l2, _ddot(path, dsg, xq, i, c + 128, j + 4), vscales_pair(sc8, 0, s + 8, 0))
+                l2 = imuladd_v(l2, _ddot(path, dsg, xq, i, c + 160, j + 5), vscales_pair(sc8, 0, s + 8, 1))
+                l2 = imuladd_v(l2, _ddot(path, dsg, xq, i, c + 192, j + 6), vscales_pair(sc8, 0, s + 8, 2))
+                l2 = imuladd_v(l2, _ddot(path, dsg, xq, i, c + 224, j + 7), vscales_pair(sc8, 0, s + 8, 3))
+                acc2 = fmadd_i(acc2, l2, d)
             elif t == IQ1_S:  # sumi1: each 32's bsum pair times its signed scale
                 s1 = 0
                 for g in range(8):
                     pair = bsums[i, s + 2 * g] + bsums[i, s + 2 * g + 1]
-                    s1 += np.int32(dl[0, c + 32 * g]) * np.int32(sc8[0, s + 2 * g]) * pair
+                    delta = -1 if dsg[0, j + g] else 1
+                    s1 += delta * np.int32(sc8[0, s + 2 * g]) * pair
                 accum1 = fma32(d, np.float32(s1), accum1)
         h = fsum(acc)
         if t == IQ1_S:
@@ -177,40 +201,36 @@ def vec_rows(path, t, post, blocks, a, r0, r1, out):  # pragma: no cover - compi
     """out[:, r0:r1] in the vec_dot order, one weight row decoded at a time and used for every activation row."""
     xq, xd, bsums = a[0], a[1], a[2]
     nb = xd.shape[1]
-    wq = np.empty((1, nb * 256), np.uint8)  # the signed codes
+    wq = np.empty((1, nb * 256), np.uint8)  # the unsigned grid entries
+    sg = np.zeros((1, nb * 8), np.uint32)  # their signs, a bit per element
+    dsg = np.zeros((1, nb * 8), np.uint32)  # IQ1's delta signs
     sc8 = np.empty((1, nb * 16), np.uint8)
-    dl = np.zeros((1, nb * 256), np.int8)
     dw = np.empty(nb, np.float32)
     for r in range(r0, r1):
-        _decode_row(t, blocks, r, wq, sc8, dl, dw)
-        _vec_row(path, t, post, wq, sc8, dl, dw, xq, xd, bsums, r, out)
+        _decode_row(t, blocks, r, wq, sg, dsg, sc8, dw)
+        _vec_row(path, t, post, wq, sg, dsg, sc8, dw, xq, xd, bsums, r, out)
 
 
 @njit(cache=True)
-def _tile(t, post, blocks, r0, r1, tile, wq8, sc8, dl, dw):  # pragma: no cover - compiled
+def _tile(t, post, blocks, r0, r1, tile, wq8, sg, dsg, sc8, dw):  # pragma: no cover - compiled
     """Rows r0..r0+15 (past r1 - 1 repeating it) into kxtile's IQ4_XS tile: wq (nb*64, 64) u8, register
-    64 b + j = elements 4j..4j+3 of super-block b for the 16 rows, as code + 128 (IQ1: 8 * code + delta + 128);
-    the scales as int32 per lane and int16 pairs; td = d * post (exact: a power of two)."""
+    64 b + j = elements 4j..4j+3 of super-block b for the 16 rows, as code + 128 (IQ1's 8 * code + delta + 128:
+    kiqcodes.tile_bytes); the scales as int32 per lane and int16 pairs; td = d * post (exact: a power of two)."""
     wq, tsc, tsc2, td = tile
     w32 = wq.view(np.uint32)  # (nb*64, 16)
-    codes = wq8.view(np.int8)  # (1, nb * 256)
-    u8 = np.empty((1, codes.shape[1]), np.uint8)
-    u32 = u8.view(np.uint32)
+    tsc2w = tsc2.view(np.uint32)  # (nb*8, 16): a lane's two int16 scales as one word
     iq1 = t == IQ1_S or t == IQ1_M
     for lane in range(TILE):
         r = min(r0 + lane, r1 - 1)
-        _decode_row(t, blocks, r, wq8, sc8, dl, dw)
-        for e in range(codes.shape[1]):
-            c = np.int32(codes[0, e])
-            u8[0, e] = 8 * c + np.int32(dl[0, e]) + 128 if iq1 else c + 128
+        _decode_row(t, blocks, r, wq8, sg, dsg, sc8, dw)
+        for j in range(sg.shape[1]):  # group j: registers 8 j .. 8 j + 7
+            if iq1:
+                vstore_column(w32, 8 * j, lane, tile_bytes(1, vload(wq8, 0, 32 * j), sg[0, j], dsg[0, j]))
+            else:
+                vstore_column(w32, 8 * j, lane, tile_bytes(0, vload(wq8, 0, 32 * j), sg[0, j], dsg[0, j]))
         for b in range(dw.shape[0]):
             td[b, lane] = dw[b] * post
-            for s in range(16):
-                v = np.int32(sc8[0, b * 16 + s])
-                tsc[b * 16 + s, lane] = v
-                tsc2[b * 8 + s // 2, 2 * lane + s % 2] = v
-            for j in range(64):
-                w32[b * 64 + j, lane] = u32[0, b * 64 + j]
+            store_scales(sc8, b * 16, tsc, tsc2w, b * 16, lane)
 
 
 @njit(cache=True)
@@ -224,13 +244,14 @@ def tile_rows(path, t, post, blocks, a, r0, r1, out):  # pragma: no cover - comp
     tile = (np.empty((nb * 64, 64), np.uint8), np.empty((nb * 16, TILE), np.int32),
             np.empty((nb * 8, 2 * TILE), np.int16), np.empty((nb, TILE), np.float32))
     wq8 = np.empty((1, nb * 256), np.uint8)
+    sg = np.zeros((1, nb * 8), np.uint32)
+    dsg = np.zeros((1, nb * 8), np.uint32)
     sc8 = np.empty((1, nb * 16), np.uint8)
-    dl = np.zeros((1, nb * 256), np.int8)
     dw = np.empty(nb, np.float32)
     buf = np.empty((1, TILE), np.float32)
     for t0 in range(r0, r1, TILE):
         t1 = min(t0 + TILE, r1)
-        _tile(t, post, blocks, t0, t1, tile, wq8, sc8, dl, dw)
+        _tile(t, post, blocks, t0, t1, tile, wq8, sg, dsg, sc8, dw)
         kx_tile_dot(path, True, tile, xq, xd, pairs, IQ4XS_SHIFT, t0, t1, out, buf)
 
 
