@@ -1,8 +1,8 @@
 """`llamactx quantize IN.gguf [OUT.gguf] TYPE`: llama-quantize (tools/quantize, src/llama-quant.cpp
 `llama_model_quantize_impl`) for F16, BF16, F32, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, the K-quant mixes Q2_K, Q2_K_S,
 Q3_K_S/M/L, Q4_K_S/M, Q5_K_S/M, Q6_K, the IQ mixes IQ2_XXS, IQ2_XS, IQ2_S, IQ2_M, IQ3_XXS (these with an imatrix),
-IQ3_XS, IQ3_S, IQ3_M, IQ4_NL, IQ4_XS, and the ternary TQ1_0 and TQ2_0, byte for byte. (IQ1_S / IQ1_M are not
-written.)
+IQ3_XS, IQ3_S, IQ3_M, IQ1_S, IQ1_M (these with an imatrix), IQ4_NL, IQ4_XS, and the ternary TQ1_0 and TQ2_0, byte
+for byte.
 
 Which tensors change type, and to what, is cli/quantize_types.py (`llama_tensor_get_type`: the mixes, --pure,
 --tensor-type, --output-tensor-type, --token-embedding-type, --leave-output-tensor, the fallbacks of rows that a
@@ -41,6 +41,7 @@ from llamactx.cli.quantize_types import (
     parse_tensor_type_option,
     requires_imatrix,
 )
+from llamactx.ggml.kernels.quantize_iq1 import quantize_rows_iq1m, quantize_rows_iq1s
 from llamactx.ggml.kernels.quantize_iq2s import quantize_rows_iq2s
 from llamactx.ggml.kernels.quantize_iq2xxs import quantize_rows_iq2xxs
 from llamactx.ggml.kernels.quantize_iq3xxs import quantize_rows_iq3xxs
@@ -62,6 +63,9 @@ LLAMA_QUANTIZE_TYPES = (
     "Q8_0", "F16", "BF16", "F32", "COPY",
 )
 _SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")
+# ggml_quantize_requires_imatrix: ggml's quantizer asserts without one, even for the tensors tensor_requires_imatrix
+# lets through (output / token_embd given one of these types by an option)
+_GGML_NEEDS_IMATRIX = (T.IQ2_XXS, T.IQ2_XS, T.IQ1_S)
 
 
 def is_type_name(name: str) -> bool:
@@ -148,6 +152,9 @@ def plan(gguf: GGUFFile, opts: QuantizeOptions, weights: dict[str, np.ndarray] |
             if p.imatrix is None and requires_imatrix(name, dst, ftype):
                 raise CommandError(f"quantize: tensor '{name}' ({dst.name} in a {opts.file_type} file) needs an "
                                    "importance matrix (--imatrix FILE)")
+            if p.imatrix is None and dst in _GGML_NEEDS_IMATRIX:
+                raise CommandError(f"quantize: tensor '{name}' ({dst.name}) has no importance matrix entry, which "
+                                   f"ggml's {dst.name} quantizer requires (llama-quantize aborts): choose another type")
             if src not in FLOAT_TYPES and not opts.allow_requantize:
                 raise CommandError(f"quantize: tensor '{name}' is {src.name}: requantizing from {src.name} is "
                                    "disabled (--allow-requantize to convert it anyway, losing precision twice)")
@@ -195,9 +202,10 @@ def convert(gguf: GGUFFile, p: TensorPlan) -> np.ndarray:
         ne0 = p.shape[0]
         return np.concatenate([quantize_rows_iq2xxs(m, p.imatrix[i * ne0:(i + 1) * ne0]).reshape(-1)
                                for i, m in enumerate(values)])
-    if p.dst_type in (T.IQ2_S, T.IQ3_XXS):  # without an imatrix only for token_embd / output
+    if p.dst_type in (T.IQ2_S, T.IQ3_XXS, T.IQ1_S, T.IQ1_M):  # without an imatrix only for token_embd / output
         ne0 = p.shape[0]
-        quantize_rows = quantize_rows_iq2s if p.dst_type == T.IQ2_S else quantize_rows_iq3xxs
+        quantize_rows = {T.IQ2_S: quantize_rows_iq2s, T.IQ3_XXS: quantize_rows_iq3xxs, T.IQ1_S: quantize_rows_iq1s,
+                         T.IQ1_M: quantize_rows_iq1m}[p.dst_type]
         return np.concatenate([quantize_rows(m, None if p.imatrix is None else p.imatrix[i * ne0:(i + 1) * ne0])
                                .reshape(-1) for i, m in enumerate(values)])
     if p.dst_type in K_TYPES or (p.imatrix is not None and p.dst_type in WEIGHTED_LEGACY_TYPES):
@@ -319,7 +327,7 @@ def parse_positionals(values: list[str]) -> tuple[str, str | None, str]:
 
 
 def add_parser(sub):
-    p = sub.add_parser("quantize", help="llama-quantize: F16/BF16/F32, Q8_0, Q4_x/Q5_x, the K-quant mixes, IQ2/IQ3 "
+    p = sub.add_parser("quantize", help="llama-quantize: F16/BF16/F32, Q8_0, Q4_x/Q5_x, the K-quant mixes, IQ1-IQ3 "
                                         "mixes, IQ4_NL/XS, TQ1_0/TQ2_0 (bit-exact)")
     p.add_argument("files", nargs="+", metavar="IN [OUT] TYPE", help="input GGUF, output GGUF (default: "
                    "ggml-model-TYPE.gguf beside the input), file type")

@@ -2,8 +2,8 @@
 `llama_tensor_get_type_impl` (the file-type mixes: Q4_K_M's Q6_K attn_v / ffn_down in the layers `use_more_bits`
 picks, Q2_K's Q3_K / Q4_K bumps, the output / token_embd rules, ...), `tensor_type_fallback` and
 `tensor_allows_quantization`, for the file types llamactx writes (cli/quantize.py): F16, BF16, F32, Q8_0, the
-legacy 32-blocks, the K-quant mixes, the IQ2 / IQ3 / IQ4 mixes, TQ1_0 and TQ2_0. The branches of llama.cpp for IQ1_S,
-IQ1_M and MXFP4 are left out with their types.
+legacy 32-blocks, the K-quant mixes, the IQ1 / IQ2 / IQ3 / IQ4 mixes, TQ1_0 and TQ2_0. The branches of llama.cpp for
+MXFP4 are left out with its type.
 
 `TypeChooser` holds llama-quant.cpp's `quantize_state_impl` counters (i_attention_wv, i_ffn_down, ...): it must see
 the tensors in llama-quantize's order, each once.
@@ -33,13 +33,15 @@ FILE_TYPES = {
     "IQ4_XS": (F.MOSTLY_IQ4_XS, T.IQ4_XS), "TQ1_0": (F.MOSTLY_TQ1_0, T.TQ1_0), "TQ2_0": (F.MOSTLY_TQ2_0, T.TQ2_0),
     "IQ2_XXS": (F.MOSTLY_IQ2_XXS, T.IQ2_XXS), "IQ2_S": (F.MOSTLY_IQ2_S, T.IQ2_XS), "IQ2_M": (F.MOSTLY_IQ2_M, T.IQ2_S),
     "IQ3_XXS": (F.MOSTLY_IQ3_XXS, T.IQ3_XXS), "IQ3_XS": (F.MOSTLY_IQ3_XS, T.IQ3_S), "IQ3_M": (F.MOSTLY_IQ3_M, T.IQ3_S),
+    "IQ1_S": (F.MOSTLY_IQ1_S, T.IQ1_S), "IQ1_M": (F.MOSTLY_IQ1_M, T.IQ1_M),
     "F16": (F.MOSTLY_F16, T.F16), "BF16": (F.MOSTLY_BF16, T.BF16),
     "F32": (F.ALL_F32, T.F32),
 }
 # ggml type names (ggml_type_name) a --tensor-type / --output-tensor-type / --token-embedding-type may name
 TENSOR_TYPES = {t.name.lower() if t.name[-2:] != "_K" else t.name[:-1].lower() + "K": t for t in
                 (T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K,
-                 T.Q6_K, T.IQ2_XS, T.IQ3_S, T.IQ4_NL, T.IQ4_XS, T.TQ1_0, T.TQ2_0, T.IQ2_XXS, T.IQ2_S, T.IQ3_XXS)}
+                 T.Q6_K, T.IQ2_XS, T.IQ3_S, T.IQ4_NL, T.IQ4_XS, T.TQ1_0, T.TQ2_0, T.IQ2_XXS, T.IQ2_S, T.IQ3_XXS,
+                 T.IQ1_S, T.IQ1_M)}
 FLOAT_TYPES = (T.F32, T.F16, T.BF16)  # ggml_is_quantized is false for them
 
 # llama-quant.cpp `tensor_allows_quantization`: name parts of the tensors kept as they are (the GLM5-next list,
@@ -53,11 +55,11 @@ _KEEP_PARTS = (
     ".patch_merger", "a.rvq.codebook", "mm.a.code_embd",
 )
 _KEEP_NAMES = ("position_embd.weight", "token_types.weight")
-_IQ2_FILES = (F.MOSTLY_IQ2_XXS, F.MOSTLY_IQ2_XS, F.MOSTLY_IQ2_S, F.MOSTLY_IQ2_M)
+_IQ2_FILES = (F.MOSTLY_IQ2_XXS, F.MOSTLY_IQ2_XS, F.MOSTLY_IQ2_S, F.MOSTLY_IQ2_M, F.MOSTLY_IQ1_S, F.MOSTLY_IQ1_M)
 # tensor_type_fallback: a 256-block type whose rows it does not divide -> a 32-block type
 _FALLBACK = {T.Q2_K: T.Q4_0, T.Q3_K: T.Q4_0, T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0, T.IQ2_XS: T.IQ4_NL,
              T.IQ3_S: T.IQ4_NL, T.IQ4_XS: T.IQ4_NL, T.TQ1_0: T.Q4_0, T.TQ2_0: T.Q4_0,
-             T.IQ2_XXS: T.IQ4_NL, T.IQ2_S: T.IQ4_NL, T.IQ3_XXS: T.IQ4_NL}
+             T.IQ2_XXS: T.IQ4_NL, T.IQ2_S: T.IQ4_NL, T.IQ3_XXS: T.IQ4_NL, T.IQ1_S: T.IQ4_NL, T.IQ1_M: T.IQ4_NL}
 
 
 def parse_tensor_type(name: str, what: str) -> T:
@@ -200,7 +202,7 @@ class TypeChooser:
                 return self.token_embedding_type
             if ft in (F_.MOSTLY_TQ1_0, F_.MOSTLY_TQ2_0):
                 return T.Q4_K
-            if ft in (F_.MOSTLY_IQ2_XXS, F_.MOSTLY_IQ2_XS):
+            if ft in (F_.MOSTLY_IQ2_XXS, F_.MOSTLY_IQ2_XS, F_.MOSTLY_IQ1_S, F_.MOSTLY_IQ1_M):
                 return T.Q2_K
             return T.IQ3_S if ft in (F_.MOSTLY_IQ2_S, F_.MOSTLY_IQ2_M, F_.MOSTLY_IQ3_XXS) else new
         if ft in _IQ2_FILES:
@@ -269,8 +271,8 @@ class TypeChooser:
         return new
 
     def _iq2(self, new: T, cat: str) -> T:
-        """llama_tensor_get_type_impl's branch of the IQ2 file types (IQ2_XXS, IQ2_XS, IQ2_S, IQ2_M): IQ2_S and
-        IQ2_M bump to IQ3_S where the others bump to Q2_K."""
+        """llama_tensor_get_type_impl's branch of the IQ1 / IQ2 file types (IQ2_XXS, IQ2_XS, IQ2_S, IQ2_M, IQ1_S,
+        IQ1_M): IQ2_S and IQ2_M bump to IQ3_S where the others bump to Q2_K; IQ1 attn_output is IQ2_XXS."""
         m = self.model
         bump = T.IQ3_S if self.ftype in (LlamaFileType.MOSTLY_IQ2_S, LlamaFileType.MOSTLY_IQ2_M) else T.Q2_K
         if cat in ("attn_v", "attn_qkv", "attn_kv_b"):
@@ -285,6 +287,8 @@ class TypeChooser:
         elif cat == "attn_output":
             if m.n_expert == 8:
                 new = T.Q5_K
+            elif self.ftype in (LlamaFileType.MOSTLY_IQ1_S, LlamaFileType.MOSTLY_IQ1_M):
+                new = T.IQ2_XXS
             elif bump == T.IQ3_S:
                 new = T.IQ3_S
         return new
@@ -340,7 +344,9 @@ class TypeChooser:
 
 
 def requires_imatrix(name: str, dst: T, ftype: F) -> bool:
-    """tensor_requires_imatrix, for the types written here: IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, Q2_K of a Q2_K_S file."""
+    """tensor_requires_imatrix, for the types written here: IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, Q2_K of a
+    Q2_K_S file."""
     if name in ("token_embd.weight", "per_layer_token_embd.weight", "output.weight"):
         return False
-    return dst in (T.IQ2_XS, T.IQ2_XXS, T.IQ2_S, T.IQ3_XXS) or (dst == T.Q2_K and ftype == LlamaFileType.MOSTLY_Q2_K_S)
+    return dst in (T.IQ2_XS, T.IQ2_XXS, T.IQ2_S, T.IQ3_XXS, T.IQ1_S, T.IQ1_M) or (
+        dst == T.Q2_K and ftype == LlamaFileType.MOSTLY_Q2_K_S)

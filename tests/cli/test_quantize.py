@@ -205,8 +205,9 @@ def test_default_output_name_and_errors(f32_model, tmp_path, capsys):
     assert _types(tmp_path / "ggml-model-Q8_0.gguf") == {"blk.0.attn_q.weight": "Q8_0"}
     capsys.readouterr()
     for argv, message in (
-        ([str(src), str(tmp_path / "o.gguf"), "IQ1_S"], "type 'IQ1_S' is not one that llamactx writes bit-exactly"),
-        ([str(src), "IQ1_M"], "type 'IQ1_M' is not one"),
+        ([str(src), str(tmp_path / "o.gguf"), "MXFP4_MOE"], "type 'MXFP4_MOE' is not one that llamactx writes "
+                                                           "bit-exactly"),
+        ([str(src), "Q1_0"], "type 'Q1_0' is not one"),
         ([str(src), str(src), "Q4_0"], "input and output files are the same"),
         ([str(src), str(tmp_path / ".." / tmp_path.name / "in.gguf"), "Q4_0"], "input and output files are the same"),
         ([str(tmp_path / "missing.gguf"), str(tmp_path / "o.gguf"), "Q4_0"], "does not exist"),
@@ -216,7 +217,7 @@ def test_default_output_name_and_errors(f32_model, tmp_path, capsys):
         (["--output-tensor-type", "q7_k", str(src), str(tmp_path / "o.gguf"), "Q4_0"],
          "--output-tensor-type: unknown type 'q7_k' (known: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_K"),
         (["--tensor-type", "attn_q", str(src), str(tmp_path / "o.gguf"), "Q4_0"], "expected TENSOR_NAME=TYPE"),
-        (["--tensor-type", "attn_q=iq1_s", str(src), str(tmp_path / "o.gguf"), "Q4_0"], "unknown type 'iq1_s'"),
+        (["--tensor-type", "attn_q=mxfp4", str(src), str(tmp_path / "o.gguf"), "Q4_0"], "unknown type 'mxfp4'"),
         (["--imatrix", str(tmp_path / "none.dat"), str(src), str(tmp_path / "o.gguf"), "Q4_0"], "none.dat' does not"),
         ([str(tmp_path / "ggml-model-Q8_0.gguf") + "x", "Q4_0"], "does not exist"),
         ([str(Path(__file__)), str(tmp_path / "o.gguf"), "Q4_0"], "bad magic"),

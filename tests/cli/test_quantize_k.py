@@ -279,7 +279,7 @@ def test_unknown_type_names_list_the_known_ones(workdir, monkeypatch, capsys):
     assert main(["quantize", "--token-embedding-type", "q4_k_m", "model.gguf", "o.gguf", "Q4_K_M"]) == 1
     err = capsys.readouterr().err
     assert "unknown type 'q4_k_m' (known: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_K, q3_K, q4_K, q5_K, " \
-           "q6_K, iq2_xs, iq3_s, iq4_nl, iq4_xs, tq1_0, tq2_0, iq2_xxs, iq2_s, iq3_xxs)" in err
+           "q6_K, iq2_xs, iq3_s, iq4_nl, iq4_xs, tq1_0, tq2_0, iq2_xxs, iq2_s, iq3_xxs, iq1_s, iq1_m)" in err
     assert main(["quantize", "model.gguf", "o.gguf", "Q7_K"]) == 1
     assert "Q2_K_S, Q3_K, Q3_K_S, Q3_K_M, Q3_K_L, Q4_K, Q4_K_S, Q4_K_M" in capsys.readouterr().err
 

@@ -34,6 +34,7 @@ arithmetic), compute.py a recorded forward graph (llamactx.ggml.graph) in one co
     quantize_iq2xxs.py the IQ2_XXS quantizer: quantize_row_iq2_xxs_impl (quant_search's IQ2 grid tables)
     quantize_iq2s.py  the IQ2_S quantizer: quantize_row_iq2_s_impl (IQ2_XS's scale search, 1024-point grid)
     quantize_iq3xxs.py the IQ3_XXS quantizer: quantize_row_iq3_xxs_impl (256-point grid)
+    quantize_iq1.py   the IQ1_S / IQ1_M quantizers: quantize_row_iq1_s_impl / iq1_m_impl (exact 3-level splits)
     quantize_tq.py    the TQ1_0 / TQ2_0 quantizers (quantize_row_tq1_0_ref / tq2_0_ref)
     get_rows.py     get_rows: the selected rows of a stored weight, dequantized (embedding lookup)
     attention.py    attention over the f16 KV cache (the non-flash path)

@@ -324,19 +324,55 @@ def iq2_grid_tables(magnitudes: np.ndarray, nwant: int = 2) -> tuple[np.ndarray,
     shifts = 2 * np.arange(8)
     kmap = np.full(43692, -1, np.int32)
     kmap[((g32 - 1) // 2 << shifts).sum(axis=1)] = np.arange(n)
-    missing = np.nonzero(kmap < 0)[0]
-    neighbours: list[int] = []
-    for start in range(0, len(missing), 2048):
-        ids = missing[start:start + 2048]
-        pos = 2 * ((ids[:, None] >> shifts) & 3) + 1  # (m, 8)
-        d2 = ((g32[None, :, :] - pos[:, None, :]) ** 2).sum(axis=2)  # (m, n)
-        ranked = np.argsort(d2 * n + np.arange(n), axis=1)  # iq2_compare_func: distance, then index
-        dists = np.take_along_axis(d2, ranked, axis=1)
-        for i, row, dist in zip(ids, ranked, dists, strict=True):
-            k = int((dist <= np.unique(dist)[:nwant][-1]).sum())
-            kmap[i] = -(len(neighbours) + 1)
-            neighbours += [k, *row[:k].tolist()]
-    return grid, kmap, np.array(neighbours, np.uint16)
+    return grid, kmap, iq2_neighbour_lists(g32, kmap, nwant)
+
+
+@njit(cache=True)
+def iq2_neighbour_lists(g32, kmap, nwant):
+    """The neighbour lists of iq2xs_init_impl: for each kmap key off the grid (ascending), a count then the grid
+    indices ordered by (distance, index) (iq2_compare_func) up to the nwant-th distinct distance; the key's kmap
+    entry becomes -(offset + 1). -> neighbours (uint16)."""
+    n = g32.shape[0]
+    d2 = np.zeros(n, np.int32)
+    pos = np.zeros(8, np.int32)
+    out = np.zeros(1 << 20, np.uint16)
+    used = 0
+    for key in range(kmap.shape[0]):
+        if kmap[key] >= 0:
+            continue
+        for k in range(8):
+            pos[k] = 2 * ((key >> (2 * k)) & 3) + 1
+        for j in range(n):
+            d = 0
+            for k in range(8):
+                diff = g32[j, k] - pos[k]
+                d += diff * diff
+            d2[j] = d
+        levels = np.full(nwant, 1 << 30, np.int32)  # the nwant smallest distinct distances, ascending
+        for j in range(n):
+            for m in range(nwant):
+                if d2[j] == levels[m]:
+                    break
+                if d2[j] < levels[m]:
+                    levels[m + 1:] = levels[m:nwant - 1].copy()
+                    levels[m] = d2[j]
+                    break
+        count = 0
+        for j in range(n):
+            count += d2[j] <= levels[nwant - 1]
+        if used + 1 + count > out.shape[0]:
+            grown = np.zeros(2 * out.shape[0] + count + 1, np.uint16)
+            grown[:used] = out[:used]
+            out = grown
+        kmap[key] = -(used + 1)
+        out[used] = count
+        used += 1
+        for m in range(nwant):
+            for j in range(n):
+                if d2[j] == levels[m]:
+                    out[used] = j
+                    used += 1
+    return out[:used].copy()
 
 
 @njit(cache=True)
