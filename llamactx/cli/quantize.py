@@ -50,6 +50,7 @@ from llamactx.ggml.kernels.quantize_tq import quantize_rows_tq
 from llamactx.gguf import imatrix_file
 from llamactx.gguf.quants import dequantize
 from llamactx.gguf.reader import GGUFFile
+from llamactx.gguf.row_data import check_row_data
 from llamactx.gguf.values import GGUFError
 
 T = GGMLQuantizationType
@@ -191,8 +192,13 @@ def _weight_order(name: str) -> tuple[int, str]:
 
 def convert(gguf: GGUFFile, p: TensorPlan) -> np.ndarray:
     """The tensor's bytes in its target type: copied, or decoded to float32 and quantized as ggml_quantize_chunk
-    (one call per expert matrix, each with its own imatrix slice)."""
+    (one call per expert matrix, each with its own imatrix slice). Raises CommandError for a tensor whose data
+    ggml_validate_row_data refuses (a NaN or infinite value or block scale), as llama-quantize's loader does."""
     raw = gguf.tensor_data(p.name)  # (nbytes,) uint8
+    try:
+        check_row_data(p.src_type, raw, p.name)
+    except GGUFError as e:
+        raise CommandError(f"quantize: {e}") from None
     if p.dst_type == p.src_type:
         return raw
     values = dequantize(raw, p.src_type, p.shape, p.name).reshape(-1, p.shape[1], p.shape[0])  # (n_mat, ne1, ne0)
