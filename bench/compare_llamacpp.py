@@ -16,7 +16,8 @@ The models people run on CPUs, as rows (issue #47): `-m dense-1b` (Llama-3.2-1B'
 `-m dense-8b` (Llama-3.1-8B's, Q4_K_M, ~4.9 GB: check `free -g` first, delete the file after), `-m dense-4b`
 (Qwen3-4B's), each written once by bench/make_dense_model.py to /tmp/dense-<shape>-q4_k_m.gguf (random weights: only
 the bytes read per token matter). `--roof` adds what fraction of the measured memory roof (bench/membw.py, the
-same threads) each side's tg reaches.
+same threads, a buffer of the model's bytes per token allocated as the weights are; the line says how much of it
+got huge pages, which moves the roof) each side's tg reaches.
 """
 
 from __future__ import annotations
@@ -66,14 +67,17 @@ def dense_model(name: str) -> str:
     return str(path)
 
 
-def decode_roof(model: str, threads: int) -> tuple[float, float]:
-    """(read GB/s with `threads` threads, the tokens/s roof of `model`) from bench/membw.py."""
+def decode_roof(model: str, threads: int) -> tuple[float, float, float | None]:
+    """(read GB/s with `threads` threads, the tokens/s roof of `model`, the share of the buffer in huge pages) from
+    bench/membw.py, reading as many bytes as the model's decode step, allocated as the weights are."""
     sys.path.insert(0, str(Path(__file__).parent))
-    import numpy as np
-    from membw import bandwidth, model_bytes_per_token
+    from membw import bandwidth, huge_page_share, model_bytes_per_token, roof_buffer
 
-    gbs = bandwidth(np.ones(1 << 28, np.float32), threads, 5)  # 1 GiB, far above the last-level cache
-    return gbs, gbs * 1e9 / model_bytes_per_token(model)
+    per_token = model_bytes_per_token(model)
+    buf = roof_buffer(per_token)
+    share = huge_page_share(buf)
+    gbs = bandwidth(buf, threads, 5)
+    return gbs, gbs * 1e9 / per_token, share
 
 
 def main() -> None:
@@ -116,9 +120,10 @@ def main() -> None:
         print(f"| {name} | {t_ts:.1f} | {o_ts:.1f} | {o_ts / t_ts:.2f}x |")
         sys.stdout.flush()
         if args.roof and n_gen:
-            gbs, roof = decode_roof(path, args.threads)
-            print(f"memory roof: {gbs:.1f} GB/s with {args.threads} threads -> {roof:.1f} t/s; "
-                  f"llama.cpp at {t_ts / roof:.0%} of it, llamactx at {o_ts / roof:.0%}")
+            gbs, roof, share = decode_roof(path, args.threads)
+            pages = f", {share:.0%} of it in huge pages" if share is not None else ""
+            print(f"memory roof: {gbs:.1f} GB/s with {args.threads} threads (a model-sized buffer{pages}) -> "
+                  f"{roof:.1f} t/s; llama.cpp at {t_ts / roof:.0%} of it, llamactx at {o_ts / roof:.0%}")
 
 
 if __name__ == "__main__":
