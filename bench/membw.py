@@ -10,10 +10,11 @@ beside every decode number).
 
 The buffer is what decode reads: with `-m` as many bytes as the model reads per token (at least 256 MiB), allocated
 as numpy allocates the repacked weights, i.e. in 2 MiB transparent huge pages where the kernel has them free
-(numpy madvises large arrays). The share that got huge pages is printed, because it moves the roof: on a KVM guest
-(Zen 4, 2 threads) a buffer in 4 KiB pages reads much slower than one in huge pages (each 4 KiB page a TLB miss and
-a two-level page walk, and the stream prefetcher stops at every page boundary), and an 8B-shaped model's 4.9 GB,
-written while the file's pages and the weights filled most of RAM, got few huge pages where a 1 GiB buffer got all.
+(numpy madvises large arrays). The share that got huge pages is printed, because it can move the roof: on a KVM
+guest a buffer in 4 KiB pages pays a TLB miss and a two-level page walk per page, and the stream prefetcher stops at
+every page boundary (a loaded Zen 4 guest, 1 thread, alternating: 4.2 vs 3.3 GB/s), and a buffer as large as an
+8B-shaped model's 4.9 GB, written while the file's pages and the weights fill most of RAM, can get few huge pages
+where 1 GiB gets them all (the kernel falls back to 4 KiB pages when no 2 MiB ones are free).
 `--pages 4k` measures a buffer without huge pages (llama.cpp's weights: the file's mmap, page-cache pages).
 
 Usage: python bench/membw.py [-t 1,2] [--mib N] [--reps 5] [-m FILE.gguf] [--tg TOKENS_PER_S] [--pages thp|4k]
