@@ -1,0 +1,84 @@
+"""The decode matmul kernels alone: GB/s of weights read for one activation row, in L2 and streamed from DRAM.
+
+A decode step is matrix x vector over every weight, so a kernel either keeps up with memory or is the bound. This
+times the single-row kernel of each K-quant decode type (Q4_K: kgemv.q4k_gemv_rows; Q6_K: kquants.q6k_rows, as
+`matmul` runs them for one row) on random blocks, one thread, twice: a 0.3 MB matrix run many times (in L2: the
+kernel's own speed, what it could stream at most) and a matrix of `--mib` MiB (from DRAM: what decode sees). Compare
+the second with bench/membw.py's 1-thread roof. The clock is the thread's CPU time, so the L2 figure holds on a
+machine other processes share (the DRAM one still shares the memory bus); best and median of `--reps` rounds.
+
+Usage: python bench/kgemv_bench.py [--mib 256] [--reps 5] [-k 2048]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from numba import njit
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+
+from llamactx.ggml.kernels.kblocks import Q4K_BYTES, Q6K_BYTES, Q6K_D  # noqa: E402
+from llamactx.ggml.kernels.kgemv import q4k_gemv_rows  # noqa: E402
+from llamactx.ggml.kernels.kquants import q6k_rows  # noqa: E402
+from llamactx.ggml.kernels.q8 import quantize_q8_K  # noqa: E402
+from llamactx.ggml.kernels.simd import VNNI  # noqa: E402
+
+
+@njit
+def _q4k(W, a, out):
+    q4k_gemv_rows(VNNI, W, a, 0, 0, out.shape[1], out)
+
+
+@njit
+def _q6k(W, a, out):
+    q6k_rows(VNNI, W, a, 0, out.shape[1], out)
+
+
+def _weights(rows: int, k: int, block: int, d_offsets: tuple[int, ...], rng) -> tuple:
+    """Random super-blocks with small positive f16 scales at d_offsets, in repack.py's six slots."""
+    nb = k // 256
+    qs = rng.integers(0, 256, (rows, nb, block), dtype=np.uint8)
+    for off in d_offsets:
+        qs[:, :, off : off + 2] = (rng.random((rows, nb, 1)) * 0.01 + 1e-3).astype(np.float16).view(np.uint8)
+    e8, ef = np.empty((rows, 0), np.uint8), np.empty((rows, 0), np.float32)
+    return qs.reshape(rows, -1), e8, e8, e8, ef, ef
+
+
+def _activations(k: int, rng) -> tuple:
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    xq, xd, bsums = np.empty((1, k), np.int8), np.empty((1, k // 256), np.float32), np.empty((1, k // 16), np.int32)
+    quantize_q8_K(x, xq, xd, bsums)
+    return xq, xd, bsums, np.empty((1, 0), np.float32)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mib", type=int, default=256, help="the streamed matrix (far above the last-level cache)")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("-k", type=int, default=2048, help="row length (a multiple of 256)")
+    args = ap.parse_args()
+    rng = np.random.default_rng(0)
+    a = _activations(args.k, rng)
+    for name, fn, block, d_offsets in (("Q4_K", _q4k, Q4K_BYTES, (0, 2)), ("Q6_K", _q6k, Q6K_BYTES, (Q6K_D,))):
+        row_bytes = args.k // 256 * block
+        for where, rows, calls in (("L2", 256, 200), ("DRAM", (args.mib << 20) // row_bytes, 1)):
+            W = _weights(rows, args.k, block, d_offsets, rng)
+            out = np.empty((1, rows), np.float32)
+            fn(W, a, out)  # compile, fault in
+            rates = []
+            for _ in range(args.reps):
+                t0 = time.thread_time()
+                for _ in range(calls):
+                    fn(W, a, out)
+                rates.append(W[0].nbytes * calls / (time.thread_time() - t0) / 1e9)
+            print(f"{name} {where:4s} {W[0].nbytes / 2**20:7.1f} MiB: best {max(rates):5.1f} GB/s, "
+                  f"median {sorted(rates)[len(rates) // 2]:5.1f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
