@@ -90,25 +90,19 @@ def _group_grid(t, context, builder, sig, args):
     elif t == IQ2_S:
         g, qh = at(2, 4), at(66, 1).byte(0)
         idx = [b.or_(g.byte(k), b.and_(b.shl(qh, _c32(8 - 2 * k)), _c32(0x300))) for k in range(4)]
-    elif t == IQ3_S:
-        g, qh = at(2, 8), at(66, 1).byte(0)
-        idx = [b.or_(g.byte(e), b.shl(b.and_(b.lshr(qh, _c32(e)), _c32(1)), _c32(8))) for e in range(8)]
-    elif t == IQ1_S:
+    else:  # IQ1_S (IQ3_S and IQ1_M: iq3s_indices / iq1m_fields, then grid_at)
         g, qh = at(2, 4), at(34, 2).u16(0)
         idx = [b.or_(g.byte(k), b.shl(b.and_(b.lshr(qh, _c32(3 * k)), _c32(7)), _c32(8))) for k in range(4)]
-    else:  # IQ1_M
-        g, h = at(0, 4), at(32, 2)
-        idx = [b.or_(g.byte(k), b.shl(b.and_(b.lshr(h.byte(k // 2), _c32(4 * (k % 2))), _c32(7)), _c32(8)))
-               for k in range(4)]
     return _entries(context, b, grid_ty, grid, idx)
 
 
 @intrinsic
 def iq_grid(typingctx, t, blocks, r, o, ib, grid):
-    """The grid entries (i8x32) of group ib (0..7) of the super-block at blocks[r, o:] of ggml type t (a literal):
-    unsigned for the IQ2 / IQ3 types (`iq_signs` has their signs), -1 / 0 / 1 for IQ1_S / IQ1_M. grid: the type's
+    """The grid entries (i8x32) of group ib (0..7) of the super-block at blocks[r, o:] of ggml type t (a literal;
+    IQ3_S / IQ1_M go through `grid_at`): unsigned for the IQ2 / IQ3 types (`iq_signs` has their signs), -1 / 0 / 1
+    for IQ1_S. grid: the type's
     codebook as a 1-D uint64 (8 codes per entry) or uint32 (4) array."""
-    if not isinstance(t, types.IntegerLiteral):
+    if not isinstance(t, types.IntegerLiteral) or t.literal_value in (IQ3_S, IQ1_M):
         return None
     tv = t.literal_value
     sig = i8x32(t, blocks, types.intp, types.intp, types.intp, grid)
@@ -245,43 +239,167 @@ def tile_bytes(typingctx, iq1, grid, bits, dbits):
     return sig, codegen
 
 
+def _dup_bytes(builder, v16):
+    """<16 x i8> -> <32 x i8> with each byte twice."""
+    return builder.shuffle_vector(v16, v16, lane_index([e // 2 for e in range(32)]))
+
+
 @intrinsic
-def vstore_column(typingctx, w32, row, col, v):
-    """The eight u32 words of v (i8x32) down a column of the 2-D uint32 array w32: w32[row + q, col] = word q
-    (the transposed layout of kxtile's tiles, a register per four elements of 16 rows)."""
-    sig = types.void(w32, types.intp, types.intp, i8x32)
+def iq1m_fields(typingctx, blocks, r, o, idx, sc8, dsg, b):
+    """IQ1_M super-block b at blocks[r, o:], vectorised: its 32 grid indices into idx[0, 64 b:] (uint16: qs byte
+    | 3 bits of qh << 8), its 16 scales 2 s + 1 into sc8[0, 16 b:] and its delta masks (a bit per element, set
+    where the delta is -1: bit 3 / 7 of each qh nibble) into dsg[0, 8 b:]."""
+    sig = types.void(blocks, types.intp, types.intp, idx, sc8, dsg, types.intp)
 
     def codegen(context, builder, sig, args):
-        arr, row, col, v = args
-        words = builder.bitcast(v, _V8I32)
-        for q in range(8):
-            p = ptr2d(context, builder, sig.args[0], arr, builder.add(row, ir.Constant(row.type, q)), col, _I32)
-            builder.store(builder.extract_element(words, _c32(q)), p)
+        bl, r, o, idx_a, sc_a, dsg_a, b = args
+        start = ptr2d(context, builder, sig.args[0], bl, r, o, _I8)
+
+        def load(off, ty):
+            return builder.load(builder.bitcast(builder.gep(start, [ir.Constant(_I64, off)]), ty.as_pointer()),
+                                align=1)
+
+        zero = ir.Constant(b.type, 0)
+        v32i16 = ir.VectorType(_I16, 32)
+        qs = builder.zext(load(0, _V32I8), v32i16)
+        qh = _dup_bytes(builder, load(32, ir.VectorType(_I8, 16)))  # entry e's byte qh[e // 2]
+        hi = builder.lshr(builder.zext(qh, v32i16), ir.Constant(v32i16, [4 * (e % 2) for e in range(32)]))
+        ids = builder.or_(qs, builder.shl(builder.and_(hi, ir.Constant(v32i16, [7] * 32)),
+                                          ir.Constant(v32i16, [8] * 32)))
+        col = builder.mul(b, ir.Constant(b.type, 64))
+        builder.store(ids, ptr2d(context, builder, sig.args[3], idx_a, zero, col, v32i16), align=1)
+        neg = builder.icmp_unsigned("!=", builder.and_(qh, ir.Constant(_V32I8, [8 if e % 2 == 0 else 0x80
+                                                                            for e in range(32)])),
+                                    ir.Constant(_V32I8, None))  # entry e's delta sign
+        # word g: bits 8k..8k+7 all set where entry 4g + k's delta is -1: the entries' bytes sign-extended
+        masks = builder.bitcast(builder.sext(neg, _V32I8), _V8I32)
+        builder.store(masks, ptr2d(context, builder, sig.args[5], dsg_a, zero, builder.mul(b, ir.Constant(b.type, 8)),
+                                   _V8I32), align=1)
+        v16i16 = ir.VectorType(_I16, 16)
+        w = load(48, ir.VectorType(_I16, 4))
+        ws = builder.shuffle_vector(w, w, lane_index([s // 4 for s in range(16)]))
+        sc = builder.and_(builder.lshr(ws, ir.Constant(v16i16, [3 * (s % 4) for s in range(16)])),
+                          ir.Constant(v16i16, [7] * 16))
+        sc = builder.add(builder.shl(sc, ir.Constant(v16i16, [1] * 16)), ir.Constant(v16i16, [1] * 16))
+        builder.store(builder.trunc(sc, ir.VectorType(_I8, 16)),
+                      ptr2d(context, builder, sig.args[4], sc_a, zero, builder.mul(b, ir.Constant(b.type, 16)),
+                            ir.VectorType(_I8, 16)), align=1)
         return context.get_dummy_value()
 
     return sig, codegen
 
 
 @intrinsic
-def store_scales(typingctx, sc8, col, tsc, tsc2, row, lane):
-    """The 16 scales sc8[0, col:col + 16] (u8, < 128) of a super-block into a tile's columns: tsc[row + s, lane]
-    as int32, and tsc2 (the int16 pair array viewed as uint32) [row // 2 + p, lane] = scales 2p, 2p + 1 as two
-    int16."""
-    sig = types.void(sc8, types.intp, tsc, tsc2, types.intp, types.intp)
+def grid_at(typingctx, idx, col, grid):
+    """The grid entries of the uint16 indices idx[0, col:col + n] as one i8x32: n = 4 of a uint64 grid (eight
+    codes each), 8 of a uint32 one."""
+    sig = i8x32(idx, types.intp, grid)
+    n = 4 if grid.dtype.bitwidth == 64 else 8
 
     def codegen(context, builder, sig, args):
-        sc, col, tsc_a, tsc2_a, row, lane = args
+        idx_a, col, grid_a = args
+        p = ptr2d(context, builder, sig.args[0], idx_a, ir.Constant(col.type, 0), col, _I16)
+        ids = [builder.zext(builder.load(builder.gep(p, [ir.Constant(_I64, k)])), _I32) for k in range(n)]
+        return _entries(context, builder, sig.args[2], grid_a, ids)
+
+    return sig, codegen
+
+
+@intrinsic
+def iq3s_indices(typingctx, blocks, r, o, idx, b):
+    """IQ3_S super-block b at blocks[r, o:], vectorised: its 64 grid indices (qs byte | bit e % 8 of the group's
+    qh byte << 8) into idx[0, 64 b:] (uint16)."""
+    sig = types.void(blocks, types.intp, types.intp, idx, types.intp)
+
+    def codegen(context, builder, sig, args):
+        bl, r, o, idx_a, b = args
+        start = ptr2d(context, builder, sig.args[0], bl, r, o, _I8)
+
+        def load(off, ty):
+            return builder.load(builder.bitcast(builder.gep(start, [ir.Constant(_I64, off)]), ty.as_pointer()),
+                                align=1)
+
+        v64i8, v64i16 = ir.VectorType(_I8, 64), ir.VectorType(_I16, 64)
+        qs = builder.zext(load(2, v64i8), v64i16)
+        qh = load(66, ir.VectorType(_I8, 8))
+        qh = builder.shuffle_vector(qh, qh, lane_index([e // 8 for e in range(64)]))
+        bit = builder.icmp_unsigned("!=", builder.and_(qh, ir.Constant(v64i8, [1 << (e % 8) for e in range(64)])),
+                                    ir.Constant(v64i8, None))
+        ids = builder.or_(qs, builder.shl(builder.zext(bit, v64i16), ir.Constant(v64i16, [8] * 64)))
+        col = builder.mul(b, ir.Constant(b.type, 64))
+        builder.store(ids, ptr2d(context, builder, sig.args[3], idx_a, ir.Constant(b.type, 0), col, v64i16),
+                      align=1)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+_V16I32 = ir.VectorType(_I32, 16)
+
+
+@intrinsic
+def transpose16(typingctx, src, col, dst, row):
+    """dst[row + q, 0:16] = src[0:16, col + q] for q < 16 (2-D uint32 / int32 arrays, dst 16 wide): a 16 x 16 block
+    of words transposed in registers, four stages of block swaps (`vpermt2d`), so that a tile's 16 rows are
+    written whole instead of a word at a time down the columns."""
+    sig = types.void(src, types.intp, dst, types.intp)
+
+    def codegen(context, builder, sig, args):
+        s, col, d, row = args
+        rows = [builder.load(ptr2d(context, builder, sig.args[0], s, ir.Constant(col.type, k), col, _V16I32),
+                             align=4) for k in range(16)]
+        for m in (8, 4, 2, 1):  # swap the off-diagonal m x m blocks of every 2m x 2m block
+            new = list(rows)
+            for i in range(16):
+                if i & m:
+                    continue
+                j = i | m
+                new[i] = builder.shuffle_vector(rows[i], rows[j], lane_index(
+                    [c if c & m == 0 else 16 + c - m for c in range(16)]))
+                new[j] = builder.shuffle_vector(rows[i], rows[j], lane_index(
+                    [c + m if c & m == 0 else 16 + c for c in range(16)]))
+            rows = new
+        for q in range(16):
+            builder.store(rows[q], ptr2d(context, builder, sig.args[2], d,
+                                         builder.add(row, ir.Constant(row.type, q)), ir.Constant(row.type, 0),
+                                         _V16I32), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def scales_row(typingctx, sc8, col, dst, row, dcol):
+    """The 16 scales sc8[0, col:col + 16] (u8) as int32 into dst[row, dcol:dcol + 16]."""
+    sig = types.void(sc8, types.intp, dst, types.intp, types.intp)
+
+    def codegen(context, builder, sig, args):
+        sc, col, d, row, dcol = args
         raw = builder.load(ptr2d(context, builder, sig.args[0], sc, ir.Constant(col.type, 0), col,
                                  ir.VectorType(_I8, 16)), align=1)
-        wide = builder.zext(raw, ir.VectorType(_I32, 16))
-        pairs = builder.bitcast(builder.zext(raw, ir.VectorType(_I16, 16)), _V8I32)
-        for s in range(16):
-            p = ptr2d(context, builder, sig.args[2], tsc_a, builder.add(row, ir.Constant(row.type, s)), lane, _I32)
-            builder.store(builder.extract_element(wide, _c32(s)), p)
-        half = builder.sdiv(row, ir.Constant(row.type, 2))
-        for q in range(8):
-            p = ptr2d(context, builder, sig.args[3], tsc2_a, builder.add(half, ir.Constant(row.type, q)), lane, _I32)
-            builder.store(builder.extract_element(pairs, _c32(q)), p)
+        builder.store(builder.zext(raw, _V16I32), ptr2d(context, builder, sig.args[2], d, row, dcol, _V16I32),
+                      align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def pair_rows(typingctx, tsc, tsc2w, row):
+    """tsc2w[row // 2, :] = tsc[row, :] as the low int16 | tsc[row + 1, :] as the high one (16 lanes): the scale
+    pairs of kxtile's `imaddwd`."""
+    sig = types.void(tsc, tsc2w, types.intp)
+
+    def codegen(context, builder, sig, args):
+        a, d, row = args
+        zero = ir.Constant(row.type, 0)
+        lo = builder.load(ptr2d(context, builder, sig.args[0], a, row, zero, _V16I32), align=4)
+        hi = builder.load(ptr2d(context, builder, sig.args[0], a, builder.add(row, ir.Constant(row.type, 1)), zero,
+                                _V16I32), align=4)
+        v = builder.or_(builder.and_(lo, ir.Constant(_V16I32, [0xFFFF] * 16)),
+                        builder.shl(hi, ir.Constant(_V16I32, [16] * 16)))
+        builder.store(v, ptr2d(context, builder, sig.args[1], d, builder.sdiv(row, ir.Constant(row.type, 2)), zero,
+                               _V16I32), align=4)
         return context.get_dummy_value()
 
     return sig, codegen

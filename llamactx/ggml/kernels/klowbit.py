@@ -27,15 +27,19 @@ from numba import njit, prange
 
 from llamactx.ggml.intrinsics import f16_to_f32, fma32
 from llamactx.ggml.kernels.kiqcodes import (
+    grid_at,
+    iq1m_fields,
+    iq3s_indices,
     iq_grid,
     iq_signs,
-    store_scales,
+    pair_rows,
+    scales_row,
     tile_bytes,
+    transpose16,
     vabs1,
     vneg_where,
     vones,
     vsign_bits,
-    vstore_column,
 )
 from llamactx.ggml.kernels.ktile import TILE, _packed_pairs
 from llamactx.ggml.kernels.kxtile import IQ4XS_SHIFT, kx_tile_dot
@@ -66,20 +70,12 @@ def _w16(lo, hi):  # pragma: no cover - compiled
 
 
 @njit(cache=True, inline="always")
-def _iq1m_deltas(blocks, r, p):  # pragma: no cover - compiled
-    """IQ1_M's delta signs of one group (qh bytes p, p + 1: bit 3 of each nibble, an entry of 8) as a uint32 mask
-    of its 32 elements."""
-    h = _w16(blocks[r, p], blocks[r, p + 1]) >> 3
-    m = (h & 1) | ((h >> 4) & 1) << 8 | ((h >> 8) & 1) << 16 | ((h >> 12) & 1) << 24
-    return np.uint32(m * 0xFF)
-
-
-@njit(cache=True, inline="always")
-def _decode_row(t, blocks, r, wq, sg, dsg, sc8, dw):  # pragma: no cover - compiled
+def _decode_row(t, blocks, r, wq, sg, dsg, sc8, dw, idx):  # pragma: no cover - compiled
     """Row r of `blocks` (rows, nb * type_size) -> its unsigned grid entries wq (1, nb * 256) (kiqcodes.iq_grid, a
     group per call; IQ1: |code|), the sign masks of its groups sg (1, nb * 8) uint32 (kiqcodes.iq_signs; IQ1: the
     codes' signs), IQ1's delta signs dsg (1, nb * 8) (a bit per element, set where the delta is -1), the scales
-    sc8 (1, nb * 16) (2 ls + 1 per 16 elements) and the f16 d as float32 dw (nb,)."""
+    sc8 (1, nb * 16) (2 ls + 1 per 16 elements) and the f16 d as float32 dw (nb,); idx (1, nb * 64) uint16: IQ3_S /
+    IQ1_M's grid indices."""
     size = blocks.shape[1] // dw.shape[0]
     for b in range(dw.shape[0]):
         o = b * size
@@ -97,8 +93,11 @@ def _decode_row(t, blocks, r, wq, sg, dsg, sc8, dw):  # pragma: no cover - compi
             iq_signs(18, blocks, r, o, sg, b * 8)
         elif t == IQ3_S:
             iq_signs(21, blocks, r, o, sg, b * 8)
+            iq3s_indices(blocks, r, o, idx, b)
         elif t == IQ2_S:
             iq_signs(22, blocks, r, o, sg, b * 8)
+        elif t == IQ1_M:  # two qh bytes per 32 (3 index bits and a delta sign per 8), 3-bit scales per 16
+            iq1m_fields(blocks, r, o, idx, sc8, dsg, b)
         for ib in range(8):
             c = b * 256 + 32 * ib  # the group's first code
             s = b * 16 + 2 * ib  # its first sub-block
@@ -119,7 +118,7 @@ def _decode_row(t, blocks, r, wq, sg, dsg, sc8, dw):  # pragma: no cover - compi
                     vstore(wq, 0, c, iq_grid(22, blocks, r, o, ib, _G2S))
             elif t == IQ3_S:  # 4-bit scales per 32
                 sc8[0, s] = sc8[0, s + 1] = 2 * ((blocks[r, o + 106 + ib // 2] >> (4 * (ib % 2))) & 15) + 1
-                vstore(wq, 0, c, iq_grid(21, blocks, r, o, ib, _G3S))
+                vstore(wq, 0, c, grid_at(idx, b * 64 + 8 * ib, _G3S))
             elif t == IQ1_S:  # a u16 per 32: 3 x 4 high index bits, a 3-bit scale, the delta's sign
                 qh = _w16(blocks[r, o + 34 + 2 * ib], blocks[r, o + 35 + 2 * ib])
                 sc8[0, s] = sc8[0, s + 1] = 2 * ((qh >> 12) & 7) + 1
@@ -127,13 +126,8 @@ def _decode_row(t, blocks, r, wq, sg, dsg, sc8, dw):  # pragma: no cover - compi
                 g = iq_grid(19, blocks, r, o, ib, _G1S)
                 sg[0, b * 8 + ib] = vsign_bits(g)
                 vstore(wq, 0, c, vabs1(g))
-            else:  # IQ1_M: two qh bytes per 32 (3 index bits and a delta sign per 8), 3-bit scales per 16
-                dsg[0, b * 8 + ib] = _iq1m_deltas(blocks, r, o + 32 + 2 * ib)
-                for h in range(2):
-                    sub = 2 * ib + h  # the sub-block in the super-block: word sub // 4, bits 3 (sub % 4)
-                    p = o + 48 + 2 * (sub // 4)
-                    sc8[0, s + h] = 2 * ((_w16(blocks[r, p], blocks[r, p + 1]) >> (3 * (sub % 4))) & 7) + 1
-                g = iq_grid(29, blocks, r, o, ib, _G1S)
+            else:  # IQ1_M: indices, scales and deltas of the super-block from iq1m_fields
+                g = grid_at(idx, b * 64 + 4 * ib, _G1S)
                 sg[0, b * 8 + ib] = vsign_bits(g)
                 vstore(wq, 0, c, vabs1(g))
 
@@ -206,31 +200,41 @@ def vec_rows(path, t, post, blocks, a, r0, r1, out):  # pragma: no cover - compi
     dsg = np.zeros((1, nb * 8), np.uint32)  # IQ1's delta signs
     sc8 = np.empty((1, nb * 16), np.uint8)
     dw = np.empty(nb, np.float32)
+    idx = np.empty((1, nb * 64), np.uint16)  # IQ3_S / IQ1_M's grid indices
     for r in range(r0, r1):
-        _decode_row(t, blocks, r, wq, sg, dsg, sc8, dw)
+        _decode_row(t, blocks, r, wq, sg, dsg, sc8, dw, idx)
         _vec_row(path, t, post, wq, sg, dsg, sc8, dw, xq, xd, bsums, r, out)
 
 
 @njit(cache=True)
-def _tile(t, post, blocks, r0, r1, tile, wq8, sg, dsg, sc8, dw):  # pragma: no cover - compiled
+def _tile(t, post, blocks, r0, r1, tile, wq8, sg, dsg, sc8, dw, idx, rows32, scs):  # pragma: no cover - compiled
     """Rows r0..r0+15 (past r1 - 1 repeating it) into kxtile's IQ4_XS tile: wq (nb*64, 64) u8, register
     64 b + j = elements 4j..4j+3 of super-block b for the 16 rows, as code + 128 (IQ1's 8 * code + delta + 128:
-    kiqcodes.tile_bytes); the scales as int32 per lane and int16 pairs; td = d * post (exact: a power of two)."""
+    kiqcodes.tile_bytes); the scales as int32 per lane and int16 pairs; td = d * post (exact: a power of two).
+    Each row is decoded into rows32 (16, nb*64) / scs (16, nb*16) and the blocks transposed 16 x 16 at once."""
     wq, tsc, tsc2, td = tile
     w32 = wq.view(np.uint32)  # (nb*64, 16)
     tsc2w = tsc2.view(np.uint32)  # (nb*8, 16): a lane's two int16 scales as one word
+    r8 = rows32.view(np.uint8)  # (16, nb*256)
     iq1 = t == IQ1_S or t == IQ1_M
+    nb = dw.shape[0]
     for lane in range(TILE):
         r = min(r0 + lane, r1 - 1)
-        _decode_row(t, blocks, r, wq8, sg, dsg, sc8, dw)
+        _decode_row(t, blocks, r, wq8, sg, dsg, sc8, dw, idx)
         for j in range(sg.shape[1]):  # group j: registers 8 j .. 8 j + 7
             if iq1:
-                vstore_column(w32, 8 * j, lane, tile_bytes(1, vload(wq8, 0, 32 * j), sg[0, j], dsg[0, j]))
+                vstore(r8, lane, 32 * j, tile_bytes(1, vload(wq8, 0, 32 * j), sg[0, j], dsg[0, j]))
             else:
-                vstore_column(w32, 8 * j, lane, tile_bytes(0, vload(wq8, 0, 32 * j), sg[0, j], dsg[0, j]))
-        for b in range(dw.shape[0]):
+                vstore(r8, lane, 32 * j, tile_bytes(0, vload(wq8, 0, 32 * j), sg[0, j], dsg[0, j]))
+        for b in range(nb):
             td[b, lane] = dw[b] * post
-            store_scales(sc8, b * 16, tsc, tsc2w, b * 16, lane)
+            scales_row(sc8, b * 16, scs, lane, b * 16)
+    for j0 in range(0, nb * 64, 16):
+        transpose16(rows32, j0, w32, j0)
+    for b in range(nb):
+        transpose16(scs, b * 16, tsc, b * 16)
+        for p in range(8):
+            pair_rows(tsc, tsc2w, b * 16 + 2 * p)
 
 
 @njit(cache=True)
@@ -248,10 +252,13 @@ def tile_rows(path, t, post, blocks, a, r0, r1, out):  # pragma: no cover - comp
     dsg = np.zeros((1, nb * 8), np.uint32)
     sc8 = np.empty((1, nb * 16), np.uint8)
     dw = np.empty(nb, np.float32)
+    idx = np.empty((1, nb * 64), np.uint16)  # IQ3_S / IQ1_M's grid indices
+    rows32 = np.empty((TILE, nb * 64), np.uint32)  # the tile's rows before the transpose
+    scs = np.empty((TILE, nb * 16), np.int32)
     buf = np.empty((1, TILE), np.float32)
     for t0 in range(r0, r1, TILE):
         t1 = min(t0 + TILE, r1)
-        _tile(t, post, blocks, t0, t1, tile, wq8, sg, dsg, sc8, dw)
+        _tile(t, post, blocks, t0, t1, tile, wq8, sg, dsg, sc8, dw, idx, rows32, scs)
         kx_tile_dot(path, True, tile, xq, xd, pairs, IQ4XS_SHIFT, t0, t1, out, buf)
 
 
