@@ -8,8 +8,9 @@ lanes over the token's visible cells by rank (lane = rank mod 8), each output co
 
 So one `<8 x float>` register is one tinyBLAS accumulator: kq of eight cells is eight registers of FMAs over the
 head dimension, their eight horizontal sums done together (`fsum8x8`); kqv keeps the eight lanes of an 8-column
-block in eight registers while V rows pass. Each KV head's K and V rows are widened from f16 with `vcvtph2ps` once
-for all the query heads of its group (from L1). Parallel over (token, KV head) groups; a few tokens over many
+block in eight registers while V rows pass. The query heads of one KV head are computed together: K rows are
+widened by `vcvtph2ps` as the FMAs load them (a block of 8 rows is in L1 for the group's other heads), V rows once
+per chunk for all of them. Parallel over (token, KV head) groups; a few tokens over many
 cells (decode at depth) split instead: scores by cell blocks, kqv by lane, then the lanes reduced, as
 kernels/attention.py does with 16-lane registers for the AVX-512 build's order.
 """
@@ -154,29 +155,31 @@ def _widen8(src, cl, r0, count, col0, width, dst):
 
 
 @numba.njit(cache=True)
-def _scores8(qv, g, kf, d_k):
-    """kq of the 8 key rows of kf for query head g -> f32x8: per row 8 FMA lanes over the head dimension from
-    zero (tinyBLAS<8, __m256>; the 8 rows' chains interleaved), reduced as `hsum_float_8`."""
+def _scores8(k, cl, r, col, qv, g, d_k):
+    """kq of the 8 key rows of slots r..r+7 (cells cl[r..], f16 columns col..col+d_k-1 of k) for query head g ->
+    f32x8: per row 8 FMA lanes over the head dimension from zero (tinyBLAS<8, __m256>; the 8 rows' chains
+    interleaved, each K vector widened by `vcvtph2ps` as it is loaded), reduced as `hsum_float_8`."""
+    c0, c1, c2, c3 = cl[r], cl[r + 1], cl[r + 2], cl[r + 3]
+    c4, c5, c6, c7 = cl[r + 4], cl[r + 5], cl[r + 6], cl[r + 7]
     a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = fzero()
     for i in range(0, d_k, 8):
         x = vload_f32(qv, g, i)
-        a0, a1 = fmadd(a0, vload_f32(kf, 0, i), x), fmadd(a1, vload_f32(kf, 1, i), x)
-        a2, a3 = fmadd(a2, vload_f32(kf, 2, i), x), fmadd(a3, vload_f32(kf, 3, i), x)
-        a4, a5 = fmadd(a4, vload_f32(kf, 4, i), x), fmadd(a5, vload_f32(kf, 5, i), x)
-        a6, a7 = fmadd(a6, vload_f32(kf, 6, i), x), fmadd(a7, vload_f32(kf, 7, i), x)
+        a0, a1 = fmadd(a0, vload_f16(k, c0, col + i), x), fmadd(a1, vload_f16(k, c1, col + i), x)
+        a2, a3 = fmadd(a2, vload_f16(k, c2, col + i), x), fmadd(a3, vload_f16(k, c3, col + i), x)
+        a4, a5 = fmadd(a4, vload_f16(k, c4, col + i), x), fmadd(a5, vload_f16(k, c5, col + i), x)
+        a6, a7 = fmadd(a6, vload_f16(k, c6, col + i), x), fmadd(a7, vload_f16(k, c7, col + i), x)
     return fsum8x8((a0, a1, a2, a3, a4, a5, a6, a7))
 
 
 @numba.njit(cache=True)
-def _group_scores8(k, cl, mask_add, scale, t, hk, r0, r1, qv, w, tmp, kf):
-    """w[g, r] = scaled, masked kq of visible slots r0..r1-1 (cells cl[r], r0 a multiple of 8) for the query heads
-    g of KV head hk (qv: `_round_queries8`), 8 slots at a time, a block's K rows widened once into kf (8, d_k)
-    for the group's heads; tmp (1, 8) scratch."""
+def _group_scores8(k, cl, mask_add, scale, t, hk, r0, r1, qv, w, tmp):
+    """w[g, r] = scaled, masked kq of visible slots r0..r1-1 (cells cl[r], r0 a multiple of 8, cl valid up to
+    r1 rounded up to 8) for the query heads g of KV head hk (qv: `_round_queries8`), 8 slots at a time (a
+    block's K rows from L1 for the group's other heads); tmp (1, 8) scratch."""
     gqa, d_k = qv.shape
     for r in range(r0, r1, 8):
-        _widen8(k, cl, r, 8, hk * d_k, d_k, kf)
         for g in range(gqa):
-            s = fscale8(_scores8(qv, g, kf, d_k), scale)  # ggml_vec_scale_f32, then += 1.0f * mask
+            s = fscale8(_scores8(k, cl, r, hk * d_k, qv, g, d_k), scale)  # ggml_vec_scale_f32, then += 1.0f * mask
             if r + 8 <= r1:
                 vstore(w, g, r, fadd8(s, vload_f32(mask_add, t, r)))
             else:
@@ -282,7 +285,6 @@ def _attend_groups8(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale,
         e_buf = np.zeros((gqa, m_max), np.float32)
         p_buf = np.empty((gqa, m_max), np.float32)
         lanes = np.empty((gqa * d_v, 8), np.float32)
-        kf = np.empty((8, d_k), np.float32)
         vf = np.empty((v_chunk8(d_v), d_v), np.float32)
         cl = np.empty(m_max, np.int64)
         tmp = np.empty((1, 8), np.float32)
@@ -293,7 +295,7 @@ def _attend_groups8(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale,
             m_pad = (m + 63) // 64 * 64
             _slot_cells8(cells, t, m, cl[: (m + 7) // 8 * 8])
             _round_queries8(q, t, hk, qv)
-            _group_scores8(k, cl, mask_add, scale, t, hk, 0, m, qv, w_buf, tmp, kf)
+            _group_scores8(k, cl, mask_add, scale, t, hk, 0, m, qv, w_buf, tmp)
             for g in range(gqa):
                 _soft_max(w_buf[g, :m_pad], m, e_buf[g, :m_pad], sinks[hk * gqa + g])
             _group_values8(v, cl, hk, d_v, m, e_buf, p_buf, lanes, vf, out, t)
@@ -316,11 +318,10 @@ def _split_scores8(q, k, n_head, n_head_kv, cl, n_cells, mask_add, scale, w, n_b
         for hk in range(n_head_kv):
             _round_queries8(q, t, hk, qv[hk])
         tmp = np.empty((1, 8), np.float32)
-        kf = np.empty((8, d_k), np.float32)
         for r in range(r0, r1, 8):
             for hk in range(n_head_kv):
                 rows = w[t, hk * gqa : (hk + 1) * gqa]
-                _group_scores8(k, cl[t], mask_add, scale, t, hk, r, min(r + 8, r1), qv[hk], rows, tmp, kf)
+                _group_scores8(k, cl[t], mask_add, scale, t, hk, r, min(r + 8, r1), qv[hk], rows, tmp)
 
 
 @numba.njit(parallel=True, cache=True)
