@@ -13,7 +13,9 @@ and a group's bytes are read once for every activation row: rows of activations 
 time (prompts, batched decode), then one at a time. Four activation rows' Q4_1/Q5_1 min chains share one register
 (lane 4j + r: weight row j, activation row r; the activations' s are stored block-major for it), so eight rows'
 accumulators fit the 32 registers without spilling. With AVX2's 16 registers (`decoded_first`) Q4_0/Q5_0/Q5_1 decode
-each group once into an L1 buffer and take the activation rows one at a time instead.
+each group once into an L1 buffer and take the activation rows one at a time instead, and Q8_0 runs two weight rows
+to a ymm register (legacy_x2.py, `halves_first`). Every activation row of a group is done while the group is in L1,
+so a matrix larger than the caches (an output matrix) is read from memory once for any number of rows.
 
 `x4_rows_repacked` is the other order of Q4_0, the one llama.cpp runs for the Q4_0 weights it repacks into
 `block_q4_0x8` (ne1 % 8 == 0; arch/x86/repack.cpp `gemm_q4_b32_8x8_q8_0_lut_avx` / `gemv_...`, the same per-output
@@ -28,6 +30,7 @@ from numba import njit
 from numba.extending import overload
 
 from llamactx.ggml.cpu import DECODE_PREFETCH, F32_EPR, cpu_features
+from llamactx.ggml.kernels.legacy_x2 import x2_rows
 from llamactx.ggml.kernels.simd import Tag, TagType, prefetch
 from llamactx.ggml.kernels.vnni import izero16, vdot16, vdot16_q8, vdot16_u8
 from llamactx.ggml.kernels.wide import (
@@ -110,6 +113,18 @@ def decoded_first(dec):
 @overload(decoded_first, jit_options={"cache": True})
 def _decoded_first(dec):
     value = F32_EPR == 8 and isinstance(dec, TagType) and dec.tag_name in ("dec_q4_0", "dec_q5_0", "dec_q5_1")
+    return lambda dec: value
+
+
+def halves_first(dec):
+    """True where a 16-register target (AVX2) runs four or more activation rows of Q8_0 two weight rows at a time
+    (legacy_x2.py, a compile-time constant): measured as fast as four rows to a register on an output matrix, and
+    faster on small matrices at eight rows (Q4_1's eight-row pass and the decoded types are faster as they are)."""
+
+
+@overload(halves_first, jit_options={"cache": True})
+def _halves_first(dec):
+    value = F32_EPR == 8 and isinstance(dec, TagType) and dec.tag_name == "dec_q8_0"
     return lambda dec: value
 
 
@@ -282,17 +297,25 @@ def _x4_rows_decoded(path, dec, W, a, g0, g1, out):
 
 @njit(cache=True)
 def x4_rows(path, dec, W, a, g0, g1, out):
-    """out[:, 4*g0 : 4*g1] (clipped to the matrix) for row groups g0..g1-1 of a 32-element block type."""
+    """out[:, 4*g0 : 4*g1] (clipped to the matrix) for row groups g0..g1-1 of a 32-element block type. Each group's
+    activation rows are done while its bytes are in L1: the weights are read from memory once for any number of
+    rows (the first pass over them prefetched where the host gains from it)."""
     qs, qh, sc, _, _, _ = W
     xd = a[1]
     n, nb = xd.shape
+    if halves_first(dec) and n >= 4:
+        x2_rows(path, dec, W, a, g0, g1, out)
+        return
     if decoded_first(dec) and n >= 4:
         _x4_rows_decoded(path, dec, W, a, g0, g1, out)
         return
     n8 = n - n % 8 if has_min(dec) else 0  # eight rows at a time where registers allow (Q8_0 spills)
     n4 = n - n % 4
+    ahead = prefetch_distance(qs, qh, sc)
     for g in range(g0, g1):
         c = g * ROWS_PER_GROUP
+        if n4 == 0:  # single activation rows only: the weights are one stream
+            prefetch_ahead(qs, qh, sc, g, g0, g1, ahead, 1)
         for i in range(0, n8, 8):
             lo, hi = _x4_zero4(), _x4_zero4()
             for b in range(nb):
@@ -309,18 +332,14 @@ def x4_rows(path, dec, W, a, g0, g1, out):
                 d16, m16 = _x4_block_scales16(dec, sc, g, b)
                 acc = _x4_rows4(path, dec, wA, wB, d16, m16, a, i, b, acc)
             _x4_store4(dec, out, i, c, acc)
-    ahead = prefetch_distance(qs, qh, sc)
-    for i in range(n4, n):  # single activation rows: one group at a time, so the weights are one stream
-        for g in range(g0, g1):
-            if i == n4:  # the first pass streams the weights
-                prefetch_ahead(qs, qh, sc, g, g0, g1, ahead, 1)
+        for i in range(n4, n):
             a0, b0, m0 = wzero(), wzero(), wzero4()
             for b in range(nb):
                 wA, wB = decode_x4(dec, qs, qh, g, b)
                 d16, m4 = _x4_block_scales(dec, sc, g, b)
                 a0, b0 = _x4_row(path, dec, wA, wB, d16, a, i, b, a0, b0)
                 m0 = _x4_min1(dec, m4, a, i, b, m0)
-            _x4_store(dec, out, i, g * ROWS_PER_GROUP, a0, b0, m0)
+            _x4_store(dec, out, i, c, a0, b0, m0)
 
 
 # --- the repacked order (Q4_0 weights llama.cpp repacks) -----------------------------------------------------------
@@ -408,10 +427,10 @@ def x4_rows_repacked(path, W, a, g0, g1, out):
                 acc = _repacked_rows4(path, wA, wB, wscales4(sc, g, b * 8), xq, off, dx, i, b, acc)
             _repacked_store4(out, i, c, acc)
     ahead = prefetch_distance(qs, qh, sc)
-    for i in range(n4, n):  # single activation rows: one group at a time, so the weights are one stream
-        for g in range(g0, g1):
-            if i == n4:  # the first pass streams the weights
-                prefetch_ahead(qs, qh, sc, g, g0, g1, ahead, 1)
+    for g in range(g0, g1):  # single activation rows, all of them while the group is in L1
+        if n4 == 0:  # single activation rows only: the weights are one stream
+            prefetch_ahead(qs, qh, sc, g, g0, g1, ahead, 1)
+        for i in range(n4, n):
             y = wzero4()
             for b in range(nb):
                 y = _repacked_row(path, W, xq, off, dx, g, i, b, y)

@@ -153,6 +153,10 @@ vdot16_u8 = _vdot_intrinsic(i32x16, i8x64, _dot_portable, "vdot16_u8: `vdot16` f
                             "widened, never saturating, on the portable path")
 vdot16_q8 = _vdot_intrinsic(i32x16, i8x64, _dot_sign_q8, "vdot16_q8: the signed dot of Q8_0's q + 128 quants "
                             "(portable path, AVX2): acc + q . s8(b), without the unsigned form's offset")
+vdot_u8 = _vdot_intrinsic(i32x8, i8x32, _dot_portable, "vdot_u8: `vdot16_u8` on 32 bytes (legacy_x2.py's two "
+                          "weight rows) -> i32x8")
+vdot_q8 = _vdot_intrinsic(i32x8, i8x32, _dot_sign_q8, "vdot_q8: `vdot16_q8` on 32 bytes (legacy_x2.py's two weight "
+                          "rows) -> i32x8")
 
 
 def _short_in_int16(path) -> bool:
