@@ -1,18 +1,21 @@
-"""The codes of one 32-element group of an IQ2 / IQ3 / IQ1 super-block as one `<32 x i8>` vector and their signs as
-bit masks (llvmlite intrinsics): the decode klowbit.py's kernels run per weight row.
+"""The IQ2 / IQ3 / IQ1 super-blocks as klowbit.py's kernels decode them, per weight row (llvmlite intrinsics): the
+grid entries of one 32-element group as one `<32 x i8>` vector, the signs as bit masks, and the transposes of the
+tiles.
 
 ggml-quants.c `dequantize_row_iq2_xxs` ... `dequantize_row_iq1_m` read each group as grid indices (four of 8 codes
 or eight of 4), a sign bit per code (IQ2 / IQ3; `ksigns_iq2xs` expands IQ2_XXS / IQ2_XS / IQ3_XXS's 7 stored bits
 to 8 with their parity) and, for IQ1, codes -1 / 0 / 1 straight from the grid. As ggml's AVX2 `vec_dot`s do, the
 grid entries stay unsigned and the signs go onto the activations instead:
 
-- `iq_grid`: the group's grid entries in one vector (the indices in scalar IR, the entries loaded and inserted:
-  ggml's `_mm256_set_epi64x` / `_epi32`);
+- `iq_grid` / `grid_at`: a group's grid entries in one vector (ggml's `_mm256_set_epi64x` / `_epi32` of scalar
+  loads), the indices computed in scalar IR or, for IQ3_S and IQ1_M, for the whole super-block in vector IR
+  (`iq3s_indices`, `iq1m_fields`, which also unpacks IQ1_M's scales and delta signs);
 - `iq_signs`: the 256 sign bits of a whole super-block at once, a u32 per group (bit j: element j negative): the
   stored bytes of IQ2_S / IQ3_S, and for the others the 7-bit fields spread to bytes and completed with their
   parity (`llvm.ctpop` per byte: `vpopcntb` with AVX512-BITALG), which is what ksigns_iq2xs tabulates;
 - `vneg_where`: activations negated under such a mask (`vpsubb` under a `k` mask with AVX512BW), ggml's
-  `_mm256_sign_epi8(q8, signs)`; a negated activation times the unsigned entry is the signed product, exactly.
+  `_mm256_sign_epi8(q8, signs)`; a negated activation times the unsigned entry is the signed product, exactly;
+- `tile_bytes`, `transpose16`, `scales_row`, `pair_rows`: rows into kxtile's transposed tile layout.
 
 Block layouts: ggml-common.h `block_iq2_xxs` ....
 """

@@ -3,17 +3,19 @@ integers and the float order of llamactx.ggml.vecdot_lowbit (ggml-cpu's x86 `ggm
 activation rows, tiled.cpp's tiled kernel from 8), without unpacking the whole weight first.
 
 One weight row at a time is decoded into a few hundred bytes that stay in L1 (`_decode_row`: ggml-quants.c
-`dequantize_row_iq*`'s scales, the codes of each 32-element group as one vector: kiqcodes.iq_codes), then used by
-every activation row:
+`dequantize_row_iq*`'s scales; the unsigned grid entries of each 32-element group as one vector and the sign bits
+of a whole super-block as masks, kiqcodes.py), then used by every activation row:
 
-- vec_dot order (n < 8, `_vec_row`): per 32-element group g, the eight int32 lanes of signed codes . Q8_K quants
-  (`vdot_s8`: ggml's sign trick, exact) times the two 16-element sub-block scales (`vscales_pair`), summed over
+- vec_dot order (n < 8, `_vec_row`): per 32-element group g, the activations negated under g's sign mask and
+  dotted with the unsigned entries (ggml's AVX2 `_mm256_sign_epi8` on q8, then `maddubs`: the eight int32 lanes of
+  signed codes . Q8_K quants, exactly), times the two 16-element sub-block scales (`vscales_pair`), summed over
   the super-block's groups; acc = fma(float(lane), d_w * d_x, acc) per lane, `post * hsum_float_8(acc)` (fsum);
   IQ1_S's delta term apart (accum1), IQ1_M's in lanes of its own (its +-1 deltas . the quants, under the same
   scales), as vecdot_lowbit's `_vec_dot_lowbit`;
-- tiled order (n >= 8, `tile_rows`): 16 rows transposed into kxtile.py's IQ4_XS tile (codes + 128, IQ1's
-  8 * code + delta + 128, the 16-element scales, the tile's d = f16(d) * post), whose `_kx_isum` / `_kx_step`
-  give per super-block s1 = sum sc * dot and out = fma(float(s1) * d_w, d_x, out): tiled.cpp's order.
+- tiled order (n >= 8, `tile_rows`): 16 rows decoded, then transposed 16 x 16 words at a time into kxtile.py's
+  IQ4_XS tile (codes + 128, IQ1's 8 * code + delta + 128, the 16-element scales, the tile's d = f16(d) * post),
+  whose `_kx_isum` / `_kx_step` give per super-block s1 = sum sc * dot and out = fma(float(s1) * d_w, d_x, out):
+  tiled.cpp's order.
 
 Integer sums are exact in any order, so the results are bit-identical to vecdot_lowbit's (tests/ggml/
 test_klowbit.py) and to llama.cpp's (tests/models/test_tiny_quant_types.py).
