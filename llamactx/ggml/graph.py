@@ -5,10 +5,12 @@ record `ggml_tensor` nodes; ggml-alloc places them in one buffer and ggml-cpu's 
 thread pool, and an unchanged ubatch shape reuses the graph (`llm_graph_result::can_reuse`). `Graph` plays ggml.c's
 part: it implements the ops interface the forward passes call (llamactx/backend/ops.py; the same as `ReferenceOps`),
 an op without an executor node raising GraphUnsupported, and its `Tensor`s support the
-few numpy operations they use (+, * by a scalar or a per-row factor, / of the same shape, reshape, rows by index,
-columns, copy, np.concatenate; converting one to an array raises GraphUnsupported naming the node),
+few numpy operations they use (+, * by a scalar, a per-row factor, a vector along the rows or a tensor of the same
+shape, / of the same shape, reshape, rows by index, columns, one index of a 4-D head's parts, copy,
+np.concatenate; converting one to an array raises GraphUnsupported naming the node),
 so `models/*.py` build a graph with the code that computes eagerly on other ops. llamactx.ggml.kernels.compute
-plans and runs it.
+plans and runs it. A hybrid model's recurrent layers read their states through the input (GraphRecurrent records
+ssm_conv / gated_delta_net over the states the executor binds at run time, llm_graph_input_rs).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import numpy as np
 from llamactx.errors import LlamactxError
 from llamactx.ggml.inputs import RopeParams
 from llamactx.ggml.moe import expert, stacked
+from llamactx.ggml.mrope import ImropeTable
 
 
 class GraphUnsupported(LlamactxError, NotImplementedError):
@@ -110,8 +113,13 @@ class Tensor:
     def __mul__(self, other) -> Tensor:
         if isinstance(other, Tensor) and other.shape == (self.rows, 1):  # each row by its own factor (ggml_mul)
             return self.graph.node("mul_col", (self, other), self.shape)
-        if not np.isscalar(other):
-            raise GraphUnsupported("multiplication by a non-scalar")
+        if isinstance(other, Tensor):  # element by element (ggml_mul of one shape)
+            return self.graph.binary("mul", self, other)
+        if not np.isscalar(other):  # a vector along the last dimension (ggml_mul broadcasting rows)
+            vec = np.asarray(other, np.float32)
+            if vec.shape != (self.shape[-1],):
+                raise GraphUnsupported(f"multiplication of {self.shape} by a {vec.shape} array")
+            return self.graph.node("mul_row", (self,), self.shape, (self.graph.vector(vec),))
         return self.graph.node("scale", (self,), self.shape, (np.float32(other),))
 
     __rmul__ = __mul__
@@ -127,6 +135,9 @@ class Tensor:
         if (isinstance(ids, tuple) and len(ids) == 3 and len(self.shape) == 3 and ids[:2] == (slice(None),) * 2
                 and isinstance(ids[2], slice)):
             return self._head_columns(ids[2])
+        if (isinstance(ids, tuple) and len(ids) == 3 and len(self.shape) == 4 and ids[:2] == (slice(None),) * 2
+                and isinstance(ids[2], (int, np.integer))):
+            return self._head_part(int(ids[2]))
         if not (isinstance(ids, Tensor) and ids.op == "input" and ids.params[0] == "out_ids"):
             raise GraphUnsupported("indexing other than rows by the output ids")
         return self.graph.node("select", (self, ids), (ids.rows, *self.shape[1:]))
@@ -148,6 +159,14 @@ class Tensor:
             raise GraphUnsupported(f"columns {cols} of each head of a {self.shape} tensor")
         return self.graph.node("cont", (self,), (n, n_head, stop - start), (n_head, d, start))
 
+    def _head_part(self, i: int) -> Tensor:
+        """x[:, :, i] of a (n, n_head, m, d) tensor, copied (ggml_cont of a ggml_view_3d: qwen35's query and
+        gate halves of each head). -> (n, n_head, d)"""
+        n, n_head, m, d = self.shape
+        if not 0 <= i < m:
+            raise IndexError(f"index {i} of a dimension of {m}")
+        return self.graph.node("cont", (self,), (n, n_head, d), (n_head, m * d, i * d))
+
 
 class Graph:
     """Records a forward pass. `supports(weight)` says whether the executor has a matmul kernel for a weight;
@@ -157,7 +176,7 @@ class Graph:
         self.nodes: list[Tensor] = []
         self.vectors: list[np.ndarray] = []  # 1-D float32 operands (norm weights, biases), by index
         self.weights: list[tuple] = []  # weight tuples of the matmuls (stacked rows), by index
-        self.ropes: list[RopeParams] = []
+        self.ropes: list[RopeParams | ImropeTable] = []
         self._supports = supports
 
     # -- nodes ----------------------------------------------------------------------------------------------------
@@ -252,6 +271,14 @@ class Graph:
             index = len(self.ropes) - 1
         return self.node("rope", (x, pos), x.shape, (index,))
 
+    def rope_imrope(self, x: Tensor, pos: Tensor, rp: RopeParams, sections: tuple[int, ...]) -> Tensor:
+        """IMRoPE of text tokens: a rope node over its own table (llamactx.ggml.mrope.ImropeTable, one per
+        parameters and sections), NEOX pairs."""
+        sections = tuple(int(s) for s in sections)
+        table = next((r for r in self.ropes if isinstance(r, ImropeTable) and r.rp is rp
+                      and r.sections == sections), None)
+        return self.rope(x, pos, table or ImropeTable(rp, sections))
+
     def swiglu(self, gate: Tensor, up: Tensor) -> Tensor:
         return self.binary("swiglu", gate, up)
 
@@ -262,7 +289,40 @@ class Graph:
         raise GraphUnsupported("final logit soft-capping")
 
     def silu(self, x: Tensor) -> Tensor:
+        if x.base is not None and (x.col0 or x.storage.cols != x.cols):  # the executor's silu reads whole rows
+            x = x.copy()
         return self.node("silu", (x,), x.shape)
+
+    def sigmoid(self, x: Tensor) -> Tensor:
+        return self.node("sigmoid", (x,), x.shape)
+
+    def softplus(self, x: Tensor) -> Tensor:
+        return self.node("softplus", (x,), x.shape)
+
+    def l2_norm(self, x: Tensor, eps: float) -> Tensor:
+        """build_gdn_l2_norm as llamactx.ggml.delta_net.l2_norm computes it: an rms_norm node (weights of one,
+        eps / n in float32), then a scale node by 1 / sqrtf(n)."""
+        n = np.float32(x.shape[-1])
+        y = self.rms_norm(x, np.ones(x.shape[-1], np.float32), np.float32(eps) / n)
+        return y * (np.float32(1.0) / np.sqrt(n))
+
+    def ssm_conv_rs(self, il: int, x: Tensor, weight: np.ndarray) -> Tensor:
+        """ggml_ssm_conv over each sequence set's conv state of layer `il` and its rows of x (n, n_ch), the states
+        updated in place (the recurrent input bound at run time: GraphRecurrent). weight (n_ch, d_conv).
+        -> (n, n_ch)"""
+        n_ch, d_conv = weight.shape
+        if x.shape != (x.rows, n_ch):
+            raise ValueError(f"ssm_conv_rs: input {x.shape} for {n_ch} channels")
+        return self.node("ssm_conv_rs", (x,), x.shape, (il, self.vector(np.asarray(weight).reshape(-1)), d_conv))
+
+    def gated_delta_net_rs(self, il: int, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor) -> Tensor:
+        """ggml_gated_delta_net over each sequence set's delta-rule state of layer `il`, updated in place.
+        q, k (n, H_k, S); v (n, H_v, S); g, beta (n, H_v). -> (n, H_v, S)"""
+        n, h_v, s_v = v.shape
+        if q.shape != k.shape or q.shape[2] != s_v or g.shape != (n, h_v) or beta.shape != (n, h_v):
+            raise ValueError(f"gated_delta_net_rs: q {q.shape}, k {k.shape}, v {v.shape}, g {g.shape}, "
+                             f"beta {beta.shape}")
+        return self.node("gdn_rs", (q, k, v, g, beta), v.shape, (il,))
 
     def swiglu_oai(self, gate: Tensor, up: Tensor, alpha: float, limit: float) -> Tensor:
         raise GraphUnsupported("swiglu_oai")
@@ -335,20 +395,10 @@ class Graph:
     def layer_norm(self, x: Tensor, weight, bias, eps: float) -> Tensor:
         raise GraphUnsupported("layer_norm")
 
-    def l2_norm(self, x: Tensor, eps: float) -> Tensor:
-        raise GraphUnsupported("l2_norm")
 
     def gelu(self, x: Tensor) -> Tensor:
         raise GraphUnsupported("gelu")
 
-    def sigmoid(self, x: Tensor) -> Tensor:
-        raise GraphUnsupported("sigmoid")
-
-    def softplus(self, x: Tensor) -> Tensor:
-        raise GraphUnsupported("softplus")
-
-    def rope_imrope(self, x: Tensor, pos: Tensor, rp: RopeParams, sections: tuple[int, ...]) -> Tensor:
-        raise GraphUnsupported("rope_imrope")
 
     def ssm_conv(self, conv_x, weight) -> Tensor:
         raise GraphUnsupported("ssm_conv")
@@ -379,6 +429,16 @@ class GraphAttention:
     def __init__(self, graph: Graph, hparams) -> None:
         self.graph, self.hparams = graph, hparams
 
+    @property
+    def attn(self) -> GraphAttention:
+        """A hybrid model reads its input as llm_graph_input_mem_hybrid: the attention part (this one) ..."""
+        return self
+
+    @property
+    def rs(self) -> GraphRecurrent:
+        """... and the recurrent part (models.graph_inputs.HybridInput)."""
+        return GraphRecurrent(self.graph)
+
     def __call__(self, il: int, q: Tensor, k: Tensor, v: Tensor, kq_scale: float, sinks=None) -> Tensor:
         if self.hparams.f_attn_logit_softcapping:
             raise GraphUnsupported("attention logit soft-capping")
@@ -387,3 +447,34 @@ class GraphAttention:
         if k is None:
             raise GraphUnsupported("attention over an earlier layer's KV (shared KV layers)")
         return self.graph.kv_attention(il, q, k, v, kq_scale, self.hparams.is_swa(il))
+
+
+class GraphRecurrent:
+    """The recurrent input a hybrid forward sees while its graph is built (llm_graph_input_rs): records the
+    state-reading ops as nodes over the sequence sets and state slots the executor binds at run time
+    (llamactx.memory.recurrent.RecurrentView.bind). Reading a state directly cannot be recorded."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+
+    def ssm_conv(self, ops, il: int, x: Tensor, weight: np.ndarray) -> Tensor:
+        return self.graph.ssm_conv_rs(il, x, weight)
+
+    def gated_delta_net(self, ops, il: int, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor) -> Tensor:
+        return self.graph.gated_delta_net_rs(il, q, k, v, g, beta)
+
+    @property
+    def sets(self):
+        raise GraphUnsupported("the sequence sets of a recurrent input (bound at run time)")
+
+    def conv_state(self, il: int, k: int):
+        raise GraphUnsupported("reading a conv state while recording")
+
+    def ssm_state(self, il: int, k: int):
+        raise GraphUnsupported("reading an SSM state while recording")
+
+    def store_conv(self, il: int, k: int, r) -> None:
+        raise GraphUnsupported("storing a conv state while recording")
+
+    def store_ssm(self, il: int, k: int, s) -> None:
+        raise GraphUnsupported("storing an SSM state while recording")

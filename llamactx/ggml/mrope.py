@@ -12,7 +12,12 @@ x[i + n_rot / 2]). A KV shift (llama_kv_cache::build_rope_shift) rotates M-RoPE 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
+
+from llamactx.ggml import vec as ggml_vec
+from llamactx.ggml.inputs import ROPE_TYPE_NEOX, RopeParams
 
 
 def imrope_fourth_section(n_rot: int, sections: tuple[int, ...]) -> np.ndarray:
@@ -36,3 +41,27 @@ def imrope_text_cache(cos: np.ndarray, sin: np.ndarray, cos0: np.ndarray, sin0: 
     cos[:, e] = cos0[0, e]
     sin[:, e] = sin0[0, e]
     return cos, sin
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ImropeTable:
+    """The RoPE table of IMRoPE over text positions, for a compiled graph's rope node: the plain parameters `rp`
+    and the four `sections`; `cache(pos)` the (cos, sin) rows the reference's rope_imrope rotates with."""
+
+    rp: RopeParams
+    sections: tuple[int, ...]
+
+    @property
+    def n_rot(self) -> int:
+        return self.rp.n_rot
+
+    @property
+    def mode(self) -> int:
+        """The rotation: NEOX's pairs (x[i], x[i + n_rot / 2])."""
+        return ROPE_TYPE_NEOX
+
+    def cache(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """-> cos, sin (n, n_rot / 2) float32, the fourth section's pairs at position 0's angle."""
+        cos, sin = ggml_vec.rope_cache(pos, self.rp)
+        cos0, sin0 = ggml_vec.rope_cache(np.zeros(1, np.int64), self.rp)
+        return imrope_text_cache(cos, sin, cos0, sin0, self.rp.n_rot, self.sections)

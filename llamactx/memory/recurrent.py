@@ -71,13 +71,15 @@ class SeqSet:
 
 @dataclass(frozen=True, slots=True)
 class RecurrentPlacement:
-    """The sequence sets of each ubatch, and what their sequences held before the decode (for rollback)."""
+    """The sequence sets of each ubatch, and what their sequences held before the decode (for rollback). A
+    decode of one ubatch keeps no copy of the states (a decode aborts between ubatches, so one of a single ubatch
+    never changes them; the copy would move every state once more each step)."""
 
     slots: tuple[tuple[SeqSet, ...], ...]  # per ubatch: its sequence sets
     seqs: np.ndarray  # (k,) the sequences the decode writes
     pos: np.ndarray  # (n_seq_max,) int32 before
-    r: np.ndarray  # (n_layer_rs, k, n_embd_r) before
-    s: np.ndarray  # (n_layer_rs, k, n_embd_s) before
+    r: np.ndarray | None  # (n_layer_rs, k, n_embd_r) before; None for one ubatch
+    s: np.ndarray | None  # (n_layer_rs, k, n_embd_s) before; None for one ubatch
 
 
 class RecurrentView:
@@ -89,6 +91,10 @@ class RecurrentView:
     def __init__(self, mem: RecurrentMemory, sets: tuple[SeqSet, ...]):
         self._mem = mem
         self.sets = sets
+
+    def layer_row(self, il: int) -> int:
+        """The row of the state arrays that holds layer `il`, -1 if the memory has none for it."""
+        return self._mem._index.get(il, -1)
 
     def conv_state(self, il: int, k: int) -> np.ndarray:
         """Set `k`'s rolling state of layer `il` (a copy). -> (n_embd_r,) float32"""
@@ -103,6 +109,58 @@ class RecurrentView:
 
     def store_ssm(self, il: int, k: int, s: np.ndarray) -> None:
         self._mem.s[self._mem.layer_index(il), list(self.sets[k].seq_ids)] = s.reshape(-1)
+
+    # -- the ops a gated delta-net layer reads its states through (build_rs; the graph records the same) --------
+
+    def ssm_conv(self, ops, il: int, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+        """ggml_ssm_conv of each set's rows of x (n, n_ch) after its conv state (n_ch, d_conv - 1) of layer `il`,
+        the state then its last d_conv - 1 inputs. weight (n_ch, d_conv). -> (n, n_ch)"""
+        n, n_ch = x.shape
+        d_st = weight.shape[1] - 1
+        whole = len(self.sets) == 1 and len(self.sets[0].idx) == n  # one set: every row in order, no gathers
+        out = np.empty((n, n_ch), np.float32)
+        for k, st in enumerate(self.sets):
+            rows = slice(None) if whole else st.idx
+            xt = np.empty((d_st + len(st.idx), n_ch), np.float32)  # the conv input, token-major
+            xt[:d_st] = self.conv_state(il, k).reshape(n_ch, d_st).T
+            xt[d_st:] = x[rows]
+            self.store_conv(il, k, np.ascontiguousarray(xt[len(st.idx) :].T))  # its last d_conv - 1 columns
+            out[rows] = ops.ssm_conv(xt.T, weight)  # conv_x (n_ch, d_conv - 1 + n_t): a view
+        return out
+
+    def gated_delta_net(self, ops, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray,
+                        beta: np.ndarray) -> np.ndarray:
+        """ggml_gated_delta_net of each set's rows from its delta-rule state (H_v, S, S) of layer `il`, which
+        becomes the state after its last row. q, k (n, H_k, S); v (n, H_v, S); g, beta (n, H_v). -> (n, H_v, S)"""
+        n, h_v, s_v = v.shape
+        whole = len(self.sets) == 1 and len(self.sets[0].idx) == n
+        y = np.empty((n, h_v, s_v), np.float32)
+        for j, st in enumerate(self.sets):
+            rows = slice(None) if whole else st.idx
+            state = self.ssm_state(il, j).reshape(h_v, s_v, s_v)  # a copy: the op may update it in place
+            y[rows], state = ops.gated_delta_net(q[rows], k[rows], v[rows], g[rows], beta[rows], state)
+            self.store_ssm(il, j, state)
+        return y
+
+    # -- a compiled graph's binding (llamactx.ggml.kernels.compute): states updated in place ---------------------
+
+    def bind(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The memory's state arrays (n_layer_rs, n_seq, n_embd_r / n_embd_s), which the program updates in
+        place, and the sets: each one's sequence (its first), the offsets of its rows in the third array, the
+        rows. -> r, s, slots (n_sets,), starts (n_sets + 1,), rows (n,) int64"""
+        slots = np.array([st.seq_ids[0] for st in self.sets], np.int64)
+        starts = np.cumsum([0] + [len(st.idx) for st in self.sets]).astype(np.int64)
+        rows = np.concatenate([st.idx for st in self.sets]).astype(np.int64)
+        return self._mem.r, self._mem.s, slots, starts, rows
+
+    def spread(self) -> None:
+        """After a program ran: each set's new states copied to its other sequences (store_conv's and
+        store_ssm's rows)."""
+        for st in self.sets:
+            if len(st.seq_ids) > 1:
+                src, dst = st.seq_ids[0], list(st.seq_ids[1:])
+                self._mem.r[:, dst] = self._mem.r[:, src : src + 1]
+                self._mem.s[:, dst] = self._mem.s[:, src : src + 1]
 
 
 @dataclass(slots=True)
@@ -151,6 +209,8 @@ class RecurrentMemory(Memory):
         """Every ubatch fits (a state per sequence is always there); remember what the decode will overwrite."""
         sets = tuple(_sequence_sets(ub) for ub in ubatches)
         seqs = np.array(sorted({s for ub in ubatches for ids in ub.seq_ids for s in ids}), np.int64)
+        if len(ubatches) == 1:
+            return RecurrentPlacement(sets, seqs, self.pos.copy(), None, None)
         return RecurrentPlacement(sets, seqs, self.pos.copy(), self.r[:, seqs].copy(), self.s[:, seqs].copy())
 
     def apply(self, ub: UBatch, sets: tuple[SeqSet, ...]) -> RecurrentView:
@@ -165,9 +225,18 @@ class RecurrentMemory(Memory):
         return RecurrentView(self, sets)
 
     def rollback(self, placement: RecurrentPlacement) -> None:
+        """The states and positions before the decode. Without a copy (one ubatch), a forward that raised part way
+        may have updated some layers' states: the sequences it started are then forgotten (empty), not left
+        half-updated."""
+        if placement.r is not None:
+            self.r[:, placement.seqs] = placement.r
+            self.s[:, placement.seqs] = placement.s
+        else:
+            started = placement.seqs[self.pos[placement.seqs] != placement.pos[placement.seqs]]
+            placement.pos[started] = -1
+            self.r[:, started] = 0
+            self.s[:, started] = 0
         self.pos[:] = placement.pos
-        self.r[:, placement.seqs] = placement.r
-        self.s[:, placement.seqs] = placement.s
 
     # -- sequences ----------------------------------------------------------------------------------------------
 

@@ -35,15 +35,43 @@ class RecurrentInput(Protocol):
     def ssm_state(self, il: int, k: int) -> np.ndarray: ...  # (n_embd_s,) a copy
     def store_conv(self, il: int, k: int, r: np.ndarray) -> None: ...
     def store_ssm(self, il: int, k: int, s: np.ndarray) -> None: ...
+    # the gated delta-net layers' ops (memory.recurrent.RecurrentView; a recorded graph's GraphRecurrent)
+    def ssm_conv(self, ops, il: int, x: np.ndarray, weight: np.ndarray) -> np.ndarray: ...
+    def gated_delta_net(self, ops, il: int, q, k, v, g, beta) -> np.ndarray: ...
 
 
 @dataclass(frozen=True, slots=True)
 class HybridInput:
     """The inputs of a hybrid model's forward (llm_graph_input_mem_hybrid): attention for its attention layers,
-    the recurrent view for the others."""
+    the recurrent view for the others. Over an f16 KV cache a compiled graph binds it (backend.ops
+    CompiledAttentionInput): the attention part's views and visible cells, and `layer_rows`."""
 
     attn: AttentionInput
     rs: RecurrentInput
+
+    @property
+    def _kv(self):
+        return self.attn.attn  # the KVAttention inside the LayerMappedAttention
+
+    flash = property(lambda self: self._kv.flash)
+    view = property(lambda self: self._kv.view)
+    view_swa = property(lambda self: self._kv.view_swa)
+    vis = property(lambda self: self._kv.vis)
+    vis_swa = property(lambda self: self._kv.vis_swa)
+
+    def layer_rows(self) -> np.ndarray | None:
+        """(n_layer,) int64: an attention layer's row in the KV cache, a recurrent layer's in the recurrent
+        states (RecurrentView.layer_row). None (op by op) unless the attention is a LayerMappedAttention over one
+        f16 KVAttention view and the recurrent input a memory view."""
+        mapped, rs = self.attn, self.rs
+        kv = getattr(mapped, "attn", None)
+        if not isinstance(kv, KVAttention) or not hasattr(rs, "layer_row") or kv.view_swa is not kv.view:
+            return None
+        if kv.view.type_k != "f16" or kv.view.type_v != "f16":
+            return None
+        rows = np.array([kv.view.layer_row(mapped.index[il]) if il in mapped.index else rs.layer_row(il)
+                         for il in range(kv.hp.n_layer)], np.int64)
+        return rows if (rows >= 0).all() else None
 
 
 class LayerMappedAttention:

@@ -18,6 +18,10 @@ layer is pre-normed (RMS) with a residual, then post-attention-normed into a Swi
 qwen35moe's FFN is build_moe_ffn (softmax router, the top n_expert_used weights normalized; models/moe.py) plus a
 shared SwiGLU expert times sigmoid(`ffn_gate_inp_shexp` . x) (ggml_sigmoid, unlike qwen2moe's silu(g) / g).
 
+The recurrent states are read and written through the input (RecurrentView.ssm_conv / gated_delta_net, the
+sets of sequences looped there), so FastOps records the whole forward as one compiled program (GraphRecurrent:
+the conv and the delta rule update the states in place), op by op only where the executor lacks something.
+
 The multi-token-prediction blocks (`nextn_predict_layers`, the last blocks of the file) are not run: like
 llama.cpp's main graph, the forward uses the first block_count - nextn_predict_layers layers only.
 """
@@ -262,33 +266,16 @@ def delta_net_block(model, ops, rs: RecurrentInput, cur: np.ndarray, il: int) ->
     n = cur.shape[0]
     head, n_k_heads, n_v_heads = hp.ssm_d_state, hp.ssm_n_group, hp.ssm_dt_rank
     key_dim, value_dim = head * n_k_heads, head * n_v_heads
-    conv_dim, d_state_conv = 2 * key_dim + value_dim, hp.ssm_d_conv - 1
     qkv, z = ops.matmuls(cur, [w(b + "attn_qkv.weight"), w(b + "attn_gate.weight")])  # (n, conv_dim), (n, value_dim)
     beta = ops.sigmoid(ops.matmul(cur, w(b + "ssm_beta.weight")))  # (n, n_v_heads)
     alpha = ops.matmul(cur, w(b + "ssm_alpha.weight")) + t[b + "ssm_dt.bias"]  # (n, n_v_heads)
     g = ops.softplus(alpha) * t[b + "ssm_a"]  # (n, n_v_heads): the log-decay, -exp(A_log) * softplus
 
-    conv_w = t[b + "ssm_conv1d.weight"]  # (conv_dim, d_conv)
-    whole = len(rs.sets) == 1 and len(rs.sets[0].idx) == n  # one sequence set: every row in order, no gathers
-    conv = np.empty((n, conv_dim), np.float32)
-    for k, st in enumerate(rs.sets):
-        rows = slice(None) if whole else st.idx
-        xt = np.empty((d_state_conv + len(st.idx), conv_dim), np.float32)  # the conv input, token-major
-        xt[:d_state_conv] = rs.conv_state(il, k).reshape(conv_dim, d_state_conv).T
-        xt[d_state_conv:] = qkv[rows]
-        rs.store_conv(il, k, np.ascontiguousarray(xt[len(st.idx) :].T))  # its last d_conv - 1 columns
-        conv[rows] = ops.ssm_conv(xt.T, conv_w)  # conv_x (conv_dim, d_conv - 1 + n_t): a view
-    conv = ops.silu(conv)  # (n, conv_dim)
+    conv = ops.silu(rs.ssm_conv(ops, il, qkv, t[b + "ssm_conv1d.weight"]))  # (n, conv_dim), conv states updated
     q = ops.l2_norm(conv[:, :key_dim].reshape(n, n_k_heads, head), hp.f_norm_rms_eps)  # (n, n_k_heads, head)
     k_ = ops.l2_norm(conv[:, key_dim : 2 * key_dim].reshape(n, n_k_heads, head), hp.f_norm_rms_eps)
     v = conv[:, 2 * key_dim :].reshape(n, n_v_heads, head)  # (n, n_v_heads, head)
-
-    y = np.empty((n, n_v_heads, head), np.float32)
-    for k, st in enumerate(rs.sets):
-        rows = slice(None) if whole else st.idx
-        state = rs.ssm_state(il, k).reshape(n_v_heads, head, head)  # a copy: the op may update it in place
-        y[rows], state = ops.gated_delta_net(q[rows], k_[rows], v[rows], g[rows], beta[rows], state)
-        rs.store_ssm(il, k, state)
+    y = rs.gated_delta_net(ops, il, q, k_, v, g, beta)  # (n, n_v_heads, head), delta-rule states updated
     y = ops.rms_norm(y, t[b + "ssm_norm.weight"], hp.f_norm_rms_eps)  # (n, n_v_heads, head)
     y = y * ops.silu(z.reshape(n, n_v_heads, head))  # build_norm_gated
     return ops.matmul(y.reshape(n, value_dim), w(b + "ssm_out.weight"))  # (n, n_embd)

@@ -8,7 +8,9 @@ and the outputs (logits, the final hidden state) in their own arrays. `GraphPlan
 the positions into their arena regions) and `run_program` executes the rows in
 order, calling the same kernels as the eager ops (so the bits are the same): one Python call per ubatch instead of
 a dozen per layer, RoPE tables computed once per ubatch, no allocation per node. Matmuls and attention run on the
-thread pool (one parallel region each); small elementwise nodes run on the calling thread.
+thread pool (one parallel region each); small elementwise nodes run on the calling thread. A hybrid's recurrent
+layers (qwen35's conv and gated delta rule) update the memory's state arrays in place, per sequence set
+(RecurrentView.bind: the sets' rows and state slots, bound at each run).
 """
 
 from __future__ import annotations
@@ -21,11 +23,14 @@ from numba.extending import intrinsic, overload
 
 from llamactx.ggml import vec as ggml_vec
 from llamactx.ggml.cpu import F32_EPR, PATH_PORTABLE, PATH_VNNI
+from llamactx.ggml.delta_net import _softplus as softplus_vec
 from llamactx.ggml.graph import Graph, GraphUnsupported, Tensor
 from llamactx.ggml.inputs import ROPE_TYPE_NEOX
 from llamactx.ggml.intrinsics import f16_bits
 from llamactx.ggml.kernels.attention import attend
 from llamactx.ggml.kernels.bf16 import gemm as gemm_bf16
+from llamactx.ggml.kernels.delta_rule import _gated_delta_net as gated_delta_net_heads
+from llamactx.ggml.kernels.delta_rule import _ssm_conv_tokens as ssm_conv_tokens
 from llamactx.ggml.kernels.flash import flash_attend
 from llamactx.ggml.kernels.get_rows import rows_bf16, rows_nl, rows_q8_0_x4
 from llamactx.ggml.kernels.kblocks import rows_q4_k, rows_q6_k
@@ -45,7 +50,9 @@ from llamactx.ggml.kernels.matmul import (
 )
 from llamactx.ggml.kernels.repack import units
 from llamactx.ggml.kernels.simd import PORTABLE, VNNI, TagType
+from llamactx.ggml.moe import _sigmoid as sigmoid_vec
 from llamactx.ggml.moe import route_row, route_row_biased
+from llamactx.ggml.mrope import ImropeTable
 from llamactx.ggml.ssm import silu_rows
 from llamactx.ggml.vecdot import matmul_float_rows
 from llamactx.gguf.quants_iq import KVALUES_IQ4NL, KVALUES_MXFP4
@@ -60,11 +67,16 @@ _OPS = {"get_rows": GET_ROWS, "rms_norm": RMS_NORM, "mul_mat": MUL_MAT, "add": A
 CONT, CONCAT, MUL_MAT_HEADS = 40, 41, 42  # deepseek2's MLA: head slices, concatenations, per-head matmuls
 MOE_ROUTE_SEL = 43  # DeepSeek-V3's router: sigmoid, selection bias, expert groups (deepseek2, glm4moe)
 _OPS.update({"cont": CONT, "concat": CONCAT, "mul_mat_heads": MUL_MAT_HEADS, "moe_route_sel": MOE_ROUTE_SEL})
+# Gated DeltaNet hybrids (qwen35, qwen35moe): unary ops, products, and the recurrent ops over the bound states
+SIGMOID, SOFTPLUS, MUL, MUL_ROW, SSM_CONV_RS, GDN_RS = range(44, 50)
+_OPS.update({"sigmoid": SIGMOID, "softplus": SOFTPLUS, "mul": MUL, "mul_row": MUL_ROW, "ssm_conv_rs": SSM_CONV_RS,
+             "gdn_rs": GDN_RS})
 # buffers
 ARENA, OUT_LOGITS, OUT_EMBD, IN_EMBD = range(4)
-# program columns: op, destination (buffer, offset, row stride), rows, cols, sources a, b, c, params
+# program columns: op, destination (buffer, offset, row stride), rows, cols, sources a, b, c, params, sources d, e
 OP, DB, DO, DL, NR, NC, AB, AO, AL, BB, BO, BL, CB, CO, CL, P0, P1, P2, P3, P4 = range(20)
-N_COLS = 20
+EB, EO, EL, FB, FO, FL = range(20, 26)  # the fourth and fifth sources (the delta rule's g and beta)
+N_COLS = 26
 _ALIGN = 16  # floats: regions start on 64-byte lines
 PAR_ROWS = 8  # elementwise nodes of at least this many rows run on the thread pool
 
@@ -159,6 +171,8 @@ class GraphPlan:
         logits = np.empty(self.logits_shape or (0, 0), np.float32)
         out_embd = np.empty(self.embd_shape, np.float32)
         view, view_swa = attn.view, attn.view_swa
+        rs = getattr(attn, "rs", None)  # a hybrid's recurrent view: its states and sequence sets
+        r_states, s_states, rs_slots, rs_starts, rs_rows = rs.bind() if rs is not None else _NO_STATES
         PROGRAMS[ops.kernel_path](
             self.prog, self.fprm, arena, logits.reshape(-1), out_embd.reshape(-1),
             np.ascontiguousarray(embd, np.float32).reshape(-1) if embd is not None else arena[:0],
@@ -170,16 +184,22 @@ class GraphPlan:
             view_swa.k_layers().view(np.uint16), view_swa.v_layers().view(np.uint16),
             np.ascontiguousarray(view_swa.idx, np.int64),
             np.ascontiguousarray(view_swa.real_cells(attn.vis_swa.cells), np.int64), attn.vis_swa.n_cells,
-            attn.vis_swa.mask_add,
+            attn.vis_swa.mask_add, r_states, s_states, rs_slots, rs_starts, rs_rows,
         )
+        if rs is not None:
+            rs.spread()  # a set's new states to every sequence of it
         return (logits if self.logits_shape is not None else None), out_embd
+
+
+_NO_STATES = (np.zeros((0, 0, 0), np.float32), np.zeros((0, 0, 0), np.float32), np.zeros(0, np.int64),
+              np.zeros(1, np.int64), np.zeros(0, np.int64))
 
 
 def _rope_tables(ropes, pos):
     """cos / sin of every RoPE parameter set of the graph: (n_tables, n, n_rot/2) float32 each."""
     if not ropes:
         return np.zeros((0, len(pos), 0), np.float32), np.zeros((0, len(pos), 0), np.float32)
-    tables = [ggml_vec.rope_cache(pos, rp) for rp in ropes]
+    tables = [rp.cache(pos) if isinstance(rp, ImropeTable) else ggml_vec.rope_cache(pos, rp) for rp in ropes]
     return np.stack([c for c, _ in tables]), np.stack([s for _, s in tables])
 
 
@@ -270,7 +290,8 @@ def _encode(row, frow, t: Tensor, place, vec_offsets, weight_index, kernel_order
     row[OP] = _OPS[t.op]
     row[DB], row[DO] = place[id(t)]
     row[DL], row[NR], row[NC] = t.cols, t.rows, t.cols
-    for s, (cb, co, cl) in zip(t.src, ((AB, AO, AL), (BB, BO, BL), (CB, CO, CL))[: len(t.src)], strict=True):
+    cols = ((AB, AO, AL), (BB, BO, BL), (CB, CO, CL), (EB, EO, EL), (FB, FO, FL))
+    for s, (cb, co, cl) in zip(t.src, cols[: len(t.src)], strict=True):
         if s.op == "input" and s.params[0] in ("token", "pos", "out_ids"):  # bound as their own arrays
             continue
         row[cb], off = place[id(s.storage)]
@@ -303,8 +324,13 @@ def _encode(row, frow, t: Tensor, place, vec_offsets, weight_index, kernel_order
         if t.src[0].col0 or row[AL] != t.cols:
             raise GraphUnsupported("silu of a strided view")
         row[P0] = t.shape[-1]
-    elif t.op == "add_row":
-        row[P0] = vec_offsets[p[0]]
+    elif t.op in ("add_row", "mul_row"):  # P1: the vector's length (a mul_row's repeats along the row)
+        row[P0], row[P1] = vec_offsets[p[0]], t.graph.vectors[p[0]].size
+    elif t.op == "ssm_conv_rs":  # P0 the layer, P1 the weight (n_ch, d_conv) in `vectors`, P2 d_conv
+        row[P0], row[P1], row[P2] = p[0], vec_offsets[p[1]], p[2]
+    elif t.op == "gdn_rs":  # P0 the layer, P1..P3 H_k, H_v, S; the scale 1 / sqrtf(S)
+        row[P0], row[P1], row[P2], row[P3] = p[0], t.src[0].shape[1], t.shape[1], t.shape[2]
+        frow[0] = np.float32(1.0) / np.sqrt(np.float32(t.shape[2]))
     elif t.op == "scale":
         frow[0] = p[0]
     elif t.op == "rope":
@@ -546,6 +572,61 @@ def _latent_values(k, d_v, cells, n_cells):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
+def _ssm_conv_rs_node(states, slots, starts, rows, x, xo, xl, w, y, yo, yl):  # pragma: no cover - compiled
+    """SSM_CONV_RS: each sequence set's rows of x after its conv state (n_ch, d_conv - 1), token-major, through
+    delta_rule's conv (the eager op's sums); the state becomes the last d_conv - 1 inputs, in place."""
+    n_ch, d_conv = w.shape
+    d_st = d_conv - 1
+    for k in range(slots.shape[0]):
+        n_t = starts[k + 1] - starts[k]
+        st = states[slots[k]].reshape((n_ch, d_st))
+        xt = np.empty((d_st + n_t, n_ch), np.float32)
+        for i in range(d_st):
+            for c in range(n_ch):
+                xt[i, c] = st[c, i]
+        for t in range(n_t):
+            src = xo + rows[starts[k] + t] * xl
+            xt[d_st + t] = x[src : src + n_ch]
+        out = np.empty((n_t, n_ch), np.float32)
+        ssm_conv_tokens(xt, w, out)
+        for i in range(d_st):
+            for c in range(n_ch):
+                st[c, i] = xt[n_t + i, c]
+        for t in range(n_t):
+            dst = yo + rows[starts[k] + t] * yl
+            y[dst : dst + n_ch] = out[t]
+
+
+@njit(cache=True)
+def _gather_heads(x, xo, xl, rows, r0, n_t, n_head, d):  # pragma: no cover - compiled
+    """Rows rows[r0:r0 + n_t] of a (n, n_head * d) buffer region, contiguous. -> (n_t, n_head, d)"""
+    out = np.empty((n_t, n_head, d), np.float32)
+    for t in range(n_t):
+        src = xo + rows[r0 + t] * xl
+        out[t] = x[src : src + n_head * d].reshape((n_head, d))
+    return out
+
+
+@njit(cache=True)
+def _gdn_rs_node(states, slots, starts, rows, q, qo, ql, k, ko, kl, v, vo, vl, g, go, gl, beta, bo, bl, h_k, h_v,
+                 s_v, scale, y, yo, yl):  # pragma: no cover - compiled
+    """GDN_RS: each sequence set's rows through the gated delta rule (kernels.delta_rule, the eager op's kernel)
+    on its state (H_v, S, S), updated in place."""
+    for j in range(slots.shape[0]):
+        r0, n_t = starts[j], starts[j + 1] - starts[j]
+        qs = _gather_heads(q, qo, ql, rows, r0, n_t, h_k, s_v)
+        ks = _gather_heads(k, ko, kl, rows, r0, n_t, h_k, s_v)
+        vs = _gather_heads(v, vo, vl, rows, r0, n_t, h_v, s_v)
+        gs = _gather_heads(g, go, gl, rows, r0, n_t, h_v, 1).reshape((n_t, h_v))
+        bs = _gather_heads(beta, bo, bl, rows, r0, n_t, h_v, 1).reshape((n_t, h_v))
+        out = np.empty((n_t, h_v, s_v), np.float32)
+        gated_delta_net_heads(qs, ks, vs, gs, bs, states[slots[j]].reshape((h_v, s_v, s_v)), scale, out)
+        for t in range(n_t):
+            dst = yo + rows[r0 + t] * yl
+            y[dst : dst + h_v * s_v] = out[t].reshape(-1)
+
+
+@njit(cache=True)
 def _store_kv(cache, il, cells, x, xo, xl, n, cols):
     """ggml_set_rows: the ubatch's rows rounded to f16 into its cells of layer il (cache: uint16 bits)."""
     for t in range(n):
@@ -557,11 +638,14 @@ def _store_kv(cache, il, cells, x, xo, xl, n, cols):
 def _run(path, prog, fprm, arena, out_logits, out_embd, in_embd, tokens, pos, out_ids, vectors, gelu,
                 cos, sin, w_meta, w_kind, n_threads, flash, layer_rows,
                 k_cache, v_cache, kv_cells, cells, n_cells, mask_add,
-                swa_k_cache, swa_v_cache, swa_kv_cells, swa_cells, swa_n_cells, swa_mask_add):  # pragma: no cover
+                swa_k_cache, swa_v_cache, swa_kv_cells, swa_cells, swa_n_cells, swa_mask_add,
+                r_states, s_states, rs_slots, rs_starts, rs_rows):  # pragma: no cover
     """Execute `prog` (module docstring) in order, with the matmul kernel of `path`. The attention of a layer
     stores into and reads its cache (the SWA one for sliding-window layers: the same arrays when one cache holds
     every layer) at row layer_rows[il]; `flash`: ggml's flash attention (kernels.flash) instead of
-    kq / softmax / kqv."""
+    kq / softmax / kqv. A recurrent layer il reads and updates its conv / delta-rule states in place, in row
+    layer_rows[il] of r_states / s_states (n_layer_rs, n_seq, n_embd_r / n_embd_s): sequence set k's rows are
+    rs_rows[rs_starts[k]:rs_starts[k + 1]], its state that of sequence rs_slots[k]."""
     bufs = (arena, out_logits, out_embd, in_embd)
     no_table = gelu[:0]
     for s in range(prog.shape[0]):
@@ -651,6 +735,33 @@ def _run(path, prog, fprm, arena, out_logits, out_embd, in_embd, tokens, pos, ou
         elif op == SILU:  # ggml_vec_silu_f32 per row of the last dimension, P0 long (llamactx.ggml.ssm.silu)
             m = n * cols // prog[s, P0]
             silu_rows(a[ao : ao + n * cols].reshape((m, prog[s, P0])), y[yo : yo + n * cols].reshape((m, prog[s, P0])))
+        elif op == SIGMOID or op == SOFTPLUS:  # ggml_sigmoid / ggml_softplus element by element (libm expf)
+            for r in range(n):
+                if op == SIGMOID:
+                    sigmoid_vec(a[ao + r * al : ao + r * al + cols], y[yo + r * yl : yo + r * yl + cols])
+                else:
+                    softplus_vec(a[ao + r * al : ao + r * al + cols], y[yo + r * yl : yo + r * yl + cols])
+        elif op == MUL:
+            for r in range(n):
+                for j in range(cols):
+                    y[yo + r * yl + j] = a[ao + r * al + j] * b[bo + r * bl + j]
+        elif op == MUL_ROW:  # by a vector along the last dimension, P1 = its length
+            vo, vn = prog[s, P0], prog[s, P1]
+            for r in range(n):
+                for j in range(cols):
+                    y[yo + r * yl + j] = a[ao + r * al + j] * vectors[vo + j % vn]
+        elif op == SSM_CONV_RS:
+            d_conv = prog[s, P2]
+            w = vectors[prog[s, P1] : prog[s, P1] + cols * d_conv].reshape((cols, d_conv))
+            _ssm_conv_rs_node(r_states[layer_rows[prog[s, P0]]], rs_slots, rs_starts, rs_rows, a, ao, al, w,
+                              y, yo, yl)
+        elif op == GDN_RS:
+            c, co, cl = bufs[prog[s, CB]], prog[s, CO], prog[s, CL]
+            e, eo, el = bufs[prog[s, EB]], prog[s, EO], prog[s, EL]
+            f, fo, fl = bufs[prog[s, FB]], prog[s, FO], prog[s, FL]
+            _gdn_rs_node(s_states[layer_rows[prog[s, P0]]], rs_slots, rs_starts, rs_rows, a, ao, al, b, bo, bl,
+                         c, co, cl, e, eo, el, f, fo, fl, prog[s, P1], prog[s, P2], prog[s, P3], fprm[s, 0],
+                         y, yo, yl)
         elif op == SELECT:
             for r in range(n):
                 for j in range(cols):
