@@ -15,6 +15,7 @@ arithmetic), compute.py a recorded forward graph (llamactx.ggml.graph) in one co
     matmul.py       matmul: y = x @ W^T for a packed weight, dispatching to the type's kernel and path
     repack.py       PackedWeight: weights repacked once into the kernels' layouts (pack_weight, pack_weights)
     legacy.py       the 32-element block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), as x86 vec_dot computes them
+    experts.py      a decoded token's experts (Q4_0 / Q5_0 / Q8_0, one row each) as one prefetched weight stream
     wide.py         the same types four rows to a 512-bit register (repack.cpp's interleaved rows)
     legacy_x2.py    the same types two rows to a 256-bit register, four activation rows at a time (AVX2)
     kgemv.py        Q4_K decode near the memory roof (exact super-block integers, two per step)

@@ -23,6 +23,7 @@ from numba import njit, prange
 from llamactx.ggml.cpu import PATH_PORTABLE, PATH_VNNI, active_path, cpu_features, set_threads
 from llamactx.ggml.intrinsics import round_f16
 from llamactx.ggml.kernels.bf16 import gemm as gemm_bf16
+from llamactx.ggml.kernels.experts import stream_experts
 from llamactx.ggml.kernels.klowbit import is_iq, lowbit_rows, post_of
 from llamactx.ggml.kernels.kquants import DEC_Q4K, DEC_Q5K, k45_rows, q4k_x8_rows, q6k_rows, q6k_tiled_rows
 from llamactx.ggml.kernels.ktile import TILE_MIN_ROWS, q4k_tile_rows, q6k_tile_rows
@@ -252,9 +253,11 @@ def _experts_share(path, kind, per_row, a, starts, unit, task, n_tasks, qs, qh, 
     repacked Q4_K expert) the repacked gemv, one row at a time."""
     u0, u1 = _share(task, n_tasks, unit)
     repacked = kind == Q4_0 and out.shape[1] % 8 == 0  # vecdot.is_repacked_q4_0 of one expert (n_ff rows)
+    # a decoded token's experts (one row each) as one prefetched stream (experts.py), the others below
+    streamed = stream_experts(path, kind, per_row or repacked, (qs, qh, sc), a, starts, unit, u0, u1, out)
     for e in range(starts.shape[0] - 1):
         r0, r1 = starts[e], starts[e + 1]
-        if r0 == r1:
+        if r0 == r1 or (streamed and r1 - r0 == 1):
             continue
         w0, w1 = e * unit, (e + 1) * unit
         W = (qs[w0:w1], qh[w0:w1], sc[w0:w1], mn[w0:w1], d[w0:w1], m[w0:w1])

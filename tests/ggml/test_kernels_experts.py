@@ -1,0 +1,41 @@
+"""A decoded token's experts as one prefetched stream (llamactx.ggml.kernels.experts): matmul_id of Q4_0 / Q5_0 /
+Q8_0 experts, single-row experts streamed beside multi-row ones, bit for bit against ReferenceOps.matmul_rows
+(every row alone, as ggml_mul_mat_id computes it), on one and two threads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from llamactx.backend.reference import ReferenceOps
+from llamactx.ggml import kernels
+from llamactx.model import Weight
+from tests.ggml.test_kernels import random_weight
+from tests.ggml.test_kernels_hub import assert_bits
+
+OPS = ReferenceOps()
+
+
+@pytest.mark.parametrize("t", [T.Q8_0, T.Q5_0, T.Q4_0], ids=lambda t: T(t).name)
+@pytest.mark.parametrize("n_ff", [20, 36])  # whole groups of four rows; Q4_0 experts of these are not repacked
+@pytest.mark.parametrize("threads", [1, 2])
+def test_streamed_experts_match_rows_alone(t, n_ff, threads):
+    """Experts of 1, 0, 2, 1, 1, 5, 0 and 1 routed rows: the single-row ones (first, between and after multi-row
+    experts, and last) streamed, each output equal to the reference's row alone."""
+    from llamactx.ggml.kernels.matmul import expert_order, matmul_id
+
+    rng = np.random.default_rng(47 + int(t) + n_ff)
+    k, counts = 256, [1, 0, 2, 1, 1, 5, 0, 1]
+    n_expert = len(counts)
+    assert expert_order(t, n_ff) == 0
+    stacked = random_weight(t, k, n_expert * n_ff, rng)  # (k, n_expert * n_ff): the experts' rows stacked
+    starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)  # (n_expert + 1,)
+    x = (rng.standard_normal((int(starts[-1]), k)) * 2).astype(np.float32)  # (M, k) grouped by expert
+    got = matmul_id(x, kernels.pack_weight(stacked), starts, n_ff, threads)  # (M, n_ff)
+    for e in range(n_expert):
+        expert = Weight(f"expert{e}", int(t), (k, n_ff), stacked.data[e * n_ff : (e + 1) * n_ff])
+        r0, r1 = starts[e], starts[e + 1]
+        if r1 > r0:
+            assert_bits(got[r0:r1], OPS.matmul_rows(x[r0:r1], expert), (e, r1 - r0))
+
