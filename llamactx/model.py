@@ -19,9 +19,11 @@ from gguf import GGMLQuantizationType, LlamaFileType
 
 from llamactx.ggml.quants_cpu import vec_dot_type
 from llamactx.gguf.quants import block_format, is_supported
-from llamactx.gguf.quants_lowbit import LOWBIT_TYPES, ScaleError, check_scales
+from llamactx.gguf.quants_lowbit import LOWBIT_TYPES
 from llamactx.gguf.reader import GGUFFile, TensorInfo
+from llamactx.gguf.row_data import check_row_data
 from llamactx.gguf.split import GGUFSplit, open_model_file
+from llamactx.gguf.values import GGUFError
 from llamactx.hparams import HParams, ModelLoadError
 from llamactx.memory.base import Memory
 from llamactx.models import (
@@ -324,8 +326,7 @@ def _check_lowbit_scales(gguf: GGUFFile | GGUFSplit) -> None:
     256 weights."""
     for name, info in gguf.tensors.items():
         if info.ggml_type in LOWBIT_TYPES and info.nbytes:
-            blocks = gguf.tensor_data(name).reshape(-1, block_format(info.ggml_type).type_size)
             try:
-                check_scales(info.ggml_type, blocks, name)
-            except ScaleError as e:
+                check_row_data(info.ggml_type, gguf.tensor_data(name), name)
+            except GGUFError as e:
                 raise ModelLoadError(str(e)) from None

@@ -12,7 +12,7 @@ Each product is exact in float32 (an f16 times at most 11 more bits), so the res
 order. The same integers are what ggml-cpu's integer dot products multiply (llamactx.ggml.vecdot_lowbit).
 
 Every bit pattern of these formats is a valid grid index (the grids have 2^bits entries), so no block can point
-outside its codebook; a non-finite d is what makes a block unusable (`check_scales`).
+outside its codebook; a non-finite d is what makes a block unusable (llamactx.gguf.row_data).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from typing import NamedTuple
 import numpy as np
 from gguf.constants import GGMLQuantizationType as T
 
-from llamactx.errors import LlamactxError
 from llamactx.gguf.iq_grids import (
     IQ1S_GRID,
     IQ2S_GRID,
@@ -41,10 +40,6 @@ POST = {T.IQ2_XXS: 0.125, T.IQ2_XS: 0.125, T.IQ2_S: 0.125, T.IQ3_XXS: 0.25, T.IQ
         T.IQ1_M: 0.125, T.TQ1_0: 1.0, T.TQ2_0: 1.0}
 _BITS8 = np.uint8(1) << np.arange(8, dtype=np.uint8)  # kmask_iq2xs
 _POW3 = np.array([1, 3, 9, 27, 81], np.uint8)
-
-
-class ScaleError(LlamactxError, ValueError):
-    """A low-bit tensor holds a block whose f16 scale is NaN or infinite."""
 
 
 class LowbitParts(NamedTuple):
@@ -197,16 +192,6 @@ def scale_of(ggml_type: int, blocks: np.ndarray) -> np.ndarray:
     if t == T.IQ1_M:
         return iq1_m_scale(blocks)
     return _f16(blocks, {T.TQ1_0: 52, T.TQ2_0: 64}.get(t, 0))
-
-
-def check_scales(ggml_type: int, blocks: np.ndarray, name: str) -> None:
-    """Raise ScaleError naming the tensor, the block and the value when a super-block's d is NaN or infinite
-    (every weight of such a block would be NaN or infinite: ggml_validate_row_data refuses it)."""
-    d = scale_of(ggml_type, blocks)
-    bad = np.flatnonzero(~np.isfinite(d))
-    if bad.size:
-        raise ScaleError(f"tensor {name!r}: {T(ggml_type).name} block {int(bad[0])} has scale d = {d[bad[0]]} "
-                         f"(must be finite; {bad.size} such blocks)")
 
 
 def dequantize_lowbit(ggml_type: int):
