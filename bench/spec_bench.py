@@ -4,7 +4,10 @@ Two tasks, each run alternately without and with speculation (so a machine whose
 (a) input-grounded: the model repeats ~500 tokens of code with a variable renamed, greedy (drafts from the prompt
     should be accepted for long stretches); (b) free generation at temperature 1 (few drafts: the cost of looking);
 (c) the same code repeated verbatim, greedy: a copy the model follows even where arithmetic makes it leave (a)'s
-    text early (SmolLM2 compiled for AVX2 wanders from (a) after ~140 characters).
+    text early (SmolLM2 compiled for AVX2 wanders from (a) after ~140 characters). SmolLM2 (135M) follows
+    neither for long: after a few dozen tokens of the code it writes text of its own, then loops on it, and the
+    drafts that pay come from that loop (--trace shows, per step, whether ngram-simple found a draft and how
+    much of it the draft budget verified).
 tg t/s is the request's generation rate (llama-server's timings: generated tokens after the first over the time
 since the first), the prompt is not counted; "per CPU second" is the same tokens over the process's CPU time (with
 -t 1 on a machine that other processes load, the ratio that does not depend on how much of a core they leave).
@@ -13,7 +16,7 @@ The issue's targets: >= 2x on (a), <= 5% loss on (b).
 Usage: python bench/spec_bench.py [-m smollm2] [-t 2] [-n 256] [--runs 3] [--task a,b,c]
            [--spec-type ngram-simple] [--spec-ngram-simple-size-n N] [--spec-ngram-simple-size-m N] ... (every
            llama-server --spec-* flag of cli/args.py; default --spec-type ngram-simple)
-           [--draft-model FNAME] (= --spec-type draft-simple -md FNAME: speculation with a draft model; a test
+           [--trace] [--draft-model FNAME] (= --spec-type draft-simple -md FNAME: speculation with a draft model; a test
            draft made of the model's own first layers: tests/models/draft.py `write_draft`)
 The draft budget measures what a decode row costs on this machine from the decodes it runs (speculative.py
 DecodeCost); run 0 of each task, not counted, is where it first learns it. With a draft model, each run starts
@@ -23,6 +26,7 @@ happens at the first draft (after the first token), is counted in tg.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from pathlib import Path
@@ -31,6 +35,7 @@ from llamactx import Model
 from llamactx.cli.args import ArgumentParser, add_speculative, spec_params
 from llamactx.embedded import resolve_model_path
 from llamactx.engine import Engine, Limits, RequestOptions
+from llamactx.engine.ngram import NgramSimple
 from llamactx.engine.speculative import Speculator
 from llamactx.sampling import SamplerChain, SamplingParams
 
@@ -45,6 +50,35 @@ def task_prompt(model: Model, task: str) -> str:
         return ("<|im_start|>user\nRepeat this code exactly, without any change.\n```python\n"
                 f"{CODE}```<|im_end|>\n<|im_start|>assistant\n```python\n")
     return "<|im_start|>user\nWrite a long story about a lighthouse keeper.<|im_end|>\n<|im_start|>assistant\n"
+
+
+class DraftTrace:
+    """Per step of a lone stream (--trace): the tokens it produced, whether ngram-simple's lookup found a draft and
+    how many draft tokens were verified; `summary` says where the tokens decoded one row at a time came from."""
+
+    def __init__(self, engine: Engine):
+        self.engine, self.steps = engine, []
+        self._drafter = engine.scheduler.drafter
+        engine.scheduler.drafter = self._draft
+
+    def _draft(self, seq, n_max, n_gen, used):
+        spec = self.engine.speculator
+        found = spec.drafters[0].draft(seq.seq_id, seq.tokens[:-1], seq.tokens[-1]) \
+            if isinstance(spec.drafters[0], NgramSimple) else None  # a pure lookup: asking twice changes nothing
+        out = self._drafter(seq, n_max, n_gen, used)
+        self.steps.append((seq.n_output, None if found is None else len(found), len(out),
+                           spec.budget.rate(seq.seq_id)))
+        return out
+
+    def summary(self, n_tokens: int) -> str:
+        ends = [s[0] for s in self.steps[1:]] + [n_tokens]
+        alone = [(s, end - s[0]) for s, end in zip(self.steps, ends, strict=True) if s[2] == 0]
+        miss = sum(n for s, n in alone if s[1] == 0)
+        refused = sum(n for s, n in alone if s[1])
+        spans = " ".join(f"{s[0]}:{s[1]}/{s[2]}@{s[3]:.2f}" for s in self.steps
+                         if s[2] or s[1])  # output index: found/verified@rate
+        return (f"    {len(alone)} one-row steps: {miss} tokens with no n-gram match, {refused} with a draft the "
+                f"budget did not verify\n    steps with a draft (token:found/verified@rate): {spans}")
 
 
 def run_once(engine: Engine, prompt: list[int], temp: float, seed: int, n: int) -> dict:
@@ -80,6 +114,7 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--task", default="a,b")
     p.add_argument("--draft-model", default=None, help="= --spec-type draft-simple -md FNAME")
+    p.add_argument("--trace", action="store_true", help="per step of the last run: n-gram match, draft verified")
     add_speculative(p)
     args = p.parse_args()
     if args.draft_model is not None:
@@ -102,6 +137,7 @@ def main() -> None:
         temp = 1.0 if task == "b" else 0.0
         res: dict[bool, list[dict]] = {False: [], True: []}
         for r in range(args.runs + 1):  # run 0 plans the graphs of this task's shapes: not counted
+            trace = DraftTrace(engines[True]) if args.trace and r == args.runs else None
             for on in (False, True):
                 out = run_once(engines[on], prompt, temp, seed=1234 + r, n=args.n_predict)
                 if r:
@@ -109,6 +145,9 @@ def main() -> None:
                     print(f"  task {task} run {r} spec {'on ' if on else 'off'}: {out['tps']:7.2f} t/s "
                           f"({out['cpu_tps']:7.2f} per CPU second), "
                           f"{out['decodes']} decodes, drafted {out['drafted']}, accepted {out['accepted']}")
+        if trace is not None:
+            engines[True].scheduler.drafter = trace._drafter
+            print(trace.summary(res[True][-1]["n"]))
         same = all(a["tokens"] == b["tokens"] for a, b in zip(res[False], res[True], strict=True))
         off, on = (statistics.median(x["tps"] for x in res[k]) for k in (False, True))
         cpu_off, cpu_on = (statistics.median(x["cpu_tps"] for x in res[k]) for k in (False, True))
@@ -116,7 +155,8 @@ def main() -> None:
         print(f"task {task} ({len(prompt)}-token prompt, temp {temp}): off {off:.2f} t/s, on {on:.2f} t/s, "
               f"ratio {on / off:.2f}x (per CPU second {cpu_on / cpu_off:.2f}x), same tokens: {same} "
               f"(on: {last['decodes']} decodes for {last['n']} tokens, "
-              f"{last['accepted']} of {last['drafted']} draft tokens accepted)")
+              f"{last['accepted']} of {last['drafted']} draft tokens accepted; load average "
+              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())})")
         if engines[True].speculator is not None:
             print(f"  decode cost measured: {engines[True].speculator.budget.cost.summary()}")
 

@@ -9,6 +9,7 @@ nano-vllm's engine/).
     scheduler.py     Scheduler: waiting / running queues, admission, chunked prefill, preemption (decides only)
     engine.py        Engine.step(): schedule -> one Batch -> decode -> sample -> post-process (and verify drafts)
     speculative.py   SpecParams, Speculator: speculative decoding's drafters and parameters (common/speculative.cpp)
+    draft_budget.py  DecodeCost, DraftBudget: what a decode row costs here, how much of a draft is worth verifying
     ngram.py         the n-gram drafters: ngram-simple, ngram-map-k, ngram-mod (common/ngram-map.cpp, ngram-mod.cpp)
     draft_model.py   the draft-model drafter (draft-simple): a small model drafting in a context of its own
     checkpoints.py   context checkpoints: snapshots of a slot's non-rollbackable memory (--ctx-checkpoints)
