@@ -14,7 +14,8 @@ kqv = mul_mat(v^T, kq). With an f16 cache both mul_mats convert their f32 operan
 So in llama.cpp a token's attention depends on whether it is alone in its ubatch. `attention_f16(...,
 vec_dot_for_one=True)` follows that; by default one token is computed in the tinyBLAS order too.
 
-This is the reference (ReferenceOps); ggml/kernels/attention.py is the same arithmetic compiled (FastOps).
+This is the reference (ReferenceOps); ggml/kernels/attention.py is the same arithmetic compiled (FastOps), and
+ggml/kernels/attention8.py for an 8-lane (AVX2) target.
 
 The softmax (`ggml_compute_forward_soft_max_f32`, `ggml_vec_soft_max_f32`) scales, adds the mask, takes the max,
 exponentiates with `ggml_v_expf` F32_EPR lanes at a time summing each group (`hsum_vec`) into a double,
