@@ -39,3 +39,16 @@ def test_streamed_experts_match_rows_alone(t, n_ff, threads):
         if r1 > r0:
             assert_bits(got[r0:r1], OPS.matmul_rows(x[r0:r1], expert), (e, r1 - r0))
 
+
+
+@pytest.mark.parametrize("t", [T.Q8_0, T.Q5_0, T.Q4_0], ids=lambda t: T(t).name)
+def test_experts_of_partial_row_groups_are_left_to_the_reference(t):
+    """Experts of n_ff % 4 != 0 rows would share a packed group of four rows with their neighbour: matmul_id
+    refuses them (the caller computes them row by row) instead of slicing across two experts."""
+    from llamactx.ggml.kernels.matmul import expert_order, matmul_id
+
+    rng = np.random.default_rng(22)
+    stacked = random_weight(t, 256, 3 * 22, rng)
+    assert expert_order(t, 22) == -1
+    with pytest.raises(ValueError, match="experts of 22 rows are not on the kernels"):
+        matmul_id(np.ones((3, 256), np.float32), kernels.pack_weight(stacked), np.arange(4), 22, 1)

@@ -294,11 +294,14 @@ def expert_order(ggml_type: int, n_ff: int) -> int:
     gemv's order; Q5_0, Q8_0, Q4_K unless repacked, Q3_K, Q5_K, Q6_K, IQ4_XS in ggml_vec_dot's; IQ4_NL / MXFP4
     with n_ff % 8 == 0 in the repacked gemv's), 1 one row at a time (a Q4_K expert of ne1 % 8 == 0, repacked: its
     gemv), -1 not on the kernels (the reference computes it: Q4_1 / Q5_1 whose activation sums are block-major,
-    the other types)."""
+    the other types, and Q4_0 / Q5_0 / Q8_0 experts of n_ff % 4 != 0, whose packed row groups would straddle
+    two experts)."""
     t = int(ggml_type)
     if t == Q4_K:
         return 1 if n_ff % 8 == 0 else 0
-    if t in (Q4_0, Q5_0, Q8_0, Q3_K, Q5_K, Q6_K, IQ4_XS):
+    if t in (Q4_0, Q5_0, Q8_0):  # packed four rows to a group: an expert must own whole groups
+        return 0 if n_ff % 4 == 0 else -1
+    if t in (Q3_K, Q5_K, Q6_K, IQ4_XS):
         return 0
     if t in _IQ_TYPES:  # vec_dot below 8 rows of an expert, tiled from 8: by each expert's own row count
         return 0
