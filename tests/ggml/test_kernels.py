@@ -404,6 +404,22 @@ def test_get_rows_bit_identical_to_dequantize(t):
     assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist()
 
 
+@pytest.mark.parametrize("t", [T.Q4_0, T.Q4_1], ids=lambda t: T(t).name)
+def test_packed_q4_rows_bit_identical_to_dequantize(t):
+    """The compiled graph looks a Q4_0 / Q4_1 file's embeddings up in the packed copy (rows in groups of four,
+    a last partial group zero-filled): the same bits as dequantizing the stored rows."""
+    from llamactx.ggml.kernels.get_rows import rows_q4_x4
+
+    rng = np.random.default_rng(10)
+    w = random_weight(t, 64, 11, rng)  # 11 rows: the last group of four partial
+    pw = kernels.pack_weight(w)
+    ids = np.array([0, 10, 3, 3, 7, 8])
+    got = np.empty((len(ids), 64), np.float32)
+    rows_q4_x4(pw.qs, pw.sc, t == T.Q4_1, ids, got)
+    want = Q.dequantize(w.data.view(np.uint8).reshape(-1), t, w.shape)[ids]
+    assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist()
+
+
 def test_get_rows_real_embeddings_and_bad_ids(real_weights):
     for key in ("smollm.token_embd.weight", "gemma.token_embd.weight"):
         w = real_weights[key]

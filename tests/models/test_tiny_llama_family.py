@@ -170,3 +170,18 @@ def test_mistral3_temperature_without_original_context_is_refused(tmp_path):
                         {"mistral3.rope.scaling.original_context_length": 0})
     with pytest.raises(HParamsError, match=r"mistral3\.rope\.scaling\.original_context_length' = 0.*temperature"):
         Model.load(path)
+
+
+@pytest.mark.parametrize("name", ["llama-q4_0", "qwen3moe-q4_0"])
+def test_q4_0_files_run_as_one_compiled_program(name):
+    """A Q4_0 file's Q4_0 embeddings are looked up inside the compiled program (they made planning fail, so the
+    whole model ran op by op): its prompt logits are still llama.cpp's."""
+    from llamactx.ggml.kernels import compute
+
+    _, model, ref, arrays = load_tiny(name)
+    assert model.tensor_type("token_embd.weight") == 2  # Q4_0
+    ctx = new_ctx(model)
+    np.testing.assert_array_equal(decode_all(ctx, ref["prompts"][0]["tokens"]), arrays["prompt_0"])
+    names = {code: op for op, code in compute._OPS.items()}
+    plans = [entry[0] for entry in ctx.ops._plans.values() if entry is not None]
+    assert plans and "get_rows" in {names[int(c)] for plan in plans for c in plan.prog[:, compute.OP]}

@@ -32,13 +32,15 @@ from llamactx.ggml.kernels.bf16 import gemm as gemm_bf16
 from llamactx.ggml.kernels.delta_rule import _gated_delta_net as gated_delta_net_heads
 from llamactx.ggml.kernels.delta_rule import _ssm_conv_tokens as ssm_conv_tokens
 from llamactx.ggml.kernels.flash import flash_attend
-from llamactx.ggml.kernels.get_rows import rows_bf16, rows_nl, rows_q8_0_x4
+from llamactx.ggml.kernels.get_rows import rows_bf16, rows_nl, rows_q4_x4, rows_q8_0_x4
 from llamactx.ggml.kernels.kblocks import rows_q4_k, rows_q6_k
 from llamactx.ggml.kernels.matmul import (
     BF16,
     F32,
     IQ4_NL,
     MXFP4,
+    Q4_0,
+    Q4_1,
     Q4_K,
     Q6_K,
     Q8_0,
@@ -299,7 +301,7 @@ def _encode(row, frow, t: Tensor, place, vec_offsets, weight_index, kernel_order
     p = t.params
     if t.op == "get_rows":
         w = p[0]
-        if w.ggml_type not in (Q8_0, BF16, IQ4_NL, MXFP4, Q4_K, Q6_K):
+        if w.ggml_type not in (Q8_0, Q4_0, Q4_1, BF16, IQ4_NL, MXFP4, Q4_K, Q6_K):
             raise GraphUnsupported(f"get_rows of a {w.type_name} table")
         row[P0] = weight_index((w,))
     elif t.op == "rms_norm":
@@ -793,6 +795,8 @@ def _run(path, prog, fprm, arena, out_logits, out_embd, in_embd, tokens, pos, ou
                 rows_q6_k(qs, tokens, y[yo : yo + n * cols].reshape((n, cols)))
             elif w_kind[i] == Q4_K:
                 rows_q4_k(qs, tokens, y[yo : yo + n * cols].reshape((n, cols)))
+            elif w_kind[i] == Q4_0 or w_kind[i] == Q4_1:  # a Q4_0 file's embeddings (repack.py's groups of four)
+                rows_q4_x4(qs, sc, w_kind[i] == Q4_1, tokens, y[yo : yo + n * cols].reshape((n, cols)))
             elif w_kind[i] == IQ4_NL or w_kind[i] == MXFP4:
                 rows_nl(qs, dw, KVALUES_IQ4NL if w_kind[i] == IQ4_NL else KVALUES_MXFP4, tokens,
                         y[yo : yo + n * cols].reshape((n, cols)))

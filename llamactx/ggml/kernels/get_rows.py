@@ -123,6 +123,27 @@ def rows_q8_0_x4(qs, sc, ids, out) -> None:
 
 
 @njit(cache=True)
+def rows_q4_x4(qs, sc, with_m, ids, out) -> None:
+    """out[i] = row ids[i] of a packed Q4_0 / Q4_1 matrix (repack.py: rows in groups of four, per block the four
+    rows' 16 bytes of nibbles, then their f16 d (Q4_1: then their f16 m)): (q - 8) * d, Q4_1's q * d + m (the
+    product exact, one rounding), as dequantize_row_q4_0 / _q4_1."""
+    step = 16 if with_m else 8
+    for i in range(ids.shape[0]):
+        g, j = ids[i] // 4, ids[i] % 4
+        for b in range(out.shape[1] // 32):
+            d = _f16_at(sc[g], b * step + 2 * j)
+            m = _f16_at(sc[g], b * step + 8 + 2 * j) if with_m else np.float32(0.0)
+            for e in range(16):
+                q = qs[g, b * 64 + j * 16 + e]
+                if with_m:
+                    out[i, b * 32 + e] = np.float32(q & 15) * d + m
+                    out[i, b * 32 + 16 + e] = np.float32(q >> 4) * d + m
+                else:
+                    out[i, b * 32 + e] = np.float32(np.int32(q & 15) - 8) * d
+                    out[i, b * 32 + 16 + e] = np.float32(np.int32(q >> 4) - 8) * d
+
+
+@njit(cache=True)
 def rows_bf16(qs, ids, out) -> None:
     """out[i] = row ids[i] of a BF16 matrix's stored bytes qs (rows, 2 k), widened exactly to float32."""
     w = qs.view(np.uint16)  # (rows, k)
