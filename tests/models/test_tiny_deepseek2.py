@@ -9,13 +9,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from llamactx import Batch, Context, ContextParams, Model
+from llamactx import Context, ContextParams, Model
 from llamactx.backend.reference import ReferenceOps
 from llamactx.cparams import ContextParamsError
 from llamactx.hparams import HParamsError, ModelLoadError
 from llamactx.models import kv_bytes_per_token
 from tests.conftest import VARIANT
-from tests.models.tiny import TINY_REF, decode_all, load_tiny, new_ctx
+from tests.models.tiny import TINY_REF, compiled_ops, decode_all, interleaved_logits, load_tiny, new_ctx
 
 NAMES = ["deepseek2", "deepseek2-lite"]
 
@@ -56,15 +56,8 @@ def test_two_sequences_in_one_batch_equal_each_alone(tiny):
     _, model, ref, arrays = tiny
     a, b = ref["prompts"][0]["tokens"], ref["prompts"][1]["tokens"]
     ctx = new_ctx(model, n_seq_max=2)
-    batch = Batch(len(a) + len(b))
-    order = sorted([(i, 0, t) for i, t in enumerate(a)] + [(i, 1, t) for i, t in enumerate(b)])
-    for i, seq, t in order:
-        batch.add(t, i, [seq], logits=True)
-    assert ctx.decode(batch) == 0
-    both = ctx.get_logits()
-    for s in (0, 1):
-        rows = [k for k, (_, seq, _) in enumerate(order) if seq == s]
-        np.testing.assert_array_equal(both[rows], arrays[f"prompt_{s}"])
+    for s, rows in enumerate(interleaved_logits(ctx, a, b)):
+        np.testing.assert_array_equal(rows, arrays[f"prompt_{s}"])
 
 
 def test_state_round_trip(tiny):
@@ -162,15 +155,6 @@ def test_yarn_log_multiplier_bit_identical():
         np.testing.assert_array_equal(got, arrays[f"prompt_{i}"], err_msg=f"{i}")
 
 
-def _compiled_ops(ctx) -> set[str]:
-    """The node kinds of the compiled programs FastOps planned for the context's ubatches (empty: op by op)."""
-    from llamactx.ggml.kernels import compute
-
-    names = {code: name for name, code in compute._OPS.items()}
-    plans = [entry[0] for entry in ctx.ops._plans.values() if entry is not None]
-    return {names[int(code)] for plan in plans for code in plan.prog[:, compute.OP]}
-
-
 @pytest.mark.parametrize("flash_attn", ["disabled", "enabled"])
 def test_forward_runs_as_one_compiled_program(tiny, flash_attn):
     """FastOps records MLA (per-head matmuls, head slices, concatenations, V read from the K-only cache's latent)
@@ -182,6 +166,6 @@ def test_forward_runs_as_one_compiled_program(tiny, flash_attn):
     eager = new_ctx(model, ops=ReferenceOps(), flash_attn=flash_attn, n_ubatch=8)
     for lo, hi in ((0, len(toks) - 3), (len(toks) - 3, len(toks) - 2), (len(toks) - 2, len(toks) - 1)):
         np.testing.assert_array_equal(decode_all(ctx, toks[lo:hi], pos0=lo), decode_all(eager, toks[lo:hi], pos0=lo))
-    kinds = _compiled_ops(ctx)
+    kinds = compiled_ops(ctx)
     assert {"mul_mat_heads", "cont", "concat", "attn"} <= kinds
     assert ("moe_route_sel" if name == "deepseek2" else "moe_route") in kinds

@@ -12,12 +12,20 @@ import json
 import numpy as np
 import pytest
 
-from llamactx import Batch, Model
+from llamactx import Model
 from llamactx.backend.reference import ReferenceOps
 from llamactx.hparams import HParamsError, ModelLoadError
 from llamactx.memory.base import MemoryOpError
 from tests.conftest import VARIANT
-from tests.models.tiny import TINY, TINY_REF, assert_flash_single_row, decode_all, load_tiny, new_ctx
+from tests.models.tiny import (
+    TINY,
+    TINY_REF,
+    assert_flash_single_row,
+    decode_all,
+    interleaved_logits,
+    load_tiny,
+    new_ctx,
+)
 
 
 @pytest.fixture(scope="module", params=["gemma4", "gemma4-e", "gemma4-moe"])
@@ -76,15 +84,8 @@ def test_two_sequences_in_one_batch_equal_each_alone(tiny):
     _, model, ref, arrays = tiny
     a, b = ref["prompts"][0]["tokens"], ref["prompts"][1]["tokens"]
     ctx = new_ctx(model, n_seq_max=2)
-    batch = Batch(len(a) + len(b))
-    order = sorted([(i, 0, t) for i, t in enumerate(a)] + [(i, 1, t) for i, t in enumerate(b)])
-    for i, seq, t in order:
-        batch.add(t, i, [seq], logits=True)
-    assert ctx.decode(batch) == 0
-    both = ctx.get_logits()
-    for s in (0, 1):
-        rows = [k for k, (_, seq, _) in enumerate(order) if seq == s]
-        np.testing.assert_array_equal(both[rows], arrays[f"prompt_{s}"])
+    for s, rows in enumerate(interleaved_logits(ctx, a, b)):
+        np.testing.assert_array_equal(rows, arrays[f"prompt_{s}"])
 
 
 def test_state_round_trip(tiny):

@@ -9,12 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from llamactx import Batch, Model
+from llamactx import Model
 from llamactx.backend.reference import ReferenceOps
 from llamactx.hparams import ModelLoadError
 from llamactx.models import kv_bytes_per_token
 from tests.conftest import VARIANT
-from tests.models.tiny import TINY_REF, decode_all, load_tiny, new_ctx
+from tests.models.tiny import TINY_REF, compiled_ops, decode_all, interleaved_logits, load_tiny, new_ctx
 
 
 @pytest.fixture(scope="module")
@@ -52,15 +52,8 @@ def test_two_sequences_in_one_batch_equal_each_alone(tiny):
     _, model, ref, arrays = tiny
     a, b = ref["prompts"][0]["tokens"], ref["prompts"][1]["tokens"]
     ctx = new_ctx(model, n_seq_max=2)
-    batch = Batch(len(a) + len(b))
-    order = sorted([(i, 0, t) for i, t in enumerate(a)] + [(i, 1, t) for i, t in enumerate(b)])
-    for i, seq, t in order:
-        batch.add(t, i, [seq], logits=True)
-    assert ctx.decode(batch) == 0
-    both = ctx.get_logits()
-    for s in (0, 1):
-        rows = [k for k, (_, seq, _) in enumerate(order) if seq == s]
-        np.testing.assert_array_equal(both[rows], arrays[f"prompt_{s}"])
+    for s, rows in enumerate(interleaved_logits(ctx, a, b)):
+        np.testing.assert_array_equal(rows, arrays[f"prompt_{s}"])
 
 
 def test_state_round_trip(tiny):
@@ -107,11 +100,10 @@ def test_missing_selection_bias_is_refused(tmp_path):
 def test_forward_runs_as_one_compiled_program(tiny):
     """The sigmoid router with its selection bias is a node of the compiled program (MOE_ROUTE_SEL): a prompt
     in ubatches of 8 then a single-token step run compiled, with the llama.cpp logits of the prompt."""
-    from tests.models.test_tiny_deepseek2 import _compiled_ops
 
     _, model, ref, arrays = tiny
     toks = ref["prompts"][0]["tokens"]
     ctx = new_ctx(model, n_ubatch=8)
     np.testing.assert_array_equal(decode_all(ctx, toks[:-1]), arrays["prompt_0"][:-1])
     np.testing.assert_array_equal(decode_all(ctx, toks[-1:], pos0=len(toks) - 1), arrays["prompt_0"][-1:])
-    assert {"moe_route_sel", "attn", "mul_mat_id"} <= _compiled_ops(ctx)
+    assert {"moe_route_sel", "attn", "mul_mat_id"} <= compiled_ops(ctx)

@@ -14,7 +14,7 @@ from llamactx.backend.reference import ReferenceOps
 from llamactx.hparams import HParamsError
 from llamactx.models.graph_inputs import attn_temp_scale
 from tests.gguf.tiny_model import finish, rewrite_gguf
-from tests.models.tiny import TINY, decode_all, load_tiny, new_ctx, sequences_batch
+from tests.models.tiny import TINY, compiled_ops, decode_all, load_tiny, new_ctx, sequences_batch
 
 NAMES = ["qwen2", "qwen3", "llama3", "yarn", "qwen3moe", "mixtral", "llama-q4_0", "qwen3moe-q4_0", "qwen2moe",
          "mistral3"]
@@ -176,12 +176,8 @@ def test_mistral3_temperature_without_original_context_is_refused(tmp_path):
 def test_q4_0_files_run_as_one_compiled_program(name):
     """A Q4_0 file's Q4_0 embeddings are looked up inside the compiled program (they made planning fail, so the
     whole model ran op by op): its prompt logits are still llama.cpp's."""
-    from llamactx.ggml.kernels import compute
-
     _, model, ref, arrays = load_tiny(name)
     assert model.tensor_type("token_embd.weight") == 2  # Q4_0
     ctx = new_ctx(model)
     np.testing.assert_array_equal(decode_all(ctx, ref["prompts"][0]["tokens"]), arrays["prompt_0"])
-    names = {code: op for op, code in compute._OPS.items()}
-    plans = [entry[0] for entry in ctx.ops._plans.values() if entry is not None]
-    assert plans and "get_rows" in {names[int(c)] for plan in plans for c in plan.prog[:, compute.OP]}
+    assert "get_rows" in compiled_ops(ctx)

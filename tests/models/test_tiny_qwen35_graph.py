@@ -10,9 +10,8 @@ import pytest
 
 from llamactx import Batch
 from llamactx.backend.reference import ReferenceOps
-from llamactx.ggml.kernels import compute
 from tests.conftest import VARIANT
-from tests.models.tiny import TINY_REF, decode_all, load_tiny, new_ctx
+from tests.models.tiny import TINY_REF, compiled_ops, decode_all, interleaved_logits, load_tiny, new_ctx
 
 RECURRENT_NODES = {"ssm_conv_rs", "gdn_rs", "sigmoid", "softplus", "mul", "mul_row", "rope", "attn"}
 
@@ -23,13 +22,6 @@ def tiny(request):
     if VARIANT == "avx2" and not (TINY_REF / f"{name}.json").exists():
         pytest.skip(f"no AVX2 reference for tiny {name} (tests/data/tiny/avx2/{name}.json)")
     return load_tiny(name)
-
-
-def _compiled_ops(ctx) -> set[str]:
-    """The node kinds of the compiled programs FastOps planned for the context's ubatches (empty: op by op)."""
-    names = {code: name for name, code in compute._OPS.items()}
-    plans = [entry[0] for entry in ctx.ops._plans.values() if entry is not None]
-    return {names[int(code)] for plan in plans for code in plan.prog[:, compute.OP]}
 
 
 def test_prompt_in_ubatches_and_steps_run_compiled(tiny):
@@ -45,10 +37,10 @@ def test_prompt_in_ubatches_and_steps_run_compiled(tiny):
     for i, tok in enumerate(steps):
         pos = len(toks) + i
         np.testing.assert_array_equal(decode_all(ctx, [tok], pos0=pos), decode_all(eager, [tok], pos0=pos))
-    assert RECURRENT_NODES <= _compiled_ops(ctx)
+    assert RECURRENT_NODES <= compiled_ops(ctx)
     assert all(entry is not None for entry in ctx.ops._plans.values()), "a ubatch ran op by op"
     if name == "qwen35moe":
-        assert "moe_route" in _compiled_ops(ctx)
+        assert "moe_route" in compiled_ops(ctx)
 
 
 def test_two_sequence_sets_in_one_program(tiny):
@@ -57,16 +49,9 @@ def test_two_sequence_sets_in_one_program(tiny):
     _, model, ref, arrays = tiny
     a, b = ref["prompts"][0]["tokens"], ref["prompts"][1]["tokens"]
     ctx = new_ctx(model, n_seq_max=2)
-    batch = Batch(len(a) + len(b))
-    order = sorted([(i, 0, t) for i, t in enumerate(a)] + [(i, 1, t) for i, t in enumerate(b)])
-    for i, seq, t in order:
-        batch.add(t, i, [seq], logits=True)
-    assert ctx.decode(batch) == 0
-    both = ctx.get_logits()
-    for s in (0, 1):
-        rows = [k for k, (_, seq, _) in enumerate(order) if seq == s]
-        np.testing.assert_array_equal(both[rows], arrays[f"prompt_{s}"])
-    assert {"ssm_conv_rs", "gdn_rs"} <= _compiled_ops(ctx)
+    for s, rows in enumerate(interleaved_logits(ctx, a, b)):
+        np.testing.assert_array_equal(rows, arrays[f"prompt_{s}"])
+    assert {"ssm_conv_rs", "gdn_rs"} <= compiled_ops(ctx)
 
 
 def test_shared_set_states_reach_every_sequence(tiny):
@@ -84,4 +69,4 @@ def test_shared_set_states_reach_every_sequence(tiny):
         tok, pos = ref["greedy"][seq], len(toks)
         np.testing.assert_array_equal(decode_all(got, [tok], seq=seq, pos0=pos),
                                       decode_all(want, [tok], seq=seq, pos0=pos))
-    assert "gdn_rs" in _compiled_ops(got)
+    assert "gdn_rs" in compiled_ops(got)

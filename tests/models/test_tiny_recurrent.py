@@ -12,7 +12,7 @@ import pytest
 from llamactx import Batch
 from llamactx.backend.reference import ReferenceOps
 from llamactx.models import ARCHITECTURES
-from tests.models.tiny import TINY, decode_all, load_tiny, new_ctx
+from tests.models.tiny import TINY, decode_all, interleaved_logits, load_tiny, new_ctx
 
 NAMES = [name for name in ("mamba2", "mamba2-s128", "lfm2", "lfm2moe", "granitehybrid", "granitehybrid-moe",
                             "nemotron_h") if name.split("-")[0] in ARCHITECTURES]
@@ -63,15 +63,8 @@ def test_two_sequences_in_one_batch_equal_each_alone(tiny):
     name, model, ref, arrays = tiny
     a, b = ref["prompts"][0]["tokens"], ref["prompts"][1]["tokens"]
     ctx = new_ctx(model, n_seq_max=2)
-    batch = Batch(len(a) + len(b))
-    order = sorted([(i, 0, t) for i, t in enumerate(a)] + [(i, 1, t) for i, t in enumerate(b)])
-    for i, seq, t in order:
-        batch.add(t, i, [seq], logits=True)
-    assert ctx.decode(batch) == 0
-    both = ctx.get_logits()
-    rows = {s: [k for k, (_, seq, _) in enumerate(order) if seq == s] for s in (0, 1)}
-    np.testing.assert_array_equal(both[rows[0]], arrays["prompt_0"])
-    np.testing.assert_array_equal(both[rows[1]], arrays["prompt_1"])
+    for s, rows in enumerate(interleaved_logits(ctx, a, b)):
+        np.testing.assert_array_equal(rows, arrays[f"prompt_{s}"])
 
 
 def test_shared_prompt_then_two_continuations_in_one_batch(tiny):

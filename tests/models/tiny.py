@@ -39,6 +39,27 @@ def sequences_batch(token_lists: list[list[int]]) -> Batch:
     return batch
 
 
+def interleaved_logits(ctx: Context, a: list[int], b: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Sequences 0 and 1 (tokens a and b from position 0) interleaved by position in one batch, every token an
+    output: the logits rows of each, (len(a), n_vocab) and (len(b), n_vocab)."""
+    order = sorted([(i, 0, t) for i, t in enumerate(a)] + [(i, 1, t) for i, t in enumerate(b)])
+    batch = Batch(len(order))
+    for i, seq, t in order:
+        batch.add(t, i, [seq], logits=True)
+    assert ctx.decode(batch) == 0
+    both = ctx.get_logits()
+    return tuple(both[[k for k, (_, seq, _) in enumerate(order) if seq == s]] for s in (0, 1))
+
+
+def compiled_ops(ctx: Context) -> set[str]:
+    """The node kinds of the compiled programs FastOps planned for the context's ubatches (empty: op by op)."""
+    from llamactx.ggml.kernels import compute
+
+    names = {code: name for name, code in compute._OPS.items()}
+    plans = [entry[0] for entry in ctx.ops._plans.values() if entry is not None]
+    return {names[int(code)] for plan in plans for code in plan.prog[:, compute.OP]}
+
+
 def new_ctx(model: Model, ops=None, flash_attn: str = "disabled", **kw) -> Context:
     """A 512-token context for a tiny model; the references were made with flash attention off (the -fa
     variants: on)."""
