@@ -49,9 +49,9 @@ test: $(STAMP) $(SDIST_STAMP) chromium
 # the exactness tests (both models, flash attention, every tiny architecture and quant type) once more, compiled
 # for another CPU (an AVX2 one by default; any target this CPU can run, e.g. make test-target CPU=znver4 on an
 # AVX-512 machine), with its own numba cache, on `make test`'s workers: CI runs it after `make test` (about 6 min
-# with a cold cache on one worker)
+# with a cold cache on one worker; test_attention8 runs its 8-lane kernel cases only here)
 CPU ?= haswell
-EXACT_TESTS := tests/test_reference.py tests/test_flash_attn.py tests/models
+EXACT_TESTS := tests/test_reference.py tests/test_flash_attn.py tests/models tests/ggml/test_attention8.py
 test-target: $(STAMP) $(SDIST_STAMP)
 	NUMBA_CPU_NAME=$(CPU) NUMBA_CACHE_DIR=$(CURDIR)/.numba-$(CPU) OMP_WAIT_POLICY=PASSIVE $(VPY) -m pytest \
 	  -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(EXACT_TESTS)
