@@ -15,6 +15,10 @@ post-attention norm into a mixture-of-experts FFN. What differs from qwen35:
 - The FFN always has experts (build_moe_ffn: softmax router, the top n_expert_used weights normalized) plus the
   shared SwiGLU expert times sigmoid(`ffn_gate_inp_shexp` . x), as qwen35moe's.
 
+The states are read and written through the input (RecurrentView.ssm_conv / gated_delta_net), so FastOps records
+the forward as one compiled program with qwen35's nodes: the fused projection's halves are copies (cont nodes), the
+repeated key heads concatenations (`_repeat_heads`).
+
 The legacy GGUFs' fused `ssm_in` (q|k|v|z per key head) are refused at load: their converter predates the
 attn_qkv / attn_gate split that current convert_hf_to_gguf.py writes. MTP blocks are not run.
 """
@@ -83,8 +87,8 @@ def attention_block(model, ops, attn, cur: np.ndarray, pos: np.ndarray, rope: Ro
     k = ops.rms_norm(k.reshape(n, hp.n_head_kv, d), t[b + "attn_k_norm.weight"], hp.f_norm_rms_eps)
     v = v.reshape(n, hp.n_head_kv, hp.n_embd_head_v)
     rp = rope.for_layer(False)
-    q = ops.rope(np.ascontiguousarray(q), pos, rp)  # (n, n_head, d)
-    k = ops.rope(np.ascontiguousarray(k), pos, rp)  # (n, n_head_kv, d)
+    q = ops.rope(q, pos, rp)  # (n, n_head, d)
+    k = ops.rope(k, pos, rp)  # (n, n_head_kv, d)
     kq_scale = hp.f_attention_scale or float(np.float32(1.0) / np.sqrt(np.float32(d)))
     out = attn(il, q, k, v, kq_scale)  # (n, n_head * d)
     out = out * ops.sigmoid(gate)  # (n, n_head * d)
@@ -101,32 +105,30 @@ def delta_net_block(model, ops, rs: RecurrentInput, cur: np.ndarray, il: int) ->
     head, n_k_heads, n_v_heads = hp.ssm_d_state, hp.ssm_n_group, hp.ssm_dt_rank
     ratio = n_v_heads // n_k_heads
     key_dim, value_dim = head * n_k_heads, head * n_v_heads
-    conv_dim, d_state_conv = 2 * key_dim + value_dim, hp.ssm_d_conv - 1
     qkv, z = ops.matmuls(cur, [w(b + "attn_qkv.weight"), w(b + "attn_gate.weight")])  # (n, conv_dim), (n, value_dim)
     ba = ops.matmul(cur, w(b + "ssm_ba.weight")).reshape(n, n_k_heads, 2, ratio)  # per key head: betas, alphas
-    beta = ops.sigmoid(np.ascontiguousarray(ba[:, :, 0].reshape(n, n_v_heads)))  # (n, n_v_heads)
+    beta = ops.sigmoid(ba[:, :, 0].reshape(n, n_v_heads))  # (n, n_v_heads)
     alpha = ba[:, :, 1].reshape(n, n_v_heads) + t[b + "ssm_dt.bias"]  # (n, n_v_heads)
     g = ops.softplus(alpha) * t[b + "ssm_a"]  # (n, n_v_heads): the log-decay, -exp(A_log) * softplus
 
-    conv_w = t[b + "ssm_conv1d.weight"]  # (conv_dim, d_conv)
-    conv = np.empty((n, conv_dim), np.float32)
-    for k, st in enumerate(rs.sets):
-        state = rs.conv_state(il, k).reshape(conv_dim, d_state_conv)
-        conv_x = np.concatenate([state, qkv[st.idx].T], axis=1)  # (conv_dim, d_conv - 1 + n_t)
-        rs.store_conv(il, k, np.ascontiguousarray(conv_x[:, conv_x.shape[1] - d_state_conv :]))
-        conv[st.idx] = ops.ssm_conv(conv_x, conv_w)
-    conv = ops.silu(conv)  # (n, conv_dim)
+    conv = ops.silu(rs.ssm_conv(ops, il, qkv, t[b + "ssm_conv1d.weight"]))  # (n, conv_dim), conv states updated
     q = ops.l2_norm(conv[:, :key_dim].reshape(n, n_k_heads, head), hp.f_norm_rms_eps)  # (n, n_k_heads, head)
     k_ = ops.l2_norm(conv[:, key_dim : 2 * key_dim].reshape(n, n_k_heads, head), hp.f_norm_rms_eps)
-    v = np.ascontiguousarray(conv[:, 2 * key_dim :].reshape(n, n_v_heads, head))  # (n, n_v_heads, head)
+    v = conv[:, 2 * key_dim :].reshape(n, n_v_heads, head)  # (n, n_v_heads, head)
     if ratio > 1:  # repeat_interleave: value head h reads key head h // ratio
-        q, k_ = np.repeat(q, ratio, axis=1), np.repeat(k_, ratio, axis=1)  # (n, n_v_heads, head)
-
-    y = np.empty((n, n_v_heads, head), np.float32)
-    for k, st in enumerate(rs.sets):
-        state = rs.ssm_state(il, k).reshape(n_v_heads, head, head)
-        y[st.idx], state = ops.gated_delta_net(q[st.idx], k_[st.idx], v[st.idx], g[st.idx], beta[st.idx], state)
-        rs.store_ssm(il, k, state)
+        q, k_ = _repeat_heads(q, ratio), _repeat_heads(k_, ratio)  # (n, n_v_heads, head)
+    y = rs.gated_delta_net(ops, il, q, k_, v, g, beta)  # (n, n_v_heads, head), delta-rule states updated
     y = ops.rms_norm(y, t[b + "ssm_norm.weight"], hp.f_norm_rms_eps)  # (n, n_v_heads, head)
     y = y * ops.silu(z.reshape(n, n_v_heads, head))  # build_norm_gated
     return ops.matmul(y.reshape(n, value_dim), w(b + "ssm_out.weight"))  # (n, n_embd)
+
+
+def _repeat_heads(x: np.ndarray, ratio: int) -> np.ndarray:
+    """Each head `ratio` times in a row (ggml_repeat_4d of the (S, 1, H_k) view): the head's values concatenated
+    ratio times, seen as ratio heads, so a recorded graph copies them with concat nodes.
+    (n, H_k, S) -> (n, H_k * ratio, S)"""
+    n, h_k, s = x.shape
+    out = x
+    for _ in range(ratio - 1):
+        out = np.concatenate([out, x], axis=-1)  # (n, H_k, S * repeats)
+    return out.reshape(n, h_k * ratio, s)
