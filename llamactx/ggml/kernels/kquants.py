@@ -33,6 +33,7 @@ from llamactx.ggml.kernels.kblocks import (
 )
 from llamactx.ggml.kernels.kgemv import q4k_gemv_rows
 from llamactx.ggml.kernels.legacy import prefetch_ahead, prefetch_distance
+from llamactx.ggml.kernels.q6k_gemv import bsums16, q6k_gemv_row
 from llamactx.ggml.kernels.simd import (
     Tag,
     TagType,
@@ -319,15 +320,19 @@ def _q6k_lanes1(path, qs, xq, r, b, i):
 
 @njit(cache=True)
 def q6k_rows(path, W, a, r0, r1, out):
-    """Q6_K (x86 ggml_vec_dot_q6_K_q8_K, AVX2): int lanes over a super-block, offsets subtracted per lane."""
+    """Q6_K (x86 ggml_vec_dot_q6_K_q8_K, AVX2): int lanes over a super-block, offsets subtracted per lane.
+    Activation rows in groups of four share each weight half's decode; the last n % 4 (decode's one row) run
+    q6k_gemv.q6k_gemv_row, the same floats with fewer instructions."""
     qs = W[0]  # ggml's block_q6_K rows (kblocks.py)
     xq, xd, bsums, _ = a
     n, nb = xq.shape[0], q6k_blocks(qs)
+    n4 = n - n % 4
+    s16 = bsums16(bsums, n4)
     ahead = prefetch_distance(W[0], W[1], W[2]) if n < 4 else 0  # decode streams the weights (legacy.x4_rows)
     for r in range(r0, r1):
         if ahead:
             prefetch_ahead(W[0], W[1], W[2], r, r0, r1, ahead, 1)
-        for i in range(0, n - n % 4, 4):
+        for i in range(0, n4, 4):
             a0, a1, a2, a3 = fzero(), fzero(), fzero(), fzero()
             for b in range(nb):
                 i0, i1, i2, i3 = _q6k_lanes4(path, qs, xq, r, b, i)
@@ -337,12 +342,7 @@ def q6k_rows(path, W, a, r0, r1, out):
                 a2 = _q6k_close(a2, i2, qs, r, bsums, xd, i + 2, b, dw)
                 a3 = _q6k_close(a3, i3, qs, r, bsums, xd, i + 3, b, dw)
             out[i, r], out[i + 1, r], out[i + 2, r], out[i + 3, r] = fsum(a0), fsum(a1), fsum(a2), fsum(a3)
-        for i in range(n - n % 4, n):
-            acc = fzero()
-            for b in range(nb):
-                isum = _q6k_lanes1(path, qs, xq, r, b, i)
-                acc = _q6k_close(acc, isum, qs, r, bsums, xd, i, b, load_f16(qs, r, b * Q6K_BYTES + Q6K_D))
-            out[i, r] = fsum(acc)
+        q6k_gemv_row(path, qs, r, xq, xd, s16, n4, out)
 
 
 # --- llama.cpp's repacked Q4_K and tiled Q6_K orders (llamactx/vecdot_k.py) ---------------------------------------

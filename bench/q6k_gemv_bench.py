@@ -1,0 +1,100 @@
+"""The Q6_K decode kernel alone (issue #47): GB/s of weights read for one activation row, old against new.
+
+Times kquants.q6k_rows' single-row lanes (ggml_vec_dot_q6_K_q8_K one quarter at a time, as decode ran before
+q6k_gemv.py) and q6k_gemv.q6k_gemv_rows on the same random super-blocks, one thread, alternating, twice: a 0.4 MB
+matrix run many times (in L2: the kernel's own speed) and a `--rows` x `-k` matrix (default the 128256 x 2048
+token_embd / output head of a Llama-3.2-1B-shaped Q4_K_M file, 539 MB: streamed from DRAM, what decode sees).
+The clock is the thread's CPU time, so the figures hold on a machine other processes share (the DRAM one still
+shares the memory bus); best and median of `--reps` rounds. Also prints cycles per super-block at `--ghz`.
+
+Usage: python bench/q6k_gemv_bench.py [--rows 128256] [-k 2048] [--reps 5] [--ghz 3.7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from numba import njit
+
+sys.path.insert(0, str(Path.cwd()))  # the checkout run from, before an installed llamactx
+
+from llamactx.ggml.cpu import cpu_features  # noqa: E402
+from llamactx.ggml.kernels.kblocks import Q6K_BYTES, Q6K_D  # noqa: E402
+from llamactx.ggml.kernels.kquants import _q6k_close, _q6k_lanes1  # noqa: E402
+from llamactx.ggml.kernels.q6k_gemv import q6k_gemv_rows  # noqa: E402
+from llamactx.ggml.kernels.q8 import quantize_q8_K  # noqa: E402
+from llamactx.ggml.kernels.simd import PORTABLE, VNNI, fsum, fzero, load_f16  # noqa: E402
+
+PATH = VNNI if cpu_features()["vnni"] else PORTABLE  # as matmul picks it
+
+
+@njit
+def _old(W, a, out):
+    """kquants' single-row lanes (what q6k_rows ran for activation rows past the last group of four)."""
+    qs = W[0]
+    xq, xd, bsums, _ = a
+    for r in range(out.shape[1]):
+        acc = fzero()
+        for b in range(qs.shape[1] // Q6K_BYTES):
+            isum = _q6k_lanes1(PATH, qs, xq, r, b, 0)
+            acc = _q6k_close(acc, isum, qs, r, bsums, xd, 0, b, load_f16(qs, r, b * Q6K_BYTES + Q6K_D))
+        out[0, r] = fsum(acc)
+
+
+@njit
+def _new(W, a, out):
+    q6k_gemv_rows(PATH, W, a, 0, 0, out.shape[1], out)
+
+
+def _weights(rows: int, k: int, rng) -> tuple:
+    """Random super-blocks with small positive f16 scales, in repack.py's six slots."""
+    nb = k // 256
+    qs = rng.integers(0, 256, (rows, nb, Q6K_BYTES), dtype=np.uint8)
+    qs[:, :, Q6K_D : Q6K_D + 2] = (rng.random((rows, nb, 1)) * 0.01 + 1e-3).astype(np.float16).view(np.uint8)
+    e8, ef = np.empty((rows, 0), np.uint8), np.empty((rows, 0), np.float32)
+    return qs.reshape(rows, -1), e8, e8, e8, ef, ef
+
+
+def _activations(k: int, rng) -> tuple:
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    xq, xd, bsums = np.empty((1, k), np.int8), np.empty((1, k // 256), np.float32), np.empty((1, k // 16), np.int32)
+    quantize_q8_K(x, xq, xd, bsums)
+    return xq, xd, bsums, np.empty((1, 0), np.float32)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=128256, help="rows of the streamed matrix")
+    ap.add_argument("-k", type=int, default=2048, help="row length (a multiple of 256)")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--ghz", type=float, default=3.7, help="the core clock, for cycles per super-block")
+    args = ap.parse_args()
+    rng = np.random.default_rng(0)
+    a = _activations(args.k, rng)
+    for where, rows, calls in (("L2", 192, 300), ("DRAM", args.rows, 1)):
+        W = _weights(rows, args.k, rng)
+        out, ref = np.empty((1, rows), np.float32), np.empty((1, rows), np.float32)
+        _old(W, a, ref)
+        _new(W, a, out)  # compile, fault in
+        if not np.array_equal(out.view(np.int32), ref.view(np.int32)):
+            raise SystemExit("q6k_gemv_rows differs from kquants' lanes")
+        rates: dict[str, list[float]] = {"old": [], "new": []}
+        for _ in range(args.reps):
+            for name, fn in (("old", _old), ("new", _new)):
+                t0 = time.thread_time()
+                for _ in range(calls):
+                    fn(W, a, out)
+                rates[name].append(W[0].nbytes * calls / (time.thread_time() - t0) / 1e9)
+        for name, r in rates.items():
+            best = max(r)
+            print(f"Q6_K {name} {where:4s} {W[0].nbytes / 2**20:7.1f} MiB: best {best:5.1f} GB/s, median "
+                  f"{sorted(r)[len(r) // 2]:5.1f} ({Q6K_BYTES / best * args.ghz:4.1f} cycles/super-block at "
+                  f"{args.ghz} GHz)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
