@@ -5,10 +5,13 @@ Decodes a prompt, then single tokens (or B sequences' tokens per step with -B), 
   calls counted once; "attention" includes storing the ubatch's K/V; "recurrent" is ssm_conv, ssm_scan and
   gated_delta_net (a Gated DeltaNet model also gets a line with the bytes of recurrent state a step reads and
   writes, and the rate the recurrent ops move them at); "Python" is the rest of `decode`;
-- as a compiled graph (the default where the checkout has one): the plan's run is timed as a whole, then rerun
-  with only its matmul rows and with only its attention rows (the program is data: rows of a table), each less
-  a run of no rows (binding the inputs); "other ops" = run - matmuls - attention - binding, "Python" = decode -
-  run + binding. The reruns compute on the arena's leftovers: their results are thrown away.
+- as a compiled graph (the default where the checkout has one): the decode runs its program one row (node) at a
+  time, in order, on the same buffers, so every node computes what it computes in a whole run, recurrent states and
+  KV cache included; each call is timed and less the time of a call of no rows (binding the inputs, the dispatch),
+  measured at every run. The nodes' times are summed per kind ("mul_mat Q4_K", "mul_mat_id Q6_K", "gdn_rs", ...:
+  the second table), "other ops" = the nodes that are neither matmuls, attention nor recurrent, "Python" = decode
+  - the nodes - what the extra calls added (their bindings, the timing).
+`--prompt` profiles the prompt instead: one ubatch of -p tokens per step (e.g. -p 512, as llama-bench's pp512).
 
 The clock is the calling thread's CPU time with one thread (`-t 1`, the default): numba runs a one-thread parallel
 region on the calling thread, so the figures hold on a machine other processes share; `--wall` uses wall time
@@ -16,6 +19,7 @@ region on the calling thread, so the figures hold on a machine other processes s
 profile that checkout; the graph rows are skipped where it has no graph executor.
 
 Usage: python bench/profile_forward.py [-m smollm2] [-n 32] [-p 32] [-d 0] [-B 1] [-t 1] [--wall]
+           [--prompt] [--no-eager]
 """
 
 from __future__ import annotations
@@ -60,61 +64,110 @@ class Timer:
         return timed
 
 
-def _steps(ctx: Context, n_seq: int, n_prompt: int, n_gen: int, n_depth: int, timer: Timer, rng) -> float:
-    """Prompts (untimed), then n_gen steps of one token per sequence. -> the steps' clock seconds (the timer's
-    sums cover the steps only)"""
+def _prompt(ctx: Context, s: int, toks) -> None:
+    for c in range(0, len(toks), 512):
+        b = Batch(len(toks[c : c + 512]))
+        for i, t in enumerate(toks[c : c + 512]):
+            b.add(int(t), c + i, (s,), c + i == len(toks) - 1)
+        if ctx.decode(b) != 0:
+            raise RuntimeError(f"decode of a prompt chunk at {c} failed")
+
+
+def _steps(ctx: Context, args, n_gen: int, timer: Timer, rng) -> float:
+    """Prompts, then n_gen steps of one token per sequence; with args.prompt, n_gen prompts of args.n_prompt tokens
+    (the memory cleared before each) instead. -> the steps' clock seconds (the timer's sums cover them only)"""
     nv = ctx.model.hparams.n_vocab
-    for s in range(n_seq):
-        toks = rng.integers(0, nv, n_depth + n_prompt)
-        for c in range(0, len(toks), 512):
-            b = Batch(len(toks[c : c + 512]))
-            for i, t in enumerate(toks[c : c + 512]):
-                b.add(int(t), c + i, (s,), c + i == len(toks) - 1)
-            assert ctx.decode(b) == 0
-    timer.sums.clear()
     clock = timer.clock
+    if args.prompt:  # each step: a prompt from an empty cache
+        total = 0.0
+        timer.sums.clear()
+        for _ in range(n_gen):
+            ctx.memory.clear(data=False)
+            toks = rng.integers(0, nv, args.n_prompt)
+            t0 = clock()
+            _prompt(ctx, 0, toks)
+            total += clock() - t0
+        return total
+    for s in range(args.B):
+        _prompt(ctx, s, rng.integers(0, nv, args.n_depth + args.n_prompt))
+    timer.sums.clear()
     total = 0.0
-    step = Batch(n_seq)
+    step = Batch(args.B)
     for j in range(n_gen):
         step.clear()
-        for s in range(n_seq):
-            step.add(int(rng.integers(0, nv)), n_depth + n_prompt + j, (s,), True)
+        for s in range(args.B):
+            step.add(int(rng.integers(0, nv)), args.n_depth + args.n_prompt + j, (s,), True)
         t0 = clock()
-        assert ctx.decode(step) == 0
+        if ctx.decode(step) != 0:
+            raise RuntimeError(f"decode of step {j} failed")
         total += clock() - t0
     return total
 
 
+def _kind_name(compute, code: int, prog_row, w_kind) -> str:
+    """A node's kind: its op name, and for a matmul the weight's ggml type."""
+    name = {v: k for k, v in compute._OPS.items()}.get(code, f"op {code}")
+    if code in (compute.MUL_MAT, compute.MUL_MAT_ID, compute.MUL_MAT_HEADS):
+        from gguf import GGMLQuantizationType
+
+        kind = int(w_kind[prog_row[compute.P0]])
+        known = kind in GGMLQuantizationType._value2member_map_
+        name += " " + (GGMLQuantizationType(kind).name if known else str(kind))
+    return name
+
+
+def _node_by_node(compute, timer: Timer, clock):
+    """Wrap compute.PROGRAMS so that each program runs one row at a time, each row's time (less a call of no rows)
+    summed per node kind into timer.sums["node:" + kind]; "calls" what the extra calls added. -> a function
+    that restores the originals"""
+    originals = dict(compute.PROGRAMS)
+
+    def wrap(program):
+        def by_node(prog, fprm, *rest):  # fprm (n_nodes, 1): each row's float parameter, sliced with it
+            start = clock()
+            program(prog[:0], fprm[:0], *rest)  # compiles or loads
+            empties = []
+            for _ in range(7):
+                t0 = clock()
+                program(prog[:0], fprm[:0], *rest)
+                empties.append(clock() - t0)
+            empty = sorted(empties)[3]  # the median call of no rows
+            nodes = 0.0
+            for r in range(prog.shape[0]):
+                t0 = clock()
+                program(prog[r : r + 1], fprm[r : r + 1], *rest)
+                dt = clock() - t0 - empty
+                key = "node:" + _kind_name(compute, int(prog[r, compute.OP]), prog[r], rest[12])
+                timer.sums[key] = timer.sums.get(key, 0.0) + dt
+                nodes += dt
+            # this wrapper's time but the nodes' and one binding: what a whole call would not have spent
+            timer.sums["calls"] = timer.sums.get("calls", 0.0) + clock() - start - nodes - empty
+            return None
+
+        return by_node
+
+    for path, program in originals.items():
+        compute.PROGRAMS[path] = wrap(program)
+
+    def restore():
+        compute.PROGRAMS.update(originals)
+
+    return restore
+
+
 def profile(model, args, graph: bool, clock) -> dict:
-    ctx = Context(model, ContextParams(n_ctx=args.B * (args.n_depth + args.n_prompt + args.n_gen + 1) + 256,
+    n_pos = args.n_prompt if args.prompt else args.B * (args.n_depth + args.n_prompt + args.n_gen + 1)
+    ctx = Context(model, ContextParams(n_ctx=n_pos + 256, n_batch=max(512, args.n_prompt),
+                                       n_ubatch=max(512, args.n_prompt) if args.prompt else 512,
                                        n_seq_max=args.B, n_threads=args.threads, n_threads_batch=args.threads,
                                        kv_unified=True, flash_attn=args.flash_attn))
     ops = ctx.ops
     timer = Timer(clock)
-    orig_run = None
+    restore = None
     if graph:
         from llamactx.ggml.kernels import compute
 
-        orig_run = compute.GraphPlan.run
-
-        def run(plan, *a):
-            t0 = clock()
-            result = orig_run(plan, *a)
-            timer.sums["program"] = timer.sums.get("program", 0.0) + clock() - t0
-            full = plan.prog
-            try:
-                for name, rows in (("matmul", full[:, compute.OP] == compute.MUL_MAT),
-                                   ("attention", full[:, compute.OP] == compute.ATTN),
-                                   ("binding", np.zeros(len(full), bool))):
-                    plan.prog = full[rows]
-                    t0 = clock()
-                    orig_run(plan, *a)
-                    timer.sums[name] = timer.sums.get(name, 0.0) + clock() - t0
-            finally:
-                plan.prog = full
-            return result
-
-        compute.GraphPlan.run = run
+        restore = _node_by_node(compute, timer, clock)
     else:
         if hasattr(ops, "compute_graph"):  # op by op: the ReferenceOps behaviour, build computing eagerly
             ops.compute_graph = lambda build, params: build(ops, params)
@@ -124,15 +177,27 @@ def profile(model, args, graph: bool, clock) -> dict:
                     setattr(ops, meth, timer.wrap(getattr(ops, meth), name))
     rng = np.random.default_rng(0)
     try:
-        _steps(ctx, args.B, args.n_prompt, 2, args.n_depth, timer, rng)  # warm-up: compiles, plans
+        _steps(ctx, args, 1 if args.prompt else 2, timer, rng)  # warm-up: compiles, plans
         ctx.memory.clear(data=False)
-        total = _steps(ctx, args.B, args.n_prompt, args.n_gen, args.n_depth, timer, rng)
+        total = _steps(ctx, args, args.n_gen, timer, rng)
     finally:
-        if orig_run is not None:
-            from llamactx.ggml.kernels import compute
-
-            compute.GraphPlan.run = orig_run
+        if restore is not None:
+            restore()
     return {"total": total, **timer.sums}
+
+
+def _graph_split(compute, r: dict) -> dict:
+    """The graph pass's node kinds grouped as the table's columns (seconds over the steps)."""
+    nodes = {k[5:]: v for k, v in r.items() if k.startswith("node:")}
+    out = {"matmul": 0.0, "attention": 0.0, "recurrent": 0.0, "other": 0.0}
+    for kind, sec in nodes.items():
+        op = kind.split(" ")[0]
+        col = ("matmul" if op in ("mul_mat", "mul_mat_id", "mul_mat_heads") else "attention" if op == "attn"
+               else "recurrent" if op in ("ssm_conv_rs", "gdn_rs") else "other")
+        out[col] += sec
+    out["total"] = r["total"] - r.get("calls", 0.0)  # as one call per program would take
+    out["python"] = out["total"] - sum(nodes.values())
+    return out
 
 
 def recurrent_traffic(model) -> dict | None:
@@ -150,7 +215,7 @@ def recurrent_traffic(model) -> dict | None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-m", "--model", default="smollm2")
-    ap.add_argument("-n", "--n-gen", type=int, default=32)
+    ap.add_argument("-n", "--n-gen", type=int, default=32, help="steps (prompts with --prompt)")
     ap.add_argument("-p", "--n-prompt", type=int, default=32)
     ap.add_argument("-d", "--n-depth", type=int, default=0)
     ap.add_argument("-B", type=int, default=1, help="sequences decoding together")
@@ -158,49 +223,64 @@ def main() -> None:
     ap.add_argument("-fa", "--flash-attn", default="disabled", choices=("enabled", "disabled", "auto"),
                     help="flash attention (default disabled)")
     ap.add_argument("--wall", action="store_true", help="wall time instead of the thread's CPU time")
+    ap.add_argument("--prompt", action="store_true", help="profile prompts of -p tokens (one ubatch) instead")
+    ap.add_argument("--no-eager", action="store_true", help="skip the op-by-op run")
     args = ap.parse_args()
+    if args.prompt and (args.B != 1 or args.n_depth):
+        ap.error("--prompt profiles one sequence's prompt from an empty cache: no -B or -d")
     clock = time.perf_counter if args.wall else time.thread_time
     model = Model.load(resolve_model_path(args.model))
     try:
-        import llamactx.ggml.kernels.compute  # noqa: F401
-
-        has_graph = True
-    except ImportError:
-        has_graph = False
-    eager = profile(model, args, False, clock)
-    rows = [("op by op", eager)]
-    if has_graph:
+        from llamactx.ggml.kernels import compute
+    except ModuleNotFoundError:  # a checkout without a graph executor
+        compute = None
+    rows = [] if args.no_eager else [("op by op", profile(model, args, False, clock))]
+    graph = None
+    if compute is not None:
         g = profile(model, args, True, clock)
-        if "program" in g:  # else the model never ran as a compiled graph: op by op again
-            rows.append(("graph", g))
-    n_tok = args.n_gen * args.B
-    print(f"{Path(model.path).name}, B = {args.B}, depth {args.n_depth + args.n_prompt}, {args.threads} thread(s), "
-          f"{'wall' if args.wall else 'CPU'} ms per step ({n_tok // args.n_gen} token(s))")
+        if any(k.startswith("node:") for k in g):  # else the model never ran as a compiled graph
+            graph = g
+            rows.append(("graph", {**g, **_graph_split(compute, g)}))
+    n_tok = args.n_gen * (args.n_prompt if args.prompt else args.B)
+    what = f"prompt {args.n_prompt}" if args.prompt else f"depth {args.n_depth + args.n_prompt}"
+    print(f"{Path(model.path).name}, B = {args.B}, {what}, {args.threads} thread(s), "
+          f"{'wall' if args.wall else 'CPU'} ms per {'prompt' if args.prompt else 'step'} "
+          f"({n_tok // args.n_gen} token(s))")
     print("| run | total | matmuls | attention | recurrent | other ops | Python | tok/s |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    ms = lambda s: f"{1e3 * s / args.n_gen:.2f}"  # noqa: E731
     for name, r in rows:
-        if name == "graph":  # the decodes' time includes the reruns
-            r = {**r, "total": r["total"] - r.get("matmul", 0.0) - r.get("attention", 0.0) - r.get("binding", 0.0)}
-            bind = r.get("binding", 0.0)
-            mm, at = r.get("matmul", 0.0) - bind, r.get("attention", 0.0) - bind
-            other = r.get("program", 0.0) - mm - at - bind
-            py = r["total"] - r.get("program", 0.0) + bind
-        else:
-            mm, at, other = r.get("matmul", 0.0), r.get("attention", 0.0), r.get("other", 0.0)
-            py = r["total"] - mm - at - other - r.get("recurrent", 0.0)
-        ms = lambda s: f"{1e3 * s / args.n_gen:.2f}"  # noqa: E731
-        print(f"| {name} | {ms(r['total'])} | {ms(mm)} | {ms(at)} | {ms(r.get('recurrent', 0.0))} | {ms(other)} | "
-              f"{ms(py)} | {n_tok / r['total']:.1f} |")
+        mm, at, rec, other = (r.get(c, 0.0) for c in ("matmul", "attention", "recurrent", "other"))
+        py = r["python"] if "python" in r else r["total"] - mm - at - other - rec
+        print(f"| {name} | {ms(r['total'])} | {ms(mm)} | {ms(at)} | {ms(rec)} | {ms(other)} | {ms(py)} | "
+              f"{n_tok / r['total']:.1f} |")
+    if graph is not None:
+        nodes = sorted(((k[5:], v) for k, v in graph.items() if k.startswith("node:")), key=lambda kv: -kv[1])
+        total = sum(v for _, v in nodes)
+        print("\n| graph node kind | ms | share |\n| --- | ---: | ---: |")
+        for kind, sec in nodes:
+            print(f"| {kind} | {ms(sec)} | {100 * sec / total:.1f}% |")
+    _print_traffic(model, args, graph, rows)
+
+
+def _print_traffic(model, args, graph, rows) -> None:
+    """The recurrent state a decode step moves, and the rate the recurrent ops (the graph's nodes, else op by op)
+    move it at."""
     traffic = recurrent_traffic(model)
-    if traffic:
-        rec = eager.get("recurrent", 0.0) / args.n_gen  # seconds per step of the recurrent ops, op by op
-        moved = 2 * args.B * (traffic["ssm"] + traffic["conv"])  # read once and written once per sequence
-        print(f"recurrent state per decode step: {traffic['layers']} delta-net layers x {args.B} sequence(s): "
-              f"delta-rule states {args.B * traffic['ssm'] / 2**20:.2f} MiB read + the same written, conv states "
-              f"{args.B * traffic['conv'] / 2**10:.1f} KiB read + written: {moved / 2**20:.2f} MiB moved by the "
-              f"recurrent ops, {moved / rec / 1e9 if rec else 0:.1f} GB/s over their time "
-              f"({1e3 * rec:.2f} ms); the memory's copies of a step (llamactx.memory.recurrent: the rollback "
-              f"snapshot, the view's copy, the store) move it again")
+    if not traffic or args.prompt:
+        return
+    if graph is not None:
+        rec = sum(v for k, v in graph.items() if k in ("node:gdn_rs", "node:ssm_conv_rs")) / args.n_gen
+        conv = graph.get("node:ssm_conv_rs", 0.0) / args.n_gen
+        where = f"the graph's gdn_rs + ssm_conv_rs nodes, of which the conv {1e3 * conv:.3f} ms"
+    else:
+        rec = dict(rows).get("op by op", {}).get("recurrent", 0.0) / args.n_gen
+        where = "the recurrent ops, op by op"
+    moved = 2 * args.B * (traffic["ssm"] + traffic["conv"])  # read once and written once per sequence
+    print(f"\nrecurrent state per decode step: {traffic['layers']} delta-net layers x {args.B} sequence(s): "
+          f"delta-rule states {args.B * traffic['ssm'] / 2**20:.2f} MiB read + the same written, conv states "
+          f"{args.B * traffic['conv'] / 2**10:.1f} KiB read + written: {moved / 2**20:.2f} MiB moved, "
+          f"{moved / rec / 1e9 if rec else 0:.1f} GB/s over {1e3 * rec:.2f} ms ({where})")
 
 
 if __name__ == "__main__":
