@@ -27,6 +27,7 @@ arithmetic), compute.py a recorded forward graph (llamactx.ggml.graph) in one co
     kxtile.py       Q3_K, IQ4_XS and Q5_K for prompt-sized batches
     klowbit.py      IQ1_S .. IQ3_S from their packed blocks (vec_dot order below 8 rows, tiled from 8)
     kiqcodes.py     the IQ types' codes of one 32-element group as a vector (klowbit's decode)
+    kiqrow.py       the IQ2 / IQ3 types and IQ1_M for one activation row, decoded in registers (a token's decode)
     bf16.py         BF16 weights (tinyBLAS's order)
     q8.py           the activation quantizers (float32 rows -> Q8_0 / Q8_1 / Q8_K)
     quant_search.py the scale searches of ggml's quantizers (make_qx_quants ...), fp32 -> fp16 rounding

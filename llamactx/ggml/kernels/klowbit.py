@@ -43,6 +43,7 @@ from llamactx.ggml.kernels.kiqcodes import (
     vones,
     vsign_bits,
 )
+from llamactx.ggml.kernels.kiqrow import has_row1, row1_rows
 from llamactx.ggml.kernels.ktile import TILE, _packed_pairs
 from llamactx.ggml.kernels.kxtile import IQ4XS_SHIFT, kx_tile_dot
 from llamactx.ggml.kernels.q8 import quantize_q8_K
@@ -280,10 +281,13 @@ def post_of(t):  # pragma: no cover - compiled
 
 @njit(cache=True)
 def lowbit_rows(path, t, post, blocks, a, r0, r1, out):  # pragma: no cover - compiled
-    """out[:, r0:r1] with the kernel llama.cpp picks from the activation row count (module docstring). a: the
-    Q8_K activations (xq, xd, bsums, ...) (kernels.matmul's `_activations`)."""
+    """out[:, r0:r1] with the kernel llama.cpp picks from the activation row count (module docstring); one
+    activation row decodes in registers (kiqrow.py). a: the Q8_K activations (xq, xd, bsums, ...) (kernels.matmul's
+    `_activations`)."""
     if a[0].shape[0] >= TILED_MIN_ROWS:
         tile_rows(path, t, post, blocks, a, r0, r1, out)
+    elif a[0].shape[0] == 1 and has_row1(t):
+        row1_rows(path, t, post, blocks, a, r0, r1, out)
     else:
         vec_rows(path, t, post, blocks, a, r0, r1, out)
 
