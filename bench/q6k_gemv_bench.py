@@ -7,7 +7,11 @@ token_embd / output head of a Llama-3.2-1B-shaped Q4_K_M file, 539 MB: streamed 
 The clock is the thread's CPU time, so the figures hold on a machine other processes share (the DRAM one still
 shares the memory bus); best and median of `--reps` rounds. Also prints cycles per super-block at `--ghz`.
 
-Usage: python bench/q6k_gemv_bench.py [--rows 128256] [-k 2048] [--reps 5] [--ghz 3.7]
+With `-m MODEL.gguf` it times instead every Q6_K matrix of the model once per round, as a decoded token meets
+them (the token_embd / output head and the attn_v / ffn_down layers Q4_K_M keeps in Q6_K): the CPU time per token
+its Q6_K weights cost with each kernel.
+
+Usage: python bench/q6k_gemv_bench.py [--rows 128256] [-k 2048] [--reps 5] [--ghz 3.7] [-m MODEL.gguf]
 """
 
 from __future__ import annotations
@@ -66,13 +70,47 @@ def _activations(k: int, rng) -> tuple:
     return xq, xd, bsums, np.empty((1, 0), np.float32)
 
 
+def _model(path: str, reps: int) -> None:
+    """CPU time per token of the model's Q6_K matrices, old and new kernel alternating (one thread)."""
+    from gguf import GGMLQuantizationType, GGUFReader
+
+    rng = np.random.default_rng(0)
+    mats = []
+    for t in GGUFReader(path).tensors:
+        if t.tensor_type == GGMLQuantizationType.Q6_K:
+            k, rows = int(t.shape[0]), int(t.shape[1])
+            e8, ef = np.empty((rows, 0), np.uint8), np.empty((rows, 0), np.float32)
+            mats.append(((np.array(t.data).reshape(rows, -1), e8, e8, e8, ef, ef), _activations(k, rng)))
+    total = sum(W[0].nbytes for W, _ in mats)
+    times: dict[str, list[float]] = {"old": [], "new": []}
+    for W, a in mats:
+        out = np.empty((1, W[0].shape[0]), np.float32)
+        _old(W, a, out)
+        _new(W, a, out)
+    for _ in range(reps):
+        for name, fn in (("old", _old), ("new", _new)):
+            t0 = time.thread_time()
+            for W, a in mats:
+                fn(W, a, np.empty((1, W[0].shape[0]), np.float32))
+            times[name].append(time.thread_time() - t0)
+    print(f"{len(mats)} Q6_K matrices, {total / 1e6:.0f} MB per token")
+    for name, t in times.items():
+        best = min(t)
+        print(f"Q6_K {name}: best {best * 1e3:6.1f} ms CPU per token ({total / best / 1e9:4.1f} GB/s), median "
+              f"{sorted(t)[len(t) // 2] * 1e3:6.1f} ms", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=128256, help="rows of the streamed matrix")
     ap.add_argument("-k", type=int, default=2048, help="row length (a multiple of 256)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--ghz", type=float, default=3.7, help="the core clock, for cycles per super-block")
+    ap.add_argument("-m", "--model", help="time this GGUF's Q6_K matrices instead")
     args = ap.parse_args()
+    if args.model:
+        _model(args.model, args.reps)
+        return
     rng = np.random.default_rng(0)
     a = _activations(args.k, rng)
     for where, rows, calls in (("L2", 192, 300), ("DRAM", args.rows, 1)):

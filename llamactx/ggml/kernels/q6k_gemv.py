@@ -37,7 +37,7 @@ from numba.extending import intrinsic
 from llamactx.ggml.cpu import cpu_features
 from llamactx.ggml.intrinsics import widen_half
 from llamactx.ggml.kernels.kblocks import Q6K_BYTES, Q6K_D, Q6K_QH, Q6K_QL, Q6K_SCALES, q6k_blocks
-from llamactx.ggml.kernels.legacy import prefetch_ahead, prefetch_distance
+from llamactx.ggml.kernels.legacy import PREFETCH_BYTES, prefetch_ahead, prefetch_distance
 from llamactx.ggml.kernels.simd import TagType, f32x8, fsum, fzero, lane_index, ptr2d
 from llamactx.ggml.kernels.vnni import _pairwise
 
@@ -212,7 +212,7 @@ def bsums16(bsums, i0):
     return out
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")  # a call per weight row would reference-count its five arrays (atomics)
 def q6k_gemv_row(path, qs, r, xq, xd, s16, i0, out):
     """out[i0 + i, r] for every row i of s16 (`bsums16(bsums, i0)`): weight row r of ggml's block_q6_K rows qs
     against activation rows i0.. of xq / xd, each as ggml_vec_dot_q6_K_q8_K computes it (module docstring)."""
@@ -230,7 +230,8 @@ def q6k_gemv_rows(path, W, a, i0, r0, r1, out):
     if a[0].shape[0] <= i0:
         return
     s16 = bsums16(a[2], i0)
-    ahead = prefetch_distance(W[0], W[1], W[2])
+    ahead = prefetch_distance(W[0], W[1], W[2]) if PREFETCH_BYTES else 0  # not even the call where it is off
     for r in range(r0, r1):
-        prefetch_ahead(W[0], W[1], W[2], r, r0, r1, ahead, 1)
+        if ahead:
+            prefetch_ahead(W[0], W[1], W[2], r, r0, r1, ahead, 1)
         q6k_gemv_row(path, W[0], r, a[0], a[1], s16, i0, out)
