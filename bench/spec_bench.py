@@ -35,7 +35,7 @@ from llamactx import Model
 from llamactx.cli.args import ArgumentParser, add_speculative, spec_params
 from llamactx.embedded import resolve_model_path
 from llamactx.engine import Engine, Limits, RequestOptions
-from llamactx.engine.ngram import NgramSimple
+from llamactx.engine.ngram import NgramBackoff, NgramSimple
 from llamactx.engine.speculative import Speculator
 from llamactx.sampling import SamplerChain, SamplingParams
 
@@ -53,7 +53,8 @@ def task_prompt(model: Model, task: str) -> str:
 
 
 class DraftTrace:
-    """Per step of a lone stream (--trace): the tokens it produced, whether ngram-simple's lookup found a draft and
+    """Per step of a lone stream (--trace): the tokens it produced, whether the first drafter's lookup (ngram-simple
+    or ngram-backoff) found a draft and
     how many draft tokens were verified; `summary` says where the tokens decoded one row at a time came from."""
 
     def __init__(self, engine: Engine):
@@ -63,8 +64,8 @@ class DraftTrace:
 
     def _draft(self, seq, n_max, n_gen, used):
         spec = self.engine.speculator
-        found = spec.drafters[0].draft(seq.seq_id, seq.tokens[:-1], seq.tokens[-1]) \
-            if isinstance(spec.drafters[0], NgramSimple) else None  # a pure lookup: asking twice changes nothing
+        pure = isinstance(spec.drafters[0], (NgramSimple, NgramBackoff))  # a pure lookup: asking twice changes nothing
+        found = spec.drafters[0].draft(seq.seq_id, seq.tokens[:-1], seq.tokens[-1]) if pure else None
         out = self._drafter(seq, n_max, n_gen, used)
         self.steps.append((seq.n_output, None if found is None else len(found), len(out),
                            spec.budget.rate(seq.seq_id)))

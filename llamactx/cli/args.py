@@ -409,7 +409,8 @@ def add_speculative(p: argparse.ArgumentParser) -> None:
     """Speculative decoding's flags, llama-server's names and ranges; `spec_params(args)` makes the SpecParams."""
     g = p.add_argument_group("speculative decoding")
     g.add_argument("--spec-type", action="append", default=None, metavar="TYPES",
-                   help="comma-separated: none, ngram-simple, ngram-map-k, ngram-mod, draft-simple (default none)")
+                   help="comma-separated: none, ngram-simple, ngram-map-k, ngram-mod, draft-simple, and llamactx's "
+                        "ngram-backoff (ngram-simple's sizes; shorter keys, loops drafted through) (default none)")
     g.add_argument("--spec-draft-model", "-md", "--model-draft", dest="spec_draft_model", default=None,
                    metavar="FNAME", help="draft model for --spec-type draft-simple (same vocabulary as -m)")
     for flag, field, kind, lo, hi, text in SPEC_FLAGS:

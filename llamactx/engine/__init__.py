@@ -11,6 +11,7 @@ nano-vllm's engine/).
     speculative.py   SpecParams, Speculator: speculative decoding's drafters and parameters (common/speculative.cpp)
     draft_budget.py  DecodeCost, DraftBudget: what a decode row costs here, how much of a draft is worth verifying
     ngram.py         the n-gram drafters: ngram-simple, ngram-map-k, ngram-mod (common/ngram-map.cpp, ngram-mod.cpp)
+                     and llamactx's ngram-backoff (shorter keys, loops drafted through)
     draft_model.py   the draft-model drafter (draft-simple): a small model drafting in a context of its own
     checkpoints.py   context checkpoints: snapshots of a slot's non-rollbackable memory (--ctx-checkpoints)
 """

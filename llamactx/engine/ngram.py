@@ -1,6 +1,7 @@
 """The n-gram drafters: draft tokens looked up in a sequence's own history, no draft model (llama.cpp's
 common/ngram-map.cpp `common_ngram_simple_draft` and `common_ngram_map_*` with key_only, common/ngram-mod.cpp
-and the `common_speculative_impl_ngram_*` states of common/speculative.cpp).
+and the `common_speculative_impl_ngram_*` states of common/speculative.cpp; ngram-backoff is llamactx's own,
+ngram-simple with shorter keys and loops drafted through).
 
 Every drafter answers `draft(seq_id, prompt, sampled)`: `prompt` is what the slot holds (the prompt and the output
 so far, llama-server's `slot.prompt.tokens`), `sampled` the token sampled last, not yet decoded; the answer is the
@@ -63,6 +64,56 @@ class NgramSimple:
         if copy_max < n:
             return []
         return prompt[match_pos + n : match_pos + n + copy_max]
+
+    def accept(self, seq_id: int, n_accepted: int, is_other: bool) -> None:
+        pass
+
+
+class NgramBackoff:
+    """ngram-backoff, llamactx's own (llama.cpp 0c1e570 has no such type): ngram-simple's lookup, latest match
+    first, with the key shortened (size_n, size_n // 2, ... down to MIN_KEY tokens) when the longer key occurs
+    nowhere, and a draft that goes on through a loop. ngram-simple cannot draft the two places where a small
+    model copies most (issue #48, SmolLM2, `bench/spec_bench.py --trace`): the first size_n tokens after any edit
+    of the copied text (its key then holds a token the text does not), and its own loops: the latest match of the
+    key is one period back, so ngram-simple's draft is the period less one token, and none where the period is
+    shorter than size_n (common_ngram_simple_draft refuses a draft shorter than its key). Here the text after the
+    match, where it reaches the present, continues with the draft itself (the match one period back predicts the
+    next period), so a loop of any period is drafted size_m tokens long. Shorter keys match wrongly more often;
+    the draft budget (draft_budget.py) verifies no more than the slot's acceptance pays for."""
+
+    MIN_KEY = 3
+
+    def __init__(self, size_n: int, size_m: int):
+        self.sizes = [size_n]  # the key lengths tried, longest first
+        while self.sizes[-1] // 2 >= self.MIN_KEY:
+            self.sizes.append(self.sizes[-1] // 2)
+        self.size_m = size_m
+
+    def begin(self, seq_id: int, prompt: list[int]) -> None:
+        pass
+
+    def draft(self, seq_id: int, prompt: list[int], sampled: int) -> list[int]:
+        cur_len = len(prompt)
+        hay = np.asarray(prompt, np.int32).tobytes()
+        for n in self.sizes:
+            if cur_len < n + 1:
+                continue
+            pattern = np.asarray([*prompt[cur_len - n + 1 :], sampled], np.int32).tobytes()  # (n,) tokens
+            match_pos = _rfind_aligned(hay, pattern, 1, cur_len - 1)  # as ngram-simple: position 0 is no match
+            if match_pos > 0:
+                return self._continue(prompt, sampled, match_pos + n)
+        return []
+
+    def _continue(self, prompt: list[int], sampled: int, start: int) -> list[int]:
+        """size_m tokens from history position `start` on (the history: `prompt` then `sampled`); past the
+        history's end the draft repeats itself with the period `start` lies back from the end."""
+        period = len(prompt) + 1 - start
+        out = prompt[start : start + self.size_m]
+        if len(out) < self.size_m and start + len(out) == len(prompt):
+            out.append(sampled)
+        while len(out) < self.size_m:
+            out.append(out[len(out) - period])
+        return out
 
     def accept(self, seq_id: int, n_accepted: int, is_other: bool) -> None:
         pass

@@ -18,8 +18,10 @@ llama.cpp's continuous batching.
 
 Drafts come from the sequence's own history (the n-gram drafters of ngram.py) or from a draft model with the
 target's vocabulary (`draft-simple`, draft_model.py), tried in llama.cpp's order of preference: the n-gram types
-first, the draft model when none of them has a draft. As in llama.cpp, a draft's length is its drafter's
-(ngram-simple / ngram-map-k: size_m, ngram-mod: its n_max, draft-simple: --spec-draft-n-max, cut by
+first, the draft model when none of them has a draft. `ngram-backoff` is llamactx's own (ngram.py NgramBackoff:
+ngram-simple's lookup with shorter keys where the longest finds nothing, and loops drafted through; it takes
+ngram-simple's size_n / size_m). As in llama.cpp, a draft's length is its drafter's
+(ngram-simple / ngram-map-k / ngram-backoff: size_m, ngram-mod: its n_max, draft-simple: --spec-draft-n-max, cut by
 --spec-draft-p-min and dropped under --spec-draft-n-min), cut to what the slot has room for. A draft model given
 without the draft-simple type is not used (llama-server 0c1e570 loads it and then speculates with the types asked
 for only). The other draft-* types (EAGLE-3, MTP, DFlash) need models and contexts llamactx does not have.
@@ -38,12 +40,13 @@ from pathlib import Path
 
 from llamactx.engine.draft_budget import DecodeCost, DraftBudget
 from llamactx.engine.draft_model import DraftSimple, vocab_mismatch
-from llamactx.engine.ngram import NgramMapK, NgramMod, NgramSimple
+from llamactx.engine.ngram import NgramBackoff, NgramMapK, NgramMod, NgramSimple
 from llamactx.errors import LlamactxError
 from llamactx.model import Model
 
-# the implemented types, in llama.cpp's order of preference (common_speculative_init)
-SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-mod", "draft-simple")
+# the implemented types, in llama.cpp's order of preference (common_speculative_init); ngram-backoff, llamactx's
+# own n-gram type, after llama.cpp's n-gram types
+SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-mod", "ngram-backoff", "draft-simple")
 # llama.cpp's other types: why llamactx refuses each
 UNSUPPORTED_TYPES = {
     **{t: "is not implemented (its draft model runs inside the target's graph; llamactx's draft models run as "
@@ -164,6 +167,8 @@ class Speculator:
             return NgramMapK(p.ngram_map_k.size_n, p.ngram_map_k.size_m)
         if name == "ngram-mod":
             return NgramMod(p.ngram_mod_n_match, p.ngram_mod_n_min, p.ngram_mod_n_max)
+        if name == "ngram-backoff":  # ngram-simple's key and draft lengths (--spec-ngram-simple-size-n / -m)
+            return NgramBackoff(p.ngram_simple.size_n, p.ngram_simple.size_m)
         if target is None:
             raise SpecParamsError("draft-simple: the target model is needed to check the draft model's vocabulary")
         self.draft_model = DraftSimple(load_draft_model(p.draft_model, target), n_seq, p.n_max, p.n_min, p.p_min,

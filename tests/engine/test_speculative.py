@@ -13,7 +13,7 @@ import pytest
 from llamactx import Model
 from llamactx.cli.args import ArgumentParser, CommandError, add_speculative, spec_params
 from llamactx.engine import Engine, EngineError, Limits
-from llamactx.engine.ngram import NgramMapK, NgramMod, NgramSimple
+from llamactx.engine.ngram import NgramBackoff, NgramMapK, NgramMod, NgramSimple
 from llamactx.engine.speculative import (
     DecodeCost,
     DraftBudget,
@@ -66,8 +66,9 @@ def smollm_prompt(smollm):
 
 
 @pytest.mark.parametrize("spec", [SIMPLE, SHORT, SpecParams(types=("ngram-map-k",)),
-                                  SpecParams(types=("ngram-mod",), ngram_mod_n_match=8, ngram_mod_n_min=2)],
-                         ids=["simple", "simple-4-16", "map-k", "mod"])
+                                  SpecParams(types=("ngram-mod",), ngram_mod_n_match=8, ngram_mod_n_min=2),
+                                  SpecParams(types=("ngram-backoff",))],
+                         ids=["simple", "simple-4-16", "map-k", "mod", "backoff"])
 def test_one_stream_greedy_is_unchanged_and_takes_fewer_decodes(smollm, smollm_prompt, spec):
     (plain,), e0 = generate(smollm, [smollm_prompt], max_tokens=48)
     (fast,), e1 = generate(smollm, [smollm_prompt], spec, max_tokens=48)
@@ -359,6 +360,29 @@ def test_ngram_mod_chains_lookups_and_drops_short_drafts():
     assert NgramMod(3, 2, 8, size=1024).draft(0, history, 3) == []  # nothing learnt yet
 
 
+def test_ngram_backoff_shortens_its_key_where_the_longest_finds_nothing():
+    b = NgramBackoff(12, 4)
+    assert b.sizes == [12, 6, 3]
+    assert b.draft(0, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2], 3) == [4, 5, 6, 7]  # only the 3-gram occurs
+    assert b.draft(0, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2], 42) == []  # no key length occurs
+    key = [10, 11, 12, 13, 14, 15, 16, 17, 18, 1, 2]  # with the sampled 3: a 12-gram
+    history = [0, *key, 3, 20, 21, 22, 23, 1, 2, 3, 99, 98, 97, 96, *key]
+    assert b.draft(0, history, 3) == [20, 21, 22, 23]  # the longest key's match, not the 3-gram's later one
+    same = NgramSimple(12, 12).draft(0, history, 3)  # where ngram-simple drafts, the same draft
+    assert same == NgramBackoff(12, 12).draft(0, history, 3) == [20, 21, 22, 23, 1, 2, 3, 99, 98, 97, 96, 10]
+
+
+def test_ngram_backoff_drafts_through_a_loop_shorter_than_its_key():
+    history = [9, 5, 1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3]  # the sampled token 4 goes on a period-4 loop
+    assert NgramSimple(12, 2).draft(0, history, 4) == []  # its match one period back leaves a 3-token draft < n
+    assert NgramBackoff(12, 10).draft(0, history, 4) == [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
+    loop = [7, 8, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41]  # period 14: ngram-simple drafts 13 tokens
+    history = [0, *loop, *loop, *loop[:-1]]
+    assert NgramSimple(12, 20).draft(0, history, 41) == [*loop[:-1]]
+    assert NgramBackoff(12, 20).draft(0, history, 41) == [*loop, *loop[:6]]
+    assert NgramBackoff(3, 5).sizes == [3]
+
+
 def test_the_speculator_cuts_drafts_and_begins_each_request():
     sp = Speculator(SpecParams(types=("ngram-mod", "ngram-simple"), ngram_simple=NgramParams(3, 4)))
     assert [type(d).__name__ for d in sp.drafters] == ["NgramSimple", "NgramMod"]  # llama.cpp's preference
@@ -394,6 +418,9 @@ def test_cli_flags_make_spec_params():
                                    "--spec-ngram-mod-n-max", "32", "--spec-draft-n-max", "8"]))
     assert sp == SpecParams(types=("ngram-simple", "ngram-mod"), n_max=8, ngram_mod_n_max=32,
                             ngram_simple=NgramParams(size_n=4))
+    assert spec_params(p.parse_args(["--spec-type", "ngram-backoff"])).types == ("ngram-backoff",)
+    assert [type(d).__name__ for d in Speculator(SpecParams(types=("ngram-backoff", "ngram-simple"))).drafters] \
+        == ["NgramSimple", "NgramBackoff"]
     for bad, msg in ((["--spec-draft-n-max", "-1"], "outside"), (["--draft-max", "3"], "has been removed"),
                      (["--spec-ngram-simple-size-m", "0"], "outside"), (["--spec-type", "draft-mtp"], "draft model"),
                      (["--spec-type", "nope"], "unknown")):
