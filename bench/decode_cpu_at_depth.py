@@ -37,7 +37,7 @@ def llamacpp(path: str, depth: int, n: int, fa: bool) -> list[float]:
     ctx = L.llama_init_from_model(model, cp)
     toks = np.random.default_rng(0).integers(100, 20000, depth + n).astype(np.int32)
     for i in range(0, depth, 512):
-        chunk = (ctypes.c_int32 * min(512, depth - i))(*toks[i : i + 512].tolist())
+        chunk = (ctypes.c_int32 * min(512, depth - i))(*toks[i : min(i + 512, depth)].tolist())
         if L.llama_decode(ctx, L.llama_batch_get_one(chunk, len(chunk))) != 0:
             raise SystemExit("llama_decode failed")
     times = []
@@ -59,7 +59,7 @@ def ours(path: str, depth: int, n: int, fa: bool) -> list[float]:
                                        n_threads_batch=2, flash_attn="enabled" if fa else "disabled"))
     toks = np.random.default_rng(0).integers(100, 20000, depth + n).tolist()
     for i in range(0, depth, 512):
-        if ctx.decode(Batch.get_one(toks[i : i + 512])) != 0:
+        if ctx.decode(Batch.get_one(toks[i : min(i + 512, depth)])) != 0:
             raise SystemExit("decode failed")
     times = []
     for i in range(n):

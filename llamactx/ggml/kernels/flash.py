@@ -13,9 +13,12 @@ and the query heads of one KV head share it, three heads' chains at a time (twel
 16 columns to a register over V rows widened to f32 once for the group. A prompt's tokens see prefixes of the same
 slots: their K tiles are transposed once per call, and blocks of up to TOKEN_BLOCK of them share each K tile and V
 chunk while it is in L1. Parallel over (token block, KV head) groups dealt round robin; few tokens over many cells
-(decode at depth) split instead, in three passes: scores by cell tiles (each thread its own K rows), the softmax
-per head, VKQ by (KV head, 32-column block) for the group's query heads three at a time (the chain over cells is
-sequential; its columns and heads are independent).
+(decode at depth, with any number of threads) split instead, in three passes: scores by cell tiles (each thread
+its own K rows, the next tile's prefetched), the softmax per head, VKQ by (KV head, 32-column block) for the
+group's query heads three at a time (the chain over cells is sequential; its columns and heads are independent),
+a chunk of V_SLOTS cells at a time with the next chunk's lines prefetched. A KV cache at depth is in DRAM (SmolLM2
+at 4096 cells: 90 MB): with the rows prefetched one thread reads them at about its share of the memory roof (1
+thread, loaded Zen 4: 0.45 ms instead of 0.78 ms per layer).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import numpy as np
 
 from llamactx.ggml.cpu import F32_EPR
 from llamactx.ggml.kernels.attention import SPLIT_MIN_CELLS, _slot_cells, _widen_rows, v_chunk
+from llamactx.ggml.kernels.simd import prefetch
 from llamactx.ggml.kernels.wide import fadd16, ffma16s, fload16, fstore16, hload16, htranspose16, wscale, wzero
 from llamactx.ggml.vec import hsum_vec, v_expf, vec_max
 
@@ -49,7 +53,7 @@ def flash_attend(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, ou
     cl = np.empty((n, max(n_pad, TILE)), np.int64)  # whole tiles of valid rows; slots past m score -inf
     for t in range(n):
         _slot_cells(cells, t, n_cells[t], cl[t])
-    if n * n_head_kv < 2 * n_threads and n_cells.max() >= SPLIT_MIN_CELLS:
+    if n < 2 * n_threads and n_cells.max() >= SPLIT_MIN_CELLS:
         _flash_split(q, k, v, n_head, n_head_kv, cl, n_cells, mask_add, scale, out, n_threads)
         return
     d_k = q.shape[1] // n_head
@@ -382,10 +386,31 @@ def _flash_groups(q, k, v, n_head, n_head_kv, cl, n_cells, mask_add, scale, out,
             _block_values(v, cl, t0, t1, hk, gqa, d_v, n_cells, e, f, s, acc, vf, out)
 
 
+@numba.njit(cache=True)
+def _prefetch_rows(src, ct, r0, r1, col0, width):
+    """Prefetch columns col0..col0+width-1 of the f16 rows of slots r0..r1-1 (cells ct[r]; slots past ct's end are
+    skipped): every 64-byte line, the last one too (a row need not start on a line)."""
+    for r in range(r0, min(r1, ct.shape[0])):
+        c = ct[r]
+        for j in range(0, width, 32):
+            prefetch(src, c, col0 + j)
+        prefetch(src, c, col0 + width - 1)
+
+
+@numba.njit(cache=True)
+def _k_tile_ahead(k, cl, t, r0, hk, d_k, kt, r_next, r_end):
+    """`_k_tile` of the slots from r0, the same columns of the slots from r_next (below r_end) prefetched 16 rows
+    at a time as it goes (a cache at depth comes from DRAM)."""
+    for b in range(0, TILE, 16):
+        _prefetch_rows(k, cl[t], r_next + b, min(r_next + b + 16, r_end), hk * d_k, d_k)
+        for i in range(0, d_k, 16):
+            htranspose16(k, cl, t, r0 + b, hk * d_k + i, kt, i, b)
+
+
 @numba.njit(parallel=True, cache=True)
 def _split_scores(q, k, n_head, n_head_kv, cl, n_cells, mask_add, scale, w, n_blocks):  # pragma: no cover
     """w[t, h, r] = scaled, masked kq of every slot, in (token, run of tiles) tasks over all heads: each thread
-    transposes its own contiguous share of the K rows, once per KV head."""
+    transposes its own contiguous share of the K rows, once per KV head, the next tile's rows prefetched."""
     n = q.shape[0]
     d_k = q.shape[1] // n_head
     gqa = n_head // n_head_kv
@@ -394,9 +419,11 @@ def _split_scores(q, k, n_head, n_head_kv, cl, n_cells, mask_add, scale, w, n_bl
         m = n_cells[t]
         n_tiles = (m + TILE - 1) // TILE
         kt = np.empty((d_k, TILE), np.float32)
-        for ti in range(b * n_tiles // n_blocks, (b + 1) * n_tiles // n_blocks):
+        ti1 = (b + 1) * n_tiles // n_blocks
+        r_end = min(ti1 * TILE, m)  # nothing past the task's share
+        for ti in range(b * n_tiles // n_blocks, ti1):
             for hk in range(n_head_kv):
-                _k_tile(k, cl, t, ti * TILE, hk, d_k, kt, 0)
+                _k_tile_ahead(k, cl, t, ti * TILE, hk, d_k, kt, (ti + 1) * TILE, r_end)
                 _tile_scores(q, t, hk * gqa, gqa, d_k, kt, 0, mask_add, scale, m, ti * TILE, w[t], hk * gqa)
 
 
@@ -426,20 +453,38 @@ def _pair_fma(a0, a1, x0, x1, p):
     return a0, a1
 
 
+@numba.njit(cache=True, inline="always")
+def _pair_start(acc, t, h, j0, j1, r0):
+    """Head h's two registers for columns j0, j1: zero at the first slot, else the chains carried in acc."""
+    if r0 == 0:
+        return wzero(), wzero()
+    return fload16(acc[t], h, j0), fload16(acc[t], h, j1)
+
+
 @numba.njit(cache=True)
-def _store_pair(out, t, h, d_v, j, nb, s, a0, a1):
-    """out[t, columns j.. of head h] = the first nb (1-2) registers / S."""
+def _pair_end(acc, out, t, h, d_v, j, nb, s, last, a0, a1):
+    """Carry head h's chains in acc (columns j.. of acc[t, h]) unless the slots are done; then out[t, columns j..
+    of head h] = the first nb (1-2) registers / S. (A repeated register stores the same values.)"""
+    if not last:
+        fstore16(acc[t], h, j, a0)
+        fstore16(acc[t], h, min(j + 16, d_v - 16), a1)
+        return
     inv = _F32(0.0) if s[t, h] == _F32(0.0) else _F32(1.0) / s[t, h]
     _store4(out, t, h * d_v + j, nb, wscale(a0, inv), wscale(a1, inv), a1, a1)
 
 
 @numba.njit(cache=True)
-def _values3(v, t, h, col, j, d_v, ct, m, e, f, s, out):
-    """VKQ / S of query heads h..h+2 (one KV head, V columns from col) for 32 columns from j: six chains over the
-    slots, each V element read and widened once for the three heads."""
+def _values3(v, t, h, col, j, d_v, ct, r0, r1, last, e, f, s, acc, out):
+    """VKQ of query heads h..h+2 (one KV head, V columns from col) for 32 columns from j over slots r0..r1-1:
+    six chains continued from acc (from zero at slot 0), each V element read and widened once for the three; the
+    same columns one chunk ahead prefetched. last: the slots are done, out = VKQ / S."""
     j0, j1, nb = j, min(j + 16, d_v - 16), min(2, (d_v - j) // 16)
-    a0 = a1 = b0 = b1 = c0 = c1 = wzero()
-    for r in range(m):
+    a0, a1 = _pair_start(acc, t, h, j0, j1, r0)
+    b0, b1 = _pair_start(acc, t, h + 1, j0, j1, r0)
+    c0, c1 = _pair_start(acc, t, h + 2, j0, j1, r0)
+    n_ct = ct.shape[0]
+    for r in range(r0, r1):
+        prefetch(v, ct[min(r + V_AHEAD, n_ct - 1)], col + j0)
         a0, a1 = _pair_scale(a0, a1, f, t, h, r)
         b0, b1 = _pair_scale(b0, b1, f, t, h + 1, r)
         c0, c1 = _pair_scale(c0, c1, f, t, h + 2, r)
@@ -447,41 +492,57 @@ def _values3(v, t, h, col, j, d_v, ct, m, e, f, s, out):
         a0, a1 = _pair_fma(a0, a1, x0, x1, e[t, h, r])
         b0, b1 = _pair_fma(b0, b1, x0, x1, e[t, h + 1, r])
         c0, c1 = _pair_fma(c0, c1, x0, x1, e[t, h + 2, r])
-    _store_pair(out, t, h, d_v, j, nb, s, a0, a1)
-    _store_pair(out, t, h + 1, d_v, j, nb, s, b0, b1)
-    _store_pair(out, t, h + 2, d_v, j, nb, s, c0, c1)
+    _pair_end(acc, out, t, h, d_v, j, nb, s, last, a0, a1)
+    _pair_end(acc, out, t, h + 1, d_v, j, nb, s, last, b0, b1)
+    _pair_end(acc, out, t, h + 2, d_v, j, nb, s, last, c0, c1)
 
 
 @numba.njit(cache=True)
-def _values1(v, t, h, col, j, d_v, ct, m, e, f, s, out):
+def _values1(v, t, h, col, j, d_v, ct, r0, r1, last, e, f, s, acc, out):
     """`_values3` for one query head."""
     j0, j1, nb = j, min(j + 16, d_v - 16), min(2, (d_v - j) // 16)
-    a0 = a1 = wzero()
-    for r in range(m):
+    a0, a1 = _pair_start(acc, t, h, j0, j1, r0)
+    n_ct = ct.shape[0]
+    for r in range(r0, r1):
+        prefetch(v, ct[min(r + V_AHEAD, n_ct - 1)], col + j0)
         a0, a1 = _pair_scale(a0, a1, f, t, h, r)
         p = e[t, h, r]
         if p != _F32(0.0):
             a0, a1 = _pair_fma(a0, a1, hload16(v, ct[r], col + j0), hload16(v, ct[r], col + j1), p)
-    _store_pair(out, t, h, d_v, j, nb, s, a0, a1)
+    _pair_end(acc, out, t, h, d_v, j, nb, s, last, a0, a1)
+
+
+V_SLOTS = 256  # decode at depth: the values pass takes the slots a chunk at a time (a multiple of TILE) ...
+V_AHEAD = V_SLOTS  # ... each task's columns of the next chunk's V rows prefetched while it runs its own
 
 
 @numba.njit(parallel=True, cache=True)
-def _split_values(v, n_head, n_head_kv, cl, n_cells, e, f, s, out):  # pragma: no cover
-    """out = VKQ / S in (token, KV head, 32-column block) tasks: each streams those columns of the V rows of every
-    slot, read and widened in place, for the group's query heads three at a time (one FMA chain per column and
-    head)."""
+def _split_values(v, n_head, n_head_kv, cl, n_cells, e, f, s, acc, out, n_threads):  # pragma: no cover
+    """out = VKQ / S over (token, KV head, 32-column block) tasks, a contiguous run of them per thread: chunk by
+    chunk of V_SLOTS slots, each task streams its columns of the chunk's V rows, read and widened in place, for
+    the group's query heads three at a time (one FMA chain per column and head, carried across chunks in acc
+    (n, n_head, d_v)). A thread's tasks read neighbouring lines of the same rows, close together in time."""
     n = e.shape[0]
     d_v = v.shape[1] // n_head_kv
     gqa = n_head // n_head_kv
     n3 = gqa - gqa % 3
     n_col = (d_v + 31) // 32
-    for task in numba.prange(n * n_head_kv * n_col):
-        t, rest = task // (n_head_kv * n_col), task % (n_head_kv * n_col)
-        hk, j = rest // n_col, rest % n_col * 32
-        for g in range(0, n3, 3):
-            _values3(v, t, hk * gqa + g, hk * d_v, j, d_v, cl[t], n_cells[t], e, f, s, out)
-        for g in range(n3, gqa):
-            _values1(v, t, hk * gqa + g, hk * d_v, j, d_v, cl[t], n_cells[t], e, f, s, out)
+    n_tasks = n * n_head_kv * n_col
+    n_workers = max(1, min(n_threads, n_tasks))
+    m_all = max(n_cells.max(), 1)
+    for wk in numba.prange(n_workers):
+        for c0 in range(0, m_all, V_SLOTS):
+            for task in range(wk * n_tasks // n_workers, (wk + 1) * n_tasks // n_workers):
+                t, rest = task // (n_head_kv * n_col), task % (n_head_kv * n_col)
+                hk, j = rest // n_col, rest % n_col * 32
+                m = n_cells[t]
+                if c0 > 0 and c0 >= m:
+                    continue
+                r1, last = min(c0 + V_SLOTS, m), c0 + V_SLOTS >= m
+                for g in range(0, n3, 3):
+                    _values3(v, t, hk * gqa + g, hk * d_v, j, d_v, cl[t], c0, r1, last, e, f, s, acc, out)
+                for g in range(n3, gqa):
+                    _values1(v, t, hk * gqa + g, hk * d_v, j, d_v, cl[t], c0, r1, last, e, f, s, acc, out)
 
 
 @numba.njit(cache=True)
@@ -494,6 +555,7 @@ def _flash_split(q, k, v, n_head, n_head_kv, cl, n_cells, mask_add, scale, out, 
     e = np.empty((n, n_head, n_pad), np.float32)
     f = np.empty((n, n_head, n_pad // TILE), np.float32)
     s = np.empty((n, n_head), np.float32)
+    acc = np.empty((n, n_head, v.shape[1] // n_head_kv), np.float32)  # (n, n_head, d_v) VKQ between chunks
     _split_scores(q, k, n_head, n_head_kv, cl, n_cells, mask_add, scale, w, 4 * n_threads)
     _split_soft_max(w, n_cells, e, f, s)
-    _split_values(v, n_head, n_head_kv, cl, n_cells, e, f, s, out)
+    _split_values(v, n_head, n_head_kv, cl, n_cells, e, f, s, acc, out, n_threads)
