@@ -5,24 +5,29 @@ llama.cpp runs these types, never repacked, through its tiled kernel from 8 acti
 `tiled_run_micro_vnni_8x16`): per super-block the whole integer sum s1 = sum sc * dot (and Q5_K's s2 = sum m * bsum),
 then out = fma(float(s1) * d_w, d_x, out) (Q5_K: result = fnmadd(dmin_w, float(s2), float(s1) * d_w), out =
 fma(result, d_x, out)); kxquants.kx_rows / q5k_tiled_rows compute that order one weight row at a time. Only the
-super-block's total matters, so a tile holds unsigned codes and takes their offset off at the end:
+super-block's total matters, so a tile holds unsigned codes and each sub-block's dot starts from minus their offset
+(the activation sub-block's sum << shift), which makes it the signed codes' dot before its scale multiplies it:
 
-- Q3_K: the stored 3-bit q (0..7, value q - 4): s1 = isum - 4 * sum(sc * bsum);
-- IQ4_XS: the codebook entry + 128 (1..241: the portable path widens, `pmaddubsw` pairs would saturate past
-  128): s1 = isum - 128 * sum(sc * bsum);
+- Q3_K: the stored 3-bit q (0..7, value q - 4): s1 = sum sc * (dot - 4 * bsum);
+- IQ4_XS and klowbit's IQ tiles: the codebook entry + 128 (1..241: the portable path widens, `pmaddubsw` pairs
+  would saturate past 128): s1 = sum sc * (dot - 128 * bsum). Where every lane's two 16-element scales of a
+  32-element sub-block are equal (IQ4_XS, IQ2_XXS, IQ3_XXS, IQ3_S, IQ1_S: checked per tile), one multiply per 32
+  elements (exact: sc * a + sc * b = sc * (a + b) in integers);
 - Q5_K: 5-bit q (0..31) with the 32-element sub-blocks of ktile's Q4_K tile;
 - IQ4_NL / MXFP4 (repacked in llama.cpp: one FMA per 32-element block, `fma(float(dot), d_w * d_x, acc)`, for
   every n): codebook entry + 128, the block's dot started at -128 * (its activation sum).
 
-A tile transposes 16 rows once (registers of 16 rows x 4 codes), then every activation row streams through it with
-`vpdpbusd` against four broadcast activation quants; `matmul` takes this path from `ktile.TILE_MIN_ROWS` rows.
+A tile transposes 16 rows once (registers of 16 rows x 4 codes), then activation rows stream through it four at a
+time, each sub-block's registers loaded once for the four, with `vpdpbusd` against four broadcast activation quants
+(`_kx_rows`: the helpers it inlines take no tuple of arrays, so no reference counting runs in the loop); `matmul`
+takes this path from `ktile.TILE_MIN_ROWS` rows.
 """
 
 from __future__ import annotations
 
 import numpy as np
 from numba import njit, types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from llamactx.ggml.kernels.ktile import TILE, _packed_pairs, _store_tile, _sub_dots
 from llamactx.ggml.kernels.simd import splat
@@ -36,8 +41,6 @@ from llamactx.ggml.kernels.wide import (
     iload16,
     imaddwd,
     imul2,
-    ishl16,
-    isub16,
     wfmadd,
     wload,
     wscale,
@@ -105,62 +108,126 @@ def _iq4xs_tile(W, r0, r1, tile):
                         wq[b * 64 + 4 * s + q, 4 * lane + e] = _IQ4_U8[(byte >> shift) & 15]
 
 
+def vdot_w(path, wide, acc, w, x):
+    """acc + w . x, four bytes per lane: `vdot16_u8` where `wide` (a literal: codes past 128, which the portable
+    path must widen), else `vdot16`."""
+
+
+@overload(vdot_w, jit_options={"cache": True})
+def _vdot_w(path, wide, acc, w, x):
+    if not isinstance(wide, types.BooleanLiteral):
+        return lambda path, wide, acc, w, x: vdot16_u8(path, acc, w, x) if wide else vdot16(path, acc, w, x)
+    if wide.literal_value:
+        return lambda path, wide, acc, w, x: vdot16_u8(path, acc, w, x)
+    return lambda path, wide, acc, w, x: vdot16(path, acc, w, x)
+
+
 @njit(cache=True, inline="always")
-def _dot16(path, wide, wq, b, s, xq, i):
-    """Sub-block s (16 elements) of super-block b of the tile . x[i], lane r = row r (unsigned codes; `wide`:
-    codes past 128, which the portable path must widen)."""
-    acc = izero16()
-    for q in range(4):
-        w, x = wload(wq, b * 64 + 4 * s + q, 0), xbcast4(xq, i, b * 256 + 16 * s + 4 * q)
-        acc = vdot16_u8(path, acc, w, x) if wide else vdot16(path, acc, w, x)
+def _off(pairs, i, p, half, shift):
+    """-(offset) of activation row i for sub-block 2p + half (half 0 / 1: its 16 elements; 2: both, the
+    32-element sub-block of equal scales): -(sum of its activation quants) << shift, from the int16 pair
+    pairs[i, p] (`_packed_pairs`)."""
+    x = np.int64(pairs[i, p])
+    lo, hi = ((x & 0xFFFF) ^ 0x8000) - 0x8000, x >> 16
+    s = lo if half == 0 else hi if half == 1 else lo + hi
+    return ibcast16(np.int32(-(s << shift)))
+
+
+@njit(cache=True, inline="always")
+def _dot4(path, wide, acc, w0, w1, w2, w3, xq, i, col):
+    """acc + (four registers of the tile's codes) . x[i, col:col + 16], lane r = row r."""
+    acc = vdot_w(path, wide, acc, w0, xbcast4(xq, i, col))
+    acc = vdot_w(path, wide, acc, w1, xbcast4(xq, i, col + 4))
+    acc = vdot_w(path, wide, acc, w2, xbcast4(xq, i, col + 8))
+    return vdot_w(path, wide, acc, w3, xbcast4(xq, i, col + 12))
+
+
+@njit(cache=True)
+def _kx_rows(path, wide, p32, wq, tsc, td, xq, xd, pairs, i, shift):
+    """Activation rows i..i+3 against the tile: per super-block s1 = sum over its sub-blocks of sc * (codes . x -
+    offset), each sub-block's dot started from -(offset) = -(its activation sum) << shift (so s1 is the signed
+    codes' sum), then acc = fma(float(s1) * d_w, d_x, acc). One scale multiply per 32 elements where `p32` (the
+    two scales of every 32 equal). The tile's registers of a sub-block are loaded once for the four rows.
+    -> four f32x16, lane r = weight row r."""
+    a0, a1, a2, a3 = wzero(), wzero(), wzero(), wzero()
+    for b in range(td.shape[0]):
+        s0, s1, s2, s3 = izero16(), izero16(), izero16(), izero16()
+        if p32:
+            for p in range(8):
+                c, j, q = b * 64 + 8 * p, b * 256 + 32 * p, b * 8 + p
+                w0, w1, w2, w3 = wload(wq, c, 0), wload(wq, c + 1, 0), wload(wq, c + 2, 0), wload(wq, c + 3, 0)
+                w4, w5, w6, w7 = wload(wq, c + 4, 0), wload(wq, c + 5, 0), wload(wq, c + 6, 0), wload(wq, c + 7, 0)
+                sc = iload16(tsc, b * 16 + 2 * p, 0)
+                d0 = _dot4(path, wide, _off(pairs, i, q, 2, shift), w0, w1, w2, w3, xq, i, j)
+                d1 = _dot4(path, wide, _off(pairs, i + 1, q, 2, shift), w0, w1, w2, w3, xq, i + 1, j)
+                d2 = _dot4(path, wide, _off(pairs, i + 2, q, 2, shift), w0, w1, w2, w3, xq, i + 2, j)
+                d3 = _dot4(path, wide, _off(pairs, i + 3, q, 2, shift), w0, w1, w2, w3, xq, i + 3, j)
+                s0 = iadd16(s0, imul16(_dot4(path, wide, d0, w4, w5, w6, w7, xq, i, j + 16), sc))
+                s1 = iadd16(s1, imul16(_dot4(path, wide, d1, w4, w5, w6, w7, xq, i + 1, j + 16), sc))
+                s2 = iadd16(s2, imul16(_dot4(path, wide, d2, w4, w5, w6, w7, xq, i + 2, j + 16), sc))
+                s3 = iadd16(s3, imul16(_dot4(path, wide, d3, w4, w5, w6, w7, xq, i + 3, j + 16), sc))
+        else:
+            for s in range(16):
+                c, j, q, h = b * 64 + 4 * s, b * 256 + 16 * s, b * 8 + s // 2, s % 2
+                w0, w1, w2, w3 = wload(wq, c, 0), wload(wq, c + 1, 0), wload(wq, c + 2, 0), wload(wq, c + 3, 0)
+                sc = iload16(tsc, b * 16 + s, 0)
+                s0 = iadd16(s0, imul16(_dot4(path, wide, _off(pairs, i, q, h, shift), w0, w1, w2, w3, xq, i, j), sc))
+                s1 = iadd16(s1, imul16(_dot4(path, wide, _off(pairs, i + 1, q, h, shift), w0, w1, w2, w3, xq, i + 1,
+                                             j), sc))
+                s2 = iadd16(s2, imul16(_dot4(path, wide, _off(pairs, i + 2, q, h, shift), w0, w1, w2, w3, xq, i + 2,
+                                             j), sc))
+                s3 = iadd16(s3, imul16(_dot4(path, wide, _off(pairs, i + 3, q, h, shift), w0, w1, w2, w3, xq, i + 3,
+                                             j), sc))
+        dw = fload16(td, b, 0)
+        a0, a1 = ffma16s(a0, fmul16i(s0, dw), xd[i, b]), ffma16s(a1, fmul16i(s1, dw), xd[i + 1, b])
+        a2, a3 = ffma16s(a2, fmul16i(s2, dw), xd[i + 2, b]), ffma16s(a3, fmul16i(s3, dw), xd[i + 3, b])
+    return a0, a1, a2, a3
+
+
+@njit(cache=True)
+def _kx_row(path, wide, wq, tsc, td, xq, xd, pairs, i, shift):
+    """`_kx_rows` for the one activation row i (the last n % 4), 16-element sub-blocks. -> f32x16."""
+    acc = wzero()
+    for b in range(td.shape[0]):
+        isum = izero16()
+        for s in range(16):
+            c = b * 64 + 4 * s
+            w0, w1, w2, w3 = wload(wq, c, 0), wload(wq, c + 1, 0), wload(wq, c + 2, 0), wload(wq, c + 3, 0)
+            dot = _dot4(path, wide, _off(pairs, i, b * 8 + s // 2, s % 2, shift), w0, w1, w2, w3, xq, i,
+                        b * 256 + 16 * s)
+            isum = iadd16(isum, imul16(dot, iload16(tsc, b * 16 + s, 0)))
+        acc = ffma16s(acc, fmul16i(isum, fload16(td, b, 0)), xd[i, b])
     return acc
 
 
-@njit(cache=True, inline="always")
-def _kx_isum(path, wide, tile, xq, i, b):
-    """sum over the 16 sub-blocks of sc * (codes . x), lane r = row r."""
-    wq, tsc, _, _ = tile
-    isum = izero16()
-    for s in range(0, 16, 2):
-        isum = iadd16(isum, imul2(_dot16(path, wide, wq, b, s, xq, i), iload16(tsc, b * 16 + s, 0),
-                                  _dot16(path, wide, wq, b, s + 1, xq, i), iload16(tsc, b * 16 + s + 1, 0)))
-    return isum
-
-
-@njit(cache=True, inline="always")
-def _kx_step(acc, isum, tile, pairs, xd, i, b, shift):
-    """End of super-block b for activation row i: s1 = isum - offset * sum(sc bsum), acc = fma(float(s1) * d_w,
-    d_x, acc)."""
-    _, _, tsc2, td = tile
-    off = izero16()
-    for p in range(8):
-        off = iadd16(off, imaddwd(iload16(tsc2, b * 8 + p, 0), pairs[i, b * 8 + p]))
-    return ffma16s(acc, fmul16i(isub16(isum, ishl16(off, shift)), fload16(td, b, 0)), xd[i, b])
+@njit(cache=True)
+def _scales_paired(tsc2):
+    """Whether every lane's two 16-element scales of each 32-element sub-block are equal (IQ4_XS and the IQ
+    types with one scale per 32: `sc * dot_lo + sc * dot_hi == sc * (dot_lo + dot_hi)`, one multiply)."""
+    w = tsc2.view(np.uint32)
+    bad = np.uint32(0)
+    for j in range(w.shape[0]):
+        for lane in range(w.shape[1]):
+            bad |= (w[j, lane] ^ (w[j, lane] >> np.uint32(16))) & np.uint32(0xFFFF)
+    return bad == 0
 
 
 @njit(cache=True)
 def kx_tile_dot(path, iq4, tile, xq, xd, pairs, shift, t0, t1, out, buf):
     """out[:, t0:t1] from one filled tile (rows t0..t1 of the weights) and every activation row, four rows at a
-    time sharing each super-block's loads of the tile (klowbit's tiles use it too, with iq4 True)."""
+    time sharing each sub-block's loads of the tile (klowbit's tiles use it too, with iq4 True)."""
+    wq, tsc, tsc2, td = tile
     n = xq.shape[0]
-    nb = tile[3].shape[0]
     n4 = n - n % 4
-    for i in range(0, n4, 4):  # four activation rows share each super-block's loads of the tile
-        a0, a1, a2, a3 = wzero(), wzero(), wzero(), wzero()
-        for b in range(nb):
-            a0 = _kx_step(a0, _kx_isum(path, iq4, tile, xq, i, b), tile, pairs, xd, i, b, shift)
-            a1 = _kx_step(a1, _kx_isum(path, iq4, tile, xq, i + 1, b), tile, pairs, xd, i + 1, b, shift)
-            a2 = _kx_step(a2, _kx_isum(path, iq4, tile, xq, i + 2, b), tile, pairs, xd, i + 2, b, shift)
-            a3 = _kx_step(a3, _kx_isum(path, iq4, tile, xq, i + 3, b), tile, pairs, xd, i + 3, b, shift)
-        _store_tile(out, i, t0, t1, a0, buf)
-        _store_tile(out, i + 1, t0, t1, a1, buf)
-        _store_tile(out, i + 2, t0, t1, a2, buf)
-        _store_tile(out, i + 3, t0, t1, a3, buf)
+    p32 = _scales_paired(tsc2)
+    for i in range(0, n4, 4):
+        y0, y1, y2, y3 = _kx_rows(path, iq4, p32, wq, tsc, td, xq, xd, pairs, i, shift)
+        _store_tile(out, i, t0, t1, y0, buf)
+        _store_tile(out, i + 1, t0, t1, y1, buf)
+        _store_tile(out, i + 2, t0, t1, y2, buf)
+        _store_tile(out, i + 3, t0, t1, y3, buf)
     for i in range(n4, n):
-        acc = wzero()
-        for b in range(nb):
-            acc = _kx_step(acc, _kx_isum(path, iq4, tile, xq, i, b), tile, pairs, xd, i, b, shift)
-        _store_tile(out, i, t0, t1, acc, buf)
+        _store_tile(out, i, t0, t1, _kx_row(path, iq4, wq, tsc, td, xq, xd, pairs, i, shift), buf)
 
 
 @njit(cache=True)
@@ -173,15 +240,15 @@ def kx_tile_rows(path, iq4, W, a, r0, r1, out):
     _packed_pairs(bsums, 1, pairs)
     tile = (np.empty((nb * 64, 64), np.uint8), np.empty((nb * 16, TILE), np.int32),
             np.empty((nb * 8, 2 * TILE), np.int16), np.empty((nb, TILE), np.float32))
-    shift = IQ4XS_SHIFT if iq4 else Q3K_SHIFT
     buf = np.empty((1, TILE), np.float32)
     for t0 in range(r0, r1, TILE):
         t1 = min(t0 + TILE, r1)
         if iq4:
             _iq4xs_tile(W, t0, t1, tile)
+            kx_tile_dot(path, True, tile, xq, xd, pairs, IQ4XS_SHIFT, t0, t1, out, buf)
         else:
             _q3k_tile(W, t0, t1, tile)
-        kx_tile_dot(path, iq4, tile, xq, xd, pairs, shift, t0, t1, out, buf)
+            kx_tile_dot(path, False, tile, xq, xd, pairs, Q3K_SHIFT, t0, t1, out, buf)
 
 
 # --- Q5_K: 32-element sub-blocks with 6-bit scales and mins ----------------------------------------------------
@@ -260,6 +327,17 @@ def q5k_tile_rows(path, W, a, r0, r1, out):
 
 
 # --- IQ4_NL / MXFP4, repacked: one FMA per 32-element block ----------------------------------------------------
+
+
+@intrinsic
+def imul16(typingctx, a, b):
+    """a * b lane by lane in int32 (a sub-block's dot times its scale: exact)."""
+    sig = i32x16(i32x16, i32x16)
+
+    def codegen(context, builder, sig, args):
+        return builder.mul(args[0], args[1])
+
+    return sig, codegen
 
 
 @intrinsic
