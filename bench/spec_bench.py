@@ -7,7 +7,9 @@ Two tasks, each run alternately without and with speculation (so a machine whose
     text early (SmolLM2 compiled for AVX2 wanders from (a) after ~140 characters). SmolLM2 (135M) follows
     neither for long: after a few dozen tokens of the code it writes text of its own, then loops on it, and the
     drafts that pay come from that loop (--trace shows, per step, whether ngram-simple found a draft and how
-    much of it the draft budget verified).
+    much of it the draft budget verified). ngram-simple drafts no loop shorter than its 12-token key and one
+    period less a token of a longer one; `--spec-type ngram-backoff` (llamactx's own) drafts through loops and
+    backs off to 6- and 3-token keys (bench/spec_replay.py replays the types on one greedy output, no model).
 tg t/s is the request's generation rate (llama-server's timings: generated tokens after the first over the time
 since the first), the prompt is not counted; "per CPU second" is the same tokens over the process's CPU time (with
 -t 1 on a machine that other processes load, the ratio that does not depend on how much of a core they leave).
