@@ -61,3 +61,26 @@ def test_ssm_conv_rows_matches_reference(n_t, d_conv):
     np.testing.assert_array_equal(fast.ssm_conv(conv_x, w).view(np.uint32), want.view(np.uint32))
     xt = np.ascontiguousarray(conv_x.T)  # token-major, passed transposed: read in place
     np.testing.assert_array_equal(fast.ssm_conv(xt.T, w).view(np.uint32), want.view(np.uint32))
+
+
+# Qwen3.5's 4 taps (token by token on the state) and other widths (the token-major pass), sets of 1 to 9 tokens
+@pytest.mark.parametrize("d_conv", [4, 3, 5])
+def test_ssm_conv_sets_matches_reference_per_set(d_conv):
+    rng = np.random.default_rng(d_conv)
+    n_ch, sizes, slots = 40, [1, 9, 3], np.array([2, 0, 3], np.int64)
+    n = sum(sizes)
+    states = rng.standard_normal((4, n_ch * (d_conv - 1))).astype(np.float32)  # (n_seq, n_embd_r)
+    x = rng.standard_normal((n, n_ch + 5)).astype(np.float32)  # rows of a wider buffer region
+    w = rng.standard_normal((n_ch, d_conv)).astype(np.float32)
+    rows = rng.permutation(n).astype(np.int64)  # each set's rows, scattered over the ubatch
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    y = np.full((n, n_ch + 2), np.nan, np.float32)
+    st = states.copy()
+    fast.ssm_conv_sets(st, slots, starts, rows, x.reshape(-1), 2, n_ch + 5, w, y.reshape(-1), 1, n_ch + 2)
+    for k, slot in enumerate(slots):
+        mine = rows[starts[k] : starts[k + 1]]
+        conv_x = np.concatenate([states[slot].reshape(n_ch, d_conv - 1), x[mine, 2 : 2 + n_ch].T], axis=1)
+        want = ssm_conv(conv_x, w)
+        np.testing.assert_array_equal(y[mine, 1 : 1 + n_ch].view(np.uint32), want.view(np.uint32))
+        np.testing.assert_array_equal(st[slot], conv_x[:, -(d_conv - 1) :].reshape(-1))
+    np.testing.assert_array_equal(st[1], states[1])  # no set of sequence 1: its state unchanged

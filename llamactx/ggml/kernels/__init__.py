@@ -29,6 +29,7 @@ arithmetic), compute.py a recorded forward graph (llamactx.ggml.graph) in one co
     kiqcodes.py     the IQ types' codes of one 32-element group as a vector (klowbit's decode)
     kiqrow.py       the IQ2 / IQ3 types and IQ1_M for one activation row, decoded in registers (a token's decode)
     bf16.py         BF16 weights (tinyBLAS's order)
+    tinyblas.py     F32 weights in tinyBLAS's order, its lanes in register tiles (routers, delta-net gates)
     q8.py           the activation quantizers (float32 rows -> Q8_0 / Q8_1 / Q8_K)
     quant_search.py the scale searches of ggml's quantizers (make_qx_quants ...), fp32 -> fp16 rounding
     quantize_rows.py  ggml_quantize_chunk's row quantizers (K-quants; legacy types with an importance matrix)

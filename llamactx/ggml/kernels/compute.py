@@ -30,7 +30,7 @@ from llamactx.ggml.intrinsics import f16_bits
 from llamactx.ggml.kernels.attention import attend
 from llamactx.ggml.kernels.bf16 import gemm as gemm_bf16
 from llamactx.ggml.kernels.delta_rule import _gated_delta_net as gated_delta_net_heads
-from llamactx.ggml.kernels.delta_rule import _ssm_conv_tokens as ssm_conv_tokens
+from llamactx.ggml.kernels.delta_rule import ssm_conv_sets
 from llamactx.ggml.kernels.flash import flash_attend
 from llamactx.ggml.kernels.get_rows import rows_bf16, rows_nl, rows_q4_x4, rows_q8_0_x4
 from llamactx.ggml.kernels.kblocks import rows_q4_k, rows_q6_k
@@ -52,6 +52,7 @@ from llamactx.ggml.kernels.matmul import (
 )
 from llamactx.ggml.kernels.repack import units
 from llamactx.ggml.kernels.simd import PORTABLE, VNNI, TagType
+from llamactx.ggml.kernels.tinyblas import sgemm
 from llamactx.ggml.moe import _sigmoid as sigmoid_vec
 from llamactx.ggml.moe import route_row, route_row_biased
 from llamactx.ggml.mrope import ImropeTable
@@ -575,28 +576,9 @@ def _latent_values(k, d_v, cells, n_cells):  # pragma: no cover - compiled
 
 @njit(cache=True)
 def _ssm_conv_rs_node(states, slots, starts, rows, x, xo, xl, w, y, yo, yl):  # pragma: no cover - compiled
-    """SSM_CONV_RS: each sequence set's rows of x after its conv state (n_ch, d_conv - 1), token-major, through
-    delta_rule's conv (the eager op's sums); the state becomes the last d_conv - 1 inputs, in place."""
-    n_ch, d_conv = w.shape
-    d_st = d_conv - 1
-    for k in range(slots.shape[0]):
-        n_t = starts[k + 1] - starts[k]
-        st = states[slots[k]].reshape((n_ch, d_st))
-        xt = np.empty((d_st + n_t, n_ch), np.float32)
-        for i in range(d_st):
-            for c in range(n_ch):
-                xt[i, c] = st[c, i]
-        for t in range(n_t):
-            src = xo + rows[starts[k] + t] * xl
-            xt[d_st + t] = x[src : src + n_ch]
-        out = np.empty((n_t, n_ch), np.float32)
-        ssm_conv_tokens(xt, w, out)
-        for i in range(d_st):
-            for c in range(n_ch):
-                st[c, i] = xt[n_t + i, c]
-        for t in range(n_t):
-            dst = yo + rows[starts[k] + t] * yl
-            y[dst : dst + n_ch] = out[t]
+    """SSM_CONV_RS: each sequence set's rows of x after its conv state (n_ch, d_conv - 1) through delta_rule's conv
+    (the eager op's sums); the state becomes the last d_conv - 1 inputs, in place."""
+    ssm_conv_sets(states, slots, starts, rows, x, xo, xl, w, y, yo, yl)
 
 
 @njit(cache=True)
@@ -662,7 +644,10 @@ def _run(path, prog, fprm, arena, out_logits, out_embd, in_embd, tokens, pos, ou
             qs, qh, sc, mn, d, m = _weight(w_meta, i)
             if w_kind[i] == F32:  # vecdot.matmul_float's row-invariant order: tinyBLAS where the shape allows
                 wf = qs.view(np.float32)  # (rows, k)
-                matmul_float_rows(wf, x, al % F32_EPR == 0 and cols % 4 == 0, False, out)
+                if al % F32_EPR == 0 and cols % 4 == 0:
+                    sgemm(wf, x, n_threads, out)  # its lanes in register tiles (kernels/tinyblas.py)
+                else:
+                    matmul_float_rows(wf, x, False, False, out)
             elif w_kind[i] == BF16:  # tinyBLAS's order on the stored rows (kernels/bf16.py)
                 gemm_bf16(qs.view(np.uint16), x, n_threads, out)
             else:
