@@ -7,15 +7,20 @@ super-block, sc_s * (q[4L..4L+3] . x[4L..4L+3]) of quarter Q (q = the unsigned 6
 sum of sub-block s (`bsums`). Per super-block acc = fma(d_w * d_x, float(lanes), acc) on the eight float lanes, and
 the row's result is ggml's hsum_float_8(acc). Each lane is an exact integer computed in any order, so
 `q6k_gemv_rows` makes ggml's floats from the same lanes, which it gets with far fewer instructions than the 256-bit
-lane helpers (kquants.q6k_rows, one quarter at a time):
+lane helpers (kquants' `_q6k_lanes1`, one quarter at a time; weights in L2, one thread, Zen 4: 26 -> 34 GB/s, llvm-mca
+znver4 ~25 -> ~18 cycles per super-block; haswell code 24 -> 27 GB/s; bench/q6k_gemv_bench.py):
 
 - 64 elements per vector: the quarters 2k and 2k + 1 (elements 64k .. 64k + 63, the natural order, so the
   activation quants are read as they are) come out of one 512-bit load of ql (its low nibbles for k even, high
-  for k odd) and one 256-bit load of qh broadcast to both halves, each half's 2 high bits shifted into place by a
-  per-half shift of 32-bit lanes (`vpsllvd` / `vpsrlvd`; constant shifts on AVX2's halves);
-- `pmaddubsw` against the activation quants (pairs of products at most 2 x 63 x 128: exact int16), then the
-  scales, sign-extended once per super-block and spread over their sub-block's pairs by one word permute,
-  in `pmaddwd` (`vpdpwssd` with AVX512-VNNI): sixteen int32 lanes, lanes L and L + 8 of the same ggml lane;
+  for k odd) and one 256-bit load of qh broadcast to both halves, each half's 2 high bits moved to bits 4-5 by one
+  GFNI affine map (`vgf2p8affineqb`: Ice Lake, Zen 4) or else a per-half shift of 32-bit lanes and a mask
+  (`vpsllvd` / `vpsrlvd`; constant shifts on AVX2's halves), then one `vpternlog` with the nibbles;
+- with AVX512-VNNI: `vpdpbusd` against the activation quants gives each lane's sum of four products (at most
+  4 x 63 x 128: exact in int16); one `vpermt2w` pairs quad m of quarters 4h, 4h + 1 with quad m of 4h + 2, 4h + 3
+  (the same ggml lane) as int16, and one `vpdpwssd` multiplies both by their sub-blocks' scales (sign-extended once
+  per super-block, spread by one `vpermw` per half) and adds them into sixteen int32 lanes, lanes L and L + 8 of
+  the same ggml lane: six multiplying instructions per super-block. Otherwise `pmaddubsw` (pairs of products at
+  most 2 x 63 x 128: exact int16) and `pmaddwd` against the scales per 64 elements (eight);
 - the two halves added, q8sclsub subtracted (`pmaddwd` of the int16 bsums against the same scales, times 32), and
   the one float step per super-block.
 
@@ -91,6 +96,31 @@ def _scaled_pairs(builder, vnni, acc, w, x, scales):
     return builder.add(acc, _pairwise(builder, "maddwd", pairs, scales))
 
 
+def _quads(builder, w, x):
+    """<32 x i16>: `vpdpbusd`'s sums of four products (w . x over bytes 4m .. 4m + 3 in dword m: at most
+    4 x 63 x 128, so exact as int16) as the low words of its sixteen dwords (the high words are their signs)."""
+    v16 = ir.VectorType(_I32, 16)
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16, [v16] * 3),
+                                        "llvm.x86.avx512.vpdpbusd.512")
+    dots = builder.call(fn, [ir.Constant(v16, None), builder.bitcast(w, v16), builder.bitcast(x, v16)])
+    return builder.bitcast(dots, ir.VectorType(_I16, 32))
+
+
+def _scaled_quads(builder, acc, quads, sc, half):
+    """acc + the scaled quads of half `half` (quarters 4h .. 4h + 3): `quads` = (quarters 4h | 4h + 1, quarters
+    4h + 2 | 4h + 3), each quarter's eight quads in dwords. One `vpermt2w` pairs quad m of the first with quad m
+    of the second (the same ggml lane m % 8), one `vpdpwssd` multiplies both by their sub-blocks' scales and adds
+    them: a scale multiply per two quads where `_scaled_pairs` has one per two pairs."""
+    pairs = builder.shuffle_vector(quads[0], quads[1], lane_index([v for m in range(16) for v in (2 * m, 32 + 2 * m)]))
+    q = [4 * half + m // 8 for m in range(16)]  # dword m's quarter in quads[0]; quads[1]'s is two further
+    picks = [v for m in range(16) for v in (2 * q[m] + m % 8 // 4, 2 * (q[m] + 2) + m % 8 // 4)]
+    scales = builder.shuffle_vector(sc, sc, lane_index(picks))
+    v16 = ir.VectorType(_I32, 16)
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16, [v16] * 3),
+                                        "llvm.x86.avx512.vpdpwssd.512")
+    return builder.call(fn, [acc, builder.bitcast(pairs, v16), builder.bitcast(scales, v16)])
+
+
 def _quants(builder, ql, qh, k):
     """<64 x i8>: the 6-bit quants of elements 64k .. 64k + 63 of a super-block (quarters 2k, 2k + 1), from its
     64 bytes of ql for half k // 2 and that half's 32 bytes of qh in both 256-bit halves (ggml-quants.c
@@ -149,6 +179,11 @@ def _lanes(context, builder, vnni, qsty, qs, r, col, xty, xq, i, j):
         ql = load(_I8, qsty, qs, r, builder.add(col, _c(Q6K_QL + 64 * half)), 64)
         qh = load(_I8, qsty, qs, r, builder.add(col, _c(Q6K_QH + 32 * half)), 32)
         qh = builder.shuffle_vector(qh, qh, lane_index(list(range(32)) * 2))
+        if vnni and cpu_features()["avx512bw"]:  # quads first, then the scales on two quarters' quads at once
+            quads = [_quads(builder, _quants(builder, ql, qh, k), load(_I8, xty, xq, i, builder.add(j, _c(64 * k)), 64))
+                     for k in (2 * half, 2 * half + 1)]
+            acc = _scaled_quads(builder, acc, quads, src[0], half)
+            continue
         for k in (2 * half, 2 * half + 1):
             w = _quants(builder, ql, qh, k)
             x = load(_I8, xty, xq, i, builder.add(j, _c(64 * k)), 64)
