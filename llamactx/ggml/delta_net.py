@@ -88,7 +88,7 @@ def softplus(x: np.ndarray) -> np.ndarray:
 
 def l2_norm(x: np.ndarray, eps: float) -> np.ndarray:
     """build_gdn_l2_norm: ggml_rms_norm(x, eps / n) then ggml_scale by 1 / sqrtf(n), n = the row length (eps / n
-    and the scale in float32). (..., n) -> (..., n) float32"""
+    and the scale in float32), in one pass: rms_norm makes (x * scale) * w, and w = 1 / sqrtf(n) is that scale.
+    (..., n) -> (..., n) float32"""
     n = _F32(x.shape[-1])
-    y = rms_norm(x, np.ones(x.shape[-1], np.float32), _F32(eps) / n)  # x * scale * 1.0: the rms_norm's bits
-    return y * (_F32(1.0) / np.sqrt(n))
+    return rms_norm(x, np.full(x.shape[-1], _F32(1.0) / np.sqrt(n), np.float32), _F32(eps) / n)

@@ -300,11 +300,11 @@ class Graph:
         return self.node("softplus", (x,), x.shape)
 
     def l2_norm(self, x: Tensor, eps: float) -> Tensor:
-        """build_gdn_l2_norm as llamactx.ggml.delta_net.l2_norm computes it: an rms_norm node (weights of one,
-        eps / n in float32), then a scale node by 1 / sqrtf(n)."""
+        """build_gdn_l2_norm as llamactx.ggml.delta_net.l2_norm computes it: one rms_norm node (eps / n in float32)
+        whose weights are all 1 / sqrtf(n): the node makes (x * scale) * w, the bits of ggml_rms_norm then
+        ggml_scale."""
         n = np.float32(x.shape[-1])
-        y = self.rms_norm(x, np.ones(x.shape[-1], np.float32), np.float32(eps) / n)
-        return y * (np.float32(1.0) / np.sqrt(n))
+        return self.rms_norm(x, np.full(x.shape[-1], np.float32(1.0) / np.sqrt(n), np.float32), np.float32(eps) / n)
 
     def ssm_conv_rs(self, il: int, x: Tensor, weight: np.ndarray) -> Tensor:
         """ggml_ssm_conv over each sequence set's conv state of layer `il` and its rows of x (n, n_ch), the states
