@@ -10,7 +10,7 @@ shape, / of the same shape, reshape, rows by index, columns, one index of a 4-D 
 np.concatenate; converting one to an array raises GraphUnsupported naming the node),
 so `models/*.py` build a graph with the code that computes eagerly on other ops. llamactx.ggml.kernels.compute
 plans and runs it. A hybrid model's recurrent layers read their states through the input (GraphRecurrent records
-ssm_conv / gated_delta_net over the states the executor binds at run time, llm_graph_input_rs).
+ssm_conv / gated_delta_net / ssm_scan over the states the executor binds at run time, llm_graph_input_rs).
 """
 
 from __future__ import annotations
@@ -74,12 +74,15 @@ class Tensor:
         raise GraphUnsupported(f"numpy conversion of a graph tensor ({self.op} node, shape {self.shape})")
 
     def __array_function__(self, func, types, args, kwargs):
-        """numpy functions over graph tensors: np.concatenate of two along the last axis (ggml_concat), nothing
-        else."""
+        """numpy functions over graph tensors: np.concatenate of two along the last axis (ggml_concat),
+        np.where(t > 0, t, 0) (ggml_relu: nemotron_h's FFN), nothing else."""
         if func is np.concatenate:
             seq, axis = args[0], kwargs.get("axis", args[1] if len(args) > 1 else 0)
             if len(seq) == 2 and all(isinstance(t, Tensor) for t in seq) and axis in (-1, len(seq[0].shape) - 1):
                 return self.graph.concat(seq[0], seq[1])
+        if func is np.where and len(args) == 3 and not kwargs and isinstance(args[0], _Positive) \
+                and args[0].tensor is args[1] and np.isscalar(args[2]) and args[2] == 0:
+            return self.graph.node("relu", (args[1],), args[1].shape)
         raise GraphUnsupported(f"numpy.{func.__name__} of a graph tensor ({self.op} node, shape {self.shape})")
 
     def copy(self) -> Tensor:
@@ -124,6 +127,12 @@ class Tensor:
 
     __rmul__ = __mul__
 
+    def __gt__(self, other) -> _Positive:
+        """t > 0, only as np.where's condition (ggml_relu's x > 0 ? x : 0)."""
+        if not (np.isscalar(other) and other == 0):
+            raise GraphUnsupported(f"comparison of a graph tensor with {other!r}")
+        return _Positive(self)
+
     def __truediv__(self, other) -> Tensor:
         if not isinstance(other, Tensor):
             raise GraphUnsupported("division by an array")
@@ -166,6 +175,13 @@ class Tensor:
         if not 0 <= i < m:
             raise IndexError(f"index {i} of a dimension of {m}")
         return self.graph.node("cont", (self,), (n, n_head, d), (n_head, m * d, i * d))
+
+
+@dataclass(frozen=True, slots=True)
+class _Positive:
+    """`tensor > 0` while recording: what np.where(tensor > 0, tensor, 0) turns into a relu node."""
+
+    tensor: Tensor
 
 
 class Graph:
@@ -280,6 +296,8 @@ class Graph:
         return self.rope(x, pos, table or ImropeTable(rp, sections))
 
     def swiglu(self, gate: Tensor, up: Tensor) -> Tensor:
+        if len(gate.shape) > 2 and gate.shape[-1] % 16:  # the executor's rows are whole: ggml's SIMD tail per row
+            raise GraphUnsupported(f"swiglu over rows of {gate.shape[-1]} (not a multiple of 16)")
         return self.binary("swiglu", gate, up)
 
     def geglu(self, gate: Tensor, up: Tensor) -> Tensor:
@@ -323,6 +341,16 @@ class Graph:
             raise ValueError(f"gated_delta_net_rs: q {q.shape}, k {k.shape}, v {v.shape}, g {g.shape}, "
                              f"beta {beta.shape}")
         return self.node("gdn_rs", (q, k, v, g, beta), v.shape, (il,))
+
+    def ssm_scan_rs(self, il: int, x: Tensor, dt: Tensor, a: np.ndarray, b: Tensor, c: Tensor) -> Tensor:
+        """ggml_ssm_scan (Mamba-2: one decay per head) over each sequence set's SSM state of layer `il`, updated in
+        place. x (n, n_head, head_dim); dt (n, n_head) before softplus; a (n_head,); b, c (n, n_group, d_state).
+        -> (n, n_head, head_dim)"""
+        n, n_head, _ = x.shape
+        if dt.shape != (n, n_head) or b.shape != c.shape or b.shape[0] != n or n_head % b.shape[1] \
+                or np.shape(a) != (n_head,):
+            raise ValueError(f"ssm_scan_rs: x {x.shape}, dt {dt.shape}, a {np.shape(a)}, b {b.shape}, c {c.shape}")
+        return self.node("ssm_scan_rs", (x, dt, b, c), x.shape, (il, self.vector(a)))
 
     def swiglu_oai(self, gate: Tensor, up: Tensor, alpha: float, limit: float) -> Tensor:
         raise GraphUnsupported("swiglu_oai")
@@ -462,6 +490,9 @@ class GraphRecurrent:
 
     def gated_delta_net(self, ops, il: int, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor) -> Tensor:
         return self.graph.gated_delta_net_rs(il, q, k, v, g, beta)
+
+    def ssm_scan(self, ops, il: int, x: Tensor, dt: Tensor, a: np.ndarray, b: Tensor, c: Tensor) -> Tensor:
+        return self.graph.ssm_scan_rs(il, x, dt, a, b, c)
 
     @property
     def sets(self):

@@ -142,7 +142,34 @@ class RecurrentView:
             self.store_ssm(il, j, state)
         return y
 
+    def ssm_scan(self, ops, il: int, x: np.ndarray, dt: np.ndarray, a: np.ndarray, b: np.ndarray,
+                 c: np.ndarray) -> np.ndarray:
+        """ggml_ssm_scan (Mamba-2) of each set's rows from its SSM state (n_head, head_dim, d_state) of layer `il`,
+        which becomes the state after its last row. x (n, n_head, head_dim); dt (n, n_head); a (n_head,); b, c
+        (n, n_group, d_state). -> (n, n_head, head_dim)"""
+        n, n_head, head_dim = x.shape
+        whole = len(self.sets) == 1 and len(self.sets[0].idx) == n
+        y = np.empty((n, n_head, head_dim), np.float32)
+        for j, st in enumerate(self.sets):
+            rows = slice(None) if whole else st.idx
+            state = self.ssm_state(il, j).reshape(n_head, head_dim, b.shape[2])
+            y[rows], state = ops.ssm_scan(state, x[rows], dt[rows], a, b[rows], c[rows])
+            self.store_ssm(il, j, state)
+        return y
+
     # -- a compiled graph's binding (llamactx.ggml.kernels.compute): states updated in place ---------------------
+
+    @property
+    def rs(self) -> RecurrentView:
+        """A recurrent-only model's input is its recurrent part (as a hybrid's HybridInput.rs)."""
+        return self
+
+    def layer_rows(self) -> np.ndarray | None:
+        """(n_layer,) int64: each layer's row in the state arrays, where every layer is recurrent (mamba2), for a
+        compiled graph (backend.fast); None otherwise."""
+        index = self._mem._index
+        rows = np.array([index.get(il, -1) for il in range(max(index, default=-1) + 1)], np.int64)
+        return rows if rows.size and (rows >= 0).all() else None
 
     def bind(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The memory's state arrays (n_layer_rs, n_seq, n_embd_r / n_embd_s), which the program updates in

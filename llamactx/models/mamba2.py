@@ -5,8 +5,10 @@ No attention and no positions: each layer is RMS norm, then the SSM block, then 
 to z | xBC | dt, runs a causal depthwise convolution over xBC continuing the sequence's conv state
 (ggml_ssm_conv), SiLU, then the selective scan over the sequence's SSM state (ggml_ssm_scan), adds x * D, gates
 with SiLU(z), RMS-norms each group and projects back. The states live in the recurrent memory
-(llamactx.memory.recurrent); the forward reads and writes them through the ubatch's `RecurrentView`, one
-sequence set at a time, as ggml's ops loop over the ubatch's sequences.
+(llamactx.memory.recurrent); the forward reads and writes them through the ubatch's `RecurrentView` (its
+ssm_conv / ssm_scan loop over the sequence sets as ggml's ops loop over the ubatch's sequences), so FastOps records
+the forward as one compiled program (SSM_CONV_RS, SSM_SCAN_RS: llamactx.ggml.kernels.ssm_scan) that updates the
+states in place; granitehybrid and nemotron_h run these layers (`mamba2_layer`) beside their others.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ def build(ops, params: GraphParams) -> ForwardResult:
     """One ubatch through the network (llama_model_mamba::graph). token (n,) or embd (n, n_embd); pos is not
     used; rs: the ubatch's view of the recurrent memory."""
     model, token, embd = params.model, params.token, params.embd
-    rs, out_ids, want_logits = params.inp, params.out_ids, params.want_logits
+    rs, out_ids, want_logits = params.inp.rs, params.out_ids, params.want_logits
     hp = model.hparams
     w, t = model.weight, model.tensors
     eps = hp.f_norm_rms_eps
@@ -97,27 +99,17 @@ def mamba2_layer(model, ops, rs: RecurrentInput, cur: np.ndarray, il: int) -> np
     xbc = zxbcdt[:, d_inner : d_inner + conv_dim]  # (n, conv_dim)
     dt = zxbcdt[:, d_inner + conv_dim :] + t[b + "ssm_dt.bias"]  # (n, n_head)
 
-    conv_w = t[b + "ssm_conv1d.weight"]  # (conv_dim, d_conv)
-    conv = np.empty((n, conv_dim), np.float32)
-    for k, st in enumerate(rs.sets):
-        state = rs.conv_state(il, k).reshape(conv_dim, hp.ssm_d_conv - 1)
-        conv_x = np.concatenate([state, xbc[st.idx].T], axis=1)  # (conv_dim, d_conv - 1 + n_t)
-        rs.store_conv(il, k, np.ascontiguousarray(conv_x[:, conv_x.shape[1] - (hp.ssm_d_conv - 1) :]))
-        conv[st.idx] = ops.ssm_conv(conv_x, conv_w)
+    conv = rs.ssm_conv(ops, il, xbc, t[b + "ssm_conv1d.weight"])  # (n, conv_dim), conv states updated
     xbc = ops.silu(conv + t[b + "ssm_conv1d.bias"])  # (n, conv_dim)
     xs = xbc[:, :d_inner].reshape(n, n_head, head_dim)
     bs = xbc[:, d_inner : d_inner + n_group * d_state].reshape(n, n_group, d_state)
     cs = xbc[:, d_inner + n_group * d_state :].reshape(n, n_group, d_state)
 
-    a = t[b + "ssm_a"].reshape(n_head)
-    y = np.empty((n, n_head, head_dim), np.float32)
-    for k, st in enumerate(rs.sets):
-        state = rs.ssm_state(il, k).reshape(n_head, head_dim, d_state)
-        y[st.idx], state = ops.ssm_scan(state, xs[st.idx], dt[st.idx], a, bs[st.idx], cs[st.idx])
-        rs.store_ssm(il, k, state)
-    y = y + xs * t[b + "ssm_d"].reshape(n_head, 1)  # (n, n_head, head_dim)
+    y = rs.ssm_scan(ops, il, xs, dt, t[b + "ssm_a"].reshape(n_head), bs, cs)  # (n, n_head, head_dim), states updated
+    d = np.repeat(t[b + "ssm_d"].reshape(n_head), head_dim)  # (d_inner,): D of each head, along its values
+    y = y + (xbc[:, :d_inner] * d).reshape(n, n_head, head_dim)  # y + x * D
     y = ops.swiglu(z, y)  # silu(z) * y, rows of head_dim as ggml's 4-D tensor
     group = d_inner // n_group
     y = ops.rms_norm(y.reshape(n, n_group, group), np.ones(group, np.float32), hp.f_norm_rms_eps)
-    y = y * t[b + "ssm_norm.weight"]  # (n, n_group, group): build_norm's ggml_mul
-    return ops.matmul(y.reshape(n, d_inner), w(b + "ssm_out.weight"))  # (n, n_embd)
+    y = y.reshape(n, d_inner) * t[b + "ssm_norm.weight"].reshape(d_inner)  # (n, d_inner): build_norm's ggml_mul
+    return ops.matmul(y, w(b + "ssm_out.weight"))  # (n, n_embd)

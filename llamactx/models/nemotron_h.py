@@ -8,6 +8,8 @@ attention-only layer (no RoPE, no q/k norms, 1/sqrt(head) scale, optional biases
 (up, ReLU squared, down; optional biases). Every layer is RMS-pre-normed by its `attn_norm` and adds its output to
 the residual; then the output norm and the LM head. The attention-only and FFN-only layers both count as
 attention layers of the hybrid memory (llama.cpp's !is_recr), the FFN-only ones without using their cells.
+The Mamba-2 layers' states are read and written through the input, so FastOps records the forward as one compiled
+program (SSM_CONV_RS, SSM_SCAN_RS, a relu node for np.where(x > 0, x, 0)).
 Not supported: the MoE variant (`nemotron_h_moe`, Nemotron 3 Nano) and MTP blocks (`nextn_predict_layers`).
 """
 
@@ -135,7 +137,7 @@ def attention_layer(model, ops, attn, cur: np.ndarray, il: int) -> np.ndarray:
     b = f"blk.{il}."
     n = cur.shape[0]
     q, k, v = linears(model, ops, cur, b + "attn_q", b + "attn_k", b + "attn_v")
-    q = q.reshape(n, hp.n_head, hp.n_embd_head_k)
+    q = q.reshape(n, hp.n_head, hp.n_embd_head_k).copy()  # no RoPE to copy it out of the fused matmul's columns
     k = k.reshape(n, hp.n_head_kv, hp.n_embd_head_k)
     v = v.reshape(n, hp.n_head_kv, hp.n_embd_head_v)
     kq_scale = float(np.float32(1.0) / np.sqrt(np.float32(hp.n_embd_head_k)))  # 1.0f / sqrtf(n_embd_head)

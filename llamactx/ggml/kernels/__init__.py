@@ -46,6 +46,7 @@ arithmetic), compute.py a recorded forward graph (llamactx.ggml.graph) in one co
     attention8.py   the same for a target with 8-lane float vectors (AVX2: tinyBLAS<8, __m256>'s sums)
     flash.py        flash attention over it (flash_attn_ext's tiled arithmetic)
     delta_rule.py   the Gated DeltaNet's delta rule, its state updated in place, and ssm_conv (Qwen3.5)
+    ssm_scan.py     Mamba-2's selective scan (ggml_ssm_scan), heads in parallel, the state in place
     compute.py      plan_graph / GraphPlan: a recorded graph run in one compiled call (ggml_graph_compute)
     simd.py         vector types and loads as llvmlite intrinsics (numba has none)
     vnni.py         the integer dot product (vpdpbusd) and the int32 lane arithmetic around it

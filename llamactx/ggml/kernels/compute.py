@@ -9,8 +9,8 @@ the positions into their arena regions) and `run_program` executes the rows in
 order, calling the same kernels as the eager ops (so the bits are the same): one Python call per ubatch instead of
 a dozen per layer, RoPE tables computed once per ubatch, no allocation per node. Matmuls and attention run on the
 thread pool (one parallel region each); small elementwise nodes run on the calling thread. A hybrid's recurrent
-layers (qwen35's conv and gated delta rule) update the memory's state arrays in place, per sequence set
-(RecurrentView.bind: the sets' rows and state slots, bound at each run).
+layers (qwen35's conv and gated delta rule, Mamba-2's scan: kernels.ssm_scan) update the memory's state arrays in
+place, per sequence set (RecurrentView.bind: the sets' rows and state slots, bound at each run).
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ from llamactx.ggml.kernels.matmul import (
 from llamactx.ggml.kernels.repack import units
 from llamactx.ggml.kernels.simd import PORTABLE, VNNI, TagType
 from llamactx.ggml.kernels.tinyblas import sgemm
+from llamactx.ggml.kernels.ssm_scan import ssm_scan_rs_node
 from llamactx.ggml.moe import _sigmoid as sigmoid_vec
 from llamactx.ggml.moe import route_row, route_row_biased
 from llamactx.ggml.mrope import ImropeTable
@@ -74,6 +75,8 @@ _OPS.update({"cont": CONT, "concat": CONCAT, "mul_mat_heads": MUL_MAT_HEADS, "mo
 SIGMOID, SOFTPLUS, MUL, MUL_ROW, SSM_CONV_RS, GDN_RS = range(44, 50)
 _OPS.update({"sigmoid": SIGMOID, "softplus": SOFTPLUS, "mul": MUL, "mul_row": MUL_ROW, "ssm_conv_rs": SSM_CONV_RS,
              "gdn_rs": GDN_RS})
+SSM_SCAN_RS, RELU = 50, 51  # Mamba-2 layers (mamba2, granitehybrid, nemotron_h); nemotron_h's ReLU-squared FFN
+_OPS.update({"ssm_scan_rs": SSM_SCAN_RS, "relu": RELU})
 # buffers
 ARENA, OUT_LOGITS, OUT_EMBD, IN_EMBD = range(4)
 # program columns: op, destination (buffer, offset, row stride), rows, cols, sources a, b, c, params, sources d, e
@@ -173,21 +176,15 @@ class GraphPlan:
             arena[off : off + size] = np.asarray(set_input(pos), np.float32).reshape(-1)
         logits = np.empty(self.logits_shape or (0, 0), np.float32)
         out_embd = np.empty(self.embd_shape, np.float32)
-        view, view_swa = attn.view, attn.view_swa
-        rs = getattr(attn, "rs", None)  # a hybrid's recurrent view: its states and sequence sets
+        rs = getattr(attn, "rs", None)  # a hybrid's recurrent view (a recurrent-only model's input is its own)
         r_states, s_states, rs_slots, rs_starts, rs_rows = rs.bind() if rs is not None else _NO_STATES
         PROGRAMS[ops.kernel_path](
             self.prog, self.fprm, arena, logits.reshape(-1), out_embd.reshape(-1),
             np.ascontiguousarray(embd, np.float32).reshape(-1) if embd is not None else arena[:0],
             np.ascontiguousarray(token, np.int64) if token is not None else pos[:0], pos,
             np.ascontiguousarray(out_ids, np.int64), self.vectors, ops._gelu, cos, sin,
-            table.meta, table.kind, ops.threads, attn.flash, layer_rows,
-            view.k_layers().view(np.uint16), view.v_layers().view(np.uint16), np.ascontiguousarray(view.idx, np.int64),
-            attn.vis.cells, attn.vis.n_cells, attn.vis.mask_add,
-            view_swa.k_layers().view(np.uint16), view_swa.v_layers().view(np.uint16),
-            np.ascontiguousarray(view_swa.idx, np.int64),
-            np.ascontiguousarray(view_swa.real_cells(attn.vis_swa.cells), np.int64), attn.vis_swa.n_cells,
-            attn.vis_swa.mask_add, r_states, s_states, rs_slots, rs_starts, rs_rows,
+            table.meta, table.kind, ops.threads, getattr(attn, "flash", False), layer_rows, *_kv_binding(attn),
+            r_states, s_states, rs_slots, rs_starts, rs_rows,
         )
         if rs is not None:
             rs.spread()  # a set's new states to every sequence of it
@@ -196,6 +193,22 @@ class GraphPlan:
 
 _NO_STATES = (np.zeros((0, 0, 0), np.float32), np.zeros((0, 0, 0), np.float32), np.zeros(0, np.int64),
               np.zeros(1, np.int64), np.zeros(0, np.int64))
+_NO_KV = (np.zeros((0, 0, 0), np.uint16), np.zeros((0, 0, 0), np.uint16), np.zeros(0, np.int64),
+          np.zeros((0, 0), np.int64), np.zeros(0, np.int64), np.zeros((0, 0), np.float32))
+
+
+def _kv_binding(attn) -> tuple:
+    """The attention input's caches, cells and visible cells, global then sliding-window, as the program reads
+    them; empty for a recurrent-only model's input (mamba2: no attention layers)."""
+    if not hasattr(attn, "view"):
+        return _NO_KV + _NO_KV
+    view, view_swa = attn.view, attn.view_swa
+    return (view.k_layers().view(np.uint16), view.v_layers().view(np.uint16), np.ascontiguousarray(view.idx, np.int64),
+            attn.vis.cells, attn.vis.n_cells, attn.vis.mask_add,
+            view_swa.k_layers().view(np.uint16), view_swa.v_layers().view(np.uint16),
+            np.ascontiguousarray(view_swa.idx, np.int64),
+            np.ascontiguousarray(view_swa.real_cells(attn.vis_swa.cells), np.int64), attn.vis_swa.n_cells,
+            attn.vis_swa.mask_add)
 
 
 def _rope_tables(ropes, pos):
@@ -302,7 +315,7 @@ def _encode(row, frow, t: Tensor, place, vec_offsets, weight_index, kernel_order
     p = t.params
     if t.op == "get_rows":
         w = p[0]
-        if w.ggml_type not in (Q8_0, Q4_0, Q4_1, BF16, IQ4_NL, MXFP4, Q4_K, Q6_K):
+        if w.ggml_type not in (Q8_0, Q4_0, Q4_1, BF16, IQ4_NL, MXFP4, Q4_K, Q6_K, F32):
             raise GraphUnsupported(f"get_rows of a {w.type_name} table")
         row[P0] = weight_index((w,))
     elif t.op == "rms_norm":
@@ -315,7 +328,8 @@ def _encode(row, frow, t: Tensor, place, vec_offsets, weight_index, kernel_order
     elif t.op == "mul_mat_id":
         (w,) = t.graph.weights[p[0]]
         order = expert_order(w.ggml_type, t.shape[2])
-        if t.src[0].col0 or row[AL] != t.src[0].cols or order < 0:
+        straddle = w.ggml_type == Q4_K and t.shape[2] % 8  # groups of eight rows across experts: no n_expert here
+        if t.src[0].col0 or row[AL] != t.src[0].cols or order < 0 or straddle:
             raise GraphUnsupported(f"a mul_mat_id of a strided view or of {w.type_name} experts")
         row[P0], row[P1], row[P2], row[P3] = weight_index((w,)), p[1], int(p[2]) + 2 * order, p[3]
         row[P4] = units(w.ggml_type, t.shape[2])  # packed units of one expert
@@ -334,6 +348,8 @@ def _encode(row, frow, t: Tensor, place, vec_offsets, weight_index, kernel_order
     elif t.op == "gdn_rs":  # P0 the layer, P1..P3 H_k, H_v, S; the scale 1 / sqrtf(S)
         row[P0], row[P1], row[P2], row[P3] = p[0], t.src[0].shape[1], t.shape[1], t.shape[2]
         frow[0] = np.float32(1.0) / np.sqrt(np.float32(t.shape[2]))
+    elif t.op == "ssm_scan_rs":  # P0 the layer, P1 A in `vectors`, P2 n_group, P3 d_state, P4 head_dim
+        row[P0], row[P1], row[P2], row[P3], row[P4] = p[0], vec_offsets[p[1]], *t.src[2].shape[1:], t.shape[2]
     elif t.op == "scale":
         frow[0] = p[0]
     elif t.op == "rope":
@@ -749,6 +765,18 @@ def _run(path, prog, fprm, arena, out_logits, out_embd, in_embd, tokens, pos, ou
             _gdn_rs_node(s_states[layer_rows[prog[s, P0]]], rs_slots, rs_starts, rs_rows, a, ao, al, b, bo, bl,
                          c, co, cl, e, eo, el, f, fo, fl, prog[s, P1], prog[s, P2], prog[s, P3], fprm[s, 0],
                          y, yo, yl)
+        elif op == SSM_SCAN_RS:
+            c, co, cl = bufs[prog[s, CB]], prog[s, CO], prog[s, CL]
+            e, eo, el = bufs[prog[s, EB]], prog[s, EO], prog[s, EL]
+            head_dim = prog[s, P4]
+            ssm_scan_rs_node(s_states[layer_rows[prog[s, P0]]], rs_slots, rs_starts, rs_rows, a, ao, al, b, bo, bl,
+                             c, co, cl, e, eo, el, vectors[prog[s, P1] : prog[s, P1] + cols // head_dim], head_dim,
+                             prog[s, P2], prog[s, P3], y, yo, yl)
+        elif op == RELU:  # ggml_relu: x > 0 ? x : 0
+            for r in range(n):
+                for j in range(cols):
+                    v = a[ao + r * al + j]
+                    y[yo + r * yl + j] = v if v > 0 else np.float32(0.0)
         elif op == SELECT:
             for r in range(n):
                 for j in range(cols):
@@ -776,6 +804,10 @@ def _run(path, prog, fprm, arena, out_logits, out_embd, in_embd, tokens, pos, ou
             qs, _, sc, _, dw, _ = _weight(w_meta, i)
             if w_kind[i] == BF16:
                 rows_bf16(qs, tokens, y[yo : yo + n * cols].reshape((n, cols)))
+            elif w_kind[i] == F32:  # the rows as stored (an F32 table: mamba2's tiny model)
+                wf = qs.view(np.float32)
+                for r in range(n):
+                    y[yo + r * cols : yo + (r + 1) * cols] = wf[tokens[r]]
             elif w_kind[i] == Q6_K:  # ggml's blocks (kblocks.py): a Q4_K_M's tied embeddings / output head
                 rows_q6_k(qs, tokens, y[yo : yo + n * cols].reshape((n, cols)))
             elif w_kind[i] == Q4_K:
