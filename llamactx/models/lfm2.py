@@ -15,6 +15,10 @@ output norm). LFM2-MoE (`lfm2moe`, src/models/lfm2moe.cpp, the same graph) keeps
 `leading_dense_block_count` layers and routes the others' tokens to experts (build_moe_ffn with the
 `expert_gating_func` of the file, sigmoid for the released models, the selection bias `exp_probs_b` and weights
 normalized to sum 1). The sliding-window variant is not supported.
+
+The conv states are read and written through the input (RecurrentView.ssm_conv, the sequence sets looped there),
+so FastOps records the forward as one compiled program (SSM_CONV_RS and products, the attention layers over the
+hybrid memory's KV cache) where it has kernels for the weights (quantized files; not F16 ones).
 """
 
 from __future__ import annotations
@@ -147,19 +151,11 @@ def attention_block(model, ops, attn, cur: np.ndarray, pos: np.ndarray, rope: Ro
 
 def shortconv_block(model, ops, rs: RecurrentInput, cur: np.ndarray, il: int) -> np.ndarray:
     """build_shortconv_block (causal): (n, n_embd) -> (n, n_embd), updating the conv state of each sequence set."""
-    hp = model.hparams
     w, t = model.weight, model.tensors
     b = f"blk.{il}."
-    n, n_embd = cur.shape
-    d_conv = hp.n_shortconv_l_cache - 1
+    n_embd = cur.shape[1]
     bcx = ops.matmul(cur, w(b + "shortconv.in_proj.weight"))  # (n, 3 * n_embd)
     bx = bcx[:, :n_embd] * bcx[:, 2 * n_embd :]  # (n, n_embd): B * x
-    conv_w = t[b + "shortconv.conv.weight"]  # (n_embd, l_cache)
-    conv = np.empty((n, n_embd), np.float32)
-    for k, st in enumerate(rs.sets):
-        state = rs.conv_state(il, k).reshape(n_embd, d_conv)
-        conv_x = np.concatenate([state, bx[st.idx].T], axis=1)  # (n_embd, d_conv + n_t)
-        rs.store_conv(il, k, np.ascontiguousarray(conv_x[:, conv_x.shape[1] - d_conv :]))
-        conv[st.idx] = ops.ssm_conv(conv_x, conv_w)
+    conv = rs.ssm_conv(ops, il, bx, t[b + "shortconv.conv.weight"])  # (n, n_embd), conv states updated
     y = bcx[:, n_embd : 2 * n_embd] * conv  # C * conv
     return ops.matmul(y, w(b + "shortconv.out_proj.weight"))  # (n, n_embd)
