@@ -22,7 +22,7 @@ from numba import njit
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
-from llamactx.ggml.kernels.kblocks import Q4K_BYTES, Q6K_BYTES, Q6K_D  # noqa: E402
+from llamactx.ggml.kernels.kblocks import Q4K_BYTES, Q6K_BYTES, Q6K_D, interleave_q4k  # noqa: E402
 from llamactx.ggml.kernels.kgemv import q4k_gemv_rows  # noqa: E402
 from llamactx.ggml.kernels.kquants import q6k_rows  # noqa: E402
 from llamactx.ggml.kernels.q8 import quantize_q8_K  # noqa: E402
@@ -45,8 +45,10 @@ def _weights(rows: int, k: int, block: int, d_offsets: tuple[int, ...], rng) -> 
     qs = rng.integers(0, 256, (rows, nb, block), dtype=np.uint8)
     for off in d_offsets:
         qs[:, :, off : off + 2] = (rng.random((rows, nb, 1)) * 0.01 + 1e-3).astype(np.float16).view(np.uint8)
-    e8, ef = np.empty((rows, 0), np.uint8), np.empty((rows, 0), np.float32)
-    return qs.reshape(rows, -1), e8, e8, e8, ef, ef
+    if block == Q4K_BYTES:  # eight rows interleaved, as repack.py stores Q4_K
+        qs = interleave_q4k(qs)
+    e8, ef = np.empty((qs.shape[0], 0), np.uint8), np.empty((qs.shape[0], 0), np.float32)
+    return qs.reshape(qs.shape[0], -1), e8, e8, e8, ef, ef
 
 
 def _activations(k: int, rng) -> tuple:
@@ -66,7 +68,7 @@ def main() -> None:
     a = _activations(args.k, rng)
     for name, fn, block, d_offsets in (("Q4_K", _q4k, Q4K_BYTES, (0, 2)), ("Q6_K", _q6k, Q6K_BYTES, (Q6K_D,))):
         row_bytes = args.k // 256 * block
-        for where, rows, calls in (("L2", 256, 200), ("DRAM", (args.mib << 20) // row_bytes, 1)):
+        for where, rows, calls in (("L2", 256, 200), ("DRAM", (args.mib << 20) // row_bytes // 8 * 8, 1)):
             W = _weights(rows, args.k, block, d_offsets, rng)
             out = np.empty((1, rows), np.float32)
             fn(W, a, out)  # compile, fault in

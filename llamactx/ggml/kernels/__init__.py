@@ -18,8 +18,8 @@ arithmetic), compute.py a recorded forward graph (llamactx.ggml.graph) in one co
     experts.py      a decoded token's experts (Q4_0 / Q5_0 / Q8_0, one row each) as one prefetched weight stream
     wide.py         the same types four rows to a 512-bit register (repack.cpp's interleaved rows)
     legacy_x2.py    the same types two rows to a 256-bit register, four activation rows at a time (AVX2)
-    kgemv.py        Q4_K decode near the memory roof (exact super-block integers, four per step)
-    kblocks.py      Q4_K / Q6_K rows as ggml stores them (one stream per row): field offsets, scale unpacking
+    kgemv.py        Q4_K decode near the memory roof (eight interleaved rows at a time, exact integers)
+    kblocks.py      Q4_K rows eight to a group (block_q4_Kx8), Q6_K rows as ggml stores them: fields, scales
     q6k_gemv.py     Q6_K decode near the memory roof (ggml_vec_dot_q6_K_q8_K's lanes, 64 elements a vector)
     kquants.py      Q4_K, Q5_K, Q6_K rows (Q8_K activations)
     ktile.py        Q4_K / Q6_K for prompt-sized batches, 16 rows per tile (ggml_gemm_q4_K_8x8_q8_K's order)

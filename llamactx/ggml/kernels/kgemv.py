@@ -1,36 +1,29 @@
-"""Decode (activation rows one by one) of Q4_K weights near the memory roof: exact super-block integers, fast.
+"""Decode (activation rows one by one) of Q4_K weights at the memory roof: eight rows at a time, exact integers.
 
 llama.cpp decodes Q4_K through the repacked gemv (`ggml_gemv_q4_K_8x8_q8_K`, arch/x86/repack.cpp), whose floats
 depend only on two exact integers per super-block and row: isum = sum_s sc_s * (q_s . x_s) over the eight
 32-element sub-blocks, and imin = sum_s mn_s * S_s, S_s the activation sum of sub-block s. Per super-block it
 makes acc = fma(float(isum), d_w * d_x, acc) and acc_min = fma(float(imin), dmin_w * d_x, acc_min), and returns
-acc - acc_min. `q4k_gemv_rows` makes the same floats from the same integers, which it gets with about half the
-instructions of the 256-bit lane helpers (kquants.py), so that a 1B-parameter model's decode streams its weights
-instead of waiting on integer work:
+acc - acc_min. `q4k_gemv_rows` makes the same floats from the same integers, over the weights as repack.py stores
+them (kblocks.py: eight rows interleaved, llama.cpp's block_q4_Kx8 idea), one group of eight rows per call of
+`q4k_group`, which loops over the super-blocks with everything in vectors:
 
-- `q4k_step4` (and `q4k_step2` / `q4k_step1` for the last super-blocks of a row): four super-blocks per call,
-  everything in vectors. Their first 16 bytes (d, dmin, the twelve scale bytes) are four 128-bit loads, from which
-  the 6-bit scales and mins of all four come out at once (ggml's kmask arithmetic on 32-bit lanes), and d, dmin as
-  one `vcvtph2ps`. Each super-block's 128 bytes of nibbles are two 512-bit loads; each load splits into low
-  nibbles (sub-blocks 4h and 4h + 2) and high ones (4h + 1, 4h + 3). `pmaddubsw` against the activation quants
-  gives int16 pairs (at most 2 x 15 x 128: exact), and the scales, spread over their sub-block's pairs by one
-  byte shuffle against zeros, meet them in `pmaddwd` (`vpdpwssd` with AVX512-VNNI). The four super-blocks'
-  sixteen-lane sums fold together (three two-source folds, not twelve single ones), the mins meet the activation
-  sums of 32 (`sub_sums16`) in one `pmaddwd`, and the two float chains (acc, acc_min) advance as the two lanes of
-  one vector FMA per super-block. The activations are put once per matmul in the order the nibble loads want
-  (`arrange_x`). Without AVX512BW the 512-bit operations run as 256-bit halves (AVX2's `vpmaddubsw` /
-  `vpmaddwd`); without AVX2, as plain widened vector IR. Against two super-blocks per step with the scales
-  unpacked in scalar registers this is about 5-10% faster with the weights in L2 (znver4 and haswell code on a
-  Zen 4, 1 thread); llvm-mca's znver4 model puts both at the four vector pipes' limit, now ~14 cycles per
-  super-block (from ~18): of its ~56 vector-pipe cycles per super-block, 40 go to the nibble split, pmaddubsw,
-  pmaddwd and scale spread that any order of these integer sums needs.
+- one 64-byte load holds eight nibble bytes of each of the eight rows, and the activation quants they meet are
+  eight bytes broadcast to every row (`vpbroadcastq`): no arrangement of the activations, no horizontal sum per
+  row. With AVX512-VNNI the low nibbles go straight into `vpdpbusd`, and the high ones masked in place (16 times
+  their value: the int32 sums stay exact); one accumulator per sub-block pair, the high one shifted back after its
+  four loads, both narrowed to int16 (|sum| <= 16 x 15 x 128) and multiplied by their scales in one `vpdpwssd`.
+  Without VNNI (AVX2: 256-bit halves; portable IR) `pmaddubsw` of the split nibbles and `pmaddwd` with each row's
+  scale spread over its pairs (`_scaled_pairs`), exact as before (2 x 15 x 128 fits int16).
+- the eight rows' 6-bit scales and mins come out of their three scale words at once (ggml's kmask arithmetic on
+  8 lanes), d and dmin as one `vcvtph2ps` of 16 halves, the mins meet the activation sums of 32 (`sub_sums16`)
+  in `pmaddwd`, and both float chains of the eight rows advance as the 16 lanes of one FMA per super-block.
 
-One weight row at a time, read as ggml stores it (kblocks.py): a row is one stream of 144-byte super-blocks, scales
-beside their quants, which the hardware prefetcher follows across the short rows of a model's matrices (the same
-rows as five separate arrays took 10% longer over a 1B model's Q4_K matrices, one thread; four rows at once, twenty
-streams, a third longer). Integer sums are exact in
-any order, so the results are bit-identical to llama.cpp's (tests/ggml/test_kernels.py checks them against
-vecdot_k).
+A matrix is one stream (group after group), which the hardware prefetcher follows without help. Integer sums are
+exact in any order, so the results are bit-identical to llama.cpp's (tests/ggml/test_kgemv.py against vecdot_k).
+Measured on Zen 4, 1 thread, CPU time (bench/kgemv_bench.py, weights in L2): 42 GB/s, from 21 GB/s one row at a
+time in ggml's layout; llvm-mca's znver4 model puts the loop at the FP0/FP1 pipes (the 32 `vpdpbusd` of a group's
+super-block), ~13 cycles per row and super-block.
 """
 
 from __future__ import annotations
@@ -43,8 +36,7 @@ from numba.extending import intrinsic
 
 from llamactx.ggml.cpu import cpu_features
 from llamactx.ggml.intrinsics import widen_half
-from llamactx.ggml.kernels.kblocks import Q4K_BYTES, Q4K_QS, q4k_blocks
-from llamactx.ggml.kernels.legacy import prefetch_ahead, prefetch_distance
+from llamactx.ggml.kernels.kblocks import Q4K_GBYTES, Q4K_GQS, Q4K_GROUP, Q4K_GSC, q4k_blocks
 from llamactx.ggml.kernels.simd import TagType, lane_index, ptr2d
 from llamactx.ggml.kernels.vnni import _pairwise
 
@@ -87,40 +79,6 @@ def _scaled_pairs(builder, vnni, acc, w, x, scales):
     return builder.add(acc, _pairwise(builder, "maddwd", pairs, scales))
 
 
-def _superblock(builder, vnni, load_w, load_x, scales):
-    """<16 x i32> lanes summing to one super-block's isum. load_w(h) / load_x(k): its h-th 64 bytes of nibbles /
-    k-th 64 bytes of arranged activations; scales(s, t): <32 x i16>, sub-block s's scale in lanes 0-15 and
-    sub-block t's in lanes 16-31."""
-    acc = ir.Constant(ir.VectorType(_I32, 16), None)
-    for h in (0, 1):
-        w = load_w(h)
-        low4 = ir.Constant(w.type, [0x0F] * 64)
-        lo = builder.and_(w, low4)
-        hi = builder.and_(builder.lshr(w, ir.Constant(w.type, [4] * 64)), low4)
-        acc = _scaled_pairs(builder, vnni, acc, lo, load_x(2 * h), scales(4 * h, 4 * h + 2))
-        acc = _scaled_pairs(builder, vnni, acc, hi, load_x(2 * h + 1), scales(4 * h + 1, 4 * h + 3))
-    return acc
-
-
-def _fold_blocks(builder, accs):
-    """<count x i32>: lane e = the sum of the sixteen lanes of accs[e] (count a power of two). Vectors are folded
-    in pairs, each super-block's run of lanes halved at every level: count - 1 two-source folds and 4 - log2(count)
-    in-vector ones for all of them, where one super-block at a time takes four in-vector folds."""
-    vs, run = list(accs), 16  # run: lanes per super-block in each vector
-    while len(vs) > 1:
-        segs = 16 // run  # super-blocks per vector
-        lo = [v * 16 + s * run + j for v in (0, 1) for s in range(segs) for j in range(run // 2)]
-        hi = [k + run // 2 for k in lo]
-        vs = [_fold(builder, vs[k], vs[k + 1], lo, hi) for k in range(0, len(vs), 2)]
-        run //= 2
-    f, n = vs[0], len(accs)
-    while run > 1:
-        lo = [s * run + j for s in range(n) for j in range(run // 2)]
-        f = _fold(builder, f, f, lo, [k + run // 2 for k in lo])
-        run //= 2
-    return f
-
-
 @njit(cache=True)
 def sub_sums16(bsums, i0, out):
     """out[i, s] = bsums[i0 + i, 2s] + bsums[i0 + i, 2s + 1]: Q8_K's sums of 16 paired into the sums of 32 that
@@ -130,55 +88,30 @@ def sub_sums16(bsums, i0, out):
             out[i, s] = bsums[i0 + i, 2 * s] + bsums[i0 + i, 2 * s + 1]
 
 
-@njit(cache=True)
-def arrange_x(xq, i0, xp):
-    """xp[i] = the activation quants of row i0 + i in `q4k_isum2`'s order: per 128 elements x[0:32], x[64:96],
-    x[32:64], x[96:128] (the partners of one 64-byte load's low nibbles, then of its high nibbles)."""
-    for i in range(xp.shape[0]):
-        for j in range(0, xp.shape[1], 128):
-            for e in range(32):
-                xp[i, j + e] = xq[i0 + i, j + e]
-                xp[i, j + 32 + e] = xq[i0 + i, j + 64 + e]
-                xp[i, j + 64 + e] = xq[i0 + i, j + 32 + e]
-                xp[i, j + 96 + e] = xq[i0 + i, j + 96 + e]
-
-
-# --- whole super-blocks per step: scales, mins, d and the float steps in vectors -----------------------------
+# --- one group of eight rows, every super-block: scales, mins, d and the float steps in vectors ---------------
 
 
 def _splat32(value, n):
     return ir.Constant(ir.VectorType(_I32, n), [value] * n)
 
 
-def _headers(context, builder, qsty, qs, r, b, count):
-    """<4*count x i32>: the first 16 bytes of super-blocks b .. b+count-1 of row r, lanes 4e .. 4e+3 holding
-    super-block b+e's (d | dmin << 16, u0, u1, u2): its f16 pair and twelve scale bytes as kblocks describes."""
-    v16 = ir.VectorType(_I8, 16)
-    parts = [builder.load(ptr2d(context, builder, qsty, qs, r, builder.add(builder.mul(b, _c(Q4K_BYTES)),
-                                                                            _c(Q4K_BYTES * e)), v16), align=1)
-             for e in range(count)]
-    while len(parts) > 1:
-        n = parts[0].type.count
-        parts = [builder.shuffle_vector(parts[k], parts[k + 1], lane_index(range(2 * n)))
-                 for k in range(0, len(parts), 2)]
-    return builder.bitcast(parts[0], ir.VectorType(_I32, 4 * count))
+def _scale_pos(r, s):
+    """Byte of `_scale_bytes`' vectors holding lane r's sub-block s."""
+    return 4 * r + s if s < 4 else 32 + 4 * r + s - 4
 
 
-def _scale_bytes(builder, hdr, count):
-    """<16*count x i8>: super-block e's eight 6-bit scales in bytes 16e .. 16e+7 and its eight mins in 16e+8 ..
-    16e+15, from `_headers`: kblocks.q4k_scales (ggml's utmp / kmask1..3) on every super-block's words at once."""
-    n = 4 * count
-    lo = builder.and_(hdr, _splat32(0x3F3F3F3F, n))  # lane 4e+1: scales 0-3, 4e+2: mins 0-3
-    u2 = builder.shuffle_vector(hdr, hdr, lane_index([4 * (k // 4) + 3 for k in range(n)]))
-    shift = ir.Constant(ir.VectorType(_I32, n), [4 if k % 4 == 2 else 0 for k in range(n)])
-    top = builder.shl(builder.and_(builder.lshr(hdr, _splat32(6, n)), _splat32(0x03030303, n)), _splat32(4, n))
-    hi = builder.or_(builder.and_(builder.lshr(u2, shift), _splat32(0x0F0F0F0F, n)), top)  # 4-7 likewise
-    v8 = ir.VectorType(_I8, 4 * n)
-    picks = []
-    for e in range(count):
-        for lane in (4 * e + 1, 4 * e + 2):  # scales, then mins
-            picks += [4 * lane + k for k in range(4)] + [4 * n + 4 * lane + k for k in range(4)]
-    return builder.shuffle_vector(builder.bitcast(lo, v8), builder.bitcast(hi, v8), lane_index(picks))
+def _scale_bytes(builder, u, first):
+    """<64 x i8>: the eight lanes' 6-bit scales (first = 0) or mins (first = 1) from the group super-block's scale
+    words u (<24 x i32>: u0, u1, u2 of lanes 0-7), sub-block s of lane r at `_scale_pos(r, s)`: kblocks.q4k_scales
+    (ggml's utmp / kmask1..3) on all eight lanes at once."""
+    def words(k):
+        return builder.shuffle_vector(u, u, lane_index(range(8 * k, 8 * k + 8)))
+
+    w, u2 = words(first), words(2)  # scales: u0 (lo) and u2's low nibbles; mins: u1 and u2's high nibbles
+    lo = builder.and_(w, _splat32(0x3F3F3F3F, 8))
+    top = builder.shl(builder.and_(builder.lshr(w, _splat32(6, 8)), _splat32(0x03030303, 8)), _splat32(4, 8))
+    hi = builder.or_(builder.and_(builder.lshr(u2, _splat32(4 * first, 8)), _splat32(0x0F0F0F0F, 8)), top)
+    return builder.bitcast(builder.shuffle_vector(lo, hi, lane_index(range(16))), ir.VectorType(_I8, 64))
 
 
 def _widened(builder, z, picks):
@@ -188,64 +121,115 @@ def _widened(builder, z, picks):
     return builder.bitcast(out, ir.VectorType(_I16, len(picks)))
 
 
-def _step_intrinsic(count):
-    """An intrinsic (path, qs, r, b, xp, i, s16, xd, xrow, acc, acc_min) -> (acc, acc_min) after super-blocks
-    b .. b+count-1 of row r against activation row i (xp / s16: `arrange_x` / `sub_sums16` rows; xd: Q8_K's
-    scales, row xrow): per super-block acc = fma(float(isum), d_w * d_x, acc) and acc_min = fma(float(imin),
-    dmin_w * d_x, acc_min), in the order of `q4k_gemv_rows`, both chains as the two lanes of one vector."""
+def _bcast8(context, builder, xty, xq, i, col):
+    """<64 x i8>: the eight activation quants at [i, col] in every 8-byte run."""
+    v = builder.load(ptr2d(context, builder, xty, xq, i, col, _I64), align=1)
+    v8 = builder.insert_element(ir.Constant(ir.VectorType(_I64, 8), None), v, ir.Constant(_I32, 0))
+    return builder.bitcast(builder.shuffle_vector(v8, v8, lane_index([0] * 8)), ir.VectorType(_I8, 64))
 
-    def typer(typingctx, path, qs, r, b, xp, i, s16, xd, xrow, acc, acc_min):
-        if not isinstance(path, TagType) or path.tag_name not in ("vnni", "portable"):
-            return None
-        ret = types.UniTuple(types.float32, 2)
 
-        def codegen(context, builder, sig, args):
-            _, qs_a, r_, b_, xp_a, i_, s_a, xd_a, xrow_, acc_, accm_ = args
-            vnni = sig.args[0].tag_name == "vnni" and cpu_features()["avx512vnni"]
-            v64i8 = ir.VectorType(_I8, 64)
-            hdr = _headers(context, builder, sig.args[1], qs_a, r_, b_, count)
-            z = _scale_bytes(builder, hdr, count)
-            accs = []
-            for e in range(count):
-                def load_w(h, e=e):
-                    col = builder.add(builder.mul(b_, _c(Q4K_BYTES)), _c(Q4K_BYTES * e + Q4K_QS + 64 * h))
-                    return builder.load(ptr2d(context, builder, sig.args[1], qs_a, r_, col, v64i8), align=1)
+def _vnni_call(builder, name, acc, a, b):
+    v16 = ir.VectorType(_I32, 16)
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16, [v16] * 3), f"llvm.x86.avx512.{name}.512")
+    return builder.call(fn, [acc, builder.bitcast(a, v16), builder.bitcast(b, v16)])
 
-                def load_x(k, e=e):
-                    col = builder.add(builder.mul(b_, _c(256)), _c(256 * e + 64 * k))
-                    return builder.load(ptr2d(context, builder, sig.args[4], xp_a, i_, col, v64i8), align=1)
 
-                def scales(s, t, e=e):
-                    return _widened(builder, z, [16 * e + s] * 16 + [16 * e + t] * 16)
+def _group_isums(context, builder, vnni, qsty, qs, g, col, xty, xq, i, xcol, scb):
+    """<8 x i32>: lane r = isum of row 8g + r's super-block at column col of slot row g, against the activation
+    quants of row i from xcol. With AVX512-VNNI: per 64-byte load, `vpdpbusd` of the low nibbles and of the high
+    ones masked in place (16x their value; products summed in int32, exact), one accumulator per sub-block pair;
+    after its four loads the high one is shifted back (exact), both are narrowed to int16 (|sum| <= 16 * 15 * 128)
+    and meet their scales in one `vpdpwssd`. Otherwise (AVX2, portable IR) `pmaddubsw` of the split nibbles and
+    `pmaddwd` with the scales spread over each row's pairs."""
+    v64 = ir.VectorType(_I8, 64)
+    tot = ir.Constant(ir.VectorType(_I32, 16), None)
+    for c in range(4):
+        lo_acc = hi_acc = ir.Constant(ir.VectorType(_I32, 16), None)
+        for j in range(4):
+            w = builder.load(ptr2d(context, builder, qsty, qs, g, builder.add(col, _c(Q4K_GQS + 64 * (4 * c + j))),
+                                   v64), align=1)
+            xl = _bcast8(context, builder, xty, xq, i, builder.add(xcol, _c(64 * c + 8 * j)))
+            xh = _bcast8(context, builder, xty, xq, i, builder.add(xcol, _c(64 * c + 32 + 8 * j)))
+            lo = builder.and_(w, ir.Constant(v64, [0x0F] * 64))
+            if vnni:
+                lo_acc = _vnni_call(builder, "vpdpbusd", lo_acc, lo, xl)
+                hi_acc = _vnni_call(builder, "vpdpbusd", hi_acc, builder.and_(w, ir.Constant(v64, [0xF0] * 64)), xh)
+            else:  # maddubs lane k: row k // 4
+                hi = builder.and_(builder.lshr(w, ir.Constant(v64, [4] * 64)), ir.Constant(v64, [0x0F] * 64))
+                tot = _scaled_pairs(builder, False, tot, lo, xl,
+                                    _widened(builder, scb, [_scale_pos(k // 4, 2 * c) for k in range(32)]))
+                tot = _scaled_pairs(builder, False, tot, hi, xh,
+                                    _widened(builder, scb, [_scale_pos(k // 4, 2 * c + 1) for k in range(32)]))
+        if vnni:  # lane k of either: row k // 2
+            hi_acc = builder.ashr(hi_acc, _splat32(4, 16))
+            v32 = ir.VectorType(_I16, 32)
+            pair = builder.shuffle_vector(builder.bitcast(lo_acc, v32), builder.bitcast(hi_acc, v32),
+                                          lane_index(range(0, 64, 2)))  # the low halves: lo lanes, then hi's
+            sc = _widened(builder, scb, [_scale_pos(k // 2, 2 * c) for k in range(16)]
+                          + [_scale_pos(k // 2, 2 * c + 1) for k in range(16)])
+            tot = _vnni_call(builder, "vpdpwssd", tot, pair, sc)  # lane p: row p (even sub-block), p - 8 (odd)
+    if vnni:
+        return _fold(builder, tot, tot, range(8), range(8, 16))
+    return _fold(builder, tot, tot, range(0, 16, 2), range(1, 16, 2))
 
-                accs.append(_superblock(builder, vnni, load_w, load_x, scales))
-            isum = _fold_blocks(builder, accs)  # <count x i32>
-            mins = _widened(builder, z, [16 * e + 8 + s for e in range(count) for s in range(8)])
-            s16 = builder.load(ptr2d(context, builder, sig.args[6], s_a, i_, builder.mul(b_, _c(8)),
-                                     ir.VectorType(_I16, 8 * count)), align=2)
-            imin = _min_lanes(builder, mins, s16, count)  # <count x i32>
-            f32 = ir.FloatType()
-            ints = builder.shuffle_vector(isum, imin, lane_index([v for e in range(count) for v in (e, count + e)]))
-            f = builder.sitofp(ints, ir.VectorType(f32, 2 * count))  # (isum_e, imin_e) pairs
-            dm = widen_half(builder, builder.bitcast(
-                builder.shuffle_vector(hdr, hdr, lane_index([4 * e for e in range(count)])),
-                ir.VectorType(_I16, 2 * count)))  # (d_e, dmin_e) pairs
-            x = builder.load(ptr2d(context, builder, sig.args[7], xd_a, xrow_, b_, ir.VectorType(f32, count)),
-                             align=4)
-            p = builder.fmul(dm, builder.shuffle_vector(x, x, lane_index([e for e in range(count) for _ in "dm"])))
-            v2 = ir.VectorType(f32, 2)
-            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v2, [v2] * 3), "llvm.fma.v2f32")
-            a = builder.insert_element(builder.insert_element(ir.Constant(v2, None), acc_, _c(0)), accm_, _c(1))
-            for e in range(count):
-                pick = lane_index([2 * e, 2 * e + 1])
-                a = builder.call(fma, [builder.shuffle_vector(f, f, pick), builder.shuffle_vector(p, p, pick), a])
-            return context.make_tuple(builder, ret, [builder.extract_element(a, _c(k)) for k in range(2)])
 
-        return ret(path, qs, types.intp, types.intp, xp, types.intp, s16, xd, types.intp, types.float32,
-                   types.float32), codegen
+def _group_mins(builder, mnb, s8):
+    """<8 x i32>: lane r = imin of row r = sum_s min_rs * S_s (mnb: `_scale_bytes` mins; s8: <8 x i16> the
+    activation's sub-block sums)."""
+    m = _widened(builder, mnb, [_scale_pos(r, s) for r in range(8) for s in range(8)])  # <64 x i16>
+    halves = []
+    for h in (0, 1):
+        mh = builder.shuffle_vector(m, m, lane_index(range(32 * h, 32 * h + 32)))
+        halves.append(_min_lanes(builder, mh, builder.shuffle_vector(s8, s8, lane_index([s for _ in range(4)
+                                                                                        for s in range(8)])), 4))
+    return builder.shuffle_vector(halves[0], halves[1], lane_index(range(8)))
 
-    typer.__name__ = typer.__qualname__ = f"q4k_step{count}"
-    return intrinsic(typer)
+
+@intrinsic
+def q4k_group(typingctx, path, qs, g, xq, xrow, s16, xs, i, res):
+    """Rows 8g .. 8g + 7 of Q4_K weights (kblocks.py's groups) against activation row xrow of xq (s16: its
+    `sub_sums16` row i; xs: Q8_K's scales, row i) -> res[0, 0:8]: per super-block b, in order,
+    acc = fma(float(isum), d_w * d_x, acc) and acc_min = fma(float(imin), dmin_w * d_x, acc_min) on the eight
+    rows' lanes (one 16-lane FMA for both chains), then acc - acc_min."""
+    if not isinstance(path, TagType) or path.tag_name not in ("vnni", "portable"):
+        return None
+
+    def codegen(context, builder, sig, args):
+        _, qs_a, g_, xq_a, xrow_, s_a, xs_a, i_, res_a = args
+        vnni = sig.args[0].tag_name == "vnni" and cpu_features()["avx512vnni"]
+        f32 = ir.FloatType()
+        v16f = ir.VectorType(f32, 16)
+        qsty = sig.args[1]
+        ary = context.make_array(qsty)(context, builder, qs_a)
+        nb = builder.sdiv(builder.extract_value(ary.shape, 1), _c(Q4K_GBYTES))
+        acc_p = cgutils.alloca_once_value(builder, ir.Constant(v16f, None))
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16f, [v16f] * 3), "llvm.fma.v16f32")
+        with cgutils.for_range(builder, nb) as loop:
+            b = loop.index
+            col = builder.mul(b, _c(Q4K_GBYTES))
+            dm = widen_half(builder, builder.load(ptr2d(context, builder, qsty, qs_a, g_, col,
+                                                        ir.VectorType(_I16, 16)), align=1))  # d 0-7, dmin 8-15
+            u = builder.load(ptr2d(context, builder, qsty, qs_a, g_, builder.add(col, _c(Q4K_GSC)),
+                                   ir.VectorType(_I32, 24)), align=1)
+            scb, mnb = _scale_bytes(builder, u, 0), _scale_bytes(builder, u, 1)
+            isum = _group_isums(context, builder, vnni, qsty, qs_a, g_, col, sig.args[3], xq_a, xrow_,
+                                builder.mul(b, _c(256)), scb)
+            s8 = builder.load(ptr2d(context, builder, sig.args[5], s_a, i_, builder.mul(b, _c(8)),
+                                    ir.VectorType(_I16, 8)), align=2)
+            imin = _group_mins(builder, mnb, s8)
+            ints = builder.sitofp(builder.shuffle_vector(isum, imin, lane_index(range(16))), v16f)
+            x = builder.load(ptr2d(context, builder, sig.args[6], xs_a, i_, b, f32), align=4)
+            xv = builder.shuffle_vector(builder.insert_element(ir.Constant(v16f, None), x, ir.Constant(_I32, 0)),
+                                        ir.Constant(v16f, None), lane_index([0] * 16))
+            builder.store(builder.call(fma, [ints, builder.fmul(dm, xv), builder.load(acc_p)]), acc_p)
+        acc = builder.load(acc_p)
+        v8f = ir.VectorType(f32, 8)
+        out = builder.fsub(builder.shuffle_vector(acc, acc, lane_index(range(8))),
+                           builder.shuffle_vector(acc, acc, lane_index(range(8, 16))))
+        builder.store(out, ptr2d(context, builder, sig.args[8], res_a, _c(0), _c(0), v8f), align=4)
+        return context.get_dummy_value()
+
+    return types.none(path, qs, types.intp, xq, types.intp, s16, xs, types.intp, res), codegen
 
 
 def _min_lanes(builder, m, s, count):
@@ -263,44 +247,26 @@ def _min_lanes(builder, m, s, count):
     return p
 
 
-q4k_step1 = _step_intrinsic(1)
-q4k_step2 = _step_intrinsic(2)
-q4k_step4 = _step_intrinsic(4)
-
-# Four super-blocks per step where 512-bit registers hold their sums (32 of them); with sixteen 256-bit ones
-# (AVX2) two per step keep everything in registers and measured faster (haswell code on a Zen 4, weights in L2).
-_STEP4 = bool(cpu_features()["avx512bw"])
-
-
 @njit(cache=True)
 def q4k_gemv_rows(path, W, a, i0, r0, r1, out):
-    """out[i0:, r0:r1] for Q4_K weights as ggml_gemv_q4_K_8x8_q8_K computes each activation row (module
-    docstring): one weight row at a time, four super-blocks per step (two on AVX2)."""
+    """out[i0:, r0:r1] for Q4_K weights (kblocks.py's groups of eight rows) as ggml_gemv_q4_K_8x8_q8_K computes
+    each activation row (module docstring): a group's eight rows at a time, every super-block in one call."""
     qs = W[0]
     xq, xd, bsums, _ = a
     n, nb = xq.shape[0] - i0, q4k_blocks(qs)
-    if n <= 0:
+    if n <= 0 or r1 <= r0:
         return
     s16 = np.empty((n, nb * 8), np.int16)
     sub_sums16(bsums, i0, s16)
-    xp = np.empty((n, xq.shape[1]), np.int8)
-    arrange_x(xq, i0, xp)
-    xs = np.empty((n, nb), np.float32)  # xd's rows, C-contiguous: the steps load four at once
+    xs = np.empty((n, nb), np.float32)  # xd's rows, C-contiguous
     for i in range(n):
         for b in range(nb):
             xs[i, b] = xd[i0 + i, b]
-    nb4 = nb - nb % 4 if _STEP4 else 0
-    ahead = prefetch_distance(W[0], W[1], W[2])
-    for r in range(r0, r1):
-        prefetch_ahead(W[0], W[1], W[2], r, r0, r1, ahead, 1)
+    res = np.empty((1, Q4K_GROUP), np.float32)
+    g0, g1 = r0 // Q4K_GROUP, (r1 + Q4K_GROUP - 1) // Q4K_GROUP
+    for g in range(g0, g1):
+        lo, hi = max(r0, g * Q4K_GROUP), min(r1, (g + 1) * Q4K_GROUP)
         for i in range(n):
-            acc, acc_min = _F0, _F0
-            for b in range(0, nb4, 4):
-                acc, acc_min = q4k_step4(path, qs, r, b, xp, i, s16, xs, i, acc, acc_min)
-            b = nb4
-            while nb - b >= 2:
-                acc, acc_min = q4k_step2(path, qs, r, b, xp, i, s16, xs, i, acc, acc_min)
-                b += 2
-            if b < nb:
-                acc, acc_min = q4k_step1(path, qs, r, b, xp, i, s16, xs, i, acc, acc_min)
-            out[i0 + i, r] = acc - acc_min
+            q4k_group(path, qs, g, xq, i0 + i, s16, xs, i, res)
+            for r in range(lo, hi):
+                out[i0 + i, r] = res[0, r - g * Q4K_GROUP]

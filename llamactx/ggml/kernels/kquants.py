@@ -16,10 +16,6 @@ from numba.extending import overload
 
 from llamactx.ggml.intrinsics import fma32
 from llamactx.ggml.kernels.kblocks import (
-    Q4K_BYTES,
-    Q4K_D,
-    Q4K_DMIN,
-    Q4K_QS,
     Q6K_BYTES,
     Q6K_D,
     Q6K_QH,
@@ -28,6 +24,9 @@ from llamactx.ggml.kernels.kblocks import (
     byte_of,
     load_u32,
     q4k_blocks,
+    q4k_d,
+    q4k_dmin,
+    q4k_load32,
     q4k_scales,
     q6k_blocks,
 )
@@ -81,8 +80,8 @@ def _decode_k(dec, qs, qh, r, b, c):
         return None
     if dec.tag_name == "dec_q4k":
 
-        def q4k(dec, qs, qh, r, b, c):  # ggml's block_q4_K rows (kblocks.py)
-            v = vload(qs, r, b * Q4K_BYTES + Q4K_QS + c * 32)
+        def q4k(dec, qs, qh, r, b, c):  # ggml's block_q4_K bytes, eight rows interleaved (kblocks.py)
+            v = q4k_load32(qs, r, b, c)
             return vlo(v), vhi(v)
 
         return q4k
@@ -108,11 +107,10 @@ def _k_superblock(dec, W, r, b):
         return None
     if dec.tag_name == "dec_q4k":
 
-        def q4k(dec, W, r, b):  # ggml's block_q4_K rows (kblocks.py)
+        def q4k(dec, W, r, b):  # ggml's block_q4_K bytes, eight rows interleaved (kblocks.py)
             qs = W[0]
             sc, mn = q4k_scales(qs, r, b)
-            o = b * Q4K_BYTES
-            return sc, mn, load_f16(qs, r, o + Q4K_D), load_f16(qs, r, o + Q4K_DMIN)
+            return sc, mn, q4k_d(qs, r, b), q4k_dmin(qs, r, b)
 
         return q4k
 
@@ -126,7 +124,7 @@ def _k_superblock(dec, W, r, b):
 
 
 def k_blocks(dec, W):
-    """Super-blocks per row of Q4_K (ggml's rows) / Q5_K (separate arrays) weights."""
+    """Super-blocks per row of Q4_K (groups of eight rows) / Q5_K (separate arrays) weights."""
 
 
 @overload(k_blocks, jit_options={"cache": True})
@@ -191,26 +189,29 @@ def _k_total(acc, m):
 
 
 @njit(cache=True)
-def k45_rows(path, dec, W, a, r0, r1, out):
+def k45_rows(path, dec, W, a, r0, r1, out, base=0):
     """Q4_K / Q5_K (x86 ggml_vec_dot_q4_K_q8_K / q5_K, AVX2): int lanes summed over a super-block, then one
-    fmadd(d, cvt(lanes), acc) per super-block; the mins separately (`_k_mins`)."""
+    fmadd(d, cvt(lanes), acc) per super-block; the mins separately (`_k_mins`). out[:, r] from weight row base + r
+    (an expert's rows in a stacked Q4_K matrix, whose groups of eight may straddle experts)."""
     qs, qh = W[0], W[1]
     xq, xd, bsums, _ = a
     q5 = _is_q5(dec)
     z = (_F0, _F0, _F0, _F0)
     n, nb = xq.shape[0], k_blocks(dec, W)
-    ahead = prefetch_distance(W[0], W[1], W[2]) if n < 4 else 0  # decode streams the weights (legacy.x4_rows)
+    # decode streams the weights (legacy.x4_rows); Q4_K's slot rows hold eight rows each (kblocks.py): not here
+    ahead = prefetch_distance(W[0], W[1], W[2]) if n < 4 and q5 else 0
     for r in range(r0, r1):
         if ahead:
             prefetch_ahead(W[0], W[1], W[2], r, r0, r1, ahead, 1)
+        rw = base + r
         for i in range(0, n - n % 4, 4):
             a0, a1, a2, a3 = fzero(), fzero(), fzero(), fzero()
             m0, m1, m2, m3 = z, z, z, z
             for b in range(nb):
-                sc, mn, dw, mw = k_superblock(dec, W, r, b)
+                sc, mn, dw, mw = k_superblock(dec, W, rw, b)
                 i0, i1, i2, i3 = izero(), izero(), izero(), izero()
                 for c in range(4):
-                    lo, hi = decode_k(dec, qs, qh, r, b, c)
+                    lo, hi = decode_k(dec, qs, qh, rw, b, c)
                     s0, s1, j = byte_of(sc, 2 * c), byte_of(sc, 2 * c + 1), b * 256 + c * 64
                     i0 = _k_step(path, i0, lo, hi, s0, s1, xq, i, j)
                     i1 = _k_step(path, i1, lo, hi, s0, s1, xq, i + 1, j)
@@ -230,10 +231,10 @@ def k45_rows(path, dec, W, a, r0, r1, out):
             acc = fzero()
             mins = z
             for b in range(nb):
-                sc, mn, dw, mw = k_superblock(dec, W, r, b)
+                sc, mn, dw, mw = k_superblock(dec, W, rw, b)
                 isum = izero()
                 for c in range(4):
-                    lo, hi = decode_k(dec, qs, qh, r, b, c)
+                    lo, hi = decode_k(dec, qs, qh, rw, b, c)
                     isum = _k_step(path, isum, lo, hi, byte_of(sc, 2 * c), byte_of(sc, 2 * c + 1), xq, i,
                                    b * 256 + c * 64)
                 acc = fmadd_i(acc, isum, xd[i, b] * dw)

@@ -23,10 +23,6 @@ import numpy as np
 from numba import njit
 
 from llamactx.ggml.kernels.kblocks import (
-    Q4K_BYTES,
-    Q4K_D,
-    Q4K_DMIN,
-    Q4K_QS,
     Q6K_BYTES,
     Q6K_D,
     Q6K_QH,
@@ -35,6 +31,9 @@ from llamactx.ggml.kernels.kblocks import (
     byte_of,
     load_u32,
     q4k_blocks,
+    q4k_d,
+    q4k_dmin,
+    q4k_qs_col,
     q4k_scales,
     q6k_blocks,
 )
@@ -74,24 +73,23 @@ def _q4k_tile(W, r0, r1, tile):
     wq (nb*64, 64) u8: register (8 b + s) * 8 + q = bytes 4q..4q+3 of sub-block s of super-block b, for the
     16 rows side by side, decoded to 0..15; sc (nb*8, 16) i32 the 6-bit scales; mn2 (nb*4, 32) i16 the mins of
     sub-blocks 2c, 2c+1 as pairs per lane; d, dm (nb, 16) f32."""
-    qs = W[0]  # ggml's block_q4_K rows (kblocks.py)
+    qs = W[0]  # ggml's block_q4_K bytes, eight rows interleaved (kblocks.py)
     wq, tsc, tmn2, td, tdm = tile
     w32 = wq.view(np.uint32)  # (nb*64, 16)
     nb = q4k_blocks(qs)
     for lane in range(TILE):
         r = min(r0 + lane, r1 - 1)
-        q32 = qs[r].view(np.uint32)  # (nb*36,) a super-block is 36 words, its nibbles from word 4
+        q32 = qs[r >> 3].view(np.uint32)  # the row's group: its nibbles in runs of two words, 16 words apart
         for b in range(nb):
-            o = b * Q4K_BYTES
-            td[b, lane] = load_f16(qs, r, o + Q4K_D)
-            tdm[b, lane] = load_f16(qs, r, o + Q4K_DMIN)
+            td[b, lane] = q4k_d(qs, r, b)
+            tdm[b, lane] = q4k_dmin(qs, r, b)
             sc, mn = q4k_scales(qs, r, b)
             for s in range(8):
                 tsc[b * 8 + s, lane] = byte_of(sc, s)
                 tmn2[b * 4 + s // 2, 2 * lane + s % 2] = byte_of(mn, s)
             for c in range(4):
                 for q in range(8):
-                    v = q32[(o + Q4K_QS) // 4 + c * 8 + q]
+                    v = q32[q4k_qs_col(r, b, 32 * c + 4 * q) // 4]
                     w32[(b * 8 + 2 * c) * 8 + q, lane] = v & _NIB
                     w32[(b * 8 + 2 * c + 1) * 8 + q, lane] = (v >> np.uint32(4)) & _NIB
 

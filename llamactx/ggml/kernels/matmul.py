@@ -158,10 +158,10 @@ def _rows_of_type(path, kind, llama_order, W, a, u0, u1, out):
         x4_rows(path, DEC_Q5_1, W, a, u0, u1, out)
     elif kind == Q8_0:
         x4_rows(path, DEC_Q8_0, W, a, u0, u1, out)
-    elif llama_order and kind == Q4_K and a[0].shape[0] >= TILE_MIN_ROWS:
-        q4k_tile_rows(path, W, a, u0, u1, out)
+    elif llama_order and kind == Q4_K and a[0].shape[0] >= TILE_MIN_ROWS:  # Q4_K: units of eight rows
+        q4k_tile_rows(path, W, a, u0 * NL_GROUP, min(u1 * NL_GROUP, out.shape[1]), out)
     elif llama_order and kind == Q4_K:
-        q4k_x8_rows(path, W, a, u0, u1, out)
+        q4k_x8_rows(path, W, a, u0 * NL_GROUP, min(u1 * NL_GROUP, out.shape[1]), out)
     elif llama_order and kind == Q6_K and a[0].shape[0] >= TILE_MIN_ROWS:
         q6k_tile_rows(path, W, a, u0, u1, out)
     elif llama_order and kind == Q6_K and a[0].shape[0] >= TILED_MIN_ROWS:
@@ -185,7 +185,7 @@ def _rows_of_type(path, kind, llama_order, W, a, u0, u1, out):
     elif kind == MXFP4:
         nl_rows(path, LUT_MXFP4, W, a, u0, u1, out)
     elif kind == Q4_K:
-        k45_rows(path, DEC_Q4K, W, a, u0, u1, out)
+        k45_rows(path, DEC_Q4K, W, a, u0 * NL_GROUP, min(u1 * NL_GROUP, out.shape[1]), out)
     elif kind == Q5_K:
         k45_rows(path, DEC_Q5K, W, a, u0, u1, out)
     elif kind == Q6_K:
@@ -201,7 +201,7 @@ def _n_units(kind, n_rows):
     """Rows, or groups of four rows for the 32-element block types, of eight for IQ4_NL / MXFP4 (repack.units)."""
     if kind == Q4_0 or kind == Q4_1 or kind == Q5_0 or kind == Q5_1 or kind == Q8_0:
         return (n_rows + ROWS_PER_GROUP - 1) // ROWS_PER_GROUP
-    if kind == IQ4_NL or kind == MXFP4:
+    if kind == IQ4_NL or kind == MXFP4 or kind == Q4_K:
         return (n_rows + NL_GROUP - 1) // NL_GROUP
     return n_rows
 
@@ -258,6 +258,11 @@ def _experts_share(path, kind, per_row, a, starts, unit, task, n_tasks, qs, qh, 
     for e in range(starts.shape[0] - 1):
         r0, r1 = starts[e], starts[e + 1]
         if r0 == r1 or (streamed and r1 - r0 == 1):
+            continue
+        if kind == Q4_K and not per_row:  # eight rows to a group (kblocks.py): an expert may start mid-group
+            ae = (a[0][r0:r1], a[1][r0:r1], a[2][r0:r1], a[3][r0:r1])
+            k45_rows(path, DEC_Q4K, (qs, qh, sc, mn, d, m), ae, u0 * NL_GROUP, min(u1 * NL_GROUP, out.shape[1]),
+                     out[r0:r1], e * out.shape[1])
             continue
         w0, w1 = e * unit, (e + 1) * unit
         W = (qs[w0:w1], qh[w0:w1], sc[w0:w1], mn[w0:w1], d[w0:w1], m[w0:w1])

@@ -14,7 +14,7 @@ rows, then 16-31), their f16 scales side by side (then their mins), and Q5's fif
 bytes at a time (`_interleave_nl`, kxquants.nl_rows). A last partial group is filled with zero rows.
 
 Every `PackedWeight` has the same six slots, so one kernel signature serves all types (n = n_rows, or n/4 groups
-for the 32-element types, n/8 for IQ4_NL / MXFP4; nb = blocks per row; a slot a type does not use is an empty
+for the 32-element types, n/8 for IQ4_NL / MXFP4 / Q4_K; nb = blocks per row; a slot a type does not use is an empty
 (n, 0) array):
 
     type  qs (u8)               qh (u8)            sc (u8)               mn (u8)      d (f32)   m (f32)
@@ -26,7 +26,7 @@ for the 32-element types, n/8 for IQ4_NL / MXFP4; nb = blocks per row; a slot a 
     Q5_0  nibbles (nb*64)       2 u64 masks (nb*16) f16 d x4 (nb*8)      -            -         -
     Q5_1  nibbles (nb*64)       2 u64 masks (nb*16) f16 d, m x4 (nb*16)  -            -         -
     Q8_0  q + 128 (nb*128)      -                  f16 d x4 (nb*8)       -            -         -
-    Q4_K  block_q4_K (nb*144)   -                  -                     -            -         -
+    Q4_K  block_q4_K x8 (nb*1152) -                -                     -            -         -
     Q5_K  nibbles (nb*128)      bits (nb*32)       6-bit sc (nb*8)       mins (nb*8)  d         dmin
     Q6_K  block_q6_K (nb*210)   -                  -                     -            -         -
     Q2_K  2-bit (nb*64)         -                  4-bit sc (nb*16)      4-bit m (nb*16) d      dmin
@@ -37,7 +37,8 @@ for the 32-element types, n/8 for IQ4_NL / MXFP4; nb = blocks per row; a slot a 
     IQ1_S .. IQ3_S  their blocks (nb*type_size)  -                    -            -         -
 
 Q4_K and Q6_K keep ggml's blocks whole: decode streams each row once, and a row split into several arrays is
-several streams for the hardware prefetcher (kblocks.py). Q2_K, Q3_K, IQ4_XS, IQ4_NL and MXFP4 run in
+several streams for the hardware prefetcher (kblocks.py); Q4_K interleaves them in groups of eight rows, as
+llama.cpp's block_q4_Kx8 (one 64-byte load serves eight rows). Q2_K, Q3_K, IQ4_XS, IQ4_NL and MXFP4 run in
 kxquants.py; IQ4_XS's per-32 scales are stored once per 16 elements, as Q3_K's, so both share one kernel.
 
 F32/F16/BF16 rows are views of the stored tensor (BF16 runs in bf16.py). The 32-element types, Q4_K and Q6_K take
@@ -54,6 +55,7 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
+from llamactx.ggml.kernels.kblocks import interleave_q4k
 from llamactx.ggml.kernels.legacy import ROWS_PER_GROUP
 from llamactx.gguf.block_fields import SHIFT_2BIT
 from llamactx.gguf.quants import block_format
@@ -165,7 +167,7 @@ def _pack_q8_0(b: np.ndarray) -> dict[str, np.ndarray]:
 
 
 def _pack_q4_K(b: np.ndarray) -> dict[str, np.ndarray]:
-    return {"qs": _bytes(b, 0, b.shape[2])}  # ggml's block_q4_K rows, one stream each (kblocks.py)
+    return {"qs": interleave_q4k(b)}  # ggml's block_q4_K bytes, eight rows interleaved (kblocks.py)
 
 
 def _pack_q5_K(b: np.ndarray) -> dict[str, np.ndarray]:
@@ -310,12 +312,12 @@ def pack_weights(weights, name: str | None = None) -> PackedWeight:
 
 def _rows_per_unit(ggml_type: int) -> int:
     t = int(ggml_type)
-    return ROWS_PER_GROUP if t in GROUPED_TYPES else NL_GROUP if t in (T.IQ4_NL, T.MXFP4) else 1
+    return ROWS_PER_GROUP if t in GROUPED_TYPES else NL_GROUP if t in (T.IQ4_NL, T.MXFP4, T.Q4_K) else 1
 
 
 def units(ggml_type: int, n_rows: int) -> int:
     """The first dimension of a packed matrix's slots: groups of four rows for the 32-element block types, of
-    eight for IQ4_NL / MXFP4, else rows."""
+    eight for IQ4_NL / MXFP4 / Q4_K, else rows."""
     return -(-n_rows // _rows_per_unit(ggml_type))
 
 
