@@ -84,9 +84,11 @@ def main() -> None:
     path = str(resolve_model_path(args.model))
     run = llamacpp if args.side == "llamacpp" else ours
     times = run(path, args.depth, args.n_gen, args.fa == "on")
-    med = float(np.median(times[1:] if len(times) > 1 else times))
-    print(f"{args.side} d{args.depth} fa {args.fa}: {med * 1e3:.2f} ms CPU per token (median of {len(times) - 1}), "
-          f"{1 / med:.1f} t/s")
+    steady = np.array(times[1:] if len(times) > 1 else times)
+    med = float(np.median(steady))
+    p10, p90 = np.percentile(steady, (10, 90))
+    print(f"{args.side} d{args.depth} fa {args.fa}: {med * 1e3:.2f} ms CPU per token (median of {len(steady)}; "
+          f"p10 {p10 * 1e3:.2f}, p90 {p90 * 1e3:.2f}), {1 / med:.1f} t/s")
 
 
 if __name__ == "__main__":
