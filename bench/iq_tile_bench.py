@@ -18,7 +18,7 @@ os.environ.setdefault("NUMBA_NUM_THREADS", "1")  # process time would count idle
 
 import numpy as np  # noqa: E402
 
-from llamactx.ggml.kernels.klowbit import matmul_lowbit_vnni, post_of  # noqa: E402
+from llamactx.ggml.kernels.klowbit import KERNEL_TYPES, matmul_lowbit_vnni, post_of  # noqa: E402
 
 
 def expert_blocks(path: str, tensor: str) -> tuple[int, np.ndarray]:
@@ -50,6 +50,8 @@ def main() -> None:
     p.add_argument("--ghz", type=float, default=2.4)
     args = p.parse_args()
     t, blocks = expert_blocks(args.m, args.tensor)
+    if t not in KERNEL_TYPES:
+        raise SystemExit(f"{args.tensor} of {args.m} is ggml type {t}, not one of klowbit's IQ types")
     n_w = blocks.shape[0]
     k = blocks.shape[1] // _type_size(t) * 256
     rng = np.random.default_rng(0)
