@@ -14,7 +14,7 @@ of a whole super-block as masks, kiqcodes.py), then used by every activation row
   scales), as vecdot_lowbit's `_vec_dot_lowbit`;
 - tiled order (n >= 8, `tile_rows`): 16 rows decoded, then transposed 16 x 16 words at a time into kxtile.py's
   IQ4_XS tile (codes + 128, IQ1's 8 * code + delta + 128, the 16-element scales, the tile's d = f16(d) * post),
-  whose `_kx_isum` / `_kx_step` give per super-block s1 = sum sc * dot and out = fma(float(s1) * d_w, d_x, out):
+  whose `_kx_rows` gives per super-block s1 = sum sc * dot and out = fma(float(s1) * d_w, d_x, out):
   tiled.cpp's order.
 
 Integer sums are exact in any order, so the results are bit-identical to vecdot_lowbit's (tests/ggml/
