@@ -52,8 +52,8 @@ from llamactx.ggml.kernels.matmul import (
 )
 from llamactx.ggml.kernels.repack import units
 from llamactx.ggml.kernels.simd import PORTABLE, VNNI, TagType
-from llamactx.ggml.kernels.tinyblas import sgemm
 from llamactx.ggml.kernels.ssm_scan import ssm_scan_rs_node
+from llamactx.ggml.kernels.tinyblas import sgemm
 from llamactx.ggml.moe import _sigmoid as sigmoid_vec
 from llamactx.ggml.moe import route_row, route_row_biased
 from llamactx.ggml.mrope import ImropeTable
