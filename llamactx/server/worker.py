@@ -45,10 +45,25 @@ class Request:
     deadline: float = float("inf")
 
     def _post(self, payload, finished: bool) -> None:
+        _post_all([(self, payload, finished)])
+
+
+def _post_all(posts: list[tuple[Request, Any, bool]]) -> None:
+    """Hand (request, payload, finished) events to their handlers: one wake-up per event loop (a step's eight
+    streams cost one write to the loop's self-pipe, not eight), in order."""
+    by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+    for req, payload, finished in posts:
+        by_loop.setdefault(req.loop, []).append((req.events, (req.index, payload, finished)))
+    for loop, items in by_loop.items():
         try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, (self.index, payload, finished))
+            loop.call_soon_threadsafe(_put_all, items)
         except RuntimeError:  # the event loop has closed (server shutdown): nobody is listening
             pass
+
+
+def _put_all(items: list[tuple[asyncio.Queue, tuple]]) -> None:
+    for events, item in items:
+        events.put_nowait(item)
 
 
 class Job:
@@ -186,8 +201,10 @@ class EngineWorker:
         self.t_last_step = time.monotonic()
         if self.prompt_cache is not None:
             self.prompt_cache.stepped()
+        posts: list[tuple[Request, Any, bool]] = []
         for out in outputs:
-            self._deliver(out.seq, out.chunks)
+            self._deliver(out.seq, out.chunks, posts)
+        _post_all(posts)
 
     def _run_jobs(self, budget_s: float) -> None:
         """Slices of the queued jobs, round-robin, for about `budget_s` (at least one slice)."""
@@ -240,14 +257,18 @@ class EngineWorker:
             return
         self._live[req.seq] = req
 
-    def _deliver(self, seq: Sequence, chunks: list[Chunk]) -> None:
+    def _deliver(self, seq: Sequence, chunks: list[Chunk], posts: list | None = None) -> None:
+        """Send `seq`'s chunks to its handler, now or (`posts`) with the rest of the step's."""
         req = self._live.get(seq)
         if req is None:
             return
         if seq.is_finished:
             del self._live[seq]
             self._done()
-        req._post(chunks, seq.is_finished)
+        if posts is None:
+            req._post(chunks, seq.is_finished)
+        else:
+            posts.append((req, chunks, seq.is_finished))
 
     def _expire(self) -> None:
         now = time.monotonic()
