@@ -20,7 +20,8 @@ from llamactx.sampling import SamplerChain, SamplingParams
 from llamactx.state_io import StateError
 
 TINY = Path(__file__).parent.parent / "data" / "tiny"
-NAMES = [name for name in ("mamba2", "lfm2", "qwen35", "qwen35moe", "qwen3next") if name in ARCHITECTURES]
+NAMES = [name for name in ("mamba2", "lfm2", "lfm2moe", "qwen35", "qwen35moe", "qwen3next", "granitehybrid",
+                           "nemotron_h") if name in ARCHITECTURES]
 N_BATCH = 16  # the checkpoint interval: one checkpoint before each prompt chunk
 
 

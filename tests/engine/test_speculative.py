@@ -173,7 +173,8 @@ def oracle_drafter(engine: Engine, outputs: dict[tuple[int, ...], list[int]]):
     engine.speculator.draft = draft
 
 
-@pytest.mark.parametrize("name", ["mamba2", "lfm2", "qwen35", "qwen35moe"])
+@pytest.mark.parametrize("name", ["mamba2", "lfm2", "lfm2moe", "qwen35", "qwen35moe", "qwen3next", "granitehybrid",
+                                  "nemotron_h"])
 @pytest.mark.parametrize("temp", [0.0, 0.8])
 def test_recurrent_memories_roll_rejected_drafts_back(name, temp):
     """A recurrent state (mamba2) or hybrid memory (lfm2) cannot seq_rm rejected tokens: the engine restores the
