@@ -62,8 +62,8 @@ def _spread(builder, small, picks):
 
 
 def _scaled_pairs(builder, vnni, acc, w, x, scales):
-    """acc (<16 x i32>) + pmaddwd(pmaddubsw(w, x), scales): 64 weight bytes (u8 <= 15) against 64 activation
-    bytes, each int16 pair of products times its int16 scale."""
+    """acc (<16 x i32>) + pmaddwd(pmaddubsw(w, x), scales): 64 weight bytes (u8 <= 63: Q4_K's nibbles, Q6_K's
+    quants in q6k_gemv.py) against 64 activation bytes, each int16 pair of products times its int16 scale."""
     if not cpu_features()["avx2"]:  # target-independent IR: products widened to i32, pairs and quads added
         v64 = ir.VectorType(_I32, 64)
         prod = builder.mul(builder.mul(builder.zext(w, v64), builder.sext(x, v64)),

@@ -43,25 +43,18 @@ from llamactx.ggml.kernels.kiqcodes import (
     vones,
     vsign_bits,
 )
-from llamactx.ggml.kernels.kiqrow import has_row1, row1_rows
+from llamactx.ggml.kernels.kiqrow import _G1S, _G2S, _G2XS, _G2XXS, _G3S, _G3XXS, has_row1, row1_rows
 from llamactx.ggml.kernels.ktile import TILE, _packed_pairs
 from llamactx.ggml.kernels.kxtile import IQ4XS_SHIFT, kx_tile_dot
 from llamactx.ggml.kernels.q8 import quantize_q8_K
 from llamactx.ggml.kernels.simd import PORTABLE, VNNI, fmadd_i, fsum, fzero, vload, vstore
 from llamactx.ggml.kernels.vnni import imuladd_v, izero, vdot, vscales_pair
-from llamactx.gguf.iq_grids import IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID
 
 IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M = (int(t) for t in (T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS,
                                                                        T.IQ3_S, T.IQ1_S, T.IQ1_M))
 KERNEL_TYPES = (T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M)
 TILED_MIN_ROWS = 8  # tiled.cpp `ggml_tiled_min_batch`
 
-_G2XXS = np.ascontiguousarray(IQ2XXS_GRID).view(np.uint64).ravel()  # (256,) eight codes per entry
-_G2XS = np.ascontiguousarray(IQ2XS_GRID).view(np.uint64).ravel()  # (512,)
-_G2S = np.ascontiguousarray(IQ2S_GRID).view(np.uint64).ravel()  # (1024,)
-_G3XXS = np.ascontiguousarray(IQ3XXS_GRID).view(np.uint32).ravel()  # (256,) four codes
-_G3S = np.ascontiguousarray(IQ3S_GRID).view(np.uint32).ravel()  # (512,)
-_G1S = np.ascontiguousarray(IQ1S_GRID).view(np.uint64).ravel()  # (2048,) -1 / 0 / 1 bytes
 _F0 = np.float32(0.0)
 _ALL, _NONE = np.uint32(0xFFFFFFFF), np.uint32(0)  # a group's 32 sign bits all set / clear
 

@@ -42,6 +42,7 @@ from numba.extending import intrinsic
 from llamactx.ggml.cpu import cpu_features
 from llamactx.ggml.intrinsics import widen_half
 from llamactx.ggml.kernels.kblocks import Q6K_BYTES, Q6K_D, Q6K_QH, Q6K_QL, Q6K_SCALES, q6k_blocks
+from llamactx.ggml.kernels.kgemv import _scaled_pairs
 from llamactx.ggml.kernels.legacy import PREFETCH_BYTES, prefetch_ahead, prefetch_distance
 from llamactx.ggml.kernels.simd import TagType, f32x8, fsum, fzero, lane_index, ptr2d
 from llamactx.ggml.kernels.vnni import _pairwise
@@ -74,26 +75,6 @@ def _c(v):
 
 def _bytes(v, n=64):
     return ir.Constant(ir.VectorType(_I8, n), [v] * n)
-
-
-def _scaled_pairs(builder, vnni, acc, w, x, scales):
-    """acc (<16 x i32>) + pmaddwd(pmaddubsw(w, x), scales): 64 weight bytes (u8 <= 63) against 64 activation
-    bytes, each int16 pair of products times its int16 scale."""
-    if not cpu_features()["avx2"]:  # target-independent IR: products widened to i32, pairs and quads added
-        v64 = ir.VectorType(_I32, 64)
-        spread = builder.shuffle_vector(scales, scales, lane_index([k // 2 for k in range(64)]))
-        prod = builder.mul(builder.mul(builder.zext(w, v64), builder.sext(x, v64)), builder.sext(spread, v64))
-        pairs = builder.add(builder.shuffle_vector(prod, prod, lane_index(range(0, 64, 2))),
-                            builder.shuffle_vector(prod, prod, lane_index(range(1, 64, 2))))
-        return builder.add(acc, builder.add(builder.shuffle_vector(pairs, pairs, lane_index(range(0, 32, 2))),
-                                            builder.shuffle_vector(pairs, pairs, lane_index(range(1, 32, 2)))))
-    pairs = _pairwise(builder, "maddubs", w, x)  # <32 x i16>
-    if vnni:
-        v16 = ir.VectorType(_I32, 16)
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16, [v16] * 3),
-                                            "llvm.x86.avx512.vpdpwssd.512")
-        return builder.call(fn, [acc, builder.bitcast(pairs, v16), builder.bitcast(scales, v16)])
-    return builder.add(acc, _pairwise(builder, "maddwd", pairs, scales))
 
 
 def _quads(builder, w, x):
