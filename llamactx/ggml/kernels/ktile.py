@@ -20,8 +20,12 @@ Transposing a tile costs about what 16 activation rows do, so `matmul` takes thi
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic, overload
 
+from llamactx.ggml.cpu import cpu_features
 from llamactx.ggml.kernels.kblocks import (
     Q6K_BYTES,
     Q6K_D,
@@ -37,7 +41,7 @@ from llamactx.ggml.kernels.kblocks import (
     q4k_scales,
     q6k_blocks,
 )
-from llamactx.ggml.kernels.simd import load_f16
+from llamactx.ggml.kernels.simd import TagType, lane_index, load_f16, splat
 from llamactx.ggml.kernels.vnni import izero16, vdot16_short, vshort_lanes
 from llamactx.ggml.kernels.wide import (
     ffma16s,
@@ -45,6 +49,7 @@ from llamactx.ggml.kernels.wide import (
     fmul16i,
     fstore16,
     fsub16,
+    i32x16,
     iadd16,
     iload16,
     imaddwd,
@@ -106,6 +111,123 @@ def _sub_dots(path, wq, s, xq, i, j, run):
             rhi = vdot16_short(path, rhi, wload(wq, (s + 1) * 8 + q, 0), xbcast4(xq, i, j + 32 + 4 * q))
         lo, hi = iadd16(lo, vshort_lanes(path, rlo)), iadd16(hi, vshort_lanes(path, rhi))
     return lo, hi
+
+
+def _short_pairs(path) -> bool:
+    """Whether `vdot16_short` sums in int16 pairs on this path (vnni.py): the portable path on an AVX2 target."""
+    return path.tag_name == "portable" and bool(cpu_features()["avx2"])
+
+
+def _pmaddwd(builder, a, b):
+    """`vpmaddwd` of two <16 x i32> taken as 32 int16 (lane r = a_lo b_lo + a_hi b_hi, exact): two 256-bit
+    `llvm.x86.avx2.pmadd.wd`, which LLVM does not always find in the widened form (wide.imaddwd) on AVX2."""
+    v16 = ir.VectorType(ir.IntType(16), 16)
+    v8 = ir.VectorType(ir.IntType(32), 8)
+    madd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8, [v16, v16]), "llvm.x86.avx2.pmadd.wd")
+
+    def half(v, h):  # lanes 8h..8h+7 as 16 int16
+        return builder.bitcast(builder.shuffle_vector(v, v, lane_index(range(8 * h, 8 * h + 8))), v16)
+
+    lo, hi = (builder.call(madd, [half(a, h), half(b, h)]) for h in (0, 1))
+    return builder.shuffle_vector(lo, hi, lane_index(range(16)))
+
+
+@intrinsic
+def _scaled_lanes(typingctx, path, acc, sc):
+    """sc * (the int32 lanes of a `vdot16_short` run), lane by lane. Where the run sums in int16 pairs, one
+    `pmaddwd` of the pairs by the scale in both halves of each lane (ggml's AVX2 `_mm256_madd_epi16(iacc,
+    scales)`): the pair sum and the scale multiply in one instruction, exact (|pair| <= 32767, |scale| < 2^15).
+    Elsewhere `vshort_lanes`' lanes times sc."""
+    if not isinstance(path, TagType) or path.tag_name not in ("vnni", "portable"):
+        return None
+
+    def codegen(context, builder, sig, args):
+        _, acc, sc = args
+        if not _short_pairs(sig.args[0]):
+            return builder.mul(acc, sc)
+        low = builder.and_(sc, ir.Constant(sc.type, [0xFFFF] * 16))
+        return _pmaddwd(builder, acc, builder.or_(low, builder.shl(sc, ir.Constant(sc.type, [16] * 16))))
+
+    return i32x16(path, i32x16, i32x16), codegen
+
+
+@intrinsic
+def _madd_bcast(typingctx, path, v, p):
+    """`wide.imaddwd` (lane r = v_lo p_lo + v_hi p_hi, p an int32 broadcast) as `vpmaddwd` where `vdot16_short`
+    sums in int16 pairs (AVX2), else imaddwd's own form."""
+    if not isinstance(path, TagType) or path.tag_name not in ("vnni", "portable"):
+        return None
+
+    def codegen(context, builder, sig, args):
+        _, v, p = args
+        if _short_pairs(sig.args[0]):
+            return _pmaddwd(builder, v, splat(builder, p, 16))
+        v32i16 = ir.VectorType(ir.IntType(16), 32)
+        a, b = builder.bitcast(v, v32i16), builder.bitcast(splat(builder, p, 16), v32i16)
+
+        def half(x, odd):
+            return builder.sext(builder.shuffle_vector(x, x, lane_index([2 * k + odd for k in range(16)])), v.type)
+
+        return builder.add(builder.mul(half(a, 0), half(b, 0)), builder.mul(half(a, 1), half(b, 1)))
+
+    return i32x16(path, i32x16, types.int32), codegen
+
+
+@njit(cache=True, inline="always")
+def _sub_dots4(path, wq, s, xq, i, j, sc):
+    """sc * (the tile's sub-block s . x[i + k, j:j+32]) for activation rows i..i+3 (i32x16 each, lane r = row r):
+    each weight register loaded once for the four rows, four int16-pair accumulators (8 ymm on AVX2)."""
+    r0, r1, r2, r3 = izero16(), izero16(), izero16(), izero16()
+    for q in range(8):
+        w = wload(wq, s * 8 + q, 0)
+        r0 = vdot16_short(path, r0, w, xbcast4(xq, i, j + 4 * q))
+        r1 = vdot16_short(path, r1, w, xbcast4(xq, i + 1, j + 4 * q))
+        r2 = vdot16_short(path, r2, w, xbcast4(xq, i + 2, j + 4 * q))
+        r3 = vdot16_short(path, r3, w, xbcast4(xq, i + 3, j + 4 * q))
+    return (_scaled_lanes(path, r0, sc), _scaled_lanes(path, r1, sc), _scaled_lanes(path, r2, sc),
+            _scaled_lanes(path, r3, sc))
+
+
+@njit(cache=True)
+def _q4k_gemm4_pairs(path, tile, xq, xd, pairs, i):
+    """`_q4k_gemm4` for 16 registers (AVX2): one 32-element sub-block per loop step for four activation rows
+    (`_sub_dots4`: a weight register serves four rows, and the step's 8 accumulators, 2 weight registers and the
+    broadcast fit 16 ymm), the float steps of `_q4k_gemm4` in its order after each odd sub-block."""
+    wq, tsc, tmn2, td, tdm = tile
+    a0, a1, a2, a3 = wzero(), wzero(), wzero(), wzero()
+    m0, m1, m2, m3 = wzero(), wzero(), wzero(), wzero()
+    t0, t1, t2, t3 = izero16(), izero16(), izero16(), izero16()
+    for s in range(tsc.shape[0]):  # not unrolled: two sub-blocks in one body would spill (LLVM interleaves them)
+        b, j = s >> 3, 32 * s
+        u0, u1, u2, u3 = _sub_dots4(path, wq, s, xq, i, j, iload16(tsc, s, 0))
+        if s & 1 == 0:
+            t0, t1, t2, t3 = u0, u1, u2, u3
+            continue
+        dw, mw, p = fload16(td, b, 0), fload16(tdm, b, 0), s >> 1
+        a0 = wfmadd(a0, iadd16(t0, u0), wscale(dw, xd[i, b]))
+        a1 = wfmadd(a1, iadd16(t1, u1), wscale(dw, xd[i + 1, b]))
+        a2 = wfmadd(a2, iadd16(t2, u2), wscale(dw, xd[i + 2, b]))
+        a3 = wfmadd(a3, iadd16(t3, u3), wscale(dw, xd[i + 3, b]))
+        mn = iload16(tmn2, p, 0)
+        m0 = wfmadd(m0, _madd_bcast(path, mn, pairs[i, p]), wscale(mw, xd[i, b]))
+        m1 = wfmadd(m1, _madd_bcast(path, mn, pairs[i + 1, p]), wscale(mw, xd[i + 1, b]))
+        m2 = wfmadd(m2, _madd_bcast(path, mn, pairs[i + 2, p]), wscale(mw, xd[i + 2, b]))
+        m3 = wfmadd(m3, _madd_bcast(path, mn, pairs[i + 3, p]), wscale(mw, xd[i + 3, b]))
+    return fsub16(a0, m0), fsub16(a1, m1), fsub16(a2, m2), fsub16(a3, m3)
+
+
+def q4k_gemm4(path, tile, xq, xd, pairs, i):
+    """Activation rows i..i+3 against the Q4_K tile: `_q4k_gemm4_pairs` where `vdot16_short` sums int16 pairs
+    (AVX2), else `_q4k_gemm4`. -> four f32x16."""
+
+
+@overload(q4k_gemm4, jit_options={"cache": True})
+def _q4k_gemm4_of(path, tile, xq, xd, pairs, i):
+    if not isinstance(path, TagType):
+        return None
+    if _short_pairs(path):
+        return lambda path, tile, xq, xd, pairs, i: _q4k_gemm4_pairs(path, tile, xq, xd, pairs, i)
+    return lambda path, tile, xq, xd, pairs, i: _q4k_gemm4(path, tile, xq, xd, pairs, i)
 
 
 @njit(cache=True)
@@ -191,7 +313,7 @@ def q4k_tile_rows(path, W, a, r0, r1, out):
         t1 = min(t0 + TILE, r1)
         _q4k_tile(W, t0, t1, tile)
         for i in range(0, n_gemm, 4):
-            y0, y1, y2, y3 = _q4k_gemm4(path, tile, xq, xd, pairs, i)
+            y0, y1, y2, y3 = q4k_gemm4(path, tile, xq, xd, pairs, i)
             _store_tile(out, i, t0, t1, y0, buf)
             _store_tile(out, i + 1, t0, t1, y1, buf)
             _store_tile(out, i + 2, t0, t1, y2, buf)
@@ -270,13 +392,65 @@ def _q6k_pair(path, isum, wq, b, s, xq, i, sc0, sc1):
 
 
 @njit(cache=True, inline="always")
-def _q6k_step(acc, isum, tsc2, pairs, xd, i, b, dw):
+def _q6k_step(path, acc, isum, tsc2, pairs, xd, i, b, dw):
     """End of super-block b for activation row i as tiled_run_micro_vnni_8x16: s1 = isum - 32 sum(sc bsum),
     acc = fma(float(s1) * d_w, d_x, acc)."""
     off = izero16()
     for p in range(8):
-        off = iadd16(off, imaddwd(iload16(tsc2, b * 8 + p, 0), pairs[i, b * 8 + p]))
+        off = iadd16(off, _madd_bcast(path, iload16(tsc2, b * 8 + p, 0), pairs[i, b * 8 + p]))
     return ffma16s(acc, fmul16i(isub16(isum, ishl16(off, 5)), dw), xd[i, b])
+
+
+@njit(cache=True, inline="always")
+def _q6k_sub2(path, wq, b, s, xq, i, sc):
+    """sc * (sub-block s of super-block b of the tile . x[i], . x[i + 1]): each weight register loaded once for
+    the two rows, runs of two `vdot16_short` (stored values 0..63) each scaled by one `pmaddwd` on AVX2."""
+    t0, t1 = izero16(), izero16()
+    for q0 in range(0, 4, 2):
+        r0, r1 = izero16(), izero16()
+        for q in range(q0, q0 + 2):
+            w = wload(wq, b * 64 + 4 * s + q, 0)
+            r0 = vdot16_short(path, r0, w, xbcast4(xq, i, b * 256 + 16 * s + 4 * q))
+            r1 = vdot16_short(path, r1, w, xbcast4(xq, i + 1, b * 256 + 16 * s + 4 * q))
+        t0, t1 = iadd16(t0, _scaled_lanes(path, r0, sc)), iadd16(t1, _scaled_lanes(path, r1, sc))
+    return t0, t1
+
+
+@njit(cache=True)
+def _q6k_gemm2_pairs(path, tile, xq, xd, pairs, i):
+    """Activation rows i, i + 1 against the tile for 16 registers (AVX2): two rows' integer sums (4 ymm), a run's
+    two accumulators (4 ymm) and a weight register (2 ymm) stay in registers; `_q6k_gemm4`'s float steps."""
+    wq, tsc, tsc2, td = tile
+    a0, a1 = wzero(), wzero()
+    for b in range(td.shape[0]):
+        i0, i1 = izero16(), izero16()
+        for s in range(16):
+            u0, u1 = _q6k_sub2(path, wq, b, s, xq, i, iload16(tsc, b * 16 + s, 0))
+            i0, i1 = iadd16(i0, u0), iadd16(i1, u1)
+        dw = fload16(td, b, 0)
+        a0 = _q6k_step(path, a0, i0, tsc2, pairs, xd, i, b, dw)
+        a1 = _q6k_step(path, a1, i1, tsc2, pairs, xd, i + 1, b, dw)
+    return a0, a1
+
+
+def q6k_gemm4(path, tile, xq, xd, pairs, i):
+    """Activation rows i..i+3 against the Q6_K tile: `_q6k_gemm2_pairs` twice where `vdot16_short` sums int16
+    pairs (AVX2), else `_q6k_gemm4`. -> four f32x16."""
+
+
+@overload(q6k_gemm4, jit_options={"cache": True})
+def _q6k_gemm4_of(path, tile, xq, xd, pairs, i):
+    if not isinstance(path, TagType):
+        return None
+    if _short_pairs(path):
+
+        def pairs2(path, tile, xq, xd, pairs, i):
+            y0, y1 = _q6k_gemm2_pairs(path, tile, xq, xd, pairs, i)
+            y2, y3 = _q6k_gemm2_pairs(path, tile, xq, xd, pairs, i + 2)
+            return y0, y1, y2, y3
+
+        return pairs2
+    return lambda path, tile, xq, xd, pairs, i: _q6k_gemm4(path, tile, xq, xd, pairs, i)
 
 
 @njit(cache=True)
@@ -293,10 +467,10 @@ def _q6k_gemm4(path, tile, xq, xd, pairs, i):
             i2 = _q6k_pair(path, i2, wq, b, s, xq, i + 2, sc0, sc1)
             i3 = _q6k_pair(path, i3, wq, b, s, xq, i + 3, sc0, sc1)
         dw = fload16(td, b, 0)
-        a0 = _q6k_step(a0, i0, tsc2, pairs, xd, i, b, dw)
-        a1 = _q6k_step(a1, i1, tsc2, pairs, xd, i + 1, b, dw)
-        a2 = _q6k_step(a2, i2, tsc2, pairs, xd, i + 2, b, dw)
-        a3 = _q6k_step(a3, i3, tsc2, pairs, xd, i + 3, b, dw)
+        a0 = _q6k_step(path, a0, i0, tsc2, pairs, xd, i, b, dw)
+        a1 = _q6k_step(path, a1, i1, tsc2, pairs, xd, i + 1, b, dw)
+        a2 = _q6k_step(path, a2, i2, tsc2, pairs, xd, i + 2, b, dw)
+        a3 = _q6k_step(path, a3, i3, tsc2, pairs, xd, i + 3, b, dw)
     return a0, a1, a2, a3
 
 
@@ -310,7 +484,7 @@ def _q6k_gemv(path, tile, xq, xd, pairs, i):
         for s in range(0, 16, 2):
             sc0, sc1 = iload16(tsc, b * 16 + s, 0), iload16(tsc, b * 16 + s + 1, 0)
             isum = _q6k_pair(path, isum, wq, b, s, xq, i, sc0, sc1)
-        acc = _q6k_step(acc, isum, tsc2, pairs, xd, i, b, fload16(td, b, 0))
+        acc = _q6k_step(path, acc, isum, tsc2, pairs, xd, i, b, fload16(td, b, 0))
     return acc
 
 
@@ -334,7 +508,7 @@ def q6k_tile_rows(path, W, a, r0, r1, out):
         t1 = min(t0 + TILE, r1)
         _q6k_tile(W, t0, t1, tile)
         for i in range(0, n4, 4):
-            y0, y1, y2, y3 = _q6k_gemm4(path, tile, xq, xd, pairs, i)
+            y0, y1, y2, y3 = q6k_gemm4(path, tile, xq, xd, pairs, i)
             _store_tile(out, i, t0, t1, y0, buf)
             _store_tile(out, i + 1, t0, t1, y1, buf)
             _store_tile(out, i + 2, t0, t1, y2, buf)
