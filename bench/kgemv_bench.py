@@ -1,11 +1,13 @@
 """The decode matmul kernels alone: GB/s of weights read for one activation row, in L2 and streamed from DRAM.
 
 A decode step is matrix x vector over every weight, so a kernel either keeps up with memory or is the bound. This
-times the single-row kernel of each K-quant decode type (Q4_K: kgemv.q4k_gemv_rows; Q6_K: kquants.q6k_rows, as
-`matmul` runs them for one row) on random blocks, one thread, twice: a 0.3 MB matrix run many times (in L2: the
-kernel's own speed, what it could stream at most) and a matrix of `--mib` MiB (from DRAM: what decode sees). Compare
-the second with bench/membw.py's 1-thread roof. The clock is the thread's CPU time, so the L2 figure holds on a
-machine other processes share (the DRAM one still shares the memory bus); best and median of `--reps` rounds.
+times the single-row kernel of each K-quant decode type (Q4_K: kgemv.q4k_gemv_rows; Q6_K: q6k_gemv.q6k_gemv_rows,
+as `matmul` runs them for one row, on the path it picks: VNNI where the target has it) on random blocks, one thread,
+twice: a 0.3 MB matrix run many times (in L2: the kernel's own speed, what it could stream at most) and a matrix of
+`--mib` MiB (from DRAM: what decode sees). Compare the second with bench/membw.py's 1-thread roof. The clock is the
+thread's CPU time, so the L2 figure holds on a machine other processes share (the DRAM one still shares the memory
+bus); best and median of `--reps` rounds. Under NUMBA_CPU_NAME=haswell (and its own NUMBA_CACHE_DIR) it times the
+AVX2 code.
 
 Usage: python bench/kgemv_bench.py [--mib 256] [--reps 5] [-k 2048]
 """
@@ -22,21 +24,24 @@ from numba import njit
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
+from llamactx.ggml.cpu import cpu_features  # noqa: E402
 from llamactx.ggml.kernels.kblocks import Q4K_BYTES, Q6K_BYTES, Q6K_D, interleave_q4k  # noqa: E402
 from llamactx.ggml.kernels.kgemv import q4k_gemv_rows  # noqa: E402
-from llamactx.ggml.kernels.kquants import q6k_rows  # noqa: E402
+from llamactx.ggml.kernels.q6k_gemv import q6k_gemv_rows  # noqa: E402
 from llamactx.ggml.kernels.q8 import quantize_q8_K  # noqa: E402
-from llamactx.ggml.kernels.simd import VNNI  # noqa: E402
+from llamactx.ggml.kernels.simd import PORTABLE, VNNI  # noqa: E402
+
+PATH = VNNI if cpu_features()["vnni"] else PORTABLE  # as matmul picks it
 
 
 @njit
 def _q4k(W, a, out):
-    q4k_gemv_rows(VNNI, W, a, 0, 0, out.shape[1], out)
+    q4k_gemv_rows(PATH, W, a, 0, 0, out.shape[1], out)
 
 
 @njit
 def _q6k(W, a, out):
-    q6k_rows(VNNI, W, a, 0, out.shape[1], out)
+    q6k_gemv_rows(PATH, W, a, 0, 0, out.shape[1], out)
 
 
 def _weights(rows: int, k: int, block: int, d_offsets: tuple[int, ...], rng) -> tuple:

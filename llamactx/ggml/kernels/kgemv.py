@@ -13,8 +13,12 @@ them (kblocks.py: eight rows interleaved, llama.cpp's block_q4_Kx8 idea), one gr
   row. With AVX512-VNNI the low nibbles go straight into `vpdpbusd`, and the high ones masked in place (16 times
   their value: the int32 sums stay exact); one accumulator per sub-block pair, the high one shifted back after its
   four loads, both narrowed to int16 (|sum| <= 16 x 15 x 128) and multiplied by their scales in one `vpdpwssd`.
-  Without VNNI (AVX2: 256-bit halves; portable IR) `pmaddubsw` of the split nibbles and `pmaddwd` with each row's
-  scale spread over its pairs (`_scaled_pairs`), exact as before (2 x 15 x 128 fits int16).
+  On AVX2 without VNNI (`_group_isums_avx2`: rows 4h .. 4h + 3 in 256-bit half h) the four `pmaddubsw` of a
+  sub-block's split nibbles are added as int16 (4 x 2 x 15 x 128 = 15360: exact) before one `pmaddwd` with each
+  row's scale, and the activation quants are plain memory operands, read from a copy with each run of eight
+  repeated four times (`expand_x`, once per call) rather than broadcast: a `vpbroadcastq` from memory takes a
+  vector ALU slot on Zen. Without AVX2 (portable IR) the products of the split nibbles are widened and paired
+  with the scales (`_scaled_pairs`).
 - the eight rows' 6-bit scales and mins come out of their three scale words at once (ggml's kmask arithmetic on
   8 lanes), d and dmin as one `vcvtph2ps` of 16 halves, the mins meet the activation sums of 32 (`sub_sums16`)
   in `pmaddwd`, and both float chains of the eight rows advance as the 16 lanes of one FMA per super-block.
@@ -23,7 +27,9 @@ A matrix is one stream (group after group), which the hardware prefetcher follow
 exact in any order, so the results are bit-identical to llama.cpp's (tests/ggml/test_kgemv.py against vecdot_k).
 Measured on Zen 4, 1 thread, CPU time (bench/kgemv_bench.py, weights in L2): 42 GB/s, from 21 GB/s one row at a
 time in ggml's layout; llvm-mca's znver4 model puts the loop at the FP0/FP1 pipes (the 32 `vpdpbusd` of a group's
-super-block), ~13 cycles per row and super-block.
+super-block), ~13 cycles per row and super-block. Compiled for haswell (same machine, L2): 27 -> 34 GB/s with the
+int16 sums and the expanded activations; llvm-mca znver4 114 -> 81 cycles per group super-block (haswell's model
+175 -> 129), bound by the four vector ALU pipes (the 64 `pmaddubsw`, 96 nibble masks and shifts, 48 int16 adds).
 """
 
 from __future__ import annotations
@@ -173,6 +179,61 @@ def _group_isums(context, builder, vnni, qsty, qs, g, col, xty, xq, i, xcol, scb
     return _fold(builder, tot, tot, range(0, 16, 2), range(1, 16, 2))
 
 
+def _bcast8_256(context, builder, xty, xq, i, col):
+    """<32 x i8>: the eight activation quants at [i, col] in every 8-byte run (one `vpbroadcastq`)."""
+    v = builder.load(ptr2d(context, builder, xty, xq, i, col, _I64), align=1)
+    v4 = builder.insert_element(ir.Constant(ir.VectorType(_I64, 4), None), v, ir.Constant(_I32, 0))
+    return builder.bitcast(builder.shuffle_vector(v4, v4, lane_index([0] * 4)), ir.VectorType(_I8, 32))
+
+
+def _group_isums_avx2(context, builder, qsty, qs, g, col, xty, xq, i, xcol, scb):
+    """`_group_isums` on AVX2's 256-bit halves (rows 4h .. 4h + 3 in half h), with a quarter of the scale
+    multiplies: the four `pmaddubsw` of a sub-block's nibbles (pairs of at most 2 x 15 x 128) are added as int16
+    (at most 4 x 3840 = 15360: exact) before one `pmaddwd` meets each row's scale, lane k of either half's words
+    being row 4h + k // 4. The activations come from `expand_x` (xq, row i: 32 bytes per 8 quants from 4 * xcol),
+    so each is a plain memory operand of `pmaddubsw`: a `vpbroadcastq` from memory takes a vector ALU slot on
+    Zen (one in nine of the loop's, which issues four a cycle)."""
+    v32, v16 = ir.VectorType(_I8, 32), ir.VectorType(_I16, 16)
+    low = ir.Constant(v32, [0x0F] * 32)
+    tot = [ir.Constant(ir.VectorType(_I32, 8), None)] * 2
+    base = builder.mul(xcol, _c(4))
+    for c in range(4):
+        sums = [[ir.Constant(v16, None)] * 2 for _ in range(2)]  # [low / high nibbles][half]
+        for j in range(4):
+            x = [builder.load(ptr2d(context, builder, xty, xq, i, builder.add(base, _c(32 * (8 * c + 4 * t + j))), v32),
+                              align=1) for t in (0, 1)]
+            for h in (0, 1):
+                w = builder.load(ptr2d(context, builder, qsty, qs, g,
+                                       builder.add(col, _c(Q4K_GQS + 64 * (4 * c + j) + 32 * h)), v32), align=1)
+                hi = builder.bitcast(builder.lshr(builder.bitcast(w, v16), ir.Constant(v16, [4] * 16)), v32)
+                for t, nib in enumerate((builder.and_(w, low), builder.and_(hi, low))):
+                    sums[t][h] = builder.add(sums[t][h], _pairwise(builder, "maddubs", nib, x[t]))
+        for t in (0, 1):
+            for h in (0, 1):
+                sc = _widened(builder, scb, [_scale_pos(4 * h + k // 4, 2 * c + t) for k in range(16)])
+                tot[h] = builder.add(tot[h], _pairwise(builder, "maddwd", sums[t][h], sc))
+    both = builder.shuffle_vector(tot[0], tot[1], lane_index(range(16)))  # lane m: row m // 2
+    return _fold(builder, both, both, range(0, 16, 2), range(1, 16, 2))
+
+
+def _group_mins_avx2(context, builder, mnb, sty, s16, i, col):
+    """`_group_mins` on AVX2: the mins of sub-blocks 0-3 (4-7) of rows 4h .. 4h + 3 are the 16 bytes
+    16h .. 16h + 15 (32 + 16h ..) of mnb, zero-extended to words by one `vpmovzxbw` each, and meet the activation
+    sums S_0..3 (S_4..7), broadcast as one quadword from the `sub_sums16` row i at col (col + 4), in `pmaddwd`."""
+    v32 = ir.VectorType(_I32, 8)
+    tot = []
+    for h in (0, 1):
+        p = ir.Constant(v32, None)
+        for q in (0, 1):
+            m = builder.zext(builder.shuffle_vector(mnb, mnb, lane_index(range(32 * q + 16 * h, 32 * q + 16 * h + 16))),
+                             ir.VectorType(_I16, 16))
+            sq = builder.bitcast(_bcast8_256(context, builder, sty, s16, i, builder.add(col, _c(4 * q))), m.type)
+            p = builder.add(p, _pairwise(builder, "maddwd", m, sq))  # lane k: row 4h + k // 2
+        tot.append(p)
+    both = builder.shuffle_vector(tot[0], tot[1], lane_index(range(16)))
+    return _fold(builder, both, both, range(0, 16, 2), range(1, 16, 2))
+
+
 def _group_mins(builder, mnb, s8):
     """<8 x i32>: lane r = imin of row r = sum_s min_rs * S_s (mnb: `_scale_bytes` mins; s8: <8 x i16> the
     activation's sub-block sums)."""
@@ -212,11 +273,15 @@ def q4k_group(typingctx, path, qs, g, xq, xrow, s16, xs, i, res):
             u = builder.load(ptr2d(context, builder, qsty, qs_a, g_, builder.add(col, _c(Q4K_GSC)),
                                    ir.VectorType(_I32, 24)), align=1)
             scb, mnb = _scale_bytes(builder, u, 0), _scale_bytes(builder, u, 1)
-            isum = _group_isums(context, builder, vnni, qsty, qs_a, g_, col, sig.args[3], xq_a, xrow_,
-                                builder.mul(b, _c(256)), scb)
-            s8 = builder.load(ptr2d(context, builder, sig.args[5], s_a, i_, builder.mul(b, _c(8)),
-                                    ir.VectorType(_I16, 8)), align=2)
-            imin = _group_mins(builder, mnb, s8)
+            args = (qsty, qs_a, g_, col, sig.args[3], xq_a, xrow_, builder.mul(b, _c(256)), scb)
+            if vnni or not cpu_features()["avx2"]:
+                isum = _group_isums(context, builder, vnni, *args)
+                s8 = builder.load(ptr2d(context, builder, sig.args[5], s_a, i_, builder.mul(b, _c(8)),
+                                        ir.VectorType(_I16, 8)), align=2)
+                imin = _group_mins(builder, mnb, s8)
+            else:
+                isum = _group_isums_avx2(context, builder, *args)
+                imin = _group_mins_avx2(context, builder, mnb, sig.args[5], s_a, i_, builder.mul(b, _c(8)))
             ints = builder.sitofp(builder.shuffle_vector(isum, imin, lane_index(range(16))), v16f)
             x = builder.load(ptr2d(context, builder, sig.args[6], xs_a, i_, b, f32), align=4)
             xv = builder.shuffle_vector(builder.insert_element(ir.Constant(v16f, None), x, ir.Constant(_I32, 0)),
@@ -247,6 +312,36 @@ def _min_lanes(builder, m, s, count):
     return p
 
 
+@intrinsic
+def expands_x(typingctx, path):
+    """True where `q4k_group` runs on AVX2's halves and reads its activations from `expand_x` (a constant)."""
+    if not isinstance(path, TagType):
+        return None
+
+    def codegen(context, builder, sig, args):
+        vnni = sig.args[0].tag_name == "vnni" and cpu_features()["avx512vnni"]
+        return ir.Constant(ir.IntType(1), int(not vnni and bool(cpu_features()["avx2"])))
+
+    return types.boolean(path), codegen
+
+
+@njit(cache=True)
+def expand_x(xq, i0):
+    """(n, 4k) int8: rows i0.. of the activation quants xq with each run of eight repeated four times (32 bytes:
+    one `pmaddubsw` operand for the four rows of an AVX2 half), written once per call for every group to read."""
+    n, k = xq.shape[0] - i0, xq.shape[1]
+    src = xq[i0:].copy().view(np.uint64)  # (n, k / 8)
+    out = np.empty((n, k // 2), np.uint64)
+    for i in range(n):
+        for m in range(k // 8):
+            v = src[i, m]
+            out[i, 4 * m] = v
+            out[i, 4 * m + 1] = v
+            out[i, 4 * m + 2] = v
+            out[i, 4 * m + 3] = v
+    return out.view(np.int8)
+
+
 @njit(cache=True)
 def q4k_gemv_rows(path, W, a, i0, r0, r1, out):
     """out[i0:, r0:r1] for Q4_K weights (kblocks.py's groups of eight rows) as ggml_gemv_q4_K_8x8_q8_K computes
@@ -263,10 +358,12 @@ def q4k_gemv_rows(path, W, a, i0, r0, r1, out):
         for b in range(nb):
             xs[i, b] = xd[i0 + i, b]
     res = np.empty((1, Q4K_GROUP), np.float32)
+    expanded = expands_x(path)
+    xe = expand_x(xq, i0) if expanded else xq
     g0, g1 = r0 // Q4K_GROUP, (r1 + Q4K_GROUP - 1) // Q4K_GROUP
     for g in range(g0, g1):
         lo, hi = max(r0, g * Q4K_GROUP), min(r1, (g + 1) * Q4K_GROUP)
         for i in range(n):
-            q4k_group(path, qs, g, xq, i0 + i, s16, xs, i, res)
+            q4k_group(path, qs, g, xe, i if expanded else i0 + i, s16, xs, i, res)
             for r in range(lo, hi):
                 out[i0 + i, r] = res[0, r - g * Q4K_GROUP]
