@@ -15,9 +15,11 @@ llama-bench of `--llama-bench` (llama.cpp built for that CPU, e.g. `-DGGML_NATIV
 The models people run on CPUs, as rows (issue #47): `-m dense-1b` (Llama-3.2-1B's shape, Q4_K_M, 0.80 GB),
 `-m dense-8b` (Llama-3.1-8B's, Q4_K_M, ~4.9 GB: check `free -g` first, delete the file after), `-m dense-4b`
 (Qwen3-4B's), each written once by bench/make_dense_model.py to /tmp/dense-<shape>-q4_k_m.gguf (random weights: only
-the bytes read per token matter). `--roof` adds what fraction of the measured memory roof (bench/membw.py, the
-same threads, a buffer of the model's bytes per token allocated as the weights are; the line says how much of it
-got huge pages, which moves the roof) each side's tg reaches.
+the bytes read per token matter). `--roof` reads the memory roof (bench/membw.py, the same threads; a buffer in huge
+pages as our weights are, one in 4 KiB pages as llama.cpp's mmap is) right before and after every tg run, and prints
+each run's GB/s (tokens/s x bytes read per token) as a fraction of the best reading beside it, with how much of its
+wall time each side's process and the roof's threads actually ran (other processes on a shared machine), and
+BROKEN ROOF where a run read faster than its roof (a roof read at a busier moment bounds nothing).
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 
@@ -67,17 +71,62 @@ def dense_model(name: str) -> str:
     return str(path)
 
 
-def decode_roof(model: str, threads: int) -> tuple[float, float, float | None]:
-    """(read GB/s with `threads` threads, the tokens/s roof of `model`, the share of the buffer in huge pages) from
-    bench/membw.py, reading as many bytes as the model's decode step, allocated as the weights are."""
-    sys.path.insert(0, str(Path(__file__).parent))
-    from membw import bandwidth, huge_page_share, model_bytes_per_token, roof_buffer
+ROOF_MAX_BYTES = 768 << 20  # a roof buffer larger than this reads no faster (the L3 is 32 MiB): spare the RAM
 
-    per_token = model_bytes_per_token(model)
-    buf = roof_buffer(per_token)
-    share = huge_page_share(buf)
-    gbs = bandwidth(buf, threads, 5)
-    return gbs, gbs * 1e9 / per_token, share
+
+class RoofMeter:
+    """membw.py's read roof, measured right before and after each timed decode run with the run's threads, on a
+    buffer in huge pages (as numpy holds our repacked weights) and one in 4 KiB pages (as llama.cpp's mmap of the
+    file holds its weights): on a shared machine the roof moves by 2x within minutes, so only a reading taken beside
+    a run bounds it. The roof of a run is the best reading before and after it, of either page kind."""
+
+    def __init__(self, model: str, threads: int, reps: int = 3) -> None:
+        sys.path.insert(0, str(Path(__file__).parent))
+        from membw import huge_page_share, model_bytes_per_token, roof_buffer
+
+        self.threads, self.reps = threads, reps
+        self.per_token = model_bytes_per_token(model)
+        nbytes = min(self.per_token, ROOF_MAX_BYTES)
+        self.bufs = {"thp": roof_buffer(nbytes, True), "4k": roof_buffer(nbytes, False)}
+        self.huge_share = huge_page_share(self.bufs["thp"])
+
+    def read(self) -> dict:
+        """page kind -> membw.Reading, now."""
+        from membw import measure
+
+        return {kind: measure(buf, self.threads, self.reps) for kind, buf in self.bufs.items()}
+
+    def describe(self) -> str:
+        pages = f", {self.huge_share:.0%} of it in huge pages" if self.huge_share is not None else ""
+        nbytes = self.bufs["thp"].nbytes
+        return (f"roof: membw.py's reader, {self.threads} thread(s), a {nbytes >> 20} MiB buffer{pages} and one in "
+                f"4 KiB pages, best of {self.reps} passes right before and after each run; "
+                f"{self.per_token / 1e9:.3f} GB read per token")
+
+
+def child_cpu_seconds() -> float:
+    """CPU seconds of the finished child processes so far (their user + system time)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def roof_round(meter: RoofMeter, runs: list[tuple[str, float, float, float]], readings: list[dict]) -> list[float]:
+    """Print one alternated round against its roof: runs are (side, tokens/s, wall s, CPU s) in the order they ran,
+    readings the roof readings around them (len(runs) + 1). Returns each side's fraction of its roof."""
+    fractions = []
+    for i, (side, ts, wall, cpu) in enumerate(runs):
+        around = [r for reading in readings[i:i + 2] for r in reading.values()]
+        best = max(around, key=lambda r: r.gbs)
+        gbs = ts * meter.per_token / 1e9
+        fractions.append(gbs / best.gbs)
+        kinds = " / ".join(f"{kind} {r.gbs:.1f}" for reading in readings[i:i + 2] for kind, r in reading.items())
+        print(f"  {side}: {ts:.1f} t/s = {gbs:.1f} GB/s, {gbs / best.gbs:.0%} of the roof {best.gbs:.1f} GB/s "
+              f"(before / after: {kinds}; the roof's threads ran {best.cpu_share:.0%} of its wall time, the run's "
+              f"process {cpu / (wall * meter.threads):.0%} of its own)", flush=True)
+        if gbs > best.gbs:
+            print(f"  BROKEN ROOF: {side} read {gbs:.1f} GB/s, more than the roof measured beside it: the roof was "
+                  f"read at a busier moment than the run (compare the CPU shares); this round bounds nothing")
+    return fractions
 
 
 def main() -> None:
@@ -110,20 +159,32 @@ def main() -> None:
     for n_prompt, n_gen in ((args.n_prompt, 0), (0, args.n_gen)):
         if not (n_prompt or n_gen):
             continue
-        theirs, mine = [], []
-        for _ in range(args.repetitions):
-            theirs.append(llama_bench(binary, path, n_prompt, n_gen, args.n_depth, args.threads, args.fa))
-            mine.append(ours(path, n_prompt, n_gen, args.n_depth, args.threads, args.fa, args.pythonpath,
-                             args.target))
-        t_ts, o_ts = statistics.median(theirs), statistics.median(mine)
+        meter = RoofMeter(path, args.threads) if args.roof and n_gen else None
+        test = (path, n_prompt, n_gen, args.n_depth, args.threads, args.fa)
+        runs = {"llama.cpp": lambda test=test: llama_bench(binary, *test),
+                "llamactx": lambda test=test: ours(*test, args.pythonpath, args.target)}
+        got: dict[str, list[float]] = {side: [] for side in runs}
+        fractions: dict[str, list[float]] = {side: [] for side in runs}
+        for r in range(args.repetitions):
+            readings, timed = [meter.read()] if meter else [], []
+            for side, run in runs.items():
+                c0, t0 = child_cpu_seconds(), time.perf_counter()
+                got[side].append(run())
+                timed.append((side, got[side][-1], time.perf_counter() - t0, child_cpu_seconds() - c0))
+                if meter:
+                    readings.append(meter.read())
+            if meter:
+                print(f"round {r + 1}, {meter.describe() if r == 0 else 'roof as above'}:")
+                for side, frac in zip(runs, roof_round(meter, timed, readings), strict=True):
+                    fractions[side].append(frac)
+        t_ts, o_ts = statistics.median(got["llama.cpp"]), statistics.median(got["llamactx"])
         name = (f"pp{n_prompt}" if n_prompt else f"tg{n_gen}") + (f" @ d{args.n_depth}" if args.n_depth else "")
         print(f"| {name} | {t_ts:.1f} | {o_ts:.1f} | {o_ts / t_ts:.2f}x |")
+        if meter:
+            medians = {side: statistics.median(f) for side, f in fractions.items()}
+            print(f"decode at the measured roof (median over rounds): llama.cpp {medians['llama.cpp']:.0%}, "
+                  f"llamactx {medians['llamactx']:.0%}")
         sys.stdout.flush()
-        if args.roof and n_gen:
-            gbs, roof, share = decode_roof(path, args.threads)
-            pages = f", {share:.0%} of it in huge pages" if share is not None else ""
-            print(f"memory roof: {gbs:.1f} GB/s with {args.threads} threads (a model-sized buffer{pages}) -> "
-                  f"{roof:.1f} t/s; llama.cpp at {t_ts / roof:.0%} of it, llamactx at {o_ts / roof:.0%}")
 
 
 if __name__ == "__main__":

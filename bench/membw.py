@@ -2,31 +2,45 @@
 
 Decode of a model larger than the last-level cache streams every weight once per token, so tokens/s can never exceed
 bandwidth / bytes read per token. This measures that bandwidth as decode would see it: a numba `prange` over the
-threads (the kernels' own thread pool and share of rows), each summing its contiguous share of a buffer far larger
-than the caches (the best of `--reps` passes, every 64-byte line read, four independent sums so that no add chain
-limits the loads). It prints GB/s for each thread count and, with `-m MODEL`, the model's bytes read per token and
-the tokens/s roof that implies; `--tg T` turns a measured tokens/s into the fraction of the roof (what docs report
-beside every decode number).
+threads (the kernels' own thread pool and share of rows), each reading its contiguous share of a buffer far larger
+than the caches, one float per 64-byte line into four independent sums (every line read; the hardware prefetcher
+alone). The best of `--reps` passes counts: a pass can only be slowed down (another process's reads, a descheduled
+thread), never sped up. It prints GB/s for each thread count and, with `-m MODEL`, the model's bytes read per token
+and the tokens/s roof that implies; `--tg T` turns a measured tokens/s into the fraction of the roof.
 
-The buffer is what decode reads: with `-m` as many bytes as the model reads per token (at least 256 MiB), allocated
-as numpy allocates the repacked weights, i.e. in 2 MiB transparent huge pages where the kernel has them free
-(numpy madvises large arrays). The share that got huge pages is printed, because it can move the roof: on a KVM
-guest a buffer in 4 KiB pages pays a TLB miss and a two-level page walk per page, and the stream prefetcher stops at
-every page boundary (a loaded Zen 4 guest, 1 thread, alternating: 4.2 vs 3.3 GB/s), and a buffer as large as an
-8B-shaped model's 4.9 GB, written while the file's pages and the weights fill most of RAM, can get few huge pages
-where 1 GiB gets them all (the kernel falls back to 4 KiB pages when no 2 MiB ones are free).
-`--pages 4k` measures a buffer without huge pages (llama.cpp's weights: the file's mmap, page-cache pages).
+Why a roof measured on a shared machine moves (a 2-vCPU KVM guest, Zen 4, 2026-12-05, `bench/roof_probe.py`):
+- other processes: with 8 people's tests running (load average 5-9 on 2 vCPUs) a pass's threads ran 27-52% of its
+  wall time (process CPU time / (wall x threads)), so wall GB/s fell to 6-16 where quiet moments gave 35-65. The
+  steal time in /proc/stat stayed ~0: the guest's own tenants took the cores, not the hypervisor (`perf stat` has
+  no hardware counters on this guest). Each reading therefore prints the CPU share of its best pass and the GB/s
+  per CPU-second (bytes / (CPU time / threads)), which holds still under load (1 thread: 28-34 GB/s while wall
+  GB/s went 6-16); that is the figure to set against a CPU-time profile (profile_forward.py -t 1). With 2 threads
+  it overstates the roof where the two threads did not run at the same time;
+- pages: a buffer in 4 KiB pages reads at 60-85% of one in huge pages (1 thread 20-24 against 28-34 GB/s per
+  CPU-second: a nested page walk per 4 KiB on a KVM guest, and the prefetcher stops at page boundaries). numpy
+  madvises big arrays for transparent huge pages (`--pages thp`, our repacked weights); an mmap of the file does
+  not (`--pages 4k`, llama.cpp's weights). The share that got huge pages is printed: a buffer written while RAM is
+  full can get few;
+- reading pattern: a software prefetch 16-256 lines ahead and full-vector loads of every byte
+  (np.bitwise_xor.reduce) read within a few GB/s of this reader, either way; a copy (memcpy) reads at 13;
+- NUMA: one node on this guest (lscpu), so placement does not move it.
+Hence a roof is only good for the moment it was read: compare_llamacpp.py --roof reads it right before and after
+each run it bounds, with the same threads, both page kinds, and says BROKEN ROOF where a run reads faster.
 
 Usage: python bench/membw.py [-t 1,2] [--mib N] [--reps 5] [-m FILE.gguf] [--tg TOKENS_PER_S] [--pages thp|4k]
-The machine must be otherwise idle: another process's reads share the same memory controllers.
+                             [--series N --every SECONDS]
+`--series 20 --every 3` re-measures the same buffer 20 times a minute and prints min / median / max.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+import resource
+import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numba
@@ -87,16 +101,60 @@ def huge_page_share(buf: np.ndarray) -> float | None:
     return huge / rss if rss else None
 
 
+@dataclass(slots=True, frozen=True)
+class Reading:
+    """The best pass of a roof measurement: wall GB/s, which reader gave it, and how much of the wall time the
+    threads actually ran (cpu_share: CPU time / (wall x threads); steal: the hypervisor's share of the vCPUs)."""
+
+    gbs: float
+    reader: str
+    cpu_share: float
+    steal: float
+
+    @property
+    def gbs_per_cpu(self) -> float:
+        """Bytes per second of the threads' own CPU time (bytes / (CPU time / threads)): the roof as the threads
+        saw it while they ran; with 2 threads an upper bound where they did not run at the same time."""
+        return self.gbs / min(1.0, max(self.cpu_share, 1e-9))
+
+    def describe(self) -> str:
+        return (f"{self.gbs:6.1f} GB/s ({self.reader}; the threads ran {self.cpu_share:.0%} of it, steal "
+                f"{self.steal:.0%}: {self.gbs_per_cpu:.1f} GB/s per CPU-second)")
+
+
+def _steal_ticks() -> int:
+    with open("/proc/stat") as f:
+        fields = f.readline().split()
+    return int(fields[8]) if len(fields) > 8 else 0
+
+
+def _cpu_seconds() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _pass(fn, nbytes: int, threads: int, reader: str) -> Reading:
+    s0, c0, t0 = _steal_ticks(), _cpu_seconds(), time.perf_counter()
+    fn()
+    dt = time.perf_counter() - t0
+    n_cpu = numba.config.NUMBA_NUM_THREADS
+    return Reading(nbytes / dt / 1e9, reader, (_cpu_seconds() - c0) / (dt * threads),
+                   (_steal_ticks() - s0) / 100 / (dt * n_cpu))
+
+
 def bandwidth(buf: np.ndarray, threads: int, reps: int) -> float:
-    """Best GB/s of `reps` full reads of buf with `threads` threads."""
+    """Best GB/s of `reps` full reads of buf with `threads` threads (`measure`)."""
+    return measure(buf, threads, reps).gbs
+
+
+def measure(buf: np.ndarray, threads: int, reps: int, read=None) -> Reading:
+    """The best of `reps` passes over buf with `threads` threads (a first pass, which compiles and faults in, not
+    counted); read(buf, threads) is the reader (default `_read`)."""
     numba.set_num_threads(threads)
-    _read(buf, threads)  # compile, fault in
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        _read(buf, threads)
-        best = min(best, time.perf_counter() - t0)
-    return buf.nbytes / best / 1e9
+    read = read or _read
+    read(buf, threads)
+    return max((_pass(lambda: read(buf, threads), buf.nbytes, threads, read.__name__.lstrip("_"))
+                for _ in range(reps)), key=lambda r: r.gbs)
 
 
 def model_bytes_per_token(path: str) -> int:
@@ -109,6 +167,19 @@ def model_bytes_per_token(path: str) -> int:
                if not (name == "token_embd.weight" and "output.weight" in tensors))
 
 
+def _series(buf: np.ndarray, threads: int, reps: int, count: int, every: float) -> None:
+    """`count` readings of the same buffer `every` seconds apart: how far the roof moves at this moment."""
+    got = []
+    for _ in range(count):
+        t0 = time.perf_counter()
+        got.append(measure(buf, threads, reps))
+        time.sleep(max(0.0, every - (time.perf_counter() - t0)))
+    for label, vals in (("GB/s", [r.gbs for r in got]), ("GB/s per CPU-s", [r.gbs_per_cpu for r in got]),
+                        ("CPU share", [r.cpu_share for r in got])):
+        print(f"  {threads} thread(s) {label:15s} min {min(vals):6.2f} median {statistics.median(vals):6.2f} "
+              f"max {max(vals):6.2f}  ({count} readings, {every:g} s apart)", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-t", "--threads", default="1,2", help="comma-separated thread counts")
@@ -119,6 +190,8 @@ def main() -> None:
     ap.add_argument("--tg", type=float, default=None, help="a measured decode tokens/s: its fraction of the roof")
     ap.add_argument("--pages", choices=("thp", "4k"), default="thp",
                     help="thp: as numpy allocates the weights (huge pages where free); 4k: no huge pages")
+    ap.add_argument("--series", type=int, default=0, help="re-measure this many times and print the spread")
+    ap.add_argument("--every", type=float, default=3.0, help="seconds between --series readings")
     args = ap.parse_args()
     per_token = model_bytes_per_token(args.model) if args.model else None
     buf = roof_buffer(args.mib << 20 if args.mib else per_token or 1 << 30, args.pages == "thp")
@@ -127,11 +200,14 @@ def main() -> None:
     if per_token:
         print(f"{Path(args.model).name}: {per_token / 1e9:.3f} GB read per token")
     for threads in (int(t) for t in args.threads.split(",")):
-        gbs = bandwidth(buf, threads, args.reps)
-        line = f"{threads} thread(s): {gbs:6.1f} GB/s"
+        if args.series:
+            _series(buf, threads, args.reps, args.series, args.every)
+            continue
+        r = measure(buf, threads, args.reps)
+        line = f"{threads} thread(s): {r.describe()}"
         if per_token:
-            roof = gbs * 1e9 / per_token
-            line += f"  -> decode roof {roof:6.1f} tokens/s"
+            roof = r.gbs * 1e9 / per_token
+            line += f"\n  -> decode roof {roof:6.1f} tokens/s"
             if args.tg:
                 line += f"; {args.tg:.1f} t/s is {args.tg / roof:.0%} of it"
         print(line, flush=True)
