@@ -66,3 +66,18 @@ def test_every_entry_reaches_the_kernels(t):
         expert = 2 * e  # experts 0 and 2
         we = Weight("e", int(t), (256, 8), w.data[8 * expert : 8 * expert + 8])
         _same(got[a:b], matmul_lowbit_unpacked(x[[*range(9), 0, 4, 8]][a:b], we), f"{t.name} expert {expert}")
+
+
+@pytest.mark.parametrize("t", [T.IQ2_XXS, T.IQ3_S], ids=lambda t: T(t).name)
+def test_prompt_sized_experts_quantized_on_every_thread(t):
+    """A prompt's mul_mat_id quantizes its rows in shares over the threads (matmul._activations_par, from 8 rows per
+    thread): 45 rows over three experts, each expert's rows as that expert's own matmul gives them."""
+    w, rng = _weight(t, 48, 512, int(t) + 7)
+    x = (rng.standard_normal((45, 512)) * 2).astype(np.float32)
+    pw = pack_weight(w)
+    starts = np.array([0, 20, 20, 29, 45], np.int64)  # experts of 12 rows: 20 rows, none, 9, 16
+    got = matmul_id(x, pw, starts, 12, 2)
+    for e in (0, 2, 3):
+        a, b = starts[e], starts[e + 1]
+        we = Weight("e", int(t), (512, 12), w.data[12 * e : 12 * e + 12])
+        _same(got[a:b], matmul_lowbit_unpacked(x[a:b], we), f"{t.name} expert {e}")

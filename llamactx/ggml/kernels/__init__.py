@@ -27,6 +27,7 @@ arithmetic), compute.py a recorded forward graph (llamactx.ggml.graph) in one co
     kxtile.py       Q3_K, IQ4_XS and Q5_K for prompt-sized batches
     klowbit.py      IQ1_S .. IQ3_S from their packed blocks (vec_dot order below 8 rows, tiled from 8)
     kiqcodes.py     the IQ types' codes of one 32-element group as a vector (klowbit's decode)
+    kiqtile.py      IQ2_XXS super-blocks straight into klowbit's tile rows (the MoE experts' prompt decode)
     kiqrow.py       the IQ2 / IQ3 types and IQ1_M for one activation row, decoded in registers (a token's decode)
     bf16.py         BF16 weights (tinyBLAS's order)
     tinyblas.py     F32 weights in tinyBLAS's order, its lanes in register tiles (routers, delta-net gates)

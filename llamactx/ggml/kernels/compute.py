@@ -481,6 +481,15 @@ def _route_node(a, ao, al, n, n_expert, k, norm_w, w_scale, y, yo, yl):  # pragm
                   y[yo + r * yl : yo + r * yl + 2 * k])
 
 
+@njit(parallel=True, cache=True)
+def _route_node_par(a, ao, al, n, n_expert, k, norm_w, w_scale, y, yo, yl):  # pragma: no cover - compiled
+    probs = np.empty((n, n_expert), np.float32)  # a row of scratch per token
+    idx = np.empty((n, n_expert), np.int32)
+    for r in prange(n):
+        route_row(a[ao + r * al : ao + r * al + n_expert], k, norm_w, w_scale, probs[r], idx[r],
+                  y[yo + r * yl : yo + r * yl + 2 * k])
+
+
 @njit(cache=True)
 def _mul_mat_id_node(path, n_threads, kind, w, x, xo, xl, shared, per_row, ne0, ids, io, il, n, k, n_ff, unit,
                      y, yo, yl):  # pragma: no cover - compiled
@@ -504,12 +513,50 @@ def _mul_mat_id_node(path, n_threads, kind, w, x, xo, xl, shared, per_row, ne0, 
             fill[e] += 1
     xs = np.empty((n * k, ne0), np.float32)
     out = np.empty((n * k, n_ff), np.float32)
-    for r in range(n * k):
+    if n >= PAR_ROWS:  # a prompt: the copies on the thread pool too (serial, they held the other threads idle)
+        _gather_rows_par(x, xo, xl, shared, order, k, xs)
+    else:
+        _gather_rows(x, xo, xl, shared, order, k, xs)
+    _matmul_id(path, n_threads, kind, per_row, xs, count, unit, qs, qh, sc, mn, d, m, out)
+    if n >= PAR_ROWS:
+        _scatter_rows_par(out, order, k, y, yo, yl)
+    else:
+        _scatter_rows(out, order, k, y, yo, yl)
+
+
+@njit(cache=True)
+def _gather_rows(x, xo, xl, shared, order, k, xs):  # pragma: no cover - compiled
+    """xs[r] = the input row of (token, slot) order[r] (the token's row when `shared`)."""
+    ne0 = xs.shape[1]
+    for r in range(xs.shape[0]):
         t, s = order[r] // k, order[r] % k
         src = xo + t * xl + (0 if shared else s * ne0)
         xs[r] = x[src : src + ne0]
-    _matmul_id(path, n_threads, kind, per_row, xs, count, unit, qs, qh, sc, mn, d, m, out)
-    for r in range(n * k):
+
+
+@njit(parallel=True, cache=True)
+def _gather_rows_par(x, xo, xl, shared, order, k, xs):  # pragma: no cover - compiled
+    ne0 = xs.shape[1]
+    for r in prange(xs.shape[0]):
+        t, s = order[r] // k, order[r] % k
+        src = xo + t * xl + (0 if shared else s * ne0)
+        xs[r] = x[src : src + ne0]
+
+
+@njit(cache=True)
+def _scatter_rows(out, order, k, y, yo, yl):  # pragma: no cover - compiled
+    """out[r] to (token, slot) order[r] of y."""
+    n_ff = out.shape[1]
+    for r in range(out.shape[0]):
+        t, s = order[r] // k, order[r] % k
+        dst = yo + t * yl + s * n_ff
+        y[dst : dst + n_ff] = out[r]
+
+
+@njit(parallel=True, cache=True)
+def _scatter_rows_par(out, order, k, y, yo, yl):  # pragma: no cover - compiled
+    n_ff = out.shape[1]
+    for r in prange(out.shape[0]):
         t, s = order[r] // k, order[r] % k
         dst = yo + t * yl + s * n_ff
         y[dst : dst + n_ff] = out[r]
@@ -525,6 +572,24 @@ def _moe_sum_node(a, ao, al, route, ro, rl, n, k, cols, y, yo, yl):  # pragma: n
                 p = a[ao + r * al + s * cols + j] * route[ro + r * rl + k + s]
                 acc = acc + p
             y[yo + r * yl + j] = acc
+
+
+@njit(parallel=True, cache=True)
+def _moe_sum_node_par(a, ao, al, route, ro, rl, n, k, cols, y, yo, yl):  # pragma: no cover - compiled
+    for r in prange(n):
+        for j in range(cols):
+            acc = a[ao + r * al + j] * route[ro + r * rl + k]
+            for s in range(1, k):
+                p = a[ao + r * al + s * cols + j] * route[ro + r * rl + k + s]
+                acc = acc + p
+            y[yo + r * yl + j] = acc
+
+
+@njit(parallel=True, cache=True)
+def _add_node_par(a, ao, al, b, bo, bl, n, cols, y, yo, yl):  # pragma: no cover - compiled
+    for r in prange(n):
+        for j in range(cols):
+            y[yo + r * yl + j] = a[ao + r * al + j] + b[bo + r * bl + j]
 
 
 @njit(cache=True)
@@ -715,9 +780,12 @@ def _run(path, prog, fprm, arena, out_logits, out_embd, in_embd, tokens, pos, ou
             else:
                 _glu_node(table, a, ao, al, b, bo, bl, n, cols, y, yo, yl)
         elif op == ADD:
-            for r in range(n):
-                for j in range(cols):
-                    y[yo + r * yl + j] = a[ao + r * al + j] + b[bo + r * bl + j]
+            if n >= PAR_ROWS:
+                _add_node_par(a, ao, al, b, bo, bl, n, cols, y, yo, yl)
+            else:
+                for r in range(n):
+                    for j in range(cols):
+                        y[yo + r * yl + j] = a[ao + r * al + j] + b[bo + r * bl + j]
         elif op == ADD_ROW:
             vo = prog[s, P0]
             for r in range(n):
@@ -782,13 +850,19 @@ def _run(path, prog, fprm, arena, out_logits, out_embd, in_embd, tokens, pos, ou
                 for j in range(cols):
                     y[yo + r * yl + j] = a[ao + out_ids[r] * al + j]
         elif op == MOE_ROUTE:
-            _route_node(a, ao, al, n, prog[s, P2], prog[s, P0], prog[s, P1] != 0, fprm[s, 0], y, yo, yl)
+            if n >= PAR_ROWS:
+                _route_node_par(a, ao, al, n, prog[s, P2], prog[s, P0], prog[s, P1] != 0, fprm[s, 0], y, yo, yl)
+            else:
+                _route_node(a, ao, al, n, prog[s, P2], prog[s, P0], prog[s, P1] != 0, fprm[s, 0], y, yo, yl)
         elif op == MUL_MAT_ID:
             i, k = prog[s, P0], prog[s, P1]
             _mul_mat_id_node(path, n_threads, w_kind[i], _weight(w_meta, i), a, ao, al, prog[s, P2] & 1 != 0,
                              prog[s, P2] >> 1 != 0, prog[s, P3], b, bo, bl, n, k, cols // k, prog[s, P4], y, yo, yl)
         elif op == MOE_SUM:
-            _moe_sum_node(a, ao, al, b, bo, bl, n, prog[s, P0], cols, y, yo, yl)
+            if n >= PAR_ROWS:
+                _moe_sum_node_par(a, ao, al, b, bo, bl, n, prog[s, P0], cols, y, yo, yl)
+            else:
+                _moe_sum_node(a, ao, al, b, bo, bl, n, prog[s, P0], cols, y, yo, yl)
         elif op == MOE_ROUTE_SEL:
             _route_sel_node(a, ao, al, n, prog[s, P2], prog[s, P0], prog[s, P1], fprm[s, 0],
                             vectors[prog[s, P3] : prog[s, P3] + prog[s, P4]], y, yo, yl)

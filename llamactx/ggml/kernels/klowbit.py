@@ -12,8 +12,9 @@ of a whole super-block as masks, kiqcodes.py), then used by every activation row
   the super-block's groups; acc = fma(float(lane), d_w * d_x, acc) per lane, `post * hsum_float_8(acc)` (fsum);
   IQ1_S's delta term apart (accum1), IQ1_M's in lanes of its own (its +-1 deltas . the quants, under the same
   scales), as vecdot_lowbit's `_vec_dot_lowbit`;
-- tiled order (n >= 8, `tile_rows`): 16 rows decoded, then transposed 16 x 16 words at a time into kxtile.py's
-  IQ4_XS tile (codes + 128, IQ1's 8 * code + delta + 128, the 16-element scales, the tile's d = f16(d) * post),
+- tiled order (n >= 8, `tile_rows`): 16 rows decoded (IQ2_XXS: a super-block per call, kiqtile.py), then
+  transposed 16 x 16 words at a time into kxtile.py's IQ4_XS tile (codes + 128, IQ1's 8 * code + delta + 128, the
+  16-element scales, the tile's d = f16(d) * post),
   whose `_kx_rows` gives per super-block s1 = sum sc * dot and out = fma(float(s1) * d_w, d_x, out):
   tiled.cpp's order.
 
@@ -44,6 +45,7 @@ from llamactx.ggml.kernels.kiqcodes import (
     vsign_bits,
 )
 from llamactx.ggml.kernels.kiqrow import _G1S, _G2S, _G2XS, _G2XXS, _G3S, _G3XXS, has_row1, row1_rows
+from llamactx.ggml.kernels.kiqtile import iq2xxs_tile_row
 from llamactx.ggml.kernels.ktile import TILE, _packed_pairs
 from llamactx.ggml.kernels.kxtile import IQ4XS_SHIFT, kx_tile_dot
 from llamactx.ggml.kernels.q8 import quantize_q8_K
@@ -214,8 +216,14 @@ def _tile(t, post, blocks, r0, r1, tile, wq8, sg, dsg, sc8, dw, idx, rows32, scs
     r8 = rows32.view(np.uint8)  # (16, nb*256)
     iq1 = t == IQ1_S or t == IQ1_M
     nb = dw.shape[0]
+    size = blocks.shape[1] // nb
     for lane in range(TILE):
         r = min(r0 + lane, r1 - 1)
+        if t == IQ2_XXS:  # a super-block per call, straight into the tile row (kiqtile.py)
+            for b in range(nb):
+                td[b, lane] = f16_to_f32(np.uint16(_w16(blocks[r, b * size], blocks[r, b * size + 1]))) * post
+                iq2xxs_tile_row(blocks, r, b * size, _G2XXS, r8, lane, b * 256, scs, b * 16)
+            continue
         _decode_row(t, blocks, r, wq8, sg, dsg, sc8, dw, idx)
         for j in range(sg.shape[1]):  # group j: registers 8 j .. 8 j + 7
             if iq1:
