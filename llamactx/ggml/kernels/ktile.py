@@ -15,6 +15,13 @@ exact, so only where the integers become floats has to match, and this module ge
 
 Transposing a tile costs about what 16 activation rows do, so `matmul` takes this path only for ubatches of
 `TILE_MIN_ROWS` rows or more (prompts), and the row-at-a-time kernels for decode.
+
+On AVX2 (the portable path, 16 ymm registers: an i32x16 is two) `vdot16_short` sums `pmaddubsw` pairs in int16 and
+the gemm takes another shape (`q4k_gemm4` / `q6k_gemm4` pick it per path): one 32-element sub-block per loop step
+for four activation rows (Q4_K; two rows with their super-block sums held for Q6_K), so each weight register is
+loaded once for several rows, and each run's pairs are summed and scaled by one `pmaddwd` by the scales, as ggml's
+AVX2 gemm does (`_mm256_madd_epi16(iacc, scales)`). The integers are the same and the float steps are the same, in
+the same order.
 """
 
 from __future__ import annotations
