@@ -84,8 +84,10 @@ class Scheduler:
         if self.drafter is not None:
             plan, used = self._drafts(plan, used)
         for seq in self.running:
+            if seq.is_generating or used >= self.n_batch:  # asking the memory costs a scan of its cells
+                continue
             room = min(self.n_batch - used, self.memory.room(seq.seq_id) - used)
-            if not seq.is_generating and room > 0:
+            if room > 0:
                 n = min(len(seq.pending), room, self._chunk_end(seq) - seq.n_past)
                 plan.append(Scheduled.of(seq, n))
                 used += n
