@@ -6,12 +6,14 @@ one activation row that round trip through memory (and its per-group type tests)
 type is a compile-time constant (`row1_rows` inlines `_rows` once per type) and each 32-element group goes from
 the block's bytes to its eight int32 lanes without a store:
 
-- the grid entries: kiqcodes.iq_grid, or for IQ3_S / IQ1_M grid_at on the super-block's indices unpacked as
-  vectors (iq3s_indices / iq1m_fields: cheaper here than scalar index arithmetic per entry);
+- the grid entries: kiqcodes.iq_grid, or for IQ3_S grid_at on the super-block's indices unpacked as
+  vectors (iq3s_indices: cheaper here than scalar index arithmetic per entry);
 - the signs onto the activations (`vneg_where`: ggml's `_mm256_sign_epi8`), a u32 of the block's stored sign bits
   (IQ3_S, IQ2_S) or of kiqcodes.iq_signs' words (their 7-bit fields completed with the parity);
 - `vdot` of the unsigned entries and the signed activations, times the two 16-element sub-block scales (`vpair`),
   summed over the super-block's groups; acc = fma(float(lane), d_w * d_x, acc); out = post * hsum_float_8(acc).
+- IQ2_XS (`iq2xs_sums`): ggml's AVX2 order too, two groups per 512-bit step, the int16 pairs of pmaddubsw times the
+  16-element scales by pmaddwd (`vpdpwssd`), where the generic group above multiplies int32 lanes (`vpmulld`);
 - IQ1_M (`iq1m_sums`), two groups per 512-bit step, the int16 pairs of ggml's AVX2 kernel: codes c in -1 / 0 / 1
   as pmaddubsw(c + 1, x) - (x_2i + x_2i+1) (`_G1P` holds the grid + 1: unsigned, no sign step; the pair sums of
   the activation row, `x_pairs`, are made once per call), times the 16-element scales by pmaddwd (`vpdpwssd` with
@@ -61,6 +63,7 @@ _G3XXS = np.ascontiguousarray(IQ3XXS_GRID).view(np.uint32).ravel()  # (256,) fou
 _G3S = np.ascontiguousarray(IQ3S_GRID).view(np.uint32).ravel()  # (512,)
 _G1S = np.ascontiguousarray(IQ1S_GRID).view(np.uint64).ravel()  # (2048,) -1 / 0 / 1 bytes
 _G1P = (np.ascontiguousarray(IQ1S_GRID).astype(np.int8) + 1).astype(np.uint8).view(np.uint64).ravel()  # 0 / 1 / 2
+_I1 = ir.IntType(1)
 _I8 = ir.IntType(8)
 _I16 = ir.IntType(16)
 _I32 = ir.IntType(32)
@@ -195,6 +198,53 @@ def iq1m_sums(typingctx, path, xq, x2, idx, sc8, dsg, b, grid):
     return sig, _iq1m_sums
 
 
+@intrinsic
+def iq2xs_sums(typingctx, path, blocks, r, o, xq, c, sg, grid):
+    """ggml_vec_dot_iq2_xs_q8_K's sumi1 + sumi2 (i32x8) of the IQ2_XS super-block at blocks[r, o:] against
+    xq[0, c:c + 256], two groups per 512-bit step as in `iq1m_sums`: the grid entries (`_G2XS`) by pmaddubsw
+    against x negated under the super-block's sign words sg (kiqcodes.iq_signs), by pmaddwd (`vpdpwssd`) times the
+    16-element scales 2 s + 1 of its nibbles."""
+    if not isinstance(path, TagType) or path.tag_name not in ("vnni", "portable"):
+        return None
+    sig = i32x8(path, blocks, types.intp, types.intp, xq, types.intp, sg, grid)
+
+    def codegen(context, builder, sig, args):
+        path_ty, blocks_ty, _, _, xq_ty, _, sg_ty, grid_ty = sig.args
+        _, blocks, r, o, xq, c, sg, grid = args
+        bld = builder
+        vnni = path_ty.tag_name == "vnni" and cpu_features()["avx512vnni"]
+        start = ptr2d(context, bld, blocks_ty, blocks, r, o, _I8)
+
+        def load(off, ty):
+            return bld.load(bld.bitcast(bld.gep(start, [ir.Constant(_I64, off)]), ty.as_pointer()), align=1)
+
+        v16i16 = ir.VectorType(_I16, 16)
+        raw = load(66, ir.VectorType(_I8, 8))  # a nibble per 16 elements
+        sc = bld.zext(bld.shuffle_vector(raw, raw, lane_index([j // 2 for j in range(16)])), v16i16)
+        sc = bld.and_(bld.lshr(sc, ir.Constant(v16i16, [4 * (j % 2) for j in range(16)])),
+                      ir.Constant(v16i16, [15] * 16))
+        sc = bld.add(bld.shl(sc, ir.Constant(v16i16, [1] * 16)), ir.Constant(v16i16, [1] * 16))
+        table = context.make_array(grid_ty)(context, bld, grid).data
+        zero = ir.Constant(c.type, 0)
+        signs = ptr2d(context, bld, sg_ty, sg, zero, zero, _I64)  # two groups' sign words as one u64
+        acc = ir.Constant(_V16I32, None)
+        for p in range(4):  # groups 2p, 2p + 1
+            g = ir.Constant(ir.VectorType(_I64, 8), ir.Undefined)
+            for k in range(8):  # 9-bit grid index, 7 sign bits
+                i = bld.zext(bld.and_(load(2 + 2 * (8 * p + k), _I16), ir.Constant(_I16, 511)), _I64)
+                g = bld.insert_element(g, bld.load(bld.gep(table, [i])), ir.Constant(_I32, k))
+            x = bld.load(ptr2d(context, bld, xq_ty, xq, zero, bld.add(c, ir.Constant(c.type, 64 * p)), _V64I8),
+                         align=1)
+            neg = bld.bitcast(bld.load(bld.gep(signs, [ir.Constant(_I64, p)]), align=4), ir.VectorType(_I1, 64))
+            pairs = _maddubs(bld, bld.bitcast(g, _V64I8), bld.select(neg, bld.sub(ir.Constant(_V64I8, None), x), x))
+            s16 = bld.shuffle_vector(sc, sc, lane_index([4 * p + k // 8 for k in range(32)]))
+            acc = _madd_wd(bld, vnni, acc, pairs, s16)
+        return bld.add(bld.shuffle_vector(acc, acc, lane_index(range(8))),
+                       bld.shuffle_vector(acc, acc, lane_index(range(8, 16))))
+
+    return sig, codegen
+
+
 @njit(cache=True, inline="always")
 def _nibbles(byte):  # pragma: no cover - compiled
     """The scales 2 ls + 1 of a byte's two 4-bit fields, on `vdot`'s lanes."""
@@ -207,8 +257,6 @@ def _scales(t, blocks, r, o, ib):  # pragma: no cover - compiled
     if t == IQ2_XXS or t == IQ3_XXS:  # the top nibble of the group's u32 of signs and scale
         s = np.int32(2 * (u8_at(blocks, r, o + (9 + 8 * ib if t == IQ2_XXS else 69 + 4 * ib)) >> 4) + 1)
         return vpair(s, s)
-    if t == IQ2_XS:
-        return _nibbles(u8_at(blocks, r, o + 66 + ib))
     if t == IQ2_S:
         return _nibbles(u8_at(blocks, r, o + 74 + ib))
     s = np.int32(2 * ((u8_at(blocks, r, o + 106 + ib // 2) >> (4 * (ib % 2))) & 15) + 1)  # IQ3_S: a nibble per 32
@@ -221,8 +269,6 @@ def _group(path, t, lanes, blocks, r, o, ib, x, sg, idx):  # pragma: no cover - 
     sv = _scales(t, blocks, r, o, ib)
     if t == IQ2_XXS:
         g, bits = iq_grid(16, blocks, r, o, ib, _G2XXS), u32_at(sg, 0, ib)
-    elif t == IQ2_XS:
-        g, bits = iq_grid(17, blocks, r, o, ib, _G2XS), u32_at(sg, 0, ib)
     elif t == IQ2_S:
         g, bits = iq_grid(22, blocks, r, o, ib, _G2S), u32_at(blocks, r, o + 34 + 4 * ib)
     elif t == IQ3_XXS:
@@ -256,9 +302,12 @@ def _row(path, t, post, blocks, r, xq, xd, sg, idx, out):  # pragma: no cover - 
     for b in range(nb):
         o = b * size
         dw = _block_setup(t, blocks, r, o, sg, idx)
-        lanes = izero()
-        for ib in range(8):
-            lanes = _group(path, t, lanes, blocks, r, o, ib, vload(xq, 0, b * 256 + 32 * ib), sg, idx)
+        if t == IQ2_XS:
+            lanes = iq2xs_sums(path, blocks, r, o, xq, b * 256, sg, _G2XS)
+        else:
+            lanes = izero()
+            for ib in range(8):
+                lanes = _group(path, t, lanes, blocks, r, o, ib, vload(xq, 0, b * 256 + 32 * ib), sg, idx)
         acc = fmadd_i(acc, lanes, xd[0, b] * dw)
     out[0, r] = post * fsum(acc)
 
