@@ -15,10 +15,10 @@ them (kblocks.py: eight rows interleaved, llama.cpp's block_q4_Kx8 idea), one gr
   four loads, both narrowed to int16 (|sum| <= 16 x 15 x 128) and multiplied by their scales in one `vpdpwssd`.
   On AVX2 without VNNI (`_group_isums_avx2`: rows 4h .. 4h + 3 in 256-bit half h) the four `pmaddubsw` of a
   sub-block's split nibbles are added as int16 (4 x 2 x 15 x 128 = 15360: exact) before one `pmaddwd` with each
-  row's scale, and the activation quants are plain memory operands, read from a copy with each run of eight
-  repeated four times (`expand_x`, once per call) rather than broadcast: a `vpbroadcastq` from memory takes a
-  vector ALU slot on Zen. Without AVX2 (portable IR) the products of the split nibbles are widened and paired
-  with the scales (`_scaled_pairs`).
+  row's scale. (Activations read from a copy with each run of eight repeated four times instead of broadcast
+  saved the `vpbroadcastq`s, an ALU uop each on Zen: 81 cycles in llvm-mca, 34 GB/s in L2, but 10% slower on a
+  model's matrices streamed from DRAM, the copy taking L1 from the stream.) Without AVX2 (portable IR) the
+  products of the split nibbles are widened and paired with the scales (`_scaled_pairs`).
 - the eight rows' 6-bit scales and mins come out of their three scale words at once (ggml's kmask arithmetic on
   8 lanes), d and dmin as one `vcvtph2ps` of 16 halves, the mins meet the activation sums of 32 (`sub_sums16`)
   in `pmaddwd`, and both float chains of the eight rows advance as the 16 lanes of one FMA per super-block.
@@ -27,9 +27,10 @@ A matrix is one stream (group after group), which the hardware prefetcher follow
 exact in any order, so the results are bit-identical to llama.cpp's (tests/ggml/test_kgemv.py against vecdot_k).
 Measured on Zen 4, 1 thread, CPU time (bench/kgemv_bench.py, weights in L2): 42 GB/s, from 21 GB/s one row at a
 time in ggml's layout; llvm-mca's znver4 model puts the loop at the FP0/FP1 pipes (the 32 `vpdpbusd` of a group's
-super-block), ~13 cycles per row and super-block. Compiled for haswell (same machine, L2): 27 -> 34 GB/s with the
-int16 sums and the expanded activations; llvm-mca znver4 114 -> 81 cycles per group super-block (haswell's model
-175 -> 129), bound by the four vector ALU pipes (the 64 `pmaddubsw`, 96 nibble masks and shifts, 48 int16 adds).
+super-block), ~13 cycles per row and super-block. Compiled for haswell: llvm-mca znver4 114 -> 89 cycles per group
+super-block with the int16 sums (haswell's model 173 -> 129), bound by the four vector ALU pipes (the 64
+`pmaddubsw`, 96 nibble masks and shifts, 48 int16 adds, 32 broadcasts); in L2, 1 thread, CPU time
+(bench/kgemv_bench.py): 26 -> 34 GB/s. One thread streaming from DRAM is at the memory's pace either way.
 """
 
 from __future__ import annotations
@@ -190,18 +191,15 @@ def _group_isums_avx2(context, builder, qsty, qs, g, col, xty, xq, i, xcol, scb)
     """`_group_isums` on AVX2's 256-bit halves (rows 4h .. 4h + 3 in half h), with a quarter of the scale
     multiplies: the four `pmaddubsw` of a sub-block's nibbles (pairs of at most 2 x 15 x 128) are added as int16
     (at most 4 x 3840 = 15360: exact) before one `pmaddwd` meets each row's scale, lane k of either half's words
-    being row 4h + k // 4. The activations come from `expand_x` (xq, row i: 32 bytes per 8 quants from 4 * xcol),
-    so each is a plain memory operand of `pmaddubsw`: a `vpbroadcastq` from memory takes a vector ALU slot on
-    Zen (one in nine of the loop's, which issues four a cycle)."""
+    being row 4h + k // 4."""
     v32, v16 = ir.VectorType(_I8, 32), ir.VectorType(_I16, 16)
     low = ir.Constant(v32, [0x0F] * 32)
     tot = [ir.Constant(ir.VectorType(_I32, 8), None)] * 2
-    base = builder.mul(xcol, _c(4))
     for c in range(4):
         sums = [[ir.Constant(v16, None)] * 2 for _ in range(2)]  # [low / high nibbles][half]
         for j in range(4):
-            x = [builder.load(ptr2d(context, builder, xty, xq, i, builder.add(base, _c(32 * (8 * c + 4 * t + j))), v32),
-                              align=1) for t in (0, 1)]
+            x = [_bcast8_256(context, builder, xty, xq, i, builder.add(xcol, _c(64 * c + 32 * t + 8 * j)))
+                 for t in (0, 1)]
             for h in (0, 1):
                 w = builder.load(ptr2d(context, builder, qsty, qs, g,
                                        builder.add(col, _c(Q4K_GQS + 64 * (4 * c + j) + 32 * h)), v32), align=1)
@@ -312,36 +310,6 @@ def _min_lanes(builder, m, s, count):
     return p
 
 
-@intrinsic
-def expands_x(typingctx, path):
-    """True where `q4k_group` runs on AVX2's halves and reads its activations from `expand_x` (a constant)."""
-    if not isinstance(path, TagType):
-        return None
-
-    def codegen(context, builder, sig, args):
-        vnni = sig.args[0].tag_name == "vnni" and cpu_features()["avx512vnni"]
-        return ir.Constant(ir.IntType(1), int(not vnni and bool(cpu_features()["avx2"])))
-
-    return types.boolean(path), codegen
-
-
-@njit(cache=True)
-def expand_x(xq, i0):
-    """(n, 4k) int8: rows i0.. of the activation quants xq with each run of eight repeated four times (32 bytes:
-    one `pmaddubsw` operand for the four rows of an AVX2 half), written once per call for every group to read."""
-    n, k = xq.shape[0] - i0, xq.shape[1]
-    src = xq[i0:].copy().view(np.uint64)  # (n, k / 8)
-    out = np.empty((n, k // 2), np.uint64)
-    for i in range(n):
-        for m in range(k // 8):
-            v = src[i, m]
-            out[i, 4 * m] = v
-            out[i, 4 * m + 1] = v
-            out[i, 4 * m + 2] = v
-            out[i, 4 * m + 3] = v
-    return out.view(np.int8)
-
-
 @njit(cache=True)
 def q4k_gemv_rows(path, W, a, i0, r0, r1, out):
     """out[i0:, r0:r1] for Q4_K weights (kblocks.py's groups of eight rows) as ggml_gemv_q4_K_8x8_q8_K computes
@@ -358,12 +326,10 @@ def q4k_gemv_rows(path, W, a, i0, r0, r1, out):
         for b in range(nb):
             xs[i, b] = xd[i0 + i, b]
     res = np.empty((1, Q4K_GROUP), np.float32)
-    expanded = expands_x(path)
-    xe = expand_x(xq, i0) if expanded else xq
     g0, g1 = r0 // Q4K_GROUP, (r1 + Q4K_GROUP - 1) // Q4K_GROUP
     for g in range(g0, g1):
         lo, hi = max(r0, g * Q4K_GROUP), min(r1, (g + 1) * Q4K_GROUP)
         for i in range(n):
-            q4k_group(path, qs, g, xe, i if expanded else i0 + i, s16, xs, i, res)
+            q4k_group(path, qs, g, xq, i0 + i, s16, xs, i, res)
             for r in range(lo, hi):
                 out[i0 + i, r] = res[0, r - g * Q4K_GROUP]
