@@ -6,7 +6,7 @@ Each weight tensor named on the command line (a GGUF file and a tensor, default:
 taken as ONE long row (its blocks are contiguous; its first 512 super-blocks) against a random activation row as
 long, so that one call of either side covers every super-block and the call costs nothing per block. Ours is also
 timed on the same blocks as rows of the tensor's k, as a model calls it: per-call work such as IQ1_M's activation
-lane sums is then shared by the rows. Ours is kernels.klowbit's `lowbit_rows` (kiqrow.py for one row) and, with
+pair sums is then shared by the rows. Ours is kernels.klowbit's `lowbit_rows` (kiqrow.py for one row) and, with
 --old, klowbit.vec_rows (the buffered decode it replaced). The clock is the calling thread's CPU time, best of
 --reps, so the figures hold on a shared machine.
 
@@ -37,7 +37,7 @@ from llamactx.ggml.kernels.simd import PORTABLE, VNNI  # noqa: E402
 DEFAULT = ["/tmp/smollm2-iq3_s.gguf:blk.0.ffn_down.weight", "/tmp/smollm2-iq1_m.gguf:blk.5.ffn_down.weight",
            "/tmp/smollm2-iq2_xs.gguf:blk.5.ffn_down.weight", "/tmp/moe-1b-iq2_xxs.gguf:blk.0.ffn_down_exps.weight"]
 Q8K_BYTES = 4 + 256 + 32  # block_q8_K: float d, 256 int8, 16 int16 bsums
-MAX_SUPER_BLOCKS = 512  # the first ones: the activation row (and IQ1_M's lane sums) stay in L2, as a token's in L1
+MAX_SUPER_BLOCKS = 512  # the first ones: the activation row (and IQ1_M's pair sums) stay in L2, as a token's in L1
 
 
 @njit
