@@ -6,7 +6,7 @@ so the ratio is plain's 1-row decodes over the drafted decodes' modelled time: a
 ratio (no per-step Python time, no load). Where the copies a drafter misses lie shows in "single" (tokens decoded
 one row at a time).
 
-Usage: python bench/spec_replay.py [-m smollm2] [--task a,c] [--types ngram-simple,ngram-backoff,ngram-mod]
+Usage: python bench/spec_replay.py [-m smollm2] [--task a,c,d] [--types ngram-simple,ngram-backoff,ngram-mod]
            [--row-cost 6.27,2.04] [--save DIR | --load DIR]
 (--save writes each task's prompt and greedy output as DIR/<task>.json, --load replays those instead of
 generating: the outputs of a haswell-compiled model with NUMBA_CPU_NAME=haswell, for example.)
@@ -40,9 +40,11 @@ def greedy(model: Model, prompt: list[int], n: int) -> list[int]:
     return seq.output
 
 
-def replay(spec_type: str, prompt: list[int], out: list[int], fixed: float, per_row: float) -> dict:
+def replay(spec_type: str, prompt: list[int], out: list[int], fixed: float, per_row: float,
+           steps: list | None = None) -> dict:
     """Decode `out` after `prompt` as the engine would with `spec_type` and the draft budget (one stream), the
-    budget's cost model holding the line; out[0] comes from the prompt's decode."""
+    budget's cost model holding the line; out[0] comes from the prompt's decode. `steps`, given, gets each
+    decode's (output index, draft length, tokens of it accepted)."""
     cost = DecodeCost(SpecParams().free_rows)
     for rows in range(1, 65):
         for _ in range(DecodeCost.MIN_SAMPLES):
@@ -61,6 +63,8 @@ def replay(spec_type: str, prompt: list[int], out: list[int], fixed: float, per_
             k += 1
         if draft:
             spec.accept(0, k, len(draft))
+        if steps is not None:
+            steps.append((i, len(draft), k))
         decodes, drafted, accepted, single = decodes + 1, drafted + len(draft), accepted + k, single + (not draft)
         ms += fixed + per_row * (1 + len(draft))
         i += k + 1
@@ -73,7 +77,7 @@ def main() -> None:
     p = argparse.ArgumentParser(prog="spec_replay", description=__doc__.split("\n")[0])
     p.add_argument("-m", "--model", default="smollm2")
     p.add_argument("-n", "--n-predict", type=int, default=256)
-    p.add_argument("--task", default="a,c")
+    p.add_argument("--task", default="a,c,d")
     p.add_argument("--types", default="ngram-simple,ngram-backoff,ngram-mod,ngram-map-k")
     p.add_argument("--row-cost", default="6.27,2.04", help="FIXED,PER_ROW ms of a decode")
     g = p.add_mutually_exclusive_group()

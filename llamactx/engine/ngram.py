@@ -79,30 +79,63 @@ class NgramBackoff:
     shorter than size_n (common_ngram_simple_draft refuses a draft shorter than its key). Here the text after the
     match, where it reaches the present, continues with the draft itself (the match one period back predicts the
     next period), so a loop of any period is drafted size_m tokens long. Shorter keys match wrongly more often;
-    the draft budget (draft_budget.py) verifies no more than the slot's acceptance pays for."""
+    the draft budget (draft_budget.py) verifies no more than the slot's acceptance pays for.
 
-    MIN_KEY = 3
+    A model that copies a text with a few edits (a proofread paragraph, a code edit) leaves the text for a token
+    or two and comes back to it: a comma inserted, a word replaced, a word dropped. Each slot keeps a cursor,
+    where in the history its last draft came from; when no key of SHORT_KEY or more tokens matches (the few
+    tokens after an edit), the sampled token is looked up near where the cursor expects it (within RESYNC
+    tokens before or after it, the nearest first), and where the keys find only a short match elsewhere, the
+    cursor's place wins if the sampled token is what it expects. So the copy is drafted again from the first
+    token after the edit that the text holds, not only once a 3-token key is back. Asking for a draft twice for
+    the same history gives the same draft (the cursor moves to where the draft comes from, as a draft always
+    would)."""
+
+    MIN_KEY, SHORT_KEY, CURSOR_MAX = 3, 6, 16
+    RESYNC = (0, -1, 1)  # where a token is looked up around the cursor's place for it, nearest first
 
     def __init__(self, size_n: int, size_m: int):
         self.sizes = [size_n]  # the key lengths tried, longest first
         while self.sizes[-1] // 2 >= self.MIN_KEY:
             self.sizes.append(self.sizes[-1] // 2)
         self.size_m = size_m
+        # seq_id -> (h, src): the history token at index h was drafted from (copied from) history index src
+        self._cursor: dict[int, tuple[int, int]] = {}
 
     def begin(self, seq_id: int, prompt: list[int]) -> None:
-        pass
+        self._cursor.pop(seq_id, None)
 
     def draft(self, seq_id: int, prompt: list[int], sampled: int) -> list[int]:
         cur_len = len(prompt)
         hay = np.asarray(prompt, np.int32).tobytes()
         for n in self.sizes:
+            if n < self.SHORT_KEY and (near := self._near(seq_id, prompt, sampled, exact=True)) is not None:
+                return self._from(seq_id, prompt, sampled, near)
             if cur_len < n + 1:
                 continue
             pattern = np.asarray([*prompt[cur_len - n + 1 :], sampled], np.int32).tobytes()  # (n,) tokens
             match_pos = _rfind_aligned(hay, pattern, 1, cur_len - 1)  # as ngram-simple: position 0 is no match
             if match_pos > 0:
-                return self._continue(prompt, sampled, match_pos + n)
-        return []
+                return self._from(seq_id, prompt, sampled, match_pos + n)
+        near = self._near(seq_id, prompt, sampled, exact=False)
+        return [] if near is None else self._from(seq_id, prompt, sampled, near)
+
+    def _near(self, seq_id: int, prompt: list[int], sampled: int, exact: bool) -> int | None:
+        """Where the copy goes on after `sampled` if it came from near the cursor's place for it: the history
+        index after the nearest occurrence of `sampled` within RESYNC of that place (`exact`: at the place only);
+        None where the slot has no recent cursor or `sampled` is not there."""
+        cursor = self._cursor.get(seq_id)
+        if cursor is None or not 0 <= len(prompt) + 1 - cursor[0] <= self.CURSOR_MAX:  # tokens since its draft
+            return None
+        e = cursor[1] + len(prompt) - cursor[0]  # where the sampled token (history index len(prompt)) would be
+        for j in (e,) if exact else (e + d for d in self.RESYNC):
+            if 0 < j < len(prompt) and prompt[j] == sampled:
+                return j + 1
+        return None
+
+    def _from(self, seq_id: int, prompt: list[int], sampled: int, start: int) -> list[int]:
+        self._cursor[seq_id] = (len(prompt) + 1, start)
+        return self._continue(prompt, sampled, start)
 
     def _continue(self, prompt: list[int], sampled: int, start: int) -> list[int]:
         """size_m tokens from history position `start` on (the history: `prompt` then `sampled`); past the

@@ -384,6 +384,42 @@ def test_ngram_backoff_drafts_through_a_loop_shorter_than_its_key():
     assert NgramBackoff(3, 5).sizes == [3]
 
 
+def test_ngram_backoff_drafts_the_copy_again_right_after_an_edit():
+    """A copy with one token inserted, replaced or dropped: the first token after the edit that the text holds
+    is found near the cursor's place and the copy is drafted from there, where no 3-token key matches yet."""
+    text = list(range(10, 40))
+    history = [1, *text, 10, 11, 12]  # copying the text: the sampled 13, then the text's 14, 15, ...
+    prefix = [*history, 13]
+    for edit, output in [("insert", [99, 14]), ("replace", [99, 15]), ("drop", [15])]:
+        b = NgramBackoff(12, 4)
+        assert b.draft(0, history, 13) == [14, 15, 16, 17]
+        if len(output) == 2:
+            assert b.draft(0, prefix, 99) == [], edit  # the edit itself: 99 is nowhere near
+        h, sampled = [*prefix, *output[:-1]], output[-1]
+        assert b.draft(0, h, sampled) == list(range(sampled + 1, sampled + 5)), edit
+        assert b.draft(0, h, sampled) == list(range(sampled + 1, sampled + 5)), edit  # asking twice: the same
+        assert NgramBackoff(12, 4).draft(0, h, sampled) == [], edit  # without the cursor no 3-token key matches
+    b = NgramBackoff(12, 4)  # a cursor past CURSOR_MAX tokens ago is not used
+    b.draft(0, history, 13)
+    far = [*prefix, *[99] * b.CURSOR_MAX]
+    assert b.draft(0, far, 14 + b.CURSOR_MAX) == []
+    assert b.draft(0, far[:-1], 13 + b.CURSOR_MAX) == [14 + b.CURSOR_MAX, 15 + b.CURSOR_MAX, 16 + b.CURSOR_MAX,
+                                                       17 + b.CURSOR_MAX]  # one token nearer: still used
+    b.draft(0, history, 13)
+    b.begin(0, history)  # a new request forgets the cursor
+    assert b.draft(0, [*prefix, 99], 14) == []
+
+
+def test_ngram_backoff_prefers_the_cursor_to_a_short_key_elsewhere():
+    """The 3-gram (5, 6, 7) occurs later in the history than the copy being made; the copy's own place wins."""
+    text = [20, 21, 5, 6, 7, 22, 23, 24, 25, 26]
+    history = [1, *text, 30, 5, 6, 7, 40, 41, 42, 43, 20, 21]
+    b = NgramBackoff(12, 4)
+    assert b.draft(0, history, 5) == [6, 7, 22, 23]
+    assert b.draft(0, [*history, 5, 6], 7) == [22, 23, 24, 25]
+    assert NgramBackoff(12, 4).draft(0, [*history, 5, 6], 7) == [40, 41, 42, 43]  # the latest 3-gram match
+
+
 def test_the_speculator_cuts_drafts_and_begins_each_request():
     sp = Speculator(SpecParams(types=("ngram-mod", "ngram-simple"), ngram_simple=NgramParams(3, 4)))
     assert [type(d).__name__ for d in sp.drafters] == ["NgramSimple", "NgramMod"]  # llama.cpp's preference
