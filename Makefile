@@ -52,7 +52,8 @@ test: $(STAMP) $(SDIST_STAMP) chromium
 # with a cold cache on one worker; test_attention8 runs its 8-lane kernel cases only here)
 CPU ?= haswell
 EXACT_TESTS := tests/test_reference.py tests/test_flash_attn.py tests/models tests/ggml/test_attention8.py \
-  tests/ggml/test_kgemv.py tests/ggml/test_q6k_gemv.py tests/ggml/test_flash_split.py tests/ggml/test_ssm_scan_kernel.py
+  tests/ggml/test_kgemv.py tests/ggml/test_q6k_gemv.py tests/ggml/test_flash_split.py tests/ggml/test_ssm_scan_kernel.py \
+  tests/ggml/test_kernels.py::test_kquants_llama_order_match_vecdot_k_bit_for_bit
 test-target: $(STAMP) $(SDIST_STAMP)
 	NUMBA_CPU_NAME=$(CPU) NUMBA_CACHE_DIR=$(CURDIR)/.numba-$(CPU) OMP_WAIT_POLICY=PASSIVE $(VPY) -m pytest \
 	  -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(EXACT_TESTS)
