@@ -159,12 +159,20 @@ def measure(buf: np.ndarray, threads: int, reps: int, read=None) -> Reading:
 
 def model_bytes_per_token(path: str) -> int:
     """Bytes a decode step reads: every tensor's stored bytes (embeddings are read one row a token; when they are
-    tied, the output head reads them whole)."""
+    tied, the output head reads them whole), of a mixture of experts' stacked expert tensors (`*_exps`) only the
+    share of the experts a token uses (expert_used_count of expert_count)."""
     from llamactx.gguf.reader import GGUFFile
 
-    tensors = GGUFFile(path).tensors
-    return sum(int(t.nbytes) for name, t in tensors.items()
-               if not (name == "token_embd.weight" and "output.weight" in tensors))
+    g = GGUFFile(path)
+    arch = g.meta.get("general.architecture", "")
+    n_expert, n_used = g.meta.get(f"{arch}.expert_count", 0), g.meta.get(f"{arch}.expert_used_count", 0)
+    total = 0.0
+    for name, t in g.tensors.items():
+        if name == "token_embd.weight" and "output.weight" in g.tensors:
+            continue
+        share = n_used / n_expert if n_expert and "_exps." in name else 1.0
+        total += int(t.nbytes) * share
+    return int(total)
 
 
 def _series(buf: np.ndarray, threads: int, reps: int, count: int, every: float) -> None:
