@@ -525,71 +525,87 @@ def _mul_mat_id_node(path, n_threads, kind, w, x, xo, xl, shared, per_row, ne0, 
 
 
 @njit(cache=True)
-def _gather_rows(x, xo, xl, shared, order, k, xs):  # pragma: no cover - compiled
+def _gather_row(x, xo, xl, shared, order, k, xs, r):  # pragma: no cover - compiled
     """xs[r] = the input row of (token, slot) order[r] (the token's row when `shared`)."""
     ne0 = xs.shape[1]
+    t, s = order[r] // k, order[r] % k
+    src = xo + t * xl + (0 if shared else s * ne0)
+    xs[r] = x[src : src + ne0]
+
+
+@njit(cache=True)
+def _gather_rows(x, xo, xl, shared, order, k, xs):  # pragma: no cover - compiled
     for r in range(xs.shape[0]):
-        t, s = order[r] // k, order[r] % k
-        src = xo + t * xl + (0 if shared else s * ne0)
-        xs[r] = x[src : src + ne0]
+        _gather_row(x, xo, xl, shared, order, k, xs, r)
 
 
 @njit(parallel=True, cache=True)
 def _gather_rows_par(x, xo, xl, shared, order, k, xs):  # pragma: no cover - compiled
-    ne0 = xs.shape[1]
     for r in prange(xs.shape[0]):
-        t, s = order[r] // k, order[r] % k
-        src = xo + t * xl + (0 if shared else s * ne0)
-        xs[r] = x[src : src + ne0]
+        _gather_row(x, xo, xl, shared, order, k, xs, r)
+
+
+@njit(cache=True)
+def _scatter_row(out, order, k, y, yo, yl, r):  # pragma: no cover - compiled
+    """out[r] to (token, slot) order[r] of y."""
+    n_ff = out.shape[1]
+    t, s = order[r] // k, order[r] % k
+    dst = yo + t * yl + s * n_ff
+    y[dst : dst + n_ff] = out[r]
 
 
 @njit(cache=True)
 def _scatter_rows(out, order, k, y, yo, yl):  # pragma: no cover - compiled
-    """out[r] to (token, slot) order[r] of y."""
-    n_ff = out.shape[1]
     for r in range(out.shape[0]):
-        t, s = order[r] // k, order[r] % k
-        dst = yo + t * yl + s * n_ff
-        y[dst : dst + n_ff] = out[r]
+        _scatter_row(out, order, k, y, yo, yl, r)
 
 
 @njit(parallel=True, cache=True)
 def _scatter_rows_par(out, order, k, y, yo, yl):  # pragma: no cover - compiled
-    n_ff = out.shape[1]
     for r in prange(out.shape[0]):
-        t, s = order[r] // k, order[r] % k
-        dst = yo + t * yl + s * n_ff
-        y[dst : dst + n_ff] = out[r]
+        _scatter_row(out, order, k, y, yo, yl, r)
+
+
+@njit(cache=True)
+def _moe_sum_row(a, ao, al, route, ro, rl, r, k, cols, y, yo, yl):  # pragma: no cover - compiled
+    """MOE_SUM of token r: ggml_mul by each slot's weight, then the slots added in order."""
+    for j in range(cols):
+        acc = a[ao + r * al + j] * route[ro + r * rl + k]
+        for s in range(1, k):
+            p = a[ao + r * al + s * cols + j] * route[ro + r * rl + k + s]
+            acc = acc + p
+        y[yo + r * yl + j] = acc
 
 
 @njit(cache=True)
 def _moe_sum_node(a, ao, al, route, ro, rl, n, k, cols, y, yo, yl):  # pragma: no cover - compiled
-    """MOE_SUM: ggml_mul by each slot's weight, then the slots added in order."""
     for r in range(n):
-        for j in range(cols):
-            acc = a[ao + r * al + j] * route[ro + r * rl + k]
-            for s in range(1, k):
-                p = a[ao + r * al + s * cols + j] * route[ro + r * rl + k + s]
-                acc = acc + p
-            y[yo + r * yl + j] = acc
+        _moe_sum_row(a, ao, al, route, ro, rl, r, k, cols, y, yo, yl)
 
 
 @njit(parallel=True, cache=True)
 def _moe_sum_node_par(a, ao, al, route, ro, rl, n, k, cols, y, yo, yl):  # pragma: no cover - compiled
     for r in prange(n):
-        for j in range(cols):
-            acc = a[ao + r * al + j] * route[ro + r * rl + k]
-            for s in range(1, k):
-                p = a[ao + r * al + s * cols + j] * route[ro + r * rl + k + s]
-                acc = acc + p
-            y[yo + r * yl + j] = acc
+        _moe_sum_row(a, ao, al, route, ro, rl, r, k, cols, y, yo, yl)
+
+
+@njit(cache=True)
+def _add_one_row(a, ao, al, b, bo, bl, r, cols, y, yo, yl):  # pragma: no cover - compiled
+    """ADD of row r (two inputs of the same shape)."""
+    for j in range(cols):
+        y[yo + r * yl + j] = a[ao + r * al + j] + b[bo + r * bl + j]
+
+
+@njit(cache=True)
+def _add_node(a, ao, al, b, bo, bl, n, cols, y, yo, yl):  # pragma: no cover - compiled
+    for r in range(n):
+        _add_one_row(a, ao, al, b, bo, bl, r, cols, y, yo, yl)
 
 
 @njit(parallel=True, cache=True)
 def _add_node_par(a, ao, al, b, bo, bl, n, cols, y, yo, yl):  # pragma: no cover - compiled
     for r in prange(n):
-        for j in range(cols):
-            y[yo + r * yl + j] = a[ao + r * al + j] + b[bo + r * bl + j]
+        _add_one_row(a, ao, al, b, bo, bl, r, cols, y, yo, yl)
 
 
 @njit(cache=True)
@@ -783,9 +799,7 @@ def _run(path, prog, fprm, arena, out_logits, out_embd, in_embd, tokens, pos, ou
             if n >= PAR_ROWS:
                 _add_node_par(a, ao, al, b, bo, bl, n, cols, y, yo, yl)
             else:
-                for r in range(n):
-                    for j in range(cols):
-                        y[yo + r * yl + j] = a[ao + r * al + j] + b[bo + r * bl + j]
+                _add_node(a, ao, al, b, bo, bl, n, cols, y, yo, yl)
         elif op == ADD_ROW:
             vo = prog[s, P0]
             for r in range(n):
