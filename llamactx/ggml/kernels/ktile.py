@@ -29,7 +29,6 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
-from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from llamactx.ggml.cpu import cpu_features
@@ -49,7 +48,7 @@ from llamactx.ggml.kernels.kblocks import (
     q6k_blocks,
 )
 from llamactx.ggml.kernels.simd import TagType, lane_index, load_f16, splat
-from llamactx.ggml.kernels.vnni import izero16, vdot16_short, vshort_lanes
+from llamactx.ggml.kernels.vnni import _pairwise, izero16, vdot16_short, vshort_lanes
 from llamactx.ggml.kernels.wide import (
     ffma16s,
     fload16,
@@ -126,17 +125,11 @@ def _short_pairs(path) -> bool:
 
 
 def _pmaddwd(builder, a, b):
-    """`vpmaddwd` of two <16 x i32> taken as 32 int16 (lane r = a_lo b_lo + a_hi b_hi, exact): two 256-bit
-    `llvm.x86.avx2.pmadd.wd`, which LLVM does not always find in the widened form (wide.imaddwd) on AVX2."""
-    v16 = ir.VectorType(ir.IntType(16), 16)
-    v8 = ir.VectorType(ir.IntType(32), 8)
-    madd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8, [v16, v16]), "llvm.x86.avx2.pmadd.wd")
-
-    def half(v, h):  # lanes 8h..8h+7 as 16 int16
-        return builder.bitcast(builder.shuffle_vector(v, v, lane_index(range(8 * h, 8 * h + 8))), v16)
-
-    lo, hi = (builder.call(madd, [half(a, h), half(b, h)]) for h in (0, 1))
-    return builder.shuffle_vector(lo, hi, lane_index(range(16)))
+    """`vpmaddwd` of two <16 x i32> taken as 32 int16 (lane r = a_lo b_lo + a_hi b_hi, exact), on AVX2's 256-bit
+    halves where the target has no AVX512BW (vnni._pairwise), which LLVM does not always find in the widened form
+    (wide.imaddwd)."""
+    v32 = ir.VectorType(ir.IntType(16), 32)
+    return _pairwise(builder, "maddwd", builder.bitcast(a, v32), builder.bitcast(b, v32))
 
 
 @intrinsic
