@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
 os.environ.setdefault("NUMBA_NUM_THREADS", "1")  # process time would count idle pool threads spinning
 
 import numpy as np  # noqa: E402
+from iq_tile_bench import cpu_time  # noqa: E402  (bench/ is the script's directory)
 from numba import njit  # noqa: E402
 
 from llamactx.ggml.kernels import ktile  # noqa: E402
@@ -64,15 +64,6 @@ def first_rows(path: str, tensor: str, n_rows: int) -> Weight:
         raise SystemExit(f"{path} has no tensor {tensor!r}")
     data = np.asarray(t.data)[:n_rows]
     return Weight(tensor, int(t.tensor_type), (int(t.shape[0]), data.shape[0]), data)
-
-
-def cpu_time(fn, args, reps: int) -> int:
-    best = 1 << 62
-    for _ in range(reps):
-        t0 = time.process_time_ns()
-        fn(*args)
-        best = min(best, time.process_time_ns() - t0)
-    return best
 
 
 def main() -> None:
