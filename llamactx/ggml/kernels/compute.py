@@ -31,6 +31,7 @@ from llamactx.ggml.kernels.attention import attend
 from llamactx.ggml.kernels.bf16 import gemm as gemm_bf16
 from llamactx.ggml.kernels.delta_rule import _gated_delta_net as gated_delta_net_heads
 from llamactx.ggml.kernels.delta_rule import ssm_conv_sets
+from llamactx.ggml.kernels.experts import decode_experts, streams_one
 from llamactx.ggml.kernels.flash import flash_attend
 from llamactx.ggml.kernels.get_rows import rows_bf16, rows_nl, rows_q4_x4, rows_q8_0_x4
 from llamactx.ggml.kernels.kblocks import rows_q4_k, rows_q6_k
@@ -85,11 +86,15 @@ EB, EO, EL, FB, FO, FL = range(20, 26)  # the fourth and fifth sources (the delt
 N_COLS = 26
 _ALIGN = 16  # floats: regions start on 64-byte lines
 PAR_ROWS = 8  # elementwise nodes of at least this many rows run on the thread pool
+PAR_ELEMS = 32768  # ... and rms_norm / rope / glu / add only from this many elements: a smaller node (a few
+# sequences' decode step) costs less than the pool's wake-up and barrier, and on a shared core far less
 
 
 # --- the weights a program reads --------------------------------------------------------------------------------
 
 _SLOTS = ("qs", "qh", "sc", "mn", "d", "m")  # PackedWeight's arrays: four uint8, two float32, each 2-D C-contiguous
+_HUGE_MIN = 4 << 20  # bytes: numpy madvises arrays from this size for transparent huge pages (MADV_HUGEPAGE)
+_SLAB = 16 << 20  # bytes of each buffer the smaller arrays are copied into
 
 
 class WeightTable:
@@ -105,6 +110,7 @@ class WeightTable:
         self._arrays: list[np.ndarray] = []  # every array `meta` points into
         self._index: dict[tuple[str, ...], int] = {}
         self._lock = threading.Lock()
+        self._slab, self._slab_used = np.zeros(0, np.uint8), 0
 
     def index(self, names: tuple[str, ...], packed) -> int:
         """The entry of a (stacked) matrix, `packed()` making its PackedWeight on first use."""
@@ -117,12 +123,30 @@ class WeightTable:
                     want = np.uint8 if j < 4 else np.float32
                     if a.ndim != 2 or a.dtype != want or not a.flags.c_contiguous:
                         raise GraphUnsupported(f"packed {slot} of {names[0]!r}: {a.dtype} {a.shape}")
+                    a = self._in_huge_pages(a)
                     self._arrays.append(a)
                     row[0, j] = (a.ctypes.data, a.shape[0], a.shape[1])
                 self.meta = np.concatenate([self.meta, row])
                 self.kind = np.append(self.kind, pw.ggml_type)
                 self._index[names] = len(self._index)
             return self._index[names]
+
+    def _in_huge_pages(self, a: np.ndarray) -> np.ndarray:
+        """`a`, or where it is under 4 MiB a read-only copy in a slab of 16 MiB (on a 64-byte line): numpy gives
+        huge pages to arrays of 4 MiB and more only, and a small matrix in 4 KiB pages (an attention matrix of a
+        1B model, a MoE router's F32 rows read in place from the file) streams 15-30% slower (a page walk per
+        4 KiB, the hardware prefetcher stopping at each page: bench/membw.py)."""
+        if a.nbytes == 0 or a.nbytes >= _HUGE_MIN:
+            return a
+        start = self._slab_used + (-(self._slab.ctypes.data + self._slab_used)) % 64
+        if start + a.nbytes > self._slab.nbytes:
+            self._slab = np.empty(_SLAB, np.uint8)
+            start = (-self._slab.ctypes.data) % 64
+        self._slab_used = start + a.nbytes
+        copy = self._slab[start : start + a.nbytes].view(a.dtype).reshape(a.shape)
+        copy[...] = a
+        copy.flags.writeable = False
+        return copy
 
 
 @intrinsic
@@ -525,6 +549,35 @@ def _mul_mat_id_node(path, n_threads, kind, w, x, xo, xl, shared, per_row, ne0, 
 
 
 @njit(cache=True)
+def _mul_mat_id_one(path, n_threads, prog, s, bufs, w_meta, w_kind):  # pragma: no cover - compiled
+    """MUL_MAT_ID row s for one token whose experts experts.decode_experts streams in place, with row s + 1 in
+    the same stream when that is the same FFN's up beside this gate (the same input and experts). -> the rows
+    done: 0 (not such a node: the caller runs it), 1 or 2."""
+    i, k, cols, unit = prog[s, P0], prog[s, P1], prog[s, NC], prog[s, P4]
+    n_ff, ne0, shared = cols // k, prog[s, P3], prog[s, P2] & 1 != 0
+    if prog[s, NR] != 1 or not streams_one(w_kind[i], n_ff, prog[s, P2] >> 1 != 0):
+        return 0
+    a, ao, b, bo = bufs[prog[s, AB]], prog[s, AO], bufs[prog[s, BB]], prog[s, BO]
+    x = a[ao : ao + (1 if shared else k) * ne0].reshape((1 if shared else k, ne0))
+    y, yo = bufs[prog[s, DB]], prog[s, DO]
+    out0 = y[yo : yo + k * n_ff].reshape((k, n_ff))
+    t = s + 1
+    fused = (shared and t < prog.shape[0] and prog[t, OP] == MUL_MAT_ID and prog[t, NR] == 1
+             and prog[t, P2] == prog[s, P2] and prog[t, P1] == k and prog[t, NC] == cols and prog[t, P4] == unit
+             and prog[t, AB] == prog[s, AB] and prog[t, AO] == ao and prog[t, BB] == prog[s, BB]
+             and prog[t, BO] == bo and w_kind[prog[t, P0]] == w_kind[i])
+    W0 = _weight(w_meta, i)
+    W1, out1 = W0, out0
+    if fused:
+        W1 = _weight(w_meta, prog[t, P0])
+        y1, yo1 = bufs[prog[t, DB]], prog[t, DO]
+        out1 = y1[yo1 : yo1 + k * n_ff].reshape((k, n_ff))
+    decode_experts(path, n_threads, w_kind[i], W0[:3], W1[:3], fused, x, shared, b[bo : bo + k], k, unit, out0,
+                   out1)
+    return 2 if fused else 1
+
+
+@njit(cache=True)
 def _gather_row(x, xo, xl, shared, order, k, xs, r):  # pragma: no cover - compiled
     """xs[r] = the input row of (token, slot) order[r] (the token's row when `shared`)."""
     ne0 = xs.shape[1]
@@ -568,13 +621,15 @@ def _scatter_rows_par(out, order, k, y, yo, yl):  # pragma: no cover - compiled
 
 @njit(cache=True)
 def _moe_sum_row(a, ao, al, route, ro, rl, r, k, cols, y, yo, yl):  # pragma: no cover - compiled
-    """MOE_SUM of token r: ggml_mul by each slot's weight, then the slots added in order."""
+    """MOE_SUM of token r: ggml_mul by each slot's weight, then the slots added in order (slot after slot over
+    the row: each element's products and sums as ggml's, the row in vector lanes)."""
+    x0, d0, w0 = ao + r * al, yo + r * yl, route[ro + r * rl + k]
     for j in range(cols):
-        acc = a[ao + r * al + j] * route[ro + r * rl + k]
-        for s in range(1, k):
-            p = a[ao + r * al + s * cols + j] * route[ro + r * rl + k + s]
-            acc = acc + p
-        y[yo + r * yl + j] = acc
+        y[d0 + j] = a[x0 + j] * w0
+    for s in range(1, k):
+        ws, xs = route[ro + r * rl + k + s], x0 + s * cols
+        for j in range(cols):
+            y[d0 + j] = y[d0 + j] + a[xs + j] * ws
 
 
 @njit(cache=True)
@@ -729,7 +784,10 @@ def _run(path, prog, fprm, arena, out_logits, out_embd, in_embd, tokens, pos, ou
     rs_rows[rs_starts[k]:rs_starts[k + 1]], its state that of sequence rs_slots[k]."""
     bufs = (arena, out_logits, out_embd, in_embd)
     no_table = gelu[:0]
+    skip = -1  # a row an earlier row computed with its own (MUL_MAT_ID's up beside its gate)
     for s in range(prog.shape[0]):
+        if s == skip:
+            continue
         op, n, cols = prog[s, OP], prog[s, NR], prog[s, NC]
         y, yo, yl = bufs[prog[s, DB]], prog[s, DO], prog[s, DL]
         a, ao, al = bufs[prog[s, AB]], prog[s, AO], prog[s, AL]
@@ -777,13 +835,13 @@ def _run(path, prog, fprm, arena, out_logits, out_embd, in_embd, tokens, pos, ou
                            out, n_threads)
         elif op == RMS_NORM:
             w = vectors[prog[s, P0] : prog[s, P0] + prog[s, P1]]
-            if n >= PAR_ROWS:
+            if n >= PAR_ROWS and n * cols >= PAR_ELEMS:
                 _rms_norm_node_par(a, ao, al, n, cols, prog[s, P1], w, fprm[s, 0], y, yo, yl)
             else:
                 _rms_norm_node(a, ao, al, n, cols, prog[s, P1], w, fprm[s, 0], y, yo, yl)
         elif op == ROPE:
             ti = prog[s, P0]
-            if n >= PAR_ROWS:
+            if n >= PAR_ROWS and n * cols >= PAR_ELEMS:
                 _rope_node_par(a, ao, al, n, prog[s, P1], prog[s, P2], cos[ti], sin[ti], prog[s, P3],
                                prog[s, P4] != 0, y, yo, yl)
             else:
@@ -791,12 +849,12 @@ def _run(path, prog, fprm, arena, out_logits, out_embd, in_embd, tokens, pos, ou
                            y, yo, yl)
         elif op == SWIGLU or op == GEGLU:
             table = gelu if op == GEGLU else no_table
-            if n >= PAR_ROWS:
+            if n >= PAR_ROWS and n * cols >= PAR_ELEMS:
                 _glu_node_par(table, a, ao, al, b, bo, bl, n, cols, y, yo, yl)
             else:
                 _glu_node(table, a, ao, al, b, bo, bl, n, cols, y, yo, yl)
         elif op == ADD:
-            if n >= PAR_ROWS:
+            if n >= PAR_ROWS and n * cols >= PAR_ELEMS:
                 _add_node_par(a, ao, al, b, bo, bl, n, cols, y, yo, yl)
             else:
                 _add_node(a, ao, al, b, bo, bl, n, cols, y, yo, yl)
@@ -870,8 +928,11 @@ def _run(path, prog, fprm, arena, out_logits, out_embd, in_embd, tokens, pos, ou
                 _route_node(a, ao, al, n, prog[s, P2], prog[s, P0], prog[s, P1] != 0, fprm[s, 0], y, yo, yl)
         elif op == MUL_MAT_ID:
             i, k = prog[s, P0], prog[s, P1]
-            _mul_mat_id_node(path, n_threads, w_kind[i], _weight(w_meta, i), a, ao, al, prog[s, P2] & 1 != 0,
-                             prog[s, P2] >> 1 != 0, prog[s, P3], b, bo, bl, n, k, cols // k, prog[s, P4], y, yo, yl)
+            done = _mul_mat_id_one(path, n_threads, prog, s, bufs, w_meta, w_kind)
+            skip = s + 1 if done == 2 else skip
+            if done == 0:
+                _mul_mat_id_node(path, n_threads, w_kind[i], _weight(w_meta, i), a, ao, al, prog[s, P2] & 1 != 0,
+                                 prog[s, P2] >> 1 != 0, prog[s, P3], b, bo, bl, n, k, cols // k, prog[s, P4], y, yo, yl)
         elif op == MOE_SUM:
             if n >= PAR_ROWS:
                 _moe_sum_node_par(a, ao, al, b, bo, bl, n, prog[s, P0], cols, y, yo, yl)
