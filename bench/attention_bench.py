@@ -10,7 +10,11 @@ Compare the native and an AVX2 compile of the same kernel:
     NUMBA_CPU_NAME=haswell NUMBA_CACHE_DIR=$PWD/.numba-haswell python bench/attention_bench.py -d 4096 -t 1
 
 Defaults are SmolLM2-135M's (9 query heads, 3 KV heads, head size 64); `-n` tokens (a causal batch ending at the
-depth) times a prompt-sized ubatch instead.
+depth) times a prompt-sized ubatch instead. `--passes` also times the three passes of decode at depth one by one
+(scores, softmax, values (+ the lanes' reduction without flash attention; 512-bit targets only)), the best
+of the repetitions each, e.g. where the time goes with the cache in DRAM:
+
+    python bench/attention_bench.py -d 4096 -t 1 --fa on --layers 30 --passes
 """
 
 from __future__ import annotations
@@ -52,6 +56,54 @@ def run(q, k, v, vis, n_head: int, n_head_kv: int, n_threads: int, fa: bool = Fa
     return out
 
 
+def time_passes(q, kv, vis, n_head: int, n_head_kv: int, n_threads: int, fa: bool, reps: int) -> dict:
+    """The best wall time (us) of each pass of the decode-at-depth split (kernels.flash `_flash_split`, or
+    kernels.attention `_attend_split`) over `reps` calls, the caches kv[i % len(kv)] in turn."""
+    import time
+
+    from llamactx.ggml.kernels import attention as A
+    from llamactx.ggml.kernels import flash as F
+
+    n, d_v = q.shape[0], kv[0][1].shape[1] // n_head_kv
+    n_pad = (int(vis.n_cells.max()) + 63) // 64 * 64
+    cl = np.empty((n, n_pad), np.int64)  # (n, slots)
+    for t in range(n):
+        A._slot_cells(vis.cells, t, vis.n_cells[t], cl[t])
+    w = np.empty((n, n_head, n_pad), np.float32)  # (n, n_head, slots) scores
+    e = np.empty_like(w)
+    out = np.empty((n, n_head * d_v), np.float32)
+    sc = np.float32(0.125)
+    if fa:
+        f = np.empty((n, n_head, n_pad // 64), np.float32)
+        s = np.empty((n, n_head), np.float32)
+        acc = np.empty((n, n_head, d_v), np.float32)
+        passes = {
+            "scores": lambda k, v: F._split_scores(q, k, n_head, n_head_kv, cl, vis.n_cells, vis.mask_add, sc, w,
+                                                   4 * n_threads),
+            "softmax": lambda k, v: F._split_soft_max(w, vis.n_cells, e, f, s),
+            "values": lambda k, v: F._split_values(v, n_head, n_head_kv, cl, vis.n_cells, e, f, s, acc, out,
+                                                   n_threads),
+        }
+    else:
+        sinks = np.full(n_head, -np.inf, np.float32)
+        lanes = np.empty((n, n_head, 16, d_v), np.float32)
+        passes = {
+            "scores": lambda k, v: A._split_scores(q, k, n_head, n_head_kv, cl, vis.n_cells, vis.mask_add, sc, w,
+                                                   4 * n_threads),
+            "softmax": lambda k, v: A._split_soft_max(w, vis.n_cells, e, sinks),
+            "values": lambda k, v: (A._split_values(v, n_head, n_head_kv, cl, vis.n_cells, e, lanes),
+                                    A._split_reduce(lanes, out)),
+        }
+    best = {name: np.inf for name in passes}
+    for i in range(reps):
+        k, v = kv[i % len(kv)]
+        for name, run_pass in passes.items():  # in order: each pass reads what the one before wrote
+            t0 = time.perf_counter()
+            run_pass(k, v)
+            best[name] = min(best[name], (time.perf_counter() - t0) * 1e6)
+    return best
+
+
 def reference(q, k, v, vis, n_head: int, n_head_kv: int, fa: bool) -> np.ndarray:
     """The reference kernel's output for the same case (flash: the tiled arithmetic, row invariant)."""
     from llamactx.ggml.attention import attention_f16_cells
@@ -73,6 +125,7 @@ def main() -> None:
     ap.add_argument("-t", "--threads", type=int, default=1)
     ap.add_argument("-r", "--repetitions", type=int, default=50)
     ap.add_argument("--fa", choices=("off", "on"), default="off", help="on: flash attention (kernels/flash.py)")
+    ap.add_argument("--passes", action="store_true", help="also time decode at depth's passes one by one")
     ap.add_argument("--layers", type=int, default=1,
                     help="time calls over this many caches in turn (30: a model's cache, not in the CPU's caches)")
     args = ap.parse_args()
@@ -103,6 +156,11 @@ def main() -> None:
           f"{dt * 1e6:.0f} us/call ({cpu * 1e6:.0f} us CPU), bit-identical to the reference: {same}")
     if not same:
         raise SystemExit("the kernel differs from the reference kernel")
+    if args.passes:
+        if F32_EPR != 16 and not fa:
+            raise SystemExit("--passes --fa off times the 512-bit build's kernels (this target has 8-lane vectors)")
+        best = time_passes(q, kv, vis, args.n_head, args.n_head_kv, args.threads, fa, args.repetitions)
+        print(f"passes (best of {args.repetitions}, us): " + ", ".join(f"{k} {v:.0f}" for k, v in best.items()))
 
 
 if __name__ == "__main__":

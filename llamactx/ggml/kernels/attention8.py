@@ -352,39 +352,55 @@ def _split_soft_max8(w, n_cells, e, sinks):  # pragma: no cover
             e[t, h, r] = round_f16(e[t, h, r])
 
 
+@numba.njit(cache=True)
+def _lane_heads8(v, cl, t, ln, m, h, nh, col, j, d_v, et, row):
+    """Lane ln of kqv (slots ln, ln + 8, ... < m in order) for nh (1 or 3) query heads h.. of one KV head (V
+    columns from col), columns j..j+15: each V row's two 8-column pieces loaded and widened once for the heads
+    (six chains in registers), the row PREFETCH_ROWS lane slots ahead prefetched. Past d_v the second piece
+    repeats the first (computed, not stored)."""
+    j1 = min(j + 8, d_v - 8)
+    a0 = a1 = b0 = b1 = c0 = c1 = fzero()
+    last = cl.shape[1] - 1
+    for r in range(ln, m, 8):
+        prefetch(v, cl[t, min(r + 8 * PREFETCH_ROWS, last)], col + j)
+        c = cl[t, r]
+        x0, x1 = vload_f16(v, c, col + j), vload_f16(v, c, col + j1)
+        pa = fbcast8(et, h, r)
+        a0, a1 = fmadd(a0, x0, pa), fmadd(a1, x1, pa)
+        if nh == 3:
+            pb, pc = fbcast8(et, h + 1, r), fbcast8(et, h + 2, r)
+            b0, b1 = fmadd(b0, x0, pb), fmadd(b1, x1, pb)
+            c0, c1 = fmadd(c0, x0, pc), fmadd(c1, x1, pc)
+    vstore(row, h * 8 + ln, j, a0)
+    if j + 8 < d_v:
+        vstore(row, h * 8 + ln, j + 8, a1)
+    if nh == 3:
+        vstore(row, (h + 1) * 8 + ln, j, b0)
+        vstore(row, (h + 2) * 8 + ln, j, c0)
+        if j + 8 < d_v:
+            vstore(row, (h + 1) * 8 + ln, j + 8, b1)
+            vstore(row, (h + 2) * 8 + ln, j + 8, c1)
+
+
 @numba.njit(parallel=True, cache=True)
 def _split_values8(v, n_head, n_head_kv, cl, n_cells, e, lanes):  # pragma: no cover
     """lanes[t, h * 8 + l] = tinyBLAS's kqv lane l (slots r = l, l + 8, ... in order) of every head from the f16
     probabilities e, in (token, lane) tasks: lane l reads only its own slots' V rows, so each thread streams its
-    own rows of V, once per head."""
+    own rows of V, once per 16-column block, for the query heads of a KV head three at a time (`_lane_heads8`)."""
     n = e.shape[0]
     d_v = v.shape[1] // n_head_kv
     gqa = n_head // n_head_kv
+    n3 = gqa - gqa % 3
     for task in numba.prange(n * 8):
         t, ln = task // 8, task % 8
         m = n_cells[t]
-        row, et = lanes[t], e[t]
-        for h in range(n_head):
-            col = (h // gqa) * d_v
-            for j in range(0, d_v, 32):
-                a0 = a1 = a2 = a3 = fzero()
-                for r in range(ln, m, 8):
-                    c, pr = cl[t, r], fbcast8(et, h, r)
-                    a0 = fmadd(a0, vload_f16(v, c, col + j), pr)
-                    if j + 8 < d_v:
-                        a1 = fmadd(a1, vload_f16(v, c, col + j + 8), pr)
-                    if j + 16 < d_v:
-                        a2 = fmadd(a2, vload_f16(v, c, col + j + 16), pr)
-                    if j + 24 < d_v:
-                        a3 = fmadd(a3, vload_f16(v, c, col + j + 24), pr)
-                x = h * 8 + ln
-                vstore(row, x, j, a0)
-                if j + 8 < d_v:
-                    vstore(row, x, j + 8, a1)
-                if j + 16 < d_v:
-                    vstore(row, x, j + 16, a2)
-                if j + 24 < d_v:
-                    vstore(row, x, j + 24, a3)
+        for hk in range(n_head_kv):
+            for j in range(0, d_v, 16):
+                g = 0
+                while g < gqa:
+                    nh = 3 if g < n3 else 1
+                    _lane_heads8(v, cl, t, ln, m, hk * gqa + g, nh, hk * d_v, j, d_v, e[t], lanes[t])
+                    g += nh
 
 
 @numba.njit(parallel=True, cache=True)

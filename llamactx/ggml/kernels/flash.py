@@ -15,10 +15,12 @@ slots: their K tiles are transposed once per call, and blocks of up to TOKEN_BLO
 chunk while it is in L1. Parallel over (token block, KV head) groups dealt round robin; few tokens over many cells
 (decode at depth, with any number of threads) split instead, in three passes: scores by cell tiles (each thread
 its own K rows, the next tile's prefetched), the softmax per head, VKQ by (KV head, 32-column block) for the
-group's query heads three at a time (the chain over cells is sequential; its columns and heads are independent),
-a chunk of V_SLOTS cells at a time with the next chunk's lines prefetched. A KV cache at depth is in DRAM (SmolLM2
-at 4096 cells: 90 MB): with the rows prefetched one thread reads them at about its share of the memory roof (1
-thread, loaded Zen 4: 0.45 ms instead of 0.78 ms per layer).
+group's query heads three at a time (the chain over cells is sequential; its columns and heads are independent;
+a thread's two blocks of one head run as one 64-column task), a chunk of V_SLOTS cells at a time, the lines
+V_AHEAD cells ahead prefetched. A KV cache at depth is in DRAM (SmolLM2 at 4096 cells: 90 MB): with the rows
+prefetched one thread reads them at about its share of the memory roof (1 thread, loaded Zen 4: 0.45 ms instead
+of 0.78 ms per layer). Where the time goes (1 thread, SmolLM2's shape at 4096 cells, in cache): scores ~160 us
+per layer, two thirds of it the K transposes; softmax ~40; values ~65 (100 before the 64-column tasks).
 """
 
 from __future__ import annotations
@@ -512,16 +514,77 @@ def _values1(v, t, h, col, j, d_v, ct, r0, r1, last, e, f, s, acc, out):
     _pair_end(acc, out, t, h, d_v, j, nb, s, last, a0, a1)
 
 
+@numba.njit(cache=True, inline="always")
+def _quad_scale(a, f, t, h, r):
+    """At a tile's first slot r, head h's four registers times its factor f[t, h, tile] (unless it is 1)."""
+    if r % TILE == 0 and f[t, h, r // TILE] != _F32(1.0):
+        x = f[t, h, r // TILE]
+        return wscale(a[0], x), wscale(a[1], x), wscale(a[2], x), wscale(a[3], x)
+    return a
+
+
+@numba.njit(cache=True)
+def _quad_start(acc, t, h, j, r0):
+    """Head h's four registers for columns j..j+63: zero at the first slot, else the chains carried in acc."""
+    if r0 == 0:
+        z = wzero()
+        return z, z, z, z
+    x = acc[t]
+    return fload16(x, h, j), fload16(x, h, j + 16), fload16(x, h, j + 32), fload16(x, h, j + 48)
+
+
+@numba.njit(cache=True)
+def _quad_end(acc, out, t, h, d_v, j, s, last, a):
+    """`_pair_end` for four registers (columns j..j+63, all stored)."""
+    if not last:
+        x = acc[t]
+        fstore16(x, h, j, a[0])
+        fstore16(x, h, j + 16, a[1])
+        fstore16(x, h, j + 32, a[2])
+        fstore16(x, h, j + 48, a[3])
+        return
+    inv = _F32(0.0) if s[t, h] == _F32(0.0) else _F32(1.0) / s[t, h]
+    _store4(out, t, h * d_v + j, 4, wscale(a[0], inv), wscale(a[1], inv), wscale(a[2], inv), wscale(a[3], inv))
+
+
+@numba.njit(cache=True)
+def _values3w(v, t, h, col, j, d_v, ct, r0, r1, last, e, f, s, acc, out):
+    """`_values3` for 64 columns from j (j + 64 <= d_v): twelve chains, so that each probability's load,
+    broadcast and zero test serve four registers instead of two. The same sums in the same order."""
+    a = _quad_start(acc, t, h, j, r0)
+    b = _quad_start(acc, t, h + 1, j, r0)
+    c = _quad_start(acc, t, h + 2, j, r0)
+    n_ct = ct.shape[0]
+    for r in range(r0, r1):
+        ahead = ct[min(r + V_AHEAD, n_ct - 1)]
+        prefetch(v, ahead, col + j)
+        prefetch(v, ahead, col + j + 32)
+        a = _quad_scale(a, f, t, h, r)
+        b = _quad_scale(b, f, t, h + 1, r)
+        c = _quad_scale(c, f, t, h + 2, r)
+        x0, x1 = hload16(v, ct[r], col + j), hload16(v, ct[r], col + j + 16)
+        x2, x3 = hload16(v, ct[r], col + j + 32), hload16(v, ct[r], col + j + 48)
+        a = _p_fma4(a, e[t, h, r], x0, x1, x2, x3)
+        b = _p_fma4(b, e[t, h + 1, r], x0, x1, x2, x3)
+        c = _p_fma4(c, e[t, h + 2, r], x0, x1, x2, x3)
+    _quad_end(acc, out, t, h, d_v, j, s, last, a)
+    _quad_end(acc, out, t, h + 1, d_v, j, s, last, b)
+    _quad_end(acc, out, t, h + 2, d_v, j, s, last, c)
+
+
+WIDE_VALUES = F32_EPR == 16  # 64-column tasks: twelve chains fit in 512-bit registers (24 of 32 zmm), not AVX2's
 V_SLOTS = 256  # decode at depth: the values pass takes the slots a chunk at a time (a multiple of TILE) ...
-V_AHEAD = V_SLOTS  # ... each task's columns of the next chunk's V rows prefetched while it runs its own
+V_AHEAD = 64  # ... each task's columns of the V row this many slots ahead prefetched (256: slower from DRAM)
 
 
 @numba.njit(parallel=True, cache=True)
 def _split_values(v, n_head, n_head_kv, cl, n_cells, e, f, s, acc, out, n_threads):  # pragma: no cover
-    """out = VKQ / S over (token, KV head, 32-column block) tasks, a contiguous run of them per thread: chunk by
-    chunk of V_SLOTS slots, each task streams its columns of the chunk's V rows, read and widened in place, for
+    """out = VKQ / S over (token, KV head, 32-column block) units, a contiguous run of them per thread: chunk by
+    chunk of V_SLOTS slots, each unit streams its columns of the chunk's V rows, read and widened in place, for
     the group's query heads three at a time (one FMA chain per column and head, carried across chunks in acc
-    (n, n_head, d_v)). A thread's tasks read neighbouring lines of the same rows, close together in time."""
+    (n, n_head, d_v)). Two units of one head's 64-column block that fall to the same thread run as one
+    (`_values3w`) where WIDE_VALUES. A thread's units read neighbouring lines of the same rows, close together
+    in time."""
     n = e.shape[0]
     d_v = v.shape[1] // n_head_kv
     gqa = n_head // n_head_kv
@@ -531,18 +594,27 @@ def _split_values(v, n_head, n_head_kv, cl, n_cells, e, f, s, acc, out, n_thread
     n_workers = max(1, min(n_threads, n_tasks))
     m_all = max(n_cells.max(), 1)
     for wk in numba.prange(n_workers):
+        u1 = (wk + 1) * n_tasks // n_workers
         for c0 in range(0, m_all, V_SLOTS):
-            for task in range(wk * n_tasks // n_workers, (wk + 1) * n_tasks // n_workers):
-                t, rest = task // (n_head_kv * n_col), task % (n_head_kv * n_col)
+            u = wk * n_tasks // n_workers
+            while u < u1:
+                t, rest = u // (n_head_kv * n_col), u % (n_head_kv * n_col)
                 hk, j = rest // n_col, rest % n_col * 32
+                wide = WIDE_VALUES and j % 64 == 0 and j + 64 <= d_v and u + 1 < u1
                 m = n_cells[t]
-                if c0 > 0 and c0 >= m:
-                    continue
-                r1, last = min(c0 + V_SLOTS, m), c0 + V_SLOTS >= m
-                for g in range(0, n3, 3):
-                    _values3(v, t, hk * gqa + g, hk * d_v, j, d_v, cl[t], c0, r1, last, e, f, s, acc, out)
-                for g in range(n3, gqa):
-                    _values1(v, t, hk * gqa + g, hk * d_v, j, d_v, cl[t], c0, r1, last, e, f, s, acc, out)
+                if c0 == 0 or c0 < m:
+                    r1, last = min(c0 + V_SLOTS, m), c0 + V_SLOTS >= m
+                    for g in range(0, n3, 3):  # three heads at a time, then one
+                        if wide:
+                            _values3w(v, t, hk * gqa + g, hk * d_v, j, d_v, cl[t], c0, r1, last, e, f, s, acc, out)
+                        else:
+                            _values3(v, t, hk * gqa + g, hk * d_v, j, d_v, cl[t], c0, r1, last, e, f, s, acc, out)
+                    for g in range(n3, gqa):
+                        _values1(v, t, hk * gqa + g, hk * d_v, j, d_v, cl[t], c0, r1, last, e, f, s, acc, out)
+                        if wide:
+                            _values1(v, t, hk * gqa + g, hk * d_v, j + 32, d_v, cl[t], c0, r1, last, e, f, s, acc,
+                                     out)
+                u += 2 if wide else 1
 
 
 @numba.njit(cache=True)
