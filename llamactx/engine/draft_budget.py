@@ -19,11 +19,13 @@ are mostly wrong stops verifying them; its later drafts are then only followed (
 back when the model follows the text again. Two traps kept drafts away from a model that follows the text
 (issue #48, SmolLM2 compiled for AVX2, where it wanders and then loops on its own text): row counts measured
 only while their graphs were planned or under a burst of load, never measured again once they looked too
-dear, and a rate held down by many earlier wrong drafts. So a row count with few samples, or none lately, is
-`stale` and a slot whose drafts are accepted tries it at the prior's cost (a probe), and the rate is at least
-k / (k + 1) after k draft tokens accepted in a row, shadow drafts' tokens credited as they are followed: the
-drafts come back about ten tokens after the model starts to copy. Which tokens are verified never changes the
-output.
+dear, and a rate held down by many earlier wrong drafts. So a count far above the line from a few samples is
+priced by the line (and the line is fitted without it), where no draft pays a slot whose drafts are accepted
+tries the counts with few samples, or none lately (`stale`), at the prior's cost (a probe), and the rate is at
+least k / (k + 1) after k draft tokens accepted in a row, shadow drafts' tokens credited as they are followed:
+the drafts come back about ten tokens after the model starts to copy. Where every row costs half a decode
+(AVX2), a copy pays only with long drafts (12 tokens and more), so probes never cut a draft the line pays for.
+Which tokens are verified never changes the output.
 """
 
 from __future__ import annotations
@@ -35,14 +37,18 @@ class DecodeCost:
     """Seconds per decode of generating sequences by its number of rows, measured (`observe`): per row count the
     least of its last WINDOW samples (what the decode costs when nothing else runs: a compile, a graph planned
     for a new shape or another process taking the core only ever add time), and the line through those (least
-    squares, each count weighted by its samples). `seconds(n_rows)` is a count's own least time once it has
-    MIN_SAMPLES samples, the line's value before (a count not tried yet), and before two row counts are known
-    the prior: rows up to `free_rows` cost one decode, each past them one more. A count's own time, not the
-    line, decides where the kernels' cost is not linear in the rows (the quant kernels take rows in tiles: 4
-    rows can cost less than 3). A count with fewer than MIN_SAMPLES samples, or none in the last REFRESH decodes,
-    is `stale`: its time may be a compile's, or another load's than now's (DraftBudget then tries it again)."""
+    squares, each count weighted by its samples, fitted again without the counts far above it: `_fit`).
+    `seconds(n_rows)` is a count's own least time once it has MIN_SAMPLES samples, the line's value before (a
+    count not tried yet) and where its own time lies more than OUTLIER above the line from fewer than WINDOW
+    samples (load's time: the line, not a few unlucky decodes, prices it, so it is tried again); before two row
+    counts are known, the prior: rows up to `free_rows` cost one decode, each past them one more. A count's own
+    time, not the line, decides where the kernels' cost is not linear in the rows (the quant kernels take rows
+    in tiles: 4 rows can cost less than 3). A count with fewer than MIN_SAMPLES samples, or none in the last
+    REFRESH decodes, is `stale`: its time may be a compile's, or another load's than now's (DraftBudget tries it
+    at the prior's price when nothing else pays)."""
 
-    WINDOW, MIN_SAMPLES, N_ROWS_MAX, REFRESH = 9, 3, 1024, 256
+    # OUTLIER: how far above the line a count's least time, from fewer than WINDOW samples, is taken for load's
+    WINDOW, MIN_SAMPLES, N_ROWS_MAX, REFRESH, OUTLIER = 9, 3, 1024, 256, 0.25
 
     def __init__(self, free_rows: int):
         self.free_rows = free_rows
@@ -75,15 +81,23 @@ class DecodeCost:
         return self.seconds(1) * max(1, n_rows - self.free_rows + 1)
 
     def _fit(self) -> tuple[float, float] | None:
+        """The line through the counts' least times (least squares, weighted by samples), refitted without the
+        counts that lie more than OUTLIER above it from fewer than WINDOW samples: a count tried only under a
+        burst of load or while its graph was planned would tilt the line for every other count."""
         pts = [(r, self._least[r], len(s)) for r, s in self._samples.items() if len(s) >= 2]
-        if len(pts) < 2:
-            return None
-        w = sum(p[2] for p in pts)
-        x = sum(p[0] * p[2] for p in pts) / w
-        y = sum(p[1] * p[2] for p in pts) / w
-        var = sum(p[2] * (p[0] - x) ** 2 for p in pts)
-        slope = max(0.0, sum(p[2] * (p[0] - x) * (p[1] - y) for p in pts) / var)
-        return max(y - slope * x, 1e-9), slope
+        line = _least_squares(pts)
+        while line is not None:
+            kept = [p for p in pts if not self._outlier(p[1], p[2], line[0] + line[1] * p[0])]
+            if len(kept) == len(pts) or len(kept) < 2:
+                break
+            pts, line = kept, _least_squares(kept)
+        return line
+
+    def _outlier(self, least: float, n_samples: int, on_line: float) -> bool:
+        """Whether a count's least time, from `n_samples` samples, is load's rather than its own: more than OUTLIER
+        above the line from fewer than WINDOW samples (the least of a full window is the count's own: a tile
+        boundary can make a count dearer than the line)."""
+        return n_samples < self.WINDOW and least > (1 + self.OUTLIER) * on_line
 
     @property
     def measured(self) -> bool:
@@ -109,10 +123,24 @@ class DecodeCost:
         n_rows = max(n_rows, 1)
         if self._line is None:
             return float(max(1, n_rows - self.free_rows + 1))
-        if len(self._samples.get(n_rows, ())) >= self.MIN_SAMPLES:
-            return self._least[n_rows]
         fixed, per_row = self._line
-        return fixed + per_row * n_rows
+        on_line = fixed + per_row * n_rows
+        n_samples = len(self._samples.get(n_rows, ()))
+        if n_samples >= self.MIN_SAMPLES and not self._outlier(self._least[n_rows], n_samples, on_line):
+            return self._least[n_rows]
+        return on_line
+
+
+def _least_squares(pts: list[tuple[int, float, int]]) -> tuple[float, float] | None:
+    """(fixed, per_row) of the line through (rows, seconds, weight) points, per_row >= 0; None under two points."""
+    if len(pts) < 2:
+        return None
+    w = sum(p[2] for p in pts)
+    x = sum(p[0] * p[2] for p in pts) / w
+    y = sum(p[1] * p[2] for p in pts) / w
+    var = sum(p[2] * (p[0] - x) ** 2 for p in pts)
+    slope = max(0.0, sum(p[2] * (p[0] - x) * (p[1] - y) for p in pts) / var)
+    return max(y - slope * x, 1e-9), slope
 
 
 class DraftBudget:
@@ -150,15 +178,25 @@ class DraftBudget:
         `used` rows so far (each generating sequence's own row and the drafts placed before this one): the n
         that maximizes the step's expected tokens over its decode's cost. The rows placed so far are taken to
         yield a token each for the generating sequences and, for other drafts, this slot's rate.
-        A slot whose drafts are accepted at PROBE_RATE or more takes a stale row count (DecodeCost.stale) at the
-        prior's cost where that is less: a count measured once under a compile or a burst of load, or on another
-        load than now's, is measured again instead of refusing the drafts for good (each probe verifies a draft
-        that is expected to be mostly accepted, so it costs little even where rows are expensive)."""
+        Where no draft pays, a slot whose drafts are accepted at PROBE_RATE or more takes the stale row counts
+        (DecodeCost.stale) at the prior's price where that is less: a count measured once under a compile or a
+        burst of load, or on another load than now's, is measured again instead of refusing the drafts for good
+        (each probe verifies a draft that is expected to be mostly accepted, so it costs little even where rows
+        are expensive). Only then: the prior (free_rows rows for the price of one) would otherwise pick short
+        stale counts over the long drafts the measured line pays for (issue #48, AVX2: every row costs half a
+        decode, and a copy's drafts of 12 tokens were cut to 3 to probe counts)."""
         if self.free_rows == 0:
             return n_max
         a = self.rate(seq_id)
+        best_n = self._best(a, n_gen, used, n_max, probe=False)
+        if best_n == 0 and a >= self.PROBE_RATE:
+            best_n = self._best(a, n_gen, used, n_max, probe=True)
+        return best_n
+
+    def _best(self, a: float, n_gen: int, used: int, n_max: int, probe: bool) -> int:
+        """The draft length up to n_max with the most expected tokens per second at rate `a` (`probe`: stale row
+        counts at the prior's price where less)."""
         cost = self.cost
-        probe = a >= self.PROBE_RATE
         expected = n_gen + max(used - n_gen, 0) * a  # tokens the step yields without this draft
         best_n, best = 0, expected / cost.seconds(used)
         p = 1.0

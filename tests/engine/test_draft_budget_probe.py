@@ -115,3 +115,41 @@ def test_the_shadow_credit_is_not_counted_twice():
     b.shadow_drop(0)  # a context shift: the credit stays, as a draft of 2 accepted whole
     ref.record(0, 2, 2)
     assert b.rate(0) == pytest.approx(ref.rate(0))
+
+
+def line_cost(counts, times=avx2_seconds) -> DecodeCost:
+    """A DecodeCost that measured each of `counts` MIN_SAMPLES times at `times(n)`."""
+    cost = DecodeCost(8)
+    for _ in range(DecodeCost.MIN_SAMPLES):
+        for n in counts:
+            cost.observe(n, times(n))
+    return cost
+
+
+def test_probes_never_cut_a_draft_the_line_pays_for():
+    """AVX2 rows (0.42 of a decode each) measured at 1 and 13 to 16 rows, the counts between never (stale): a slot
+    whose copy is accepted verifies the long draft the line pays for, not a short stale count that the prior
+    prices at one row (issue #48, haswell: a copy's 12-token drafts were cut to 3 and 7 to probe counts)."""
+    cost = line_cost((1, 13, 14, 15, 16))
+    assert cost.stale(4) and cost.hoped(4) == pytest.approx(cost.seconds(1))
+    b = accepting(5, cost)
+    assert b.rate(0) > 0.98
+    assert b.cap(0, 1, 1, 48) >= 12
+    assert b._best(b.rate(0), 1, 1, 48, probe=True) <= 7  # what probing at every step picked: a short count
+
+
+def test_a_count_timed_under_load_is_priced_by_the_line():
+    """Counts 1 to 16 at AVX2's costs, and 5 and 9 timed MIN_SAMPLES times at 3x (a burst of load): the line is
+    fitted without them and prices them, so they are tried again; a full WINDOW of slow samples is the count's own
+    time (a tile boundary), and a time below the line is always the count's own."""
+    cost = line_cost(range(1, 17), lambda n: avx2_seconds(n) * (3 if n in (5, 9) else 1))
+    fixed, per_row = cost.line
+    assert per_row == pytest.approx(0.0042) and fixed + per_row == pytest.approx(avx2_seconds(1))
+    assert cost.seconds(5) == pytest.approx(avx2_seconds(5)) and cost.seconds(9) == pytest.approx(avx2_seconds(9))
+    assert accepting(5, cost).cap(0, 1, 1, 48) > 8
+    for _ in range(DecodeCost.WINDOW - DecodeCost.MIN_SAMPLES):
+        cost.observe(9, 3 * avx2_seconds(9))
+    assert cost.seconds(9) == pytest.approx(3 * avx2_seconds(9))
+    for _ in range(DecodeCost.MIN_SAMPLES):
+        cost.observe(20, 0.5 * avx2_seconds(20))
+    assert cost.seconds(20) == pytest.approx(0.5 * avx2_seconds(20))
