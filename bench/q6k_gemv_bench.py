@@ -2,7 +2,8 @@
 
 Times kquants.q6k_rows' single-row lanes (ggml_vec_dot_q6_K_q8_K one quarter at a time, as decode ran before
 q6k_gemv.py) and q6k_gemv.q6k_gemv_rows on the same random super-blocks, one thread, alternating, twice: a 0.4 MB
-matrix run many times (in L2: the kernel's own speed) and a `--rows` x `-k` matrix (default the 128256 x 2048
+matrix run many times (in L2: the kernel's own speed; a round's calls in one compiled loop, as decode's graph makes
+them, not dispatched from Python) and a `--rows` x `-k` matrix (default the 128256 x 2048
 token_embd / output head of a Llama-3.2-1B-shaped Q4_K_M file, 539 MB: streamed from DRAM, what decode sees).
 The clock is the thread's CPU time, so the figures hold on a machine other processes share (the DRAM one still
 shares the memory bus); best and median of `--reps` rounds. Also prints cycles per super-block at `--ghz`.
@@ -37,21 +38,24 @@ PATH = VNNI if cpu_features()["vnni"] else PORTABLE  # as matmul picks it
 
 
 @njit
-def _old(W, a, out):
-    """kquants' single-row lanes (what q6k_rows ran for activation rows past the last group of four)."""
+def _old(W, a, out, calls=1):
+    """kquants' single-row lanes (what q6k_rows ran for activation rows past the last group of four), `calls`
+    times (in one compiled loop: no dispatch from Python in the time)."""
     qs = W[0]
     xq, xd, bsums, _ = a
-    for r in range(out.shape[1]):
-        acc = fzero()
-        for b in range(qs.shape[1] // Q6K_BYTES):
-            isum = _q6k_lanes1(PATH, qs, xq, r, b, 0)
-            acc = _q6k_close(acc, isum, qs, r, bsums, xd, 0, b, load_f16(qs, r, b * Q6K_BYTES + Q6K_D))
-        out[0, r] = fsum(acc)
+    for _ in range(calls):
+        for r in range(out.shape[1]):
+            acc = fzero()
+            for b in range(qs.shape[1] // Q6K_BYTES):
+                isum = _q6k_lanes1(PATH, qs, xq, r, b, 0)
+                acc = _q6k_close(acc, isum, qs, r, bsums, xd, 0, b, load_f16(qs, r, b * Q6K_BYTES + Q6K_D))
+            out[0, r] = fsum(acc)
 
 
 @njit
-def _new(W, a, out):
-    q6k_gemv_rows(PATH, W, a, 0, 0, out.shape[1], out)
+def _new(W, a, out, calls=1):
+    for _ in range(calls):
+        q6k_gemv_rows(PATH, W, a, 0, 0, out.shape[1], out)
 
 
 def _weights(rows: int, k: int, rng) -> tuple:
@@ -124,8 +128,7 @@ def main() -> None:
         for _ in range(args.reps):
             for name, fn in (("old", _old), ("new", _new)):
                 t0 = time.thread_time()
-                for _ in range(calls):
-                    fn(W, a, out)
+                fn(W, a, out, calls)
                 rates[name].append(W[0].nbytes * calls / (time.thread_time() - t0) / 1e9)
         for name, r in rates.items():
             best = max(r)
