@@ -3,8 +3,8 @@ ggml's x86 dot products (`matmul_exact`) bit for bit, on every target: the tile 
 own compile checks it too, not only a haswell run (where legacy.x4_rows dispatches Q8_0 to it).
 
 Partial row groups (19 rows: the last group half empty; 22: its second half empty), every activation row count
-from 1 to 9 (the four-row tile, then single rows), random quants and the extreme bytes (Q8_0's -128, Q5's fifth bits
-all set) against activations of +-127.
+from 1 to 9 (four-row tiles, then a two-row tile, then a single row), random quants and the extreme bytes (Q8_0's
+-128, Q5's fifth bits all set) against activations of +-127.
 """
 
 from __future__ import annotations

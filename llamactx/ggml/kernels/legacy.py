@@ -117,9 +117,11 @@ def _decoded_first(dec):
 
 
 def halves_first(dec):
-    """True where a 16-register target (AVX2) runs four or more activation rows of Q8_0 two weight rows at a time
-    (legacy_x2.py, a compile-time constant): measured as fast as four rows to a register on an output matrix, and
-    faster on small matrices at eight rows (Q4_1's eight-row pass and the decoded types are faster as they are)."""
+    """True where a 16-register target (AVX2) runs two or more activation rows of Q8_0 two weight rows at a time
+    (legacy_x2.py, a compile-time constant) except three: measured as fast as four rows to a register on an output
+    matrix, and faster on small matrices at eight rows; with its two-row tile, 6 / 7 rows of the output matrix take
+    0.93 / 0.94 of the time of 4 + 2 / 4 + 3 single rows and 2 rows 0.95-0.99 (Q4_1's eight-row pass and the decoded
+    types are faster as they are, and Q4_1's single rows than its two-row tiles here or in legacy.py's layout)."""
 
 
 @overload(halves_first, jit_options={"cache": True})
@@ -303,7 +305,7 @@ def x4_rows(path, dec, W, a, g0, g1, out):
     qs, qh, sc, _, _, _ = W
     xd = a[1]
     n, nb = xd.shape
-    if halves_first(dec) and n >= 4:
+    if halves_first(dec) and (n >= 4 or n == 2):  # three rows: single rows here cost the same as 2 + 1 there
         x2_rows(path, dec, W, a, g0, g1, out)
         return
     if decoded_first(dec) and n >= 4:

@@ -1,5 +1,6 @@
 """Several activation rows of the 32-element block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) on a 16-register target
-(AVX / AVX2): two weight rows to a 256-bit register, four activation rows at a time.
+(AVX / AVX2): two weight rows to a 256-bit register, four activation rows at a time (then two,
+then one).
 
 The same arithmetic as legacy.py (x86 ggml-cpu's AVX2 `ggml_vec_dot_{q4_0,q5_0,q8_0}_q8_0` and
 `ggml_vec_dot_{q4_1,q5_1}_q8_1`, operation for operation: 8 int32 lanes of 4 products per block, each converted
@@ -307,6 +308,28 @@ def _half_rows4(path, dec, W, a, g, h, i, out):
 
 
 @njit(cache=True)
+def _half_rows2(path, dec, W, a, g, h, i, out):
+    """Rows 2h, 2h + 1 of group g against activation rows i, i + 1 (the tail of a row count that is not a multiple
+    of four: speculative verification, batched decode): each weight block decoded once for both rows; the min
+    chains one register per row (`_half_row1`'s, lane 4j of weight row j). (A three-row tile has no free register
+    for Q8_0: LLVM kept one accumulator on the stack, a store-reload chain that made it slower than single rows.)"""
+    qs, qh, sc, _, _, _ = W
+    nb = a[1].shape[1]
+    a0 = b0 = a1 = b1 = m0 = m1 = hzero()
+    for b in range(nb):
+        wA, wB = decode_half(dec, qs, qh, g, h, b)
+        d8, m8 = _half_scales(dec, sc, g, h, b)
+        a0, b0 = _half_row(path, dec, wA, wB, d8, a, i, b, a0, b0)
+        a1, b1 = _half_row(path, dec, wA, wB, d8, a, i + 1, b, a1, b1)
+        if has_min(dec):
+            m0 = hfma(m0, m8, hsplat(a[3][b, i]))
+            m1 = hfma(m1, m8, hsplat(a[3][b, i + 1]))
+    c = 4 * g + 2 * h
+    _half_store(dec, out, i, c, a0, b0, m0, 0)
+    _half_store(dec, out, i + 1, c, a1, b1, m1, 0)
+
+
+@njit(cache=True)
 def _half_row1(path, dec, W, a, g, h, i, out):
     """Rows 2h, 2h + 1 of group g against the single activation row i."""
     qs, qh, sc, _, _, _ = W
@@ -324,7 +347,7 @@ def _half_row1(path, dec, W, a, g, h, i, out):
 @njit(cache=True)
 def x2_rows(path, dec, W, a, g0, g1, out):
     """out[:, 4*g0 : 4*g1] (clipped to the matrix) for row groups g0..g1-1, two weight rows at a time: activation
-    rows four at a time, then one at a time, while the half group's bytes are in L1."""
+    rows four at a time, then two, then one, while the half group's bytes are in L1."""
     n = a[1].shape[0]
     n4 = n - n % 4
     for g in range(g0, g1):
@@ -333,5 +356,7 @@ def x2_rows(path, dec, W, a, g0, g1, out):
                 break
             for i in range(0, n4, 4):
                 _half_rows4(path, dec, W, a, g, h, i, out)
-            for i in range(n4, n):
-                _half_row1(path, dec, W, a, g, h, i, out)
+            if n - n4 >= 2:
+                _half_rows2(path, dec, W, a, g, h, n4, out)
+            if (n - n4) % 2 == 1:
+                _half_row1(path, dec, W, a, g, h, n - 1, out)
