@@ -45,18 +45,25 @@ def start(kind: str, model: str, n_slots: int, n_ctx: int, threads: int, llamacp
                "-np", str(n_slots), "-c", str(n_ctx), "-t", str(threads), "-tb", str(threads), "--no-webui"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
+    wait_ready(proc, url, cmd)
+    return proc, url
+
+
+def wait_ready(proc: subprocess.Popen, url: str, cmd: list[str]) -> None:
+    """Return once the server `proc` answers url/health with 200; kill it and raise where it exits first or has not
+    answered within 300 s."""
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         try:
             if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
+                return
         except httpx.TransportError:
             pass
         if proc.poll() is not None:
             break
         time.sleep(0.2)
     proc.kill()
-    raise RuntimeError(f"{kind} did not start: {' '.join(cmd)}")
+    raise RuntimeError(f"the server did not start: {' '.join(cmd)}")
 
 
 def one_request(url: str, prompt: str, n_gen: int) -> tuple[float, int]:

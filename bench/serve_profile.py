@@ -155,8 +155,7 @@ def main() -> None:
     if args.child:
         child(args.child[0], args.child[1:])
         return
-    import httpx
-    from serve_bench import free_port, run_clients
+    from serve_bench import free_port, run_clients, wait_ready
 
     from llamactx.embedded import resolve_model_path
 
@@ -166,15 +165,7 @@ def main() -> None:
            "-np", str(args.parallel), "-c", "8192", "-t", str(args.threads), "--no-webui"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    while True:
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None:
-            raise SystemExit("the server did not start")
-        time.sleep(0.2)
+    wait_ready(proc, url, cmd)
     run_clients(url, 2, 1, 8)  # warm up
     proc.send_signal(signal.SIGUSR1)  # the clocks start
     cpu = time.process_time()

@@ -451,6 +451,12 @@ def _matmul_id_impl(path, n_tasks, kind, per_row, x, starts, unit, qs, qh, sc, m
     return portable
 
 
+@njit(cache=True, inline="always")
+def _on_pool(n, cols):
+    """Whether an elementwise node of n rows of cols runs on the thread pool (PAR_ROWS, PAR_ELEMS)."""
+    return n >= PAR_ROWS and n * cols >= PAR_ELEMS
+
+
 @njit(cache=True)
 def _rms_norm_node(x, xo, xl, n, cols, group, w, eps, y, yo, yl):
     for r in range(n):
@@ -835,13 +841,13 @@ def _run(path, prog, fprm, arena, out_logits, out_embd, in_embd, tokens, pos, ou
                            out, n_threads)
         elif op == RMS_NORM:
             w = vectors[prog[s, P0] : prog[s, P0] + prog[s, P1]]
-            if n >= PAR_ROWS and n * cols >= PAR_ELEMS:
+            if _on_pool(n, cols):
                 _rms_norm_node_par(a, ao, al, n, cols, prog[s, P1], w, fprm[s, 0], y, yo, yl)
             else:
                 _rms_norm_node(a, ao, al, n, cols, prog[s, P1], w, fprm[s, 0], y, yo, yl)
         elif op == ROPE:
             ti = prog[s, P0]
-            if n >= PAR_ROWS and n * cols >= PAR_ELEMS:
+            if _on_pool(n, cols):
                 _rope_node_par(a, ao, al, n, prog[s, P1], prog[s, P2], cos[ti], sin[ti], prog[s, P3],
                                prog[s, P4] != 0, y, yo, yl)
             else:
@@ -849,12 +855,12 @@ def _run(path, prog, fprm, arena, out_logits, out_embd, in_embd, tokens, pos, ou
                            y, yo, yl)
         elif op == SWIGLU or op == GEGLU:
             table = gelu if op == GEGLU else no_table
-            if n >= PAR_ROWS and n * cols >= PAR_ELEMS:
+            if _on_pool(n, cols):
                 _glu_node_par(table, a, ao, al, b, bo, bl, n, cols, y, yo, yl)
             else:
                 _glu_node(table, a, ao, al, b, bo, bl, n, cols, y, yo, yl)
         elif op == ADD:
-            if n >= PAR_ROWS and n * cols >= PAR_ELEMS:
+            if _on_pool(n, cols):
                 _add_node_par(a, ao, al, b, bo, bl, n, cols, y, yo, yl)
             else:
                 _add_node(a, ao, al, b, bo, bl, n, cols, y, yo, yl)

@@ -39,7 +39,7 @@ from llamactx.ggml.kernels.legacy import (
     _x4_store,
     decode_x4,
 )
-from llamactx.ggml.kernels.q8 import quantize_q8_0
+from llamactx.ggml.kernels.q8 import activations_q8_0
 from llamactx.ggml.kernels.simd import PORTABLE, VNNI, TagType, prefetch
 from llamactx.ggml.kernels.wide import wzero, wzero4
 
@@ -233,12 +233,8 @@ def decode_experts(path, n_tasks, kind, W0, W1, fused, x, shared, ids, k, unit, 
     row = expert ids[s]'s rows . its input. With `fused`, W1 / out1 a second matrix on the same input and experts
     (up beside gate), computed in the same stream (else unused: pass W0 / out0). Every output as ggml_vec_dot
     computes it."""
-    n, ne0 = x.shape
-    xq = np.empty((n, ne0), np.int8)
-    xd = np.empty((n, ne0 // 32), np.float32)
-    xoff = np.empty((n, ne0 // 4), np.int32)
-    quantize_q8_0(x, xq, xd, xoff, 8 if kind == Q4_0 else (16 if kind == Q5_0 else 128))
-    a = (xq, xd, xoff, np.empty((n, 0), np.float32))
+    xq, xd, xoff = activations_q8_0(kind, x)
+    a = (xq, xd, xoff, np.empty((x.shape[0], 0), np.float32))
     items = _items(ids, k, shared, fused)
     n_tasks = max(1, min(n_tasks, unit))
     _decode(path, n_tasks, kind, W0, W1, a, items, unit, out0, out1)

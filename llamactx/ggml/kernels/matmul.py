@@ -48,7 +48,7 @@ from llamactx.ggml.kernels.legacy import (
     x4_rows,
     x4_rows_repacked,
 )
-from llamactx.ggml.kernels.q8 import quantize_q8_0, quantize_q8_1, quantize_q8_K
+from llamactx.ggml.kernels.q8 import activations_q8_0, quantize_q8_1, quantize_q8_K
 from llamactx.ggml.kernels.repack import NL_GROUP, PackedWeight, units
 from llamactx.ggml.kernels.simd import (
     PORTABLE,
@@ -92,20 +92,19 @@ def _activations(kind, x):
             for j in range(k):
                 xf[i, j] = round_f16(x[i, j]) if kind == F16 else x[i, j]
         return np.empty((n, 0), np.int8), none_f, none_i, xf
-    xq = np.empty((n, k), np.int8)
     if kind == Q4_1 or kind == Q5_1:
+        xq = np.empty((n, k), np.int8)
         xd = np.empty((n, k // 32), np.float32)
         xs = np.empty((k // 32, n), np.float32)  # block-major
         quantize_q8_1(x, xq, xd, xs)
         return xq, xd, none_i, xs
     if kind == Q4_K or kind == Q5_K or kind == Q6_K or kind == Q3_K or kind == IQ4_XS or kind == Q2_K or is_iq(kind):
+        xq = np.empty((n, k), np.int8)
         xd = np.empty((n, k // 256), np.float32)
         bsums = np.empty((n, k // 16), np.int32)
         quantize_q8_K(x, xq, xd, bsums)
         return xq, xd, bsums, none_f
-    xd = np.empty((n, k // 32), np.float32)
-    xoff = np.empty((n, k // 4), np.int32)
-    quantize_q8_0(x, xq, xd, xoff, 8 if kind == Q4_0 else (16 if kind == Q5_0 else 128))
+    xq, xd, xoff = activations_q8_0(kind, x)
     return xq, xd, xoff, none_f
 
 

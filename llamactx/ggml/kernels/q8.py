@@ -19,6 +19,7 @@ Non-finite activations are out of scope, as in quants_cpu.
 from __future__ import annotations
 
 import numpy as np
+from gguf import GGMLQuantizationType as T
 from numba import njit
 
 from llamactx.ggml.intrinsics import round_f16
@@ -36,6 +37,7 @@ from llamactx.ggml.kernels.vnni import (
 )
 
 QK8_0 = 32
+_Q4_0, _Q5_0 = int(T.Q4_0), int(T.Q5_0)
 QK_K = 256
 
 
@@ -58,6 +60,19 @@ def quantize_q8_0(x, xq, xd, xoff, offset) -> None:
         for b in range(x.shape[1] // QK8_0):
             xd[i, b] = round_f16(_q8_block(x, i, b * QK8_0, xq))
             vstore(xoff, i, b * 8, imuladd(izero(), ilanesum4(vload(xq, i, b * QK8_0)), minus))
+
+
+@njit(cache=True)
+def activations_q8_0(kind, x):
+    """x (n, k) float32 as the kernels of Q4_0 / Q5_0 / Q8_0 weights (ggml type `kind`) read it -> (xq, xd, xoff):
+    Q8_0 quants, f16 scales, xoff = -o * (sum of each 4 quants), o the weights' offset (8 / 16 / 128), so every
+    `vdot` lane holds ggml's signed (q - o) . x."""
+    n, k = x.shape
+    xq = np.empty((n, k), np.int8)
+    xd = np.empty((n, k // QK8_0), np.float32)
+    xoff = np.empty((n, k // 4), np.int32)
+    quantize_q8_0(x, xq, xd, xoff, 8 if kind == _Q4_0 else (16 if kind == _Q5_0 else 128))
+    return xq, xd, xoff
 
 
 @njit(cache=True)
