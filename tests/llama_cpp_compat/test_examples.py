@@ -35,13 +35,21 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = LLAMACPP_SDIST / "examples" / "high_level_api"
 QUESTION = "Question: What are the names of the planets in the solar system? Answer: "
 MAX_TOKENS = 8  # the cap on every completion an example asks for
+EXAMPLE_SEED = 2  # Llama's seed where an example gives none (1337 draws a first "\n" here, natively)
 TIMEOUT_S = 180
 
 # runs the example at argv[1] as __main__ with the rest of argv, after capping Llama.create_completion's max_tokens
+# and giving Llama a fixed seed where the example gives none: sampled at temperature 0.8 and stopping at "\n", a
+# random seed sometimes drew "\n" first and the streaming example printed a single chunk
 RUNNER = r"""
 import os, runpy, sys
 import llama_cpp
 cap = int(os.environ["EXAMPLE_MAX_TOKENS"])
+init = llama_cpp.Llama.__init__
+def seeded(self, *args, **kwargs):
+    kwargs.setdefault("seed", int(os.environ["EXAMPLE_SEED"]))
+    init(self, *args, **kwargs)
+llama_cpp.Llama.__init__ = seeded
 create = llama_cpp.Llama.create_completion
 def capped(self, *args, **kwargs):
     kwargs["max_tokens"] = min(kwargs.get("max_tokens") or cap, cap)
@@ -62,7 +70,8 @@ def example(name: str, folder: Path = EXAMPLES) -> Path:
 def child_env(**extra: str) -> dict[str, str]:
     """This repository first on the path (its llama_cpp, not an installed llama-cpp-python)."""
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-    return {**os.environ, "PYTHONPATH": path, "EXAMPLE_MAX_TOKENS": str(MAX_TOKENS), **extra}
+    return {**os.environ, "PYTHONPATH": path, "EXAMPLE_MAX_TOKENS": str(MAX_TOKENS), "EXAMPLE_SEED": str(EXAMPLE_SEED),
+            **extra}
 
 
 def run_example(name: str, *args: str) -> str:
@@ -80,7 +89,7 @@ def llm():
 
 
 def test_high_level_api_inference(llm):
-    out = json.loads(run_example("high_level_api_inference.py"))  # sampled at temperature 0.8, a random seed
+    out = json.loads(run_example("high_level_api_inference.py"))  # sampled at temperature 0.8, EXAMPLE_SEED
     text = out["choices"][0]["text"]
     assert out["object"] == "text_completion" and text.startswith(QUESTION) and "\n" not in text  # echo, stop
     assert 0 < out["usage"]["completion_tokens"] <= MAX_TOKENS
