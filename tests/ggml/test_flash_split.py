@@ -41,3 +41,23 @@ def test_decode_at_depth_gives_the_reference_bits(n_visible, n_head, n_head_kv, 
     flash_attend(q.reshape(n, -1), k.view(np.uint16), v.view(np.uint16), n_head, n_head_kv, vis.cells, vis.n_cells,
                  vis.mask_add, np.float32(0.125), got, n_threads)
     assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist()
+
+
+@pytest.mark.parametrize("n, n_threads", [(4, 2), (8, 2), (13, 2), (8, 3), (8, 1)])
+def test_a_draft_verified_at_depth_gives_the_reference_bits(n, n_threads):
+    """n tokens of one sequence at depth (a speculative draft being verified) see causal prefixes of the same cells:
+    they share K tiles in token blocks, cut smaller where few blocks would leave a thread idle (`_block_limit`)."""
+    rng = np.random.default_rng(n + n_threads)
+    depth, n_head, n_head_kv, d = 150, 9, 3, 64
+    k = (rng.standard_normal((depth + n + 5, n_head_kv * d)) * 3).astype(np.float16)
+    v = rng.standard_normal(k.shape).astype(np.float16)
+    q = rng.standard_normal((n, n_head, d)).astype(np.float32)
+    mask = np.full((n, k.shape[0]), -np.inf, np.float32)
+    for t in range(n):
+        mask[t, : depth + t + 1] = 0.0
+    vis = VisibleCells.from_mask(mask)
+    want = flash_attn_f16_cells(q, k, v, n_head_kv, vis, 0.125, k.shape[0], 1)
+    got = np.full((n, n_head * d), np.nan, np.float32)
+    flash_attend(q.reshape(n, -1), k.view(np.uint16), v.view(np.uint16), n_head, n_head_kv, vis.cells, vis.n_cells,
+                 vis.mask_add, np.float32(0.125), got, n_threads)
+    assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist()

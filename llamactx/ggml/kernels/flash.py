@@ -60,7 +60,7 @@ def flash_attend(q, k, v, n_head, n_head_kv, cells, n_cells, mask_add, scale, ou
         return
     d_k = q.shape[1] // n_head
     ref, shared = _shared_slots(cl, n_cells)
-    blocks = _token_blocks(shared)
+    blocks = _token_blocks(shared, _block_limit(n, n_head_kv, n_threads))
     n_tiles = (n_cells[ref] + TILE - 1) // TILE if blocks.shape[0] <= n else 0  # of the shared slots
     kt = np.empty((n_head_kv * n_tiles * d_k, TILE), np.float32)  # (n_head_kv * n_tiles * d_k, TILE)
     if n_tiles:
@@ -106,8 +106,17 @@ TOKEN_BLOCK = 8  # tokens of a prompt that share their K tiles and V chunks whil
 
 
 @numba.njit(cache=True)
-def _token_blocks(shared):
-    """Block boundaries over the tokens: runs of up to TOKEN_BLOCK consecutive shared tokens, every other token
+def _block_limit(n, n_head_kv, n_threads):
+    """Tokens to a block: TOKEN_BLOCK, or fewer where n tokens in blocks of TOKEN_BLOCK would make fewer than two
+    (token block, KV head) groups per thread: a speculative draft verified at depth (8 tokens of one sequence,
+    SmolLM2's 3 KV heads) made 3 groups for 2 threads, one thread idle a third of the time."""
+    want = (2 * n_threads + n_head_kv - 1) // n_head_kv  # blocks
+    return max(1, min(TOKEN_BLOCK, (n + want - 1) // want))
+
+
+@numba.njit(cache=True)
+def _token_blocks(shared, limit):
+    """Block boundaries over the tokens: runs of up to `limit` consecutive shared tokens, every other token
     alone. -> (n_blocks + 1,) int64; fewer than n + 1 entries when some block holds several tokens."""
     n = shared.shape[0]
     bounds = np.empty(n + 1, np.int64)
@@ -117,7 +126,7 @@ def _token_blocks(shared):
         nb += 1
         t1 = t + 1
         if shared[t]:
-            while t1 < n and t1 - t < TOKEN_BLOCK and shared[t1]:
+            while t1 < n and t1 - t < limit and shared[t1]:
                 t1 += 1
         t = t1
     bounds[nb] = n
