@@ -11,8 +11,10 @@ SERVE_PROFILE_CPROFILE=FILE writes a cProfile of the event loop thread.
 
 Measured 2026-12-05 (haswell target, quiet machine, -c 8, 3 requests): the engine thread spends ~87% of the wall
 time in ctx.decode, 8 rows in ~95% of decodes; sampling ~4%, the rest of the step ~2%, hand-off ~1%, idle ~4-6%.
-The decode of 8 rows takes ~20.8 ms there against ~16.2 ms bare (engine_overhead.py): the clients (~4.4 ms CPU per
-step, mostly one httpx.Client per request) and the event loop (~1 ms) share the two cores with numba's pool.
+The decode of 8 rows took ~20.8 ms there against ~16.2 ms bare (engine_overhead.py): the clients (then ~4.4 ms
+CPU per step, one httpx.Client per request) and the event loop (~1 ms) share the two cores with numba's pool.
+2026-12-06, serve_bench's keep-alive clients (~0.5 ms CPU per step), 6 requests: decode 19.8-22.8 ms of a
+21.8-24.5 ms step against 16.8-18.5 ms bare, the event loop 1.0-1.7 ms CPU per step.
 
 Usage: python bench/serve_profile.py [-m smollm2] [-c 8] [-np 8] [-n 64] [--requests 3] [-t 2]
 """
