@@ -45,6 +45,14 @@ def greedy(model: Model, prompt: list[int], n: int) -> list[int]:
     return seq.output
 
 
+def _matched(draft: list[int], out: list[int], i: int) -> int:
+    """How many tokens of `draft` the output holds from index i on: what verifying it accepts."""
+    k = 0
+    while k < len(draft) and i + k < len(out) and draft[k] == out[i + k]:
+        k += 1
+    return k
+
+
 def replay(spec_type: str, prompt: list[int], out: list[int], fixed: float, per_row: float,
            steps: list | None = None) -> dict:
     """Decode `out` after `prompt` as the engine would with `spec_type` and the draft budget (one stream), the
@@ -63,9 +71,7 @@ def replay(spec_type: str, prompt: list[int], out: list[int], fixed: float, per_
         if n_cap == 0 and not budget.has_shadow(0):
             budget.shadow(0, len(tokens), spec.draft(0, 1, tokens, 1024))
         draft = spec.draft(0, 1, tokens, n_cap) if n_cap else []
-        k = 0
-        while k < len(draft) and i + k < len(out) and draft[k] == out[i + k]:
-            k += 1
+        k = _matched(draft, out, i)
         if draft:
             spec.accept(0, k, len(draft))
         if steps is not None:
@@ -84,10 +90,7 @@ def oracle(spec_type: str, prompt: list[int], out: list[int], fixed: float, per_
     spec = Speculator(SpecParams(types=(spec_type,)))
     i, ms, decodes, accepted, single = 1, 0.0, 0, 0, 0
     while i < len(out):
-        draft = spec.draft(0, 1, prompt + out[:i], len(out))
-        k = 0
-        while k < len(draft) and i + k < len(out) and draft[k] == out[i + k]:
-            k += 1
+        k = _matched(spec.draft(0, 1, prompt + out[:i], len(out)), out, i)
         decodes, accepted, single = decodes + 1, accepted + k, single + (k == 0)
         ms += fixed + per_row * (1 + k)
         i += k + 1
